@@ -1,0 +1,105 @@
+//! Helpers on [`Message`] and [`Emit`], so handlers read and build messages
+//! without touching the raw record fields more than they want to.
+
+use crate::{Emit, HandlerError, Header, Message};
+
+impl Message {
+    /// Returns the value of the first header named `name` (case-sensitive),
+    /// because most handlers only care about one value per header.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Returns the payload as text, or a `reject` if it is not UTF-8: a
+    /// payload that cannot be decoded will not decode on a retry either.
+    pub fn text(&self) -> Result<&str, HandlerError> {
+        std::str::from_utf8(&self.payload)
+            .map_err(|e| HandlerError::reject(format_args!("payload is not UTF-8 text: {e}")))
+    }
+
+    /// Parses the payload as JSON into `T`, or returns a `reject` whose reason
+    /// names the parse error (bad JSON never becomes good on a retry).
+    ///
+    /// ```ignore
+    /// let order: serde_json::Value = msg.json()?;
+    /// ```
+    #[cfg(feature = "json")]
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, HandlerError> {
+        serde_json::from_slice(&self.payload).map_err(|e| {
+            if e.is_data() {
+                HandlerError::reject(format_args!(
+                    "payload JSON does not have the expected shape: {e}"
+                ))
+            } else {
+                HandlerError::reject(format_args!("payload is not JSON: {e}"))
+            }
+        })
+    }
+}
+
+impl Emit {
+    /// An output message to `topic` with `payload`, no key and no headers.
+    /// The topic must be declared under the stage's `publish:`; "" means the
+    /// stage's default output.
+    pub fn new(topic: impl Into<String>, payload: impl Into<Vec<u8>>) -> Self {
+        Self {
+            topic: topic.into(),
+            key: None,
+            headers: Vec::new(),
+            payload: payload.into(),
+        }
+    }
+
+    /// An output message to the stage's default output (its first `publish:`
+    /// topic), the common case for one-in one-out handlers.
+    pub fn to_default(payload: impl Into<Vec<u8>>) -> Self {
+        Self::new(String::new(), payload)
+    }
+
+    /// An output message to `topic` whose payload is `value` serialised as
+    /// JSON; a value that cannot be serialised is a `reject`.
+    #[cfg(feature = "json")]
+    pub fn json<T: serde::Serialize + ?Sized>(
+        topic: impl Into<String>,
+        value: &T,
+    ) -> Result<Self, HandlerError> {
+        let payload = serde_json::to_vec(value).map_err(|e| {
+            HandlerError::reject(format_args!("cannot serialise output as JSON: {e}"))
+        })?;
+        Ok(Self::new(topic, payload))
+    }
+
+    /// Sets (or, with `None`, clears) the output key, which orders messages
+    /// downstream. Pass `msg.key.clone()` to keep the input's key.
+    #[must_use]
+    pub fn with_key(mut self, key: impl Into<Option<String>>) -> Self {
+        self.key = key.into();
+        self
+    }
+
+    /// Appends one header; names may repeat.
+    #[must_use]
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Appends several headers in order; pass `msg.headers.clone()` to keep
+    /// the input's headers.
+    #[must_use]
+    pub fn with_headers<K, V>(mut self, headers: impl IntoIterator<Item = (K, V)>) -> Self
+    where
+        K: Into<String>,
+        V: Into<String>,
+    {
+        self.headers.extend(
+            headers
+                .into_iter()
+                .map(|(k, v)| -> Header { (k.into(), v.into()) }),
+        );
+        self
+    }
+}

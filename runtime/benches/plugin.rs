@@ -1,0 +1,272 @@
+//! Plugin host benchmarks, each comparison measured side by side in one run.
+//!
+//! `cargo bench -p sluice --bench plugin` (or `cargo xtask bench`) prints a
+//! Markdown table; BENCHMARKS.md records a run. Samples of the two sides of a
+//! comparison alternate (A, B, A, B, ...) so that noise from a shared machine
+//! lands on both, and each figure is the median over samples. Ratios are the
+//! figures to read; absolute times on a shared machine are noise.
+//!
+//! - **wasm boundary**: an identity handler through the wasm boundary against
+//!   the same logic in native Rust, per message, at 128 B and 4 KiB, for the
+//!   `handler` world (one call per message) and `batch-handler` at batch 64.
+//! - **epoch interruption**: a CPU-bound handler with epoch checks compiled in
+//!   against the same handler without them.
+//! - **start-up**: loading the example plugins cold (compiling) against warm
+//!   (from the compile cache).
+
+#![allow(missing_docs)]
+
+use std::hint::black_box;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice::plugin::{Emit, HostConfig, Message, PluginHost, Worker, WorkerSettings};
+
+/// Samples per side of a comparison.
+const SAMPLES: usize = 15;
+
+fn main() {
+    // `cargo bench` passes `--bench`; a filter argument selects sections.
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wants =
+        |section: &str| filter.is_empty() || filter.iter().any(|f| section.contains(f.as_str()));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let host = PluginHost::new(HostConfig {
+        max_instances: 16,
+        max_memory: 256 << 20,
+        ..HostConfig::default()
+    })
+    .expect("plugin host");
+
+    println!(
+        "| benchmark | native / epoch off / warm | wasm / epoch on / cold | overhead | ratio |"
+    );
+    println!("|---|---|---|---|---|");
+    if wants("boundary") {
+        boundary(&rt, &host);
+    }
+    if wants("epoch") {
+        epoch(&rt);
+    }
+    if wants("startup") {
+        startup();
+    }
+}
+
+/// The same logic as the `identity` plugin, natively.
+#[inline(never)]
+fn native_identity(msg: &Message) -> Vec<Emit> {
+    vec![Emit {
+        topic: "out".into(),
+        key: msg.key.clone(),
+        headers: msg.headers.clone(),
+        payload: msg.payload.clone(),
+    }]
+}
+
+fn message(size: usize, i: usize) -> Message {
+    let mut msg = Message::new(format!("msg-{i:08}"), "bench.in", vec![b'x'; size]);
+    msg.key = Some("customer-42".into());
+    msg.headers = vec![("content-type".into(), "application/octet-stream".into())];
+    msg
+}
+
+fn boundary(rt: &tokio::runtime::Runtime, host: &PluginHost) {
+    let single = host
+        .load(sluice_harness::plugin("identity"))
+        .expect("load identity");
+    let batch = host
+        .load(sluice_harness::plugin("identity-batch"))
+        .expect("load identity-batch");
+    for size in [128, 4096] {
+        let msgs: Vec<Message> = (0..64).map(|i| message(size, i)).collect();
+
+        let mut worker = single.worker(WorkerSettings::default());
+        let (native, wasm) = compare(
+            2_000,
+            |n| per_message(n, || black_box(native_identity(black_box(&msgs[0])))),
+            |n| rt.block_on(wasm_single(&mut worker, &msgs[0], n)),
+        );
+        row(
+            &format!("wasm boundary, handler, batch 1, {size} B (per message)"),
+            native,
+            wasm,
+        );
+
+        let mut worker = batch.worker(WorkerSettings::default());
+        let (native, wasm) = compare(
+            100,
+            |n| {
+                per_message(n * msgs.len(), || {
+                    black_box(msgs.iter().map(native_identity).collect::<Vec<_>>())
+                })
+            },
+            |n| rt.block_on(wasm_batch(&mut worker, &msgs, n)),
+        );
+        row(
+            &format!("wasm boundary, batch-handler, batch 64, {size} B (per message)"),
+            native,
+            wasm,
+        );
+    }
+}
+
+async fn wasm_single(worker: &mut Worker, msg: &Message, n: usize) -> Duration {
+    let start = Instant::now();
+    for _ in 0..n {
+        black_box(
+            worker
+                .handle(black_box(msg))
+                .await
+                .expect("identity succeeds"),
+        );
+    }
+    start.elapsed() / n as u32
+}
+
+async fn wasm_batch(worker: &mut Worker, msgs: &[Message], n: usize) -> Duration {
+    let start = Instant::now();
+    for _ in 0..n {
+        let outcomes = worker.handle_batch(black_box(msgs)).await;
+        assert!(outcomes.iter().all(Result::is_ok));
+        black_box(outcomes);
+    }
+    start.elapsed() / (n * msgs.len()) as u32
+}
+
+/// Runs `f` `n` times; the duration per call, divided over `per` messages.
+fn per_message<T>(n: usize, mut f: impl FnMut() -> T) -> Duration {
+    let start = Instant::now();
+    for _ in 0..n {
+        black_box(f());
+    }
+    start.elapsed() / n as u32
+}
+
+fn epoch(rt: &tokio::runtime::Runtime) {
+    let path = sluice_harness::plugin("crunch");
+    let worker_for = |epoch_interruption: bool| {
+        let host = PluginHost::new(HostConfig {
+            epoch_interruption,
+            max_instances: 4,
+            max_memory: 64 << 20,
+            ..HostConfig::default()
+        })
+        .expect("plugin host");
+        let plugin = host.load(&path).expect("load crunch");
+        let config = Arc::new(
+            [("rounds".to_owned(), "2000".to_owned())]
+                .into_iter()
+                .collect(),
+        );
+        (
+            host,
+            plugin.worker(WorkerSettings {
+                config,
+                ..WorkerSettings::default()
+            }),
+        )
+    };
+    let (_off_host, mut off) = worker_for(false);
+    let (_on_host, mut on) = worker_for(true);
+    let msg = message(128, 0);
+    let (without, with) = compare(
+        20,
+        |n| rt.block_on(wasm_single(&mut off, &msg, n)),
+        |n| rt.block_on(wasm_single(&mut on, &msg, n)),
+    );
+    row(
+        "epoch interruption, CPU-bound handler (2000 x 128 B hashes per call)",
+        without,
+        with,
+    );
+}
+
+fn startup() {
+    for name in ["uppercase", "router", "upper-batch"] {
+        let path = sluice_harness::plugin(name);
+        let cache = tempfile::tempdir().expect("tempdir");
+        let host = |cached: bool| {
+            PluginHost::new(HostConfig {
+                cache_dir: cached.then(|| cache.path().to_owned()),
+                max_instances: 4,
+                max_memory: 64 << 20,
+                ..HostConfig::default()
+            })
+            .expect("plugin host")
+        };
+        let (cold_host, warm_host) = (host(false), host(true));
+        warm_host.load(&path).expect("prime the cache");
+        let (warm, cold) = compare(
+            1,
+            |n| load(&warm_host, &path, n),
+            |n| load(&cold_host, &path, n),
+        );
+        row(
+            &format!("start-up, load `{name}` (warm = from cache, cold = compile)"),
+            warm,
+            cold,
+        );
+    }
+}
+
+fn load(host: &PluginHost, path: &Path, n: usize) -> Duration {
+    let start = Instant::now();
+    for _ in 0..n {
+        black_box(host.load(path).expect("load"));
+    }
+    start.elapsed() / n as u32
+}
+
+/// Alternates samples of `a` and `b` (after one warm-up each), `n`
+/// iterations per sample; returns the median time per iteration of each.
+fn compare(
+    n: usize,
+    mut a: impl FnMut(usize) -> Duration,
+    mut b: impl FnMut(usize) -> Duration,
+) -> (Duration, Duration) {
+    a(n);
+    b(n);
+    let (mut xs, mut ys) = (Vec::with_capacity(SAMPLES), Vec::with_capacity(SAMPLES));
+    for _ in 0..SAMPLES {
+        xs.push(a(n));
+        ys.push(b(n));
+    }
+    (median(xs), median(ys))
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn row(name: &str, base: Duration, measured: Duration) {
+    let overhead = measured.as_secs_f64() - base.as_secs_f64();
+    println!(
+        "| {name} | {} | {} | {} | {:.2}x |",
+        human(base.as_secs_f64()),
+        human(measured.as_secs_f64()),
+        human(overhead),
+        measured.as_secs_f64() / base.as_secs_f64()
+    );
+}
+
+fn human(secs: f64) -> String {
+    let abs = secs.abs();
+    if abs >= 1.0 {
+        format!("{secs:.2} s")
+    } else if abs >= 1e-3 {
+        format!("{:.2} ms", secs * 1e3)
+    } else if abs >= 1e-6 {
+        format!("{:.2} µs", secs * 1e6)
+    } else {
+        format!("{:.0} ns", secs * 1e9)
+    }
+}

@@ -1,0 +1,66 @@
+//! The `sluice` command line.
+//!
+//! Each subcommand lives in its own file; this one parses arguments, sets up
+//! logging and maps results to exit codes: 0 success, 1 the handler or the
+//! operation failed, 2 the invocation or its inputs are wrong.
+
+mod args;
+mod plugin_test;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Sluice runs YAML pipelines whose handlers are sandboxed WebAssembly
+/// components, with queues, retries, dead letters and backpressure around them.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Work with handler plugins (WebAssembly components).
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum PluginCommand {
+    /// Run a plugin once on one message and print what it emits.
+    ///
+    /// Each emit is printed as a JSON line: {"topic", "key", "headers", "payload"}, with
+    /// "payload_base64" instead of "payload" when the bytes are not UTF-8. On failure the
+    /// kind (retry, rejected, trap, timeout, out-of-memory, output-too-large,
+    /// undeclared-topic) and message go to stderr and the exit code is 1. Plugin logs go to
+    /// stderr.
+    ///
+    /// Example: sluice plugin test target/plugins/uppercase.wasm --data hello
+    Test(plugin_test::Args),
+}
+
+/// Parses the command line, runs the command and returns its exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    match cli.command {
+        Command::Plugin(PluginCommand::Test(args)) => plugin_test::run(args),
+    }
+}
+
+/// Logs to stderr; `SLUICE_LOG` (or `RUST_LOG`) sets the filter, `info` by default.
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = std::env::var("SLUICE_LOG")
+        .ok()
+        .or_else(|| std::env::var("RUST_LOG").ok())
+        .and_then(|f| EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}

@@ -1,0 +1,201 @@
+//! `sluice plugin test`: the handler author's inner loop. Runs a plugin once,
+//! in the same sandbox and under the same limits as the daemon, and prints
+//! what it emitted.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use serde::Serialize;
+
+use super::args;
+use crate::plugin::{Emit, HostConfig, Limits, Message, Outputs, PluginHost, WorkerSettings};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The plugin: a WebAssembly component (e.g. target/plugins/uppercase.wasm).
+    wasm: PathBuf,
+    /// The payload, as text.
+    #[arg(long, conflicts_with = "file")]
+    data: Option<String>,
+    /// Read the payload from a file (`-` for stdin). Without --data or --file the payload is empty.
+    #[arg(long, value_name = "PATH")]
+    file: Option<PathBuf>,
+    /// The message key.
+    #[arg(long)]
+    key: Option<String>,
+    /// A message header, NAME=VALUE (repeatable).
+    #[arg(long = "header", value_name = "NAME=VALUE", value_parser = args::key_value)]
+    headers: Vec<(String, String)>,
+    /// A stage config entry the plugin reads with config-get, KEY=VALUE (repeatable).
+    #[arg(long = "config", value_name = "KEY=VALUE", value_parser = args::key_value)]
+    config: Vec<(String, String)>,
+    /// A declared output topic (repeatable); the first is the default output. Without any,
+    /// every topic is allowed and the default output is called `out`.
+    #[arg(long = "publish", value_name = "TOPIC")]
+    publish: Vec<String>,
+    /// The per-call timeout.
+    #[arg(long, default_value = "30s", value_parser = args::duration)]
+    timeout: Duration,
+    /// The memory limit, summed over the instance's memories.
+    #[arg(long, default_value = "256MiB", value_parser = args::byte_size)]
+    memory: usize,
+    /// The message id the handler sees.
+    #[arg(long, default_value = "test-1")]
+    id: String,
+    /// The topic the message appears to come from.
+    #[arg(long, default_value = "test")]
+    topic: String,
+    /// The delivery attempt the handler sees (1 = first delivery).
+    #[arg(long, default_value_t = 1)]
+    attempt: u32,
+    /// Cache compiled plugins here [default: $XDG_CACHE_HOME/sluice or ~/.cache/sluice].
+    #[arg(long, env = "SLUICE_CACHE_DIR", value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Compile the plugin every time instead of using the cache.
+    #[arg(long)]
+    no_cache: bool,
+}
+
+/// One emit as printed: a JSON line.
+#[derive(Serialize)]
+struct PrintedEmit<'a> {
+    topic: &'a str,
+    key: Option<&'a str>,
+    headers: &'a [(String, String)],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_base64: Option<String>,
+}
+
+pub(crate) fn run(args: Args) -> ExitCode {
+    let payload = match read_payload(&args) {
+        Ok(payload) => payload,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let cache_dir = if args.no_cache {
+        None
+    } else {
+        args.cache_dir.clone().or_else(default_cache_dir)
+    };
+    let host = match PluginHost::new(HostConfig {
+        cache_dir,
+        max_memory: args.memory.max(1 << 20),
+        max_instances: 4,
+        ..HostConfig::default()
+    }) {
+        Ok(host) => host,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let plugin = match host.load(&args.wasm) {
+        Ok(plugin) => plugin,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let settings = WorkerSettings {
+        limits: Limits {
+            timeout: args.timeout,
+            memory: args.memory,
+            ..Limits::default()
+        },
+        config: Arc::new(args.config.iter().cloned().collect::<BTreeMap<_, _>>()),
+        outputs: if args.publish.is_empty() {
+            Outputs::Any {
+                default: "out".into(),
+            }
+        } else {
+            Outputs::Declared(args.publish.clone())
+        },
+        ..WorkerSettings::default()
+    };
+    let message = Message {
+        id: args.id.clone(),
+        topic: args.topic.clone(),
+        key: args.key.clone(),
+        headers: args.headers.clone(),
+        payload,
+        attempt: args.attempt,
+        published_at: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let outcome = runtime.block_on(async move { plugin.worker(settings).handle(&message).await });
+    match outcome {
+        Ok(emits) => match print_emits(&emits) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("error: cannot write output: {err}");
+                ExitCode::FAILURE
+            }
+        },
+        Err(failure) => {
+            eprintln!("{}: {}", failure.kind, failure.message);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn read_payload(args: &Args) -> Result<Vec<u8>, String> {
+    match (&args.data, &args.file) {
+        (Some(data), _) => Ok(data.clone().into_bytes()),
+        (None, Some(path)) if path.as_os_str() == "-" => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .map_err(|e| format!("cannot read the payload from stdin: {e}"))?;
+            Ok(buf)
+        }
+        (None, Some(path)) => std::fs::read(path)
+            .map_err(|e| format!("{}: cannot read the payload file: {e}", path.display())),
+        (None, None) => Ok(Vec::new()),
+    }
+}
+
+fn print_emits(emits: &[Emit]) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    for emit in emits {
+        let text = std::str::from_utf8(&emit.payload).ok();
+        let printed = PrintedEmit {
+            topic: &emit.topic,
+            key: emit.key.as_deref(),
+            headers: &emit.headers,
+            payload: text,
+            payload_base64: text
+                .is_none()
+                .then(|| base64::engine::general_purpose::STANDARD.encode(&emit.payload)),
+        };
+        serde_json::to_writer(&mut out, &printed)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()
+}
+
+fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+    Some(base.join("sluice").join("components"))
+}

@@ -1,0 +1,299 @@
+//! The plugin host: one wasmtime engine, one linker, one epoch ticker, and
+//! the loading of plugin files into ready-to-instantiate [`Plugin`]s.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
+
+use super::bindings::{batch, single};
+use super::cache::{CacheStatus, CompileCache};
+use super::error::{HostError, LoadError, chain};
+use super::sandbox::StoreState;
+use super::{CONTRACT_VERSION, Plugin, PluginInner, Pre, World};
+
+/// How the host is set up. Stage-level limits live in [`super::Limits`].
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// Where compiled components are cached between runs; `None` compiles
+    /// every time.
+    pub cache_dir: Option<PathBuf>,
+    /// How often the epoch advances. It is the granularity of timeouts and of
+    /// how often a busy handler yields its thread to other tasks.
+    pub tick: Duration,
+    /// The largest memory limit any stage may set; it sizes the virtual
+    /// address reservation of each pooled memory slot.
+    pub max_memory: usize,
+    /// How many plugin instances may be alive at once, across all plugins.
+    pub max_instances: u32,
+    /// Whether to compile in epoch checks. Without them timeouts cannot be
+    /// enforced and busy handlers never yield; the switch exists only so the
+    /// benchmark can measure what the checks cost.
+    #[doc(hidden)]
+    pub epoch_interruption: bool,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            cache_dir: None,
+            tick: default_tick(),
+            max_memory: 4 << 30,
+            max_instances: 128,
+            epoch_interruption: true,
+        }
+    }
+}
+
+/// 10 ms: timeouts land within a tick or two, and a CPU-bound handler holds
+/// a runtime thread for at most that long before yielding.
+fn default_tick() -> Duration {
+    Duration::from_millis(10)
+}
+
+/// Loads plugins and hands out workers. Cheap to clone; all clones share one
+/// engine. Dropping the last clone stops the epoch ticker.
+#[derive(Clone)]
+pub struct PluginHost {
+    inner: Arc<HostInner>,
+}
+
+pub(crate) struct HostInner {
+    pub(crate) engine: Engine,
+    linker: Linker<StoreState>,
+    cache: CompileCache,
+    pub(crate) epoch_interruption: bool,
+    _ticker: Option<EpochTicker>,
+}
+
+impl PluginHost {
+    /// Creates the engine (Cranelift, epoch interruption, pooling allocator)
+    /// and the linker with the sandbox's imports.
+    pub fn new(config: HostConfig) -> Result<Self, HostError> {
+        let engine = build_engine(&config)?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| HostError::Engine(chain(&e)))?;
+        single::Handler::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |state| {
+            state
+        })
+        .map_err(|e| HostError::Engine(chain(&e)))?;
+        let cache = CompileCache::open(config.cache_dir.clone())?;
+        let ticker = config
+            .epoch_interruption
+            .then(|| EpochTicker::start(engine.clone(), config.tick));
+        Ok(PluginHost {
+            inner: Arc::new(HostInner {
+                engine,
+                linker,
+                cache,
+                epoch_interruption: config.epoch_interruption,
+                _ticker: ticker,
+            }),
+        })
+    }
+
+    /// Loads, compiles (or fetches from the cache), checks and pre-links the
+    /// plugin at `path`.
+    pub fn load(&self, path: impl AsRef<Path>) -> Result<Plugin, LoadError> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        self.load_bytes(path, &bytes)
+    }
+
+    /// Like [`PluginHost::load`], for bytes already in memory; `path` names
+    /// the plugin in errors and logs.
+    pub fn load_bytes(&self, path: &Path, bytes: &[u8]) -> Result<Plugin, LoadError> {
+        check_header(path, bytes)?;
+        let (component, cache_status) =
+            self.inner
+                .cache
+                .component(&self.inner.engine, bytes, path)?;
+        let world = detect_world(&self.inner.engine, &component, path)?;
+        let contract_error = |err: wasmtime::Error| LoadError::Contract {
+            path: path.to_owned(),
+            reason: chain(&err),
+            contract: CONTRACT_VERSION,
+        };
+        let instance_pre = self
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .map_err(contract_error)?;
+        let pre = match world {
+            World::Handler => {
+                Pre::Single(single::HandlerPre::new(instance_pre).map_err(contract_error)?)
+            }
+            World::BatchHandler => {
+                Pre::Batch(batch::BatchHandlerPre::new(instance_pre).map_err(contract_error)?)
+            }
+        };
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "plugin".into());
+        tracing::debug!(plugin = %name, world = world.as_str(), cache = ?cache_status, "Loaded plugin.");
+        Ok(Plugin {
+            inner: Arc::new(PluginInner {
+                name: name.into(),
+                path: path.to_owned(),
+                world,
+                cache_status,
+                pre,
+                host: self.inner.clone(),
+            }),
+        })
+    }
+}
+
+fn build_engine(config: &HostConfig) -> Result<Engine, HostError> {
+    let mut pooling = PoolingAllocationConfig::default();
+    pooling
+        .total_component_instances(config.max_instances)
+        .total_memories(config.max_instances.saturating_mul(2))
+        .total_tables(config.max_instances.saturating_mul(4))
+        .total_stacks(config.max_instances)
+        .total_core_instances(config.max_instances.saturating_mul(8))
+        .max_memory_size(config.max_memory);
+    let mut wasm = Config::new();
+    wasm.strategy(wasmtime::Strategy::Cranelift)
+        .cranelift_opt_level(OptLevel::Speed)
+        .epoch_interruption(config.epoch_interruption)
+        .memory_reservation(config.max_memory as u64)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pooling));
+    Engine::new(&wasm).map_err(|e| HostError::Engine(chain(&e)))
+}
+
+/// Tells non-components apart before compiling, so each gets an error that
+/// says what it is and what was expected.
+fn check_header(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
+    const MAGIC: &[u8; 4] = b"\0asm";
+    const CORE_MODULE_VERSION: [u8; 4] = [1, 0, 0, 0];
+    match bytes.get(..8) {
+        Some(header) if header.starts_with(MAGIC) => {
+            if header[4..] == CORE_MODULE_VERSION {
+                Err(LoadError::CoreModule {
+                    path: path.to_owned(),
+                    contract: CONTRACT_VERSION,
+                })
+            } else {
+                Ok(())
+            }
+        }
+        _ => Err(LoadError::NotWasm {
+            path: path.to_owned(),
+        }),
+    }
+}
+
+const SINGLE_EXPORT: &str = "sluice:plugin/message-handler";
+const BATCH_EXPORT: &str = "sluice:plugin/batch-message-handler";
+
+/// Finds which of the two worlds the component implements from the names of
+/// its exports, and reports other worlds and other contract versions.
+fn detect_world(
+    engine: &Engine,
+    component: &wasmtime::component::Component,
+    path: &Path,
+) -> Result<World, LoadError> {
+    let exports: Vec<String> = component
+        .component_type()
+        .exports(engine)
+        .map(|(name, _)| name.to_owned())
+        .collect();
+    let at_version = |name: &str| format!("{name}@{CONTRACT_VERSION}");
+    let single = exports.iter().any(|e| *e == at_version(SINGLE_EXPORT));
+    let batch = exports.iter().any(|e| *e == at_version(BATCH_EXPORT));
+    match (single, batch) {
+        (true, true) => {
+            return Err(LoadError::AmbiguousWorld {
+                path: path.to_owned(),
+            });
+        }
+        (true, false) => return Ok(World::Handler),
+        (false, true) => return Ok(World::BatchHandler),
+        (false, false) => {}
+    }
+    let other_version = exports.iter().find(|e| {
+        e.strip_prefix(SINGLE_EXPORT)
+            .or_else(|| e.strip_prefix(BATCH_EXPORT))
+            .is_some_and(|rest| rest.starts_with('@'))
+    });
+    if let Some(found) = other_version {
+        return Err(LoadError::IncompatibleContract {
+            path: path.to_owned(),
+            found: found.clone(),
+            contract: CONTRACT_VERSION,
+        });
+    }
+    let found = if exports.is_empty() {
+        "nothing".to_owned()
+    } else {
+        exports
+            .iter()
+            .map(|e| format!("`{e}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Err(LoadError::NotAPlugin {
+        path: path.to_owned(),
+        found,
+        contract: CONTRACT_VERSION,
+    })
+}
+
+/// Advances the engine's epoch every tick on a dedicated thread, until dropped.
+struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine, tick: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("sluice-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::park_timeout(tick);
+                    engine.increment_epoch();
+                }
+            })
+            .ok();
+        EpochTicker { stop, thread }
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for PluginHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginHost").finish_non_exhaustive()
+    }
+}
+
+impl CacheStatus {
+    /// A short lowercase word for logs and the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheStatus::Hit => "hit",
+            CacheStatus::Miss => "miss",
+            CacheStatus::Disabled => "disabled",
+        }
+    }
+}

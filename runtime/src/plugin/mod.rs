@@ -1,0 +1,130 @@
+//! The WebAssembly plugin host.
+//!
+//! Plugins are components implementing the `sluice:plugin` contract in
+//! `wit/`. This module is the only place wasmtime types appear: the rest of
+//! Sluice sees [`PluginHost`], [`Plugin`], [`Worker`], the contract's
+//! [`Message`] and [`Emit`], and classified [`crate::Failure`]s, so a wasmtime
+//! upgrade touches one folder.
+//!
+//! - `host`: the engine, linker, epoch ticker and plugin loading.
+//! - `cache`: compiled components on disk.
+//! - `sandbox`: what an instance can reach and its memory accounting.
+//! - `stdio`: the guest's stdout/stderr into logs, under a budget.
+//! - `worker`: instance reuse, per-call limits, failure classification.
+//! - `bindings`: the one `bindgen!` of the contract.
+
+mod bindings;
+mod cache;
+mod error;
+mod host;
+mod sandbox;
+mod stdio;
+mod worker;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use bindings::{Emit, HandlerError, Level, Message};
+pub use cache::CacheStatus;
+pub use error::{HostError, LoadError};
+pub use host::{HostConfig, PluginHost};
+pub use worker::{Isolation, Limits, Outcome, Outputs, Worker, WorkerSettings};
+
+/// The contract version this host implements (`sluice:plugin@0.1.0`).
+pub const CONTRACT_VERSION: &str = "0.1.0";
+
+/// Which world of the contract a plugin implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum World {
+    /// `handler`: one message per call.
+    Handler,
+    /// `batch-handler`: a list of messages per call, one result per item.
+    BatchHandler,
+}
+
+impl World {
+    /// The world's WIT name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            World::Handler => "handler",
+            World::BatchHandler => "batch-handler",
+        }
+    }
+}
+
+/// A loaded, checked and pre-linked plugin. Cheap to clone; create a
+/// [`Worker`] per concurrent slot.
+#[derive(Clone)]
+pub struct Plugin {
+    inner: Arc<PluginInner>,
+}
+
+struct PluginInner {
+    name: Arc<str>,
+    path: PathBuf,
+    world: World,
+    cache_status: CacheStatus,
+    pre: Pre,
+    host: Arc<host::HostInner>,
+}
+
+enum Pre {
+    Single(bindings::single::HandlerPre<sandbox::StoreState>),
+    Batch(bindings::batch::BatchHandlerPre<sandbox::StoreState>),
+}
+
+impl Plugin {
+    /// The plugin's name (its file stem), used in logs.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The file it was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The world it implements.
+    pub fn world(&self) -> World {
+        self.inner.world
+    }
+
+    /// Whether loading it compiled or used the cache.
+    pub fn cache_status(&self) -> CacheStatus {
+        self.inner.cache_status
+    }
+
+    /// A new worker slot. Instances are created lazily, on the first call.
+    pub fn worker(&self, settings: WorkerSettings) -> Worker {
+        Worker::new(self.clone(), settings)
+    }
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("name", &self.name())
+            .field("world", &self.world())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Message {
+    /// A message with the given id and payload and neutral metadata; handy in
+    /// tests and the CLI.
+    pub fn new(
+        id: impl Into<String>,
+        topic: impl Into<String>,
+        payload: impl Into<Vec<u8>>,
+    ) -> Self {
+        Message {
+            id: id.into(),
+            topic: topic.into(),
+            key: None,
+            headers: Vec::new(),
+            payload: payload.into(),
+            attempt: 1,
+            published_at: 0,
+        }
+    }
+}

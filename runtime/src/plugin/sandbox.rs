@@ -1,0 +1,174 @@
+//! What a plugin instance can reach, and the limits it runs under.
+//!
+//! [`StoreState`] is the data of every wasmtime `Store`: the empty WASI
+//! context (no files, environment, arguments or sockets; clocks and random
+//! only), the stage's `config:` map behind the `config-get` import, the log
+//! budget, the memory accounting and the current call's deadline.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use wasmtime::component::ResourceTable;
+use wasmtime::{ResourceLimiter, StoreContextMut, UpdateDeadline};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use super::bindings::{Level, single::sluice::plugin::host};
+use super::stdio::{GuestOutputFactory, LogBudget, Stream};
+
+/// The longest text one `log` call forwards; the rest is cut.
+const MAX_LOG_LINE: usize = 4096;
+/// Upper bound on table elements (function references) per instance.
+const MAX_TABLE_ELEMENTS: usize = 100_000;
+
+/// Raised (as a trap) when an instance tries to grow its memories past the
+/// stage's limit. Classified as `out-of-memory`.
+#[derive(Debug, thiserror::Error)]
+#[error("memory limit of {limit} bytes exceeded (the instance asked for {requested} bytes in all)")]
+pub(crate) struct MemoryLimitExceeded {
+    pub(crate) limit: usize,
+    pub(crate) requested: usize,
+}
+
+/// Raised (as a trap) when a call runs past its deadline. Classified as
+/// `timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("handler exceeded its timeout of {0:?}")]
+pub(crate) struct DeadlineExceeded(pub(crate) std::time::Duration);
+
+/// The data of one plugin instance's store.
+pub(crate) struct StoreState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    plugin: Arc<str>,
+    config: Arc<BTreeMap<String, String>>,
+    pub(crate) log_budget: LogBudget,
+    memory_limit: usize,
+    memory_used: usize,
+    last_growth: usize,
+    /// When the current call must be done, with the timeout it came from.
+    pub(crate) deadline: Option<(Instant, std::time::Duration)>,
+}
+
+impl StoreState {
+    pub(crate) fn new(
+        plugin: Arc<str>,
+        config: Arc<BTreeMap<String, String>>,
+        memory_limit: usize,
+    ) -> Self {
+        let log_budget = LogBudget::default();
+        let wasi = WasiCtxBuilder::new()
+            .stdout(GuestOutputFactory {
+                plugin: plugin.clone(),
+                stream: Stream::Stdout,
+                budget: log_budget.clone(),
+            })
+            .stderr(GuestOutputFactory {
+                plugin: plugin.clone(),
+                stream: Stream::Stderr,
+                budget: log_budget.clone(),
+            })
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        StoreState {
+            wasi,
+            table: ResourceTable::new(),
+            plugin,
+            config,
+            log_budget,
+            memory_limit,
+            memory_used: 0,
+            last_growth: 0,
+            deadline: None,
+        }
+    }
+
+    /// Called by wasmtime each epoch tick while wasm runs: trap once the
+    /// deadline has passed, otherwise yield to the tokio scheduler so a
+    /// CPU-bound handler never monopolises a worker thread.
+    pub(crate) fn on_epoch_tick(
+        store: StoreContextMut<'_, Self>,
+    ) -> wasmtime::Result<UpdateDeadline> {
+        match store.data().deadline {
+            Some((at, timeout)) if Instant::now() >= at => {
+                Err(wasmtime::Error::new(DeadlineExceeded(timeout)))
+            }
+            _ => Ok(UpdateDeadline::Yield(1)),
+        }
+    }
+}
+
+impl WasiView for StoreState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl ResourceLimiter for StoreState {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let growth = desired.saturating_sub(current);
+        let requested = self.memory_used.saturating_add(growth);
+        if requested > self.memory_limit {
+            return Err(wasmtime::Error::new(MemoryLimitExceeded {
+                limit: self.memory_limit,
+                requested,
+            }));
+        }
+        self.memory_used = requested;
+        self.last_growth = growth;
+        Ok(true)
+    }
+
+    fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        // The growth we counted did not happen (e.g. past the memory's own maximum).
+        self.memory_used -= self.last_growth;
+        self.last_growth = 0;
+        Ok(())
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}
+
+impl host::Host for StoreState {
+    fn log(&mut self, level: Level, text: String) {
+        let mut end = self.log_budget.take(text.len().min(MAX_LOG_LINE));
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        if end == 0 && !text.is_empty() {
+            return;
+        }
+        let text = &text[..end];
+        let plugin = &*self.plugin;
+        match level {
+            Level::Trace => tracing::trace!(target: "sluice::guest", plugin, "{text}"),
+            Level::Debug => tracing::debug!(target: "sluice::guest", plugin, "{text}"),
+            Level::Info => tracing::info!(target: "sluice::guest", plugin, "{text}"),
+            Level::Warn => tracing::warn!(target: "sluice::guest", plugin, "{text}"),
+            Level::Error => tracing::error!(target: "sluice::guest", plugin, "{text}"),
+        }
+    }
+
+    fn config_get(&mut self, key: String) -> Option<String> {
+        self.config.get(&key).cloned()
+    }
+}
+
+impl super::bindings::single::sluice::plugin::types::Host for StoreState {}

@@ -1,0 +1,216 @@
+//! A plugin's stdout and stderr, and its log budget.
+//!
+//! Guests written in any language print; a sandbox that failed their writes
+//! would make ordinary `println!` panic. So output is accepted, split into
+//! lines and forwarded to `tracing` inside the current stage/message span,
+//! and everything past the per-call budget is counted and dropped rather
+//! than buffered: a chatty or hostile plugin cannot grow the host's memory or
+//! flood its logs.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+
+/// The longest line forwarded as one log event; longer lines are split.
+const MAX_LINE: usize = 4096;
+
+/// How many log bytes a plugin may still write during the current call.
+/// Shared by the `log` import and both output streams.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LogBudget {
+    remaining: Arc<AtomicUsize>,
+    dropped: Arc<AtomicUsize>,
+}
+
+impl LogBudget {
+    /// Starts a new call with `bytes` of budget; returns what the previous
+    /// call dropped.
+    pub(crate) fn reset(&self, bytes: usize) -> usize {
+        self.remaining.store(bytes, Ordering::Relaxed);
+        self.dropped.swap(0, Ordering::Relaxed)
+    }
+
+    /// Takes up to `wanted` bytes; returns how many may be written.
+    pub(crate) fn take(&self, wanted: usize) -> usize {
+        let mut granted = 0;
+        let _ = self
+            .remaining
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                granted = left.min(wanted);
+                Some(left - granted)
+            });
+        if granted < wanted {
+            self.dropped.fetch_add(wanted - granted, Ordering::Relaxed);
+        }
+        granted
+    }
+}
+
+/// Where a guest's stdout or stderr goes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Hands WASI a fresh line-splitting writer whenever the guest opens its
+/// stdout or stderr.
+pub(crate) struct GuestOutputFactory {
+    pub(crate) plugin: Arc<str>,
+    pub(crate) stream: Stream,
+    pub(crate) budget: LogBudget,
+}
+
+impl IsTerminal for GuestOutputFactory {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for GuestOutputFactory {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.writer())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.writer())
+    }
+}
+
+impl GuestOutputFactory {
+    fn writer(&self) -> GuestOutput {
+        GuestOutput {
+            plugin: self.plugin.clone(),
+            stream: self.stream,
+            budget: self.budget.clone(),
+            line: Vec::new(),
+        }
+    }
+}
+
+/// Splits written bytes into lines and logs each one.
+struct GuestOutput {
+    plugin: Arc<str>,
+    stream: Stream,
+    budget: LogBudget,
+    line: Vec<u8>,
+}
+
+impl GuestOutput {
+    fn accept(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let room = MAX_LINE - self.line.len();
+            let (chunk, newline) = match bytes.iter().position(|b| *b == b'\n') {
+                Some(i) if i <= room => (&bytes[..i], true),
+                _ => (&bytes[..bytes.len().min(room)], false),
+            };
+            let granted = self.budget.take(chunk.len());
+            self.line.extend_from_slice(&chunk[..granted]);
+            bytes = &bytes[chunk.len() + usize::from(newline)..];
+            if newline || self.line.len() >= MAX_LINE {
+                self.emit_line();
+            }
+        }
+    }
+
+    fn emit_line(&mut self) {
+        if self.line.is_empty() {
+            return;
+        }
+        let text = String::from_utf8_lossy(&self.line);
+        match self.stream {
+            Stream::Stdout => {
+                tracing::info!(target: "sluice::guest", plugin = %self.plugin, stream = "stdout", "{text}")
+            }
+            Stream::Stderr => {
+                tracing::warn!(target: "sluice::guest", plugin = %self.plugin, stream = "stderr", "{text}")
+            }
+        }
+        self.line.clear();
+    }
+}
+
+impl Drop for GuestOutput {
+    fn drop(&mut self) {
+        self.emit_line();
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for GuestOutput {
+    async fn ready(&mut self) {}
+}
+
+impl OutputStream for GuestOutput {
+    fn write(&mut self, bytes: bytes::Bytes) -> StreamResult<()> {
+        self.accept(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(64 * 1024)
+    }
+}
+
+impl tokio::io::AsyncWrite for GuestOutput {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.accept(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_grants_what_is_left_and_counts_the_rest() {
+        let budget = LogBudget::default();
+        budget.reset(10);
+        assert_eq!(budget.take(4), 4);
+        assert_eq!(budget.take(10), 6);
+        assert_eq!(budget.take(3), 0);
+        assert_eq!(budget.reset(10), 7, "dropped bytes are reported once");
+        assert_eq!(budget.reset(10), 0);
+    }
+
+    #[test]
+    fn long_lines_are_split_and_budget_bounds_the_buffer() {
+        let budget = LogBudget::default();
+        budget.reset(usize::MAX);
+        let mut out = GuestOutput {
+            plugin: "t".into(),
+            stream: Stream::Stdout,
+            budget,
+            line: Vec::new(),
+        };
+        out.accept(&vec![b'x'; MAX_LINE * 3 + 5]);
+        assert_eq!(
+            out.line.len(),
+            5,
+            "full lines were emitted, the tail waits for its newline"
+        );
+        out.accept(b"\nnext");
+        assert_eq!(out.line, b"next");
+    }
+}

@@ -1,0 +1,415 @@
+//! A worker slot: one plugin instance at a time, reused across calls and
+//! replaced after anything that may have left it in a bad state.
+//!
+//! This is where a call's limits are applied and where every way a call can
+//! end is turned into either checked emits or a classified [`Failure`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmtime::{Store, Trap};
+
+use super::bindings::{HandlerError, batch, single};
+use super::sandbox::{DeadlineExceeded, MemoryLimitExceeded, StoreState};
+use super::{Emit, Message, Plugin, Pre};
+use crate::failure::{Failure, FailureKind};
+
+/// The limits one call runs under. Set per stage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Wall-clock time a call may take (for a batch-handler, the whole batch).
+    pub timeout: Duration,
+    /// Bytes of linear memory an instance may hold, summed over its memories.
+    pub memory: usize,
+    /// Bytes a call may emit for one message: payloads, keys and headers.
+    pub max_output_bytes: usize,
+    /// Messages a call may emit for one input message.
+    pub max_emits: usize,
+    /// Bytes of log text (host `log`, stdout, stderr) a call may write.
+    pub max_log_bytes: usize,
+}
+
+impl Limits {
+    /// The hostcall fuel for a call over `messages` inputs: how many bytes the
+    /// guest may hand the host in one crossing, including the call's return
+    /// value. Derived from the output caps (plus room for each emit's record
+    /// and headers), so an oversized result is refused while it is still in
+    /// guest memory instead of being copied into the host first.
+    fn hostcall_fuel(&self, messages: usize) -> usize {
+        const PER_EMIT_OVERHEAD: usize = 512;
+        self.max_output_bytes
+            .saturating_add(self.max_emits.saturating_mul(PER_EMIT_OVERHEAD))
+            .saturating_mul(messages.max(1))
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            timeout: Duration::from_secs(30),
+            memory: 256 << 20,
+            max_output_bytes: 32 << 20,
+            max_emits: 1024,
+            max_log_bytes: 64 << 10,
+        }
+    }
+}
+
+/// The topics a call may emit to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outputs {
+    /// Only these topics; the first is the default output (`topic: ""`).
+    Declared(Vec<String>),
+    /// Any topic; `topic: ""` becomes the given default. For `plugin test`.
+    Any {
+        /// What an emit to the default output is called.
+        default: String,
+    },
+}
+
+/// Whether an instance serves many messages or one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Isolation {
+    /// Reuse the instance until a failure or limit discards it (fast).
+    #[default]
+    Reuse,
+    /// A fresh instance for every call: no state survives between messages.
+    PerMessage,
+}
+
+/// Everything a worker needs besides the plugin.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// Per-call limits.
+    pub limits: Limits,
+    /// The stage's `config:` map, read by the `config-get` import.
+    pub config: Arc<BTreeMap<String, String>>,
+    /// Where emits may go.
+    pub outputs: Outputs,
+    /// Instance reuse policy.
+    pub isolation: Isolation,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        WorkerSettings {
+            limits: Limits::default(),
+            config: Arc::default(),
+            outputs: Outputs::Any {
+                default: "out".into(),
+            },
+            isolation: Isolation::Reuse,
+        }
+    }
+}
+
+/// The result of handling one message.
+pub type Outcome = Result<Vec<Emit>, Failure>;
+
+/// One worker slot of a plugin. Calls take `&mut self`: a slot runs one call
+/// at a time, and a stage's concurrency is its number of workers.
+pub struct Worker {
+    plugin: Plugin,
+    settings: WorkerSettings,
+    live: Option<Live>,
+    instantiations: u64,
+}
+
+struct Live {
+    store: Store<StoreState>,
+    exports: Exports,
+}
+
+enum Exports {
+    Single(single::Handler),
+    Batch(batch::BatchHandler),
+}
+
+impl Worker {
+    pub(crate) fn new(plugin: Plugin, settings: WorkerSettings) -> Self {
+        Worker {
+            plugin,
+            settings,
+            live: None,
+            instantiations: 0,
+        }
+    }
+
+    /// The plugin this worker runs.
+    pub fn plugin(&self) -> &Plugin {
+        &self.plugin
+    }
+
+    /// How many instances this worker has created so far (1 + replacements).
+    pub fn instantiations(&self) -> u64 {
+        self.instantiations
+    }
+
+    /// Handles one message.
+    pub async fn handle(&mut self, msg: &Message) -> Outcome {
+        let mut outcomes = self.handle_batch(std::slice::from_ref(msg)).await;
+        outcomes.pop().unwrap_or_else(|| {
+            Err(Failure::new(
+                FailureKind::Trap,
+                "handler returned no outcome",
+            ))
+        })
+    }
+
+    /// Handles several messages and returns one outcome per message, in order.
+    /// A `batch-handler` plugin gets them in one call; a `handler` plugin gets
+    /// one call each.
+    pub async fn handle_batch(&mut self, msgs: &[Message]) -> Vec<Outcome> {
+        if msgs.is_empty() {
+            return Vec::new();
+        }
+        let raw = match self.call(msgs).await {
+            Ok(raw) => raw,
+            Err(failure) => return vec![Err(failure); msgs.len()],
+        };
+        let mut limit_hit = false;
+        let outcomes = raw
+            .into_iter()
+            .map(|item| {
+                let checked = item.and_then(|emits| self.check_emits(emits));
+                limit_hit |= matches!(&checked, Err(f) if matches!(f.kind, FailureKind::OutputTooLarge | FailureKind::UndeclaredTopic));
+                checked
+            })
+            .collect();
+        if limit_hit || self.settings.isolation == Isolation::PerMessage {
+            self.live = None;
+        }
+        outcomes
+    }
+
+    /// Runs the guest and returns its per-message results, or the failure of
+    /// the call as a whole (after which the instance is discarded).
+    async fn call(&mut self, msgs: &[Message]) -> Result<Vec<Outcome>, Failure> {
+        let timeout = self.settings.limits.timeout;
+        let fuel = self.settings.limits.hostcall_fuel(msgs.len());
+        let result = match self.instance().await {
+            Ok(live) => {
+                live.store.set_hostcall_fuel(fuel);
+                live.call(msgs, timeout).await
+            }
+            Err(err) => Err(err),
+        };
+        if let Some(live) = &self.live {
+            let dropped = live
+                .store
+                .data()
+                .log_budget
+                .reset(self.settings.limits.max_log_bytes);
+            if dropped > 0 {
+                tracing::warn!(plugin = %self.plugin.name(), dropped_bytes = dropped, "Plugin log output over the per-call budget was dropped.");
+            }
+        }
+        result.map_err(|err| {
+            self.live = None;
+            classify(err, &self.settings.limits)
+        })
+    }
+
+    async fn instance(&mut self) -> wasmtime::Result<&mut Live> {
+        if self.live.is_none() {
+            let limits = &self.settings.limits;
+            let state = StoreState::new(
+                self.plugin.inner.name.clone(),
+                self.settings.config.clone(),
+                limits.memory,
+            );
+            let mut store = Store::new(&self.plugin.inner.host.engine, state);
+            store.limiter(|state| state as &mut dyn wasmtime::ResourceLimiter);
+            store.data().log_budget.reset(limits.max_log_bytes);
+            if self.plugin.inner.host.epoch_interruption {
+                store.epoch_deadline_callback(StoreState::on_epoch_tick);
+            }
+            begin(&mut store, limits.timeout);
+            let exports = match &self.plugin.inner.pre {
+                Pre::Single(pre) => Exports::Single(pre.instantiate_async(&mut store).await?),
+                Pre::Batch(pre) => Exports::Batch(pre.instantiate_async(&mut store).await?),
+            };
+            store.data_mut().deadline = None;
+            self.instantiations += 1;
+            self.live = Some(Live { store, exports });
+        }
+        self.live
+            .as_mut()
+            .ok_or_else(|| wasmtime::Error::msg("instance vanished"))
+    }
+
+    /// Resolves the default topic, then enforces declared topics and caps.
+    fn check_emits(&self, mut emits: Vec<Emit>) -> Outcome {
+        let limits = &self.settings.limits;
+        if emits.len() > limits.max_emits {
+            return Err(Failure::new(
+                FailureKind::OutputTooLarge,
+                format!(
+                    "handler emitted {} messages; the stage allows at most {}",
+                    emits.len(),
+                    limits.max_emits
+                ),
+            ));
+        }
+        let bytes: usize = emits.iter().map(emit_size).sum();
+        if bytes > limits.max_output_bytes {
+            return Err(Failure::new(
+                FailureKind::OutputTooLarge,
+                format!(
+                    "handler emitted {bytes} bytes; the stage allows at most {} per message",
+                    limits.max_output_bytes
+                ),
+            ));
+        }
+        for emit in &mut emits {
+            match &self.settings.outputs {
+                Outputs::Any { default } if emit.topic.is_empty() => emit.topic.clone_from(default),
+                Outputs::Any { .. } => {}
+                Outputs::Declared(declared) if emit.topic.is_empty() => match declared.first() {
+                    Some(first) => emit.topic.clone_from(first),
+                    None => {
+                        return Err(Failure::new(
+                            FailureKind::UndeclaredTopic,
+                            "handler emitted to the default output, but the stage declares no `publish` topics",
+                        ));
+                    }
+                },
+                Outputs::Declared(declared) if !declared.contains(&emit.topic) => {
+                    return Err(Failure::new(
+                        FailureKind::UndeclaredTopic,
+                        format!(
+                            "handler emitted to topic `{}`, which the stage does not declare (declared: {})",
+                            emit.topic,
+                            if declared.is_empty() {
+                                "none".to_owned()
+                            } else {
+                                declared.join(", ")
+                            }
+                        ),
+                    ));
+                }
+                Outputs::Declared(_) => {}
+            }
+        }
+        Ok(emits)
+    }
+}
+
+impl Live {
+    async fn call(
+        &mut self,
+        msgs: &[Message],
+        timeout: Duration,
+    ) -> wasmtime::Result<Vec<Outcome>> {
+        begin(&mut self.store, timeout);
+        let results = match &self.exports {
+            Exports::Single(handler) => {
+                let mut results = Vec::with_capacity(msgs.len());
+                for msg in msgs {
+                    let guest = handler
+                        .sluice_plugin_message_handler()
+                        .call_handle(&mut self.store, msg)
+                        .await?;
+                    results.push(guest.map_err(from_handler_error));
+                    begin(&mut self.store, timeout);
+                }
+                results
+            }
+            Exports::Batch(handler) => {
+                let guest = handler
+                    .sluice_plugin_batch_message_handler()
+                    .call_handle_batch(&mut self.store, msgs)
+                    .await?;
+                if guest.len() != msgs.len() {
+                    return Err(wasmtime::Error::msg(format!(
+                        "batch handler returned {} outcomes for {} messages; it must return exactly one per message",
+                        guest.len(),
+                        msgs.len()
+                    )));
+                }
+                guest
+                    .into_iter()
+                    .map(|r| r.map_err(from_handler_error))
+                    .collect()
+            }
+        };
+        self.store.data_mut().deadline = None;
+        Ok(results)
+    }
+}
+
+/// Arms the deadline for the next guest execution.
+fn begin(store: &mut Store<StoreState>, timeout: Duration) {
+    store.data_mut().deadline = Some((Instant::now() + timeout, timeout));
+    store.set_epoch_deadline(1);
+}
+
+fn emit_size(emit: &Emit) -> usize {
+    emit.payload.len()
+        + emit.topic.len()
+        + emit.key.as_ref().map_or(0, String::len)
+        + emit
+            .headers
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>()
+}
+
+fn from_handler_error(err: HandlerError) -> Failure {
+    match err {
+        HandlerError::Retry(after) => Failure {
+            kind: FailureKind::Retry,
+            message: match after {
+                Some(ms) => format!("handler asked to retry after {ms} ms"),
+                None => "handler asked to retry".to_owned(),
+            },
+            retry_after: after.map(Duration::from_millis),
+        },
+        HandlerError::Reject(reason) => Failure::new(FailureKind::Rejected, reason),
+    }
+}
+
+/// wasmtime 48 reports exhausted hostcall fuel with a private error type, so
+/// it is recognised by its text; the plugin tests pin this (bigout).
+const HOSTCALL_FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exhausted";
+
+/// Classifies a failed guest execution with the fixed failure kinds.
+fn classify(err: wasmtime::Error, limits: &Limits) -> Failure {
+    if err.downcast_ref::<DeadlineExceeded>().is_some() {
+        return Failure::new(
+            FailureKind::Timeout,
+            format!(
+                "handler did not finish within its timeout of {:?}",
+                limits.timeout
+            ),
+        );
+    }
+    if err
+        .chain()
+        .any(|cause| cause.to_string().contains(HOSTCALL_FUEL_EXHAUSTED))
+    {
+        return Failure::new(
+            FailureKind::OutputTooLarge,
+            format!(
+                "handler output is larger than the stage allows ({} bytes and {} emits per message); \
+                 it was refused before being copied out of the sandbox",
+                limits.max_output_bytes, limits.max_emits
+            ),
+        );
+    }
+    if let Some(oom) = err.downcast_ref::<MemoryLimitExceeded>() {
+        return Failure::new(FailureKind::OutOfMemory, oom.to_string());
+    }
+    let message = match err.downcast_ref::<Trap>() {
+        Some(Trap::StackOverflow) => {
+            "handler trapped: call stack exhausted (unbounded recursion?)".to_owned()
+        }
+        Some(trap) => format!("handler trapped: {trap}"),
+        None => format!(
+            "handler failed: {}",
+            super::error::chain(&err).lines().next().unwrap_or_default()
+        ),
+    };
+    Failure::new(FailureKind::Trap, message)
+}

@@ -1,0 +1,133 @@
+//! `sluice plugin test`, the real binary against real plugins.
+
+use std::process::{Command, Output, Stdio};
+
+fn sluice(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .env("SLUICE_LOG", "warn")
+        .env_remove("SLUICE_CACHE_DIR")
+        .arg("--no-cache")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sluice")
+}
+
+fn plugin(name: &str) -> String {
+    sluice_harness::plugin(name).display().to_string()
+}
+
+fn json_lines(output: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+#[test]
+fn uppercase_prints_hello_upper_cased() {
+    let out = sluice(&["plugin", "test", &plugin("uppercase"), "--data", "hello"]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let emits = json_lines(&out);
+    assert_eq!(emits.len(), 1);
+    assert_eq!(emits[0]["payload"], "HELLO");
+    assert_eq!(emits[0]["topic"], "out");
+}
+
+#[test]
+fn flags_reach_the_handler() {
+    let out = sluice(&[
+        "plugin",
+        "test",
+        &plugin("router"),
+        "--data",
+        r#"{"kind":"refund"}"#,
+        "--key",
+        "k9",
+        "--header",
+        "a=b=c",
+        "--config",
+        "field=kind",
+        "--config",
+        "route.refund=payments.refunds",
+        "--publish",
+        "payments.refunds",
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let emits = json_lines(&out);
+    assert_eq!(emits[0]["topic"], "payments.refunds");
+    assert_eq!(emits[0]["key"], "k9");
+    assert_eq!(emits[0]["headers"], serde_json::json!([["a", "b=c"]]));
+}
+
+#[test]
+fn binary_payloads_are_printed_as_base64() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("payload.bin");
+    std::fs::write(&file, [0xff, b'a', 0x00]).expect("write");
+    let out = sluice(&[
+        "plugin",
+        "test",
+        &plugin("uppercase"),
+        "--file",
+        file.to_str().expect("utf-8 path"),
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let emits = json_lines(&out);
+    assert_eq!(emits[0]["payload_base64"], "/0EA");
+    assert!(emits[0].get("payload").is_none());
+}
+
+#[test]
+fn failures_print_the_kind_and_exit_1() {
+    let cases: [(&[&str], &str); 4] = [
+        (&["router", "--data", "not json"], "rejected: "),
+        (&["spin", "--timeout", "200ms"], "timeout: "),
+        (&["stackbomb"], "trap: "),
+        (&["membomb", "--memory", "32MiB"], "out-of-memory: "),
+    ];
+    for (args, prefix) in cases {
+        let path = plugin(args[0]);
+        let mut full = vec!["plugin", "test", path.as_str()];
+        full.extend(&args[1..]);
+        let out = sluice(&full);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.lines().any(|l| l.starts_with(prefix)),
+            "{args:?}: expected a line starting {prefix:?}, got {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "nothing is emitted on failure");
+    }
+}
+
+#[test]
+fn bad_files_and_flags_exit_2_with_one_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = dir.path().join("readme.wasm");
+    std::fs::write(&text, "hello").expect("write");
+    let out = sluice(&["plugin", "test", text.to_str().expect("utf-8 path")]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "one error: {stderr}");
+    assert!(
+        stderr.contains("readme.wasm") && stderr.contains("not a WebAssembly file"),
+        "{stderr}"
+    );
+
+    let out = sluice(&["plugin", "test", &plugin("uppercase"), "--timeout", "soon"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected a duration"));
+}

@@ -1,0 +1,506 @@
+//! The plugin host against real plugins built from `plugins/`: the examples,
+//! the adversarial testkit, bad plugin files and the compile cache.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{HOST, msg, plugin, settings};
+use sluice::FailureKind;
+use sluice::plugin::{
+    CacheStatus, HostConfig, Isolation, Limits, Message, Outputs, PluginHost, WorkerSettings, World,
+};
+
+/// After an adversarial call, the same host must still serve a normal one.
+async fn host_still_serves() {
+    let emits = plugin("uppercase")
+        .worker(settings(&[]))
+        .handle(&msg("still alive"))
+        .await
+        .expect("a normal call succeeds");
+    assert_eq!(emits[0].payload, b"STILL ALIVE");
+}
+
+#[tokio::test]
+async fn uppercase_upper_cases_and_keeps_key_and_headers() {
+    let uppercase = plugin("uppercase");
+    assert_eq!(uppercase.world(), World::Handler);
+    let mut message = msg("hello");
+    message.key = Some("k1".into());
+    message.headers = vec![("trace".into(), "abc".into())];
+    let emits = uppercase
+        .worker(settings(&[]))
+        .handle(&message)
+        .await
+        .expect("uppercase succeeds");
+    assert_eq!(emits.len(), 1);
+    assert_eq!(emits[0].payload, b"HELLO");
+    assert_eq!(
+        emits[0].topic, "out",
+        "the default output is resolved by the host"
+    );
+    assert_eq!(emits[0].key.as_deref(), Some("k1"));
+    assert_eq!(
+        emits[0].headers,
+        vec![("trace".to_string(), "abc".to_string())]
+    );
+}
+
+#[tokio::test]
+async fn router_sends_each_field_value_to_its_own_topic() {
+    let router = plugin("router");
+    let mut worker = router.worker(settings(&[
+        ("route.eu", "orders.eu"),
+        ("route.us", "orders.us"),
+    ]));
+    for (payload, topic) in [
+        (r#"{"type":"eu","n":1}"#, "orders.eu"),
+        (r#"{"type":"us","n":2}"#, "orders.us"),
+        (r#"{"type":"eu","n":3}"#, "orders.eu"),
+    ] {
+        let emits = worker
+            .handle(&msg(payload))
+            .await
+            .expect("routing succeeds");
+        assert_eq!(emits.len(), 1);
+        assert_eq!(emits[0].topic, topic, "payload {payload}");
+        assert_eq!(
+            emits[0].payload,
+            payload.as_bytes(),
+            "the payload is forwarded unchanged"
+        );
+    }
+    // Without a route, the value itself (plus a prefix) is the topic.
+    let mut worker = router.worker(settings(&[
+        ("field", "region"),
+        ("topic_prefix", "by-region."),
+    ]));
+    let emits = worker
+        .handle(&msg(r#"{"region":"apac"}"#))
+        .await
+        .expect("routing by prefix succeeds");
+    assert_eq!(emits[0].topic, "by-region.apac");
+}
+
+#[tokio::test]
+async fn router_rejects_what_it_cannot_route() {
+    let mut worker = plugin("router").worker(settings(&[]));
+    let failure = worker
+        .handle(&msg("not json {"))
+        .await
+        .expect_err("non-JSON is rejected");
+    assert_eq!(failure.kind, FailureKind::Rejected);
+    assert!(
+        failure.message.to_lowercase().contains("json"),
+        "reason names the problem: {}",
+        failure.message
+    );
+    let failure = worker
+        .handle(&msg(r#"{"other":1}"#))
+        .await
+        .expect_err("a missing field is rejected");
+    assert_eq!(failure.kind, FailureKind::Rejected);
+    assert!(
+        failure.message.contains("type"),
+        "reason names the field: {}",
+        failure.message
+    );
+}
+
+#[tokio::test]
+async fn emitting_to_an_undeclared_topic_is_classified() {
+    let mut settings = settings(&[]);
+    settings.outputs = Outputs::Declared(vec!["a".into()]);
+    let failure = plugin("router")
+        .worker(settings)
+        .handle(&msg(r#"{"type":"b"}"#))
+        .await
+        .expect_err("b is not declared");
+    assert_eq!(failure.kind, FailureKind::UndeclaredTopic);
+    assert!(
+        failure.message.contains("`b`") && failure.message.contains("declared: a"),
+        "{}",
+        failure.message
+    );
+}
+
+#[tokio::test]
+async fn batch_handler_gets_one_outcome_per_item() {
+    let batch = plugin("upper-batch");
+    assert_eq!(batch.world(), World::BatchHandler);
+    let mut worker = batch.worker(settings(&[]));
+    let outcomes = worker.handle_batch(&[msg("a"), msg(""), msg("c")]).await;
+    assert_eq!(outcomes.len(), 3);
+    assert_eq!(
+        outcomes[0].as_ref().expect("item 0 succeeds")[0].payload,
+        b"A"
+    );
+    assert_eq!(
+        outcomes[1].as_ref().expect_err("item 1 is rejected").kind,
+        FailureKind::Rejected
+    );
+    assert_eq!(
+        outcomes[2].as_ref().expect("item 2 succeeds")[0].payload,
+        b"C"
+    );
+    // A single message through a batch plugin is a batch of one.
+    assert_eq!(
+        worker
+            .handle(&msg("z"))
+            .await
+            .expect("single call succeeds")[0]
+            .payload,
+        b"Z"
+    );
+}
+
+#[tokio::test]
+async fn fail_plugin_retries_or_rejects_as_configured() {
+    let fail = plugin("fail");
+    let failure = fail
+        .worker(settings(&[("retry_after_ms", "250")]))
+        .handle(&msg("x"))
+        .await
+        .expect_err("retry");
+    assert_eq!(failure.kind, FailureKind::Retry);
+    assert_eq!(failure.retry_after, Some(Duration::from_millis(250)));
+    let failure = fail
+        .worker(settings(&[("mode", "reject"), ("reason", "bad order")]))
+        .handle(&msg("x"))
+        .await
+        .expect_err("reject");
+    assert_eq!(failure.kind, FailureKind::Rejected);
+    assert_eq!(failure.message, "bad order");
+
+    // A fraction fails, chosen by message id, so the same id always behaves the same.
+    let mut worker = fail.worker(settings(&[("mode", "reject"), ("fraction", "0.3")]));
+    let mut failed = 0;
+    for i in 0..200 {
+        let message = Message::new(format!("order-{i}"), "in", b"x".to_vec());
+        let first = worker.handle(&message).await.is_err();
+        let again = worker.handle(&message).await.is_err();
+        assert_eq!(first, again, "the choice is deterministic per id");
+        failed += usize::from(first);
+    }
+    assert!(
+        (30..=90).contains(&failed),
+        "about 30% of 200 fail, got {failed}"
+    );
+}
+
+#[tokio::test]
+async fn spin_times_out_promptly_and_the_host_recovers() {
+    let timeout = Duration::from_millis(300);
+    let mut settings = settings(&[]);
+    settings.limits.timeout = timeout;
+    let mut worker = plugin("spin").worker(settings);
+    let started = Instant::now();
+    let failure = worker
+        .handle(&msg("x"))
+        .await
+        .expect_err("spin never returns");
+    let elapsed = started.elapsed();
+    assert_eq!(failure.kind, FailureKind::Timeout, "{failure}");
+    assert!(elapsed >= timeout, "not before the timeout: {elapsed:?}");
+    assert!(
+        elapsed < timeout + Duration::from_millis(100),
+        "within timeout + 100 ms: {elapsed:?}"
+    );
+    // The trapped instance was discarded: the next call starts a new one (and times out again).
+    assert_eq!(
+        worker
+            .handle(&msg("x"))
+            .await
+            .expect_err("still spins")
+            .kind,
+        FailureKind::Timeout
+    );
+    assert_eq!(worker.instantiations(), 2);
+    host_still_serves().await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_busy_handler_does_not_stall_other_tasks() {
+    // One runtime thread: if the handler held it, the ticker below could not run.
+    let ticks = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counter = ticks.clone();
+    let ticker = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    let mut settings = settings(&[]);
+    settings.limits.timeout = Duration::from_millis(500);
+    let failure = plugin("spin")
+        .worker(settings)
+        .handle(&msg("x"))
+        .await
+        .expect_err("spin times out");
+    assert_eq!(failure.kind, FailureKind::Timeout);
+    let seen = ticks.load(std::sync::atomic::Ordering::Relaxed);
+    ticker.abort();
+    // 500 ms at 5 ms per tick would be 100 ticks; yielding every epoch (10 ms) allows ~50.
+    assert!(
+        seen >= 20,
+        "other tasks kept running while the handler spun: {seen} ticks"
+    );
+}
+
+#[tokio::test]
+async fn membomb_hits_the_memory_limit_and_the_host_recovers() {
+    let mut settings = settings(&[]);
+    settings.limits.memory = 64 << 20;
+    let failure = plugin("membomb")
+        .worker(settings)
+        .handle(&msg("x"))
+        .await
+        .expect_err("membomb runs out");
+    assert_eq!(failure.kind, FailureKind::OutOfMemory, "{failure}");
+    assert!(
+        failure.message.contains(&(64u64 << 20).to_string()),
+        "names the limit: {}",
+        failure.message
+    );
+    host_still_serves().await;
+}
+
+#[tokio::test]
+async fn stackbomb_traps_and_the_host_recovers() {
+    let failure = plugin("stackbomb")
+        .worker(settings(&[]))
+        .handle(&msg("x"))
+        .await
+        .expect_err("stack overflows");
+    // Rust keeps its stack in linear memory, so the overflow surfaces as an
+    // out-of-bounds access or a native stack exhaustion; either is a trap.
+    assert_eq!(failure.kind, FailureKind::Trap, "{failure}");
+    host_still_serves().await;
+}
+
+#[tokio::test]
+async fn bigout_exceeds_the_output_caps_and_the_host_recovers() {
+    let mut by_bytes = settings(&[("mode", "bytes"), ("bytes", "2000000")]);
+    by_bytes.limits.max_output_bytes = 1_000_000;
+    let failure = plugin("bigout")
+        .worker(by_bytes)
+        .handle(&msg("x"))
+        .await
+        .expect_err("too many bytes");
+    assert_eq!(failure.kind, FailureKind::OutputTooLarge, "{failure}");
+    assert!(
+        failure.message.contains("1000000"),
+        "names the cap: {}",
+        failure.message
+    );
+
+    let mut by_count = settings(&[("mode", "count"), ("count", "5000")]);
+    by_count.limits.max_emits = 1000;
+    let failure = plugin("bigout")
+        .worker(by_count)
+        .handle(&msg("x"))
+        .await
+        .expect_err("too many emits");
+    assert_eq!(failure.kind, FailureKind::OutputTooLarge, "{failure}");
+    assert!(
+        failure.message.contains("5000") && failure.message.contains("1000"),
+        "{}",
+        failure.message
+    );
+    host_still_serves().await;
+}
+
+#[tokio::test]
+async fn escape_is_denied_every_capability() {
+    let emits = plugin("escape")
+        .worker(settings(&[]))
+        .handle(&msg("x"))
+        .await
+        .expect("escape reports");
+    let report: serde_json::Value =
+        serde_json::from_slice(&emits[0].payload).expect("escape emits JSON");
+    let attempts = report.as_object().expect("an object of attempts");
+    for name in [
+        "read_file",
+        "list_dir",
+        "env_var",
+        "env_count",
+        "args",
+        "tcp_connect",
+        "dns",
+    ] {
+        let attempt = &attempts[name];
+        assert_eq!(attempt["ok"], false, "{name} must be denied, got {attempt}");
+    }
+}
+
+#[tokio::test]
+async fn instances_are_reused_until_a_failure_or_by_policy() {
+    let identity = plugin("identity");
+    let mut worker = identity.worker(settings(&[]));
+    for i in 0..5 {
+        worker
+            .handle(&msg(&i.to_string()))
+            .await
+            .expect("identity succeeds");
+    }
+    assert_eq!(worker.instantiations(), 1, "one instance serves every call");
+
+    let mut isolated = identity.worker(WorkerSettings {
+        isolation: Isolation::PerMessage,
+        ..settings(&[])
+    });
+    for i in 0..3 {
+        isolated
+            .handle(&msg(&i.to_string()))
+            .await
+            .expect("identity succeeds");
+    }
+    assert_eq!(
+        isolated.instantiations(),
+        3,
+        "per-message isolation creates an instance per call"
+    );
+}
+
+#[tokio::test]
+async fn sleepy_busy_works_for_the_configured_time() {
+    let started = Instant::now();
+    let emits = plugin("sleepy")
+        .worker(settings(&[("ms", "120")]))
+        .handle(&msg("zz"))
+        .await
+        .expect("sleepy succeeds");
+    assert!(started.elapsed() >= Duration::from_millis(120));
+    assert_eq!(emits[0].payload, b"zz");
+    let mut short = settings(&[("ms", "2000")]);
+    short.limits.timeout = Duration::from_millis(200);
+    let failure = plugin("sleepy")
+        .worker(short)
+        .handle(&msg("zz"))
+        .await
+        .expect_err("too slow");
+    assert_eq!(failure.kind, FailureKind::Timeout);
+}
+
+fn load_error(path: &std::path::Path) -> String {
+    HOST.load(path)
+        .expect_err("the file is refused")
+        .to_string()
+}
+
+#[test]
+fn bad_plugin_files_get_one_clear_error_each() {
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    let text = dir.path().join("notes.wasm");
+    std::fs::write(&text, "just some text").expect("write");
+    let err = load_error(&text);
+    assert!(
+        err.contains("notes.wasm")
+            && err.contains("not a WebAssembly file")
+            && err.contains("component"),
+        "{err}"
+    );
+
+    let core = dir.path().join("core.wasm");
+    std::fs::write(&core, b"\0asm\x01\0\0\0").expect("write");
+    let err = load_error(&core);
+    assert!(
+        err.contains("core.wasm")
+            && err.contains("core WebAssembly module")
+            && err.contains("wasm32-wasip2"),
+        "{err}"
+    );
+
+    let other_world = sluice_harness::plugin("notahandler");
+    let err = load_error(&other_world);
+    assert!(
+        err.contains("notahandler.wasm") && err.contains("not a Sluice plugin"),
+        "{err}"
+    );
+    assert!(
+        err.contains("wasi:cli/run") && err.contains("sluice:plugin/message-handler@0.1.0"),
+        "says what it has and what was expected: {err}"
+    );
+
+    let future = sluice_harness::plugin("future-version");
+    let err = load_error(&future);
+    assert!(
+        err.contains("future-version.wasm") && err.contains("sluice:plugin/message-handler@0.2.0"),
+        "{err}"
+    );
+    assert!(err.contains("expected sluice:plugin@0.1.0"), "{err}");
+
+    let missing = dir.path().join("missing.wasm");
+    let err = load_error(&missing);
+    assert!(
+        err.contains("missing.wasm") && err.contains("cannot read"),
+        "{err}"
+    );
+}
+
+#[test]
+fn compiled_components_are_cached_on_disk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = || HostConfig {
+        cache_dir: Some(dir.path().join("cache")),
+        max_instances: 4,
+        max_memory: 64 << 20,
+        ..HostConfig::default()
+    };
+    let path = sluice_harness::plugin("uppercase");
+
+    let first = PluginHost::new(config()).expect("host");
+    assert_eq!(
+        first.load(&path).expect("load").cache_status(),
+        CacheStatus::Miss
+    );
+    assert_eq!(
+        first.load(&path).expect("load").cache_status(),
+        CacheStatus::Hit
+    );
+
+    // A restarted host (new engine) loads from the cache without compiling.
+    let restarted = PluginHost::new(config()).expect("host");
+    assert_eq!(
+        restarted.load(&path).expect("load").cache_status(),
+        CacheStatus::Hit
+    );
+
+    // A damaged entry is detected, recompiled and replaced.
+    let entry = std::fs::read_dir(dir.path().join("cache"))
+        .expect("cache dir")
+        .next()
+        .expect("an entry")
+        .expect("entry")
+        .path();
+    let mut bytes = std::fs::read(&entry).expect("read entry");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&entry, bytes).expect("corrupt entry");
+    let plugin = restarted.load(&path).expect("load despite corruption");
+    assert_eq!(plugin.cache_status(), CacheStatus::Miss);
+    assert_eq!(
+        restarted.load(&path).expect("load").cache_status(),
+        CacheStatus::Hit
+    );
+
+    // And the recompiled plugin works.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let emits = rt.block_on(
+        plugin
+            .worker(WorkerSettings {
+                limits: Limits {
+                    memory: 32 << 20,
+                    ..Limits::default()
+                },
+                ..WorkerSettings::default()
+            })
+            .handle(&Message::new("1", "t", b"abc".to_vec())),
+    );
+    assert_eq!(emits.expect("works")[0].payload, b"ABC");
+}
