@@ -59,6 +59,7 @@ pub const PLUGINS: &[&str] = &[
     "notahandler",
     "future-version",
     "crunch",
+    "chatty",
 ];
 
 /// The repository root (the directory of the root `Cargo.toml`), so paths work

@@ -131,3 +131,49 @@ fn bad_files_and_flags_exit_2_with_one_clear_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected a duration"));
 }
+
+/// Runs `plugin test` on `chatty` with logs at `info` and returns stderr.
+fn chatty_stderr(config: &[&str]) -> String {
+    let path = plugin("chatty");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.args(["plugin", "test", &path, "--no-cache", "--data", "x"])
+        .env("SLUICE_LOG", "info")
+        .stdin(Stdio::null());
+    for entry in config {
+        cmd.args(["--config", entry]);
+    }
+    let out = cmd.output().expect("run sluice");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn guest_stdout_stderr_and_log_reach_the_host_log() {
+    let stderr = chatty_stderr(&["lines=2"]);
+    for channel in ["stdout line 0", "stderr line 1", "log line 1"] {
+        assert!(
+            stderr.contains(channel),
+            "{channel:?} missing from the log:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn guest_output_is_capped_per_call() {
+    // 3 channels x 2000 lines x 200 bytes = 1.2 MB written; the default budget is 64 KiB.
+    let stderr = chatty_stderr(&["lines=2000", "bytes=200"]);
+    assert!(
+        stderr.len() < 200_000,
+        "log output is bounded, got {} bytes",
+        stderr.len()
+    );
+    assert!(
+        stderr.contains("dropped"),
+        "the drop is reported:\n{}",
+        &stderr[stderr.len().saturating_sub(500)..]
+    );
+}

@@ -504,3 +504,32 @@ fn compiled_components_are_cached_on_disk() {
     );
     assert_eq!(emits.expect("works")[0].payload, b"ABC");
 }
+
+#[tokio::test]
+async fn a_panic_is_a_trap_that_carries_the_guest_message() {
+    let mut worker = plugin("chatty").worker(settings(&[("panic", "the ledger is on fire")]));
+    let failure = worker.handle(&msg("x")).await.expect_err("chatty panics");
+    assert_eq!(failure.kind, FailureKind::Trap, "{failure}");
+    assert!(
+        failure.message.contains("the ledger is on fire"),
+        "the panic message is in the failure: {}",
+        failure.message
+    );
+    assert!(
+        !failure.message.contains("RUST_BACKTRACE"),
+        "{}",
+        failure.message
+    );
+    host_still_serves().await;
+}
+
+/// The worker's future must be `Send` so the engine can spawn it on a
+/// multi-threaded runtime.
+#[test]
+fn worker_calls_are_send() {
+    fn assert_send<T: Send>(_: &T) {}
+    let mut worker = plugin("identity").worker(settings(&[]));
+    let message = msg("x");
+    let call = worker.handle(&message);
+    assert_send(&call);
+}

@@ -7,9 +7,10 @@
 //! than buffered: a chatty or hostile plugin cannot grow the host's memory or
 //! flood its logs.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
@@ -17,13 +18,21 @@ use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
 /// The longest line forwarded as one log event; longer lines are split.
 const MAX_LINE: usize = 4096;
+/// How many of the last stderr lines are kept to explain a trap.
+const STDERR_TAIL_LINES: usize = 3;
+/// How much of each kept stderr line.
+const STDERR_TAIL_LINE_BYTES: usize = 300;
 
 /// How many log bytes a plugin may still write during the current call.
 /// Shared by the `log` import and both output streams.
+/// It also keeps the last few stderr lines of the call (whatever the
+/// budget), because that is where a guest's panic message or traceback is,
+/// and a trap without it is hard to act on.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LogBudget {
     remaining: Arc<AtomicUsize>,
     dropped: Arc<AtomicUsize>,
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
 }
 
 impl LogBudget {
@@ -31,7 +40,37 @@ impl LogBudget {
     /// call dropped.
     pub(crate) fn reset(&self, bytes: usize) -> usize {
         self.remaining.store(bytes, Ordering::Relaxed);
+        if let Ok(mut tail) = self.stderr_tail.lock() {
+            tail.clear();
+        }
         self.dropped.swap(0, Ordering::Relaxed)
+    }
+
+    /// The last lines the guest wrote to stderr during this call, joined.
+    pub(crate) fn stderr_tail(&self) -> Option<String> {
+        let tail = self.stderr_tail.lock().ok()?;
+        (!tail.is_empty()).then(|| {
+            tail.iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(" / ")
+        })
+    }
+
+    fn remember_stderr(&self, line: &[u8]) {
+        let text = String::from_utf8_lossy(&line[..line.len().min(STDERR_TAIL_LINE_BYTES)]);
+        let text = text.trim();
+        // Rust guests end every panic with a hint about an environment
+        // variable the sandbox does not pass; it only hides the message.
+        if text.is_empty() || text.starts_with("note: run with `RUST_BACKTRACE") {
+            return;
+        }
+        if let Ok(mut tail) = self.stderr_tail.lock() {
+            if tail.len() == STDERR_TAIL_LINES {
+                tail.pop_front();
+            }
+            tail.push_back(text.to_owned());
+        }
     }
 
     /// Takes up to `wanted` bytes; returns how many may be written.
@@ -88,6 +127,7 @@ impl GuestOutputFactory {
             stream: self.stream,
             budget: self.budget.clone(),
             line: Vec::new(),
+            tail: Vec::new(),
         }
     }
 }
@@ -98,10 +138,32 @@ struct GuestOutput {
     stream: Stream,
     budget: LogBudget,
     line: Vec<u8>,
+    /// The current stderr line, kept apart from the budget for the trap hint.
+    tail: Vec<u8>,
 }
 
 impl GuestOutput {
-    fn accept(&mut self, mut bytes: &[u8]) {
+    fn accept(&mut self, bytes: &[u8]) {
+        if let Stream::Stderr = self.stream {
+            self.remember(bytes);
+        }
+        self.forward(bytes);
+    }
+
+    fn remember(&mut self, bytes: &[u8]) {
+        for line in bytes.split_inclusive(|b| *b == b'\n') {
+            let room = STDERR_TAIL_LINE_BYTES.saturating_sub(self.tail.len());
+            let content = line.strip_suffix(b"\n").unwrap_or(line);
+            self.tail
+                .extend_from_slice(&content[..content.len().min(room)]);
+            if line.ends_with(b"\n") {
+                self.budget.remember_stderr(&self.tail);
+                self.tail.clear();
+            }
+        }
+    }
+
+    fn forward(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() {
             let room = MAX_LINE - self.line.len();
             let (chunk, newline) = match bytes.iter().position(|b| *b == b'\n') {
@@ -137,6 +199,9 @@ impl GuestOutput {
 impl Drop for GuestOutput {
     fn drop(&mut self) {
         self.emit_line();
+        if !self.tail.is_empty() {
+            self.budget.remember_stderr(&self.tail);
+        }
     }
 }
 
@@ -203,6 +268,7 @@ mod tests {
             stream: Stream::Stdout,
             budget,
             line: Vec::new(),
+            tail: Vec::new(),
         };
         out.accept(&vec![b'x'; MAX_LINE * 3 + 5]);
         assert_eq!(
@@ -212,5 +278,26 @@ mod tests {
         );
         out.accept(b"\nnext");
         assert_eq!(out.line, b"next");
+    }
+
+    #[test]
+    fn the_stderr_tail_keeps_the_last_lines_even_past_the_budget() {
+        let budget = LogBudget::default();
+        budget.reset(0);
+        let mut err = GuestOutput {
+            plugin: "t".into(),
+            stream: Stream::Stderr,
+            budget: budget.clone(),
+            line: Vec::new(),
+            tail: Vec::new(),
+        };
+        err.accept(b"one\ntwo\nthread 'main' panicked at src/lib.rs:3:5:\nbo");
+        err.accept(b"om\nnote: run with `RUST_BACKTRACE=1` environment variable\n");
+        assert_eq!(
+            budget.stderr_tail().as_deref(),
+            Some("two / thread 'main' panicked at src/lib.rs:3:5: / boom")
+        );
+        budget.reset(10);
+        assert_eq!(budget.stderr_tail(), None, "each call starts clean");
     }
 }

@@ -195,19 +195,28 @@ impl Worker {
             }
             Err(err) => Err(err),
         };
+        let mut stderr_tail = None;
         if let Some(live) = &self.live {
-            let dropped = live
-                .store
-                .data()
-                .log_budget
-                .reset(self.settings.limits.max_log_bytes);
+            let log = &live.store.data().log_budget;
+            if result.is_err() {
+                stderr_tail = log.stderr_tail();
+            }
+            let dropped = log.reset(self.settings.limits.max_log_bytes);
             if dropped > 0 {
-                tracing::warn!(plugin = %self.plugin.name(), dropped_bytes = dropped, "Plugin log output over the per-call budget was dropped.");
+                tracing::warn!(
+                    plugin = %self.plugin.name(),
+                    dropped_bytes = dropped,
+                    "Plugin log output over the per-call budget was dropped."
+                );
             }
         }
         result.map_err(|err| {
             self.live = None;
-            classify(err, &self.settings.limits)
+            let mut failure = classify(err, &self.settings.limits);
+            if let (FailureKind::Trap, Some(tail)) = (failure.kind, stderr_tail) {
+                failure.message = format!("{} (guest stderr: {tail})", failure.message);
+            }
+            failure
         })
     }
 
