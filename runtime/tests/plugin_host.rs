@@ -240,9 +240,11 @@ async fn a_busy_handler_does_not_stall_other_tasks() {
     assert_eq!(failure.kind, FailureKind::Timeout);
     let seen = ticks.load(std::sync::atomic::Ordering::Relaxed);
     ticker.abort();
-    // 500 ms at 5 ms per tick would be 100 ticks; yielding every epoch (10 ms) allows ~50.
+    // The count is read right after the call returns, before this task
+    // yields, so a handler that held the only runtime thread would leave it
+    // at exactly 0. A few ticks prove interleaving, however loaded the machine.
     assert!(
-        seen >= 20,
+        seen >= 3,
         "other tasks kept running while the handler spun: {seen} ticks"
     );
 }

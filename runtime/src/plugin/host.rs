@@ -24,8 +24,9 @@ pub struct HostConfig {
     /// How often the epoch advances. It is the granularity of timeouts and of
     /// how often a busy handler yields its thread to other tasks.
     pub tick: Duration,
-    /// The largest memory limit any stage may set; it sizes the virtual
-    /// address reservation of each pooled memory slot.
+    /// The largest memory limit any stage may set (at most 4 GiB, the most a
+    /// 32-bit memory can address); it sizes each pooled memory slot. A stage
+    /// limit above it is lowered to it.
     pub max_memory: usize,
     /// How many plugin instances may be alive at once, across all plugins.
     pub max_instances: u32,
@@ -41,12 +42,15 @@ impl Default for HostConfig {
         HostConfig {
             cache_dir: None,
             tick: default_tick(),
-            max_memory: 4 << 30,
+            max_memory: MAX_WASM32_MEMORY,
             max_instances: 128,
             epoch_interruption: true,
         }
     }
 }
+
+/// The address space of a 32-bit linear memory.
+const MAX_WASM32_MEMORY: usize = 4 << 30;
 
 /// 10 ms: timeouts land within a tick or two, and a CPU-bound handler holds
 /// a runtime thread for at most that long before yielding.
@@ -66,6 +70,8 @@ pub(crate) struct HostInner {
     linker: Linker<StoreState>,
     cache: CompileCache,
     pub(crate) epoch_interruption: bool,
+    /// The pooled slot size: no stage limit can exceed it.
+    pub(crate) max_memory: usize,
     _ticker: Option<EpochTicker>,
 }
 
@@ -82,15 +88,21 @@ impl PluginHost {
         })
         .map_err(|e| HostError::Engine(chain(&e)))?;
         let cache = CompileCache::open(config.cache_dir.clone())?;
-        let ticker = config
-            .epoch_interruption
-            .then(|| EpochTicker::start(engine.clone(), config.tick));
+        let ticker = match config.epoch_interruption {
+            true => Some(
+                EpochTicker::start(engine.clone(), config.tick).map_err(|e| {
+                    HostError::Engine(format!("cannot start the epoch ticker thread: {e}"))
+                })?,
+            ),
+            false => None,
+        };
         Ok(PluginHost {
             inner: Arc::new(HostInner {
                 engine,
                 linker,
                 cache,
                 epoch_interruption: config.epoch_interruption,
+                max_memory: config.max_memory.min(MAX_WASM32_MEMORY),
                 _ticker: ticker,
             }),
         })
@@ -160,12 +172,11 @@ fn build_engine(config: &HostConfig) -> Result<Engine, HostError> {
         .total_tables(config.max_instances.saturating_mul(4))
         .total_stacks(config.max_instances)
         .total_core_instances(config.max_instances.saturating_mul(8))
-        .max_memory_size(config.max_memory);
+        .max_memory_size(config.max_memory.min(MAX_WASM32_MEMORY));
     let mut wasm = Config::new();
     wasm.strategy(wasmtime::Strategy::Cranelift)
         .cranelift_opt_level(OptLevel::Speed)
         .epoch_interruption(config.epoch_interruption)
-        .memory_reservation(config.max_memory as u64)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pooling));
     Engine::new(&wasm).map_err(|e| HostError::Engine(chain(&e)))
 }
@@ -255,7 +266,7 @@ struct EpochTicker {
 }
 
 impl EpochTicker {
-    fn start(engine: Engine, tick: Duration) -> Self {
+    fn start(engine: Engine, tick: Duration) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
@@ -265,9 +276,11 @@ impl EpochTicker {
                     std::thread::park_timeout(tick);
                     engine.increment_epoch();
                 }
-            })
-            .ok();
-        EpochTicker { stop, thread }
+            })?;
+        Ok(EpochTicker {
+            stop,
+            thread: Some(thread),
+        })
     }
 }
 

@@ -16,7 +16,7 @@ use super::{Emit, Message, Plugin, Pre};
 use crate::failure::{Failure, FailureKind};
 
 /// The limits one call runs under. Set per stage.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Wall-clock time a call may take (for a batch-handler, the whole batch).
     pub timeout: Duration,
@@ -186,13 +186,9 @@ impl Worker {
     /// Runs the guest and returns its per-message results, or the failure of
     /// the call as a whole (after which the instance is discarded).
     async fn call(&mut self, msgs: &[Message]) -> Result<Vec<Outcome>, Failure> {
-        let timeout = self.settings.limits.timeout;
-        let fuel = self.settings.limits.hostcall_fuel(msgs.len());
+        let limits = self.settings.limits;
         let result = match self.instance().await {
-            Ok(live) => {
-                live.store.set_hostcall_fuel(fuel);
-                live.call(msgs, timeout).await
-            }
+            Ok(live) => live.call(msgs, &limits).await,
             Err(err) => Err(err),
         };
         let mut stderr_tail = None;
@@ -226,7 +222,7 @@ impl Worker {
             let state = StoreState::new(
                 self.plugin.inner.name.clone(),
                 self.settings.config.clone(),
-                limits.memory,
+                limits.memory.min(self.plugin.inner.host.max_memory),
             );
             let mut store = Store::new(&self.plugin.inner.host.engine, state);
             store.limiter(|state| state as &mut dyn wasmtime::ResourceLimiter);
@@ -234,7 +230,7 @@ impl Worker {
             if self.plugin.inner.host.epoch_interruption {
                 store.epoch_deadline_callback(StoreState::on_epoch_tick);
             }
-            begin(&mut store, limits.timeout);
+            begin(&mut store, limits, 1);
             let exports = match &self.plugin.inner.pre {
                 Pre::Single(pre) => Exports::Single(pre.instantiate_async(&mut store).await?),
                 Pre::Batch(pre) => Exports::Batch(pre.instantiate_async(&mut store).await?),
@@ -306,26 +302,22 @@ impl Worker {
 }
 
 impl Live {
-    async fn call(
-        &mut self,
-        msgs: &[Message],
-        timeout: Duration,
-    ) -> wasmtime::Result<Vec<Outcome>> {
-        begin(&mut self.store, timeout);
+    async fn call(&mut self, msgs: &[Message], limits: &Limits) -> wasmtime::Result<Vec<Outcome>> {
         let results = match &self.exports {
             Exports::Single(handler) => {
                 let mut results = Vec::with_capacity(msgs.len());
                 for msg in msgs {
+                    begin(&mut self.store, limits, 1);
                     let guest = handler
                         .sluice_plugin_message_handler()
                         .call_handle(&mut self.store, msg)
                         .await?;
                     results.push(guest.map_err(from_handler_error));
-                    begin(&mut self.store, timeout);
                 }
                 results
             }
             Exports::Batch(handler) => {
+                begin(&mut self.store, limits, msgs.len());
                 let guest = handler
                     .sluice_plugin_batch_message_handler()
                     .call_handle_batch(&mut self.store, msgs)
@@ -348,10 +340,12 @@ impl Live {
     }
 }
 
-/// Arms the deadline for the next guest execution.
-fn begin(store: &mut Store<StoreState>, timeout: Duration) {
-    store.data_mut().deadline = Some((Instant::now() + timeout, timeout));
+/// Arms the next guest execution over `messages` inputs: its deadline, an
+/// epoch deadline one tick away, and its hostcall fuel.
+fn begin(store: &mut Store<StoreState>, limits: &Limits, messages: usize) {
+    store.data_mut().deadline = Some((Instant::now() + limits.timeout, limits.timeout));
     store.set_epoch_deadline(1);
+    store.set_hostcall_fuel(limits.hostcall_fuel(messages));
 }
 
 fn emit_size(emit: &Emit) -> usize {
