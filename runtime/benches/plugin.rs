@@ -11,6 +11,8 @@
 //!   `handler` world (one call per message) and `batch-handler` at batch 64.
 //! - **epoch interruption**: a CPU-bound handler with epoch checks compiled in
 //!   against the same handler without them.
+//!   A third row repeats batch 64 with bare messages (no key or headers), to
+//!   show how much of the cost is the per-field lowering.
 //! - **start-up**: loading the example plugins cold (compiling) against warm
 //!   (from the compile cache).
 
@@ -23,8 +25,13 @@ use std::time::{Duration, Instant};
 
 use sluice::plugin::{Emit, HostConfig, Message, PluginHost, Worker, WorkerSettings};
 
+/// The same allocator as the `sluice` binary, so both sides of every
+/// comparison allocate the way the daemon does.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Samples per side of a comparison.
-const SAMPLES: usize = 15;
+const SAMPLES: usize = 31;
 
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument selects sections.
@@ -49,8 +56,8 @@ fn main() {
         "| benchmark | native / epoch off / warm | wasm / epoch on / cold | overhead | ratio |"
     );
     println!("|---|---|---|---|---|");
-    if wants("boundary") {
-        boundary(&rt, &host);
+    if wants("boundary-single") || wants("boundary-batch") || wants("boundary-bare") {
+        boundary(&rt, &host, &wants);
     }
     if wants("epoch") {
         epoch(&rt);
@@ -78,7 +85,7 @@ fn message(size: usize, i: usize) -> Message {
     msg
 }
 
-fn boundary(rt: &tokio::runtime::Runtime, host: &PluginHost) {
+fn boundary(rt: &tokio::runtime::Runtime, host: &PluginHost, wants: &dyn Fn(&str) -> bool) {
     let single = host
         .load(sluice_harness::plugin("identity"))
         .expect("load identity");
@@ -88,30 +95,68 @@ fn boundary(rt: &tokio::runtime::Runtime, host: &PluginHost) {
     for size in [128, 4096] {
         let msgs: Vec<Message> = (0..64).map(|i| message(size, i)).collect();
 
-        let mut worker = single.worker(WorkerSettings::default());
-        let (native, wasm) = compare(
-            2_000,
-            |n| per_message(n, || black_box(native_identity(black_box(&msgs[0])))),
-            |n| rt.block_on(wasm_single(&mut worker, &msgs[0], n)),
-        );
-        row(
-            &format!("wasm boundary, handler, batch 1, {size} B (per message)"),
-            native,
-            wasm,
-        );
+        if wants("boundary-single") {
+            let mut worker = single.worker(WorkerSettings::default());
+            let (native, wasm) = compare(
+                2_000,
+                |n| per_message(n, 1, || black_box(native_identity(black_box(&msgs[0])))),
+                |n| rt.block_on(wasm_single(&mut worker, &msgs[0], n)),
+            );
+            row(
+                &format!("wasm boundary, handler, batch 1, {size} B (per message)"),
+                native,
+                wasm,
+            );
+        }
 
+        if wants("boundary-batch") {
+            let mut worker = batch.worker(WorkerSettings::default());
+            let (native, wasm) = compare(
+                100,
+                |n| {
+                    per_message(n, msgs.len(), || {
+                        black_box(
+                            black_box(&msgs)
+                                .iter()
+                                .map(native_identity)
+                                .collect::<Vec<_>>(),
+                        )
+                    })
+                },
+                |n| rt.block_on(wasm_batch(&mut worker, &msgs, n)),
+            );
+            row(
+                &format!("wasm boundary, batch-handler, batch 64, {size} B (per message)"),
+                native,
+                wasm,
+            );
+        }
+    }
+
+    // The same batch with bare messages (no key, no headers): every string or
+    // list in a message costs one `cabi_realloc` call into the guest to lower
+    // and one host allocation to lift, so this row shows what the fields cost.
+    if wants("boundary-bare") {
+        let bare: Vec<Message> = (0..64)
+            .map(|i| Message::new(format!("msg-{i:08}"), "bench.in", vec![b'x'; 128]))
+            .collect();
         let mut worker = batch.worker(WorkerSettings::default());
         let (native, wasm) = compare(
             100,
             |n| {
-                per_message(n * msgs.len(), || {
-                    black_box(msgs.iter().map(native_identity).collect::<Vec<_>>())
+                per_message(n, bare.len(), || {
+                    black_box(
+                        black_box(&bare)
+                            .iter()
+                            .map(native_identity)
+                            .collect::<Vec<_>>(),
+                    )
                 })
             },
-            |n| rt.block_on(wasm_batch(&mut worker, &msgs, n)),
+            |n| rt.block_on(wasm_batch(&mut worker, &bare, n)),
         );
         row(
-            &format!("wasm boundary, batch-handler, batch 64, {size} B (per message)"),
+            "wasm boundary, batch-handler, batch 64, 128 B, no key or headers (per message)",
             native,
             wasm,
         );
@@ -141,13 +186,13 @@ async fn wasm_batch(worker: &mut Worker, msgs: &[Message], n: usize) -> Duration
     start.elapsed() / (n * msgs.len()) as u32
 }
 
-/// Runs `f` `n` times; the duration per call, divided over `per` messages.
-fn per_message<T>(n: usize, mut f: impl FnMut() -> T) -> Duration {
+/// Runs `f` `n` times, each handling `messages` messages; the time per message.
+fn per_message<T>(n: usize, messages: usize, mut f: impl FnMut() -> T) -> Duration {
     let start = Instant::now();
     for _ in 0..n {
         black_box(f());
     }
-    start.elapsed() / n as u32
+    start.elapsed() / (n * messages) as u32
 }
 
 fn epoch(rt: &tokio::runtime::Runtime) {

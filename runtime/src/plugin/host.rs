@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use wasmtime::component::{HasSelf, Linker};
@@ -72,6 +72,8 @@ pub(crate) struct HostInner {
     pub(crate) epoch_interruption: bool,
     /// The pooled slot size: no stage limit can exceed it.
     pub(crate) max_memory: usize,
+    /// Counts epoch ticks; deadlines are measured on it.
+    pub(crate) clock: TickClock,
     _ticker: Option<EpochTicker>,
 }
 
@@ -88,9 +90,10 @@ impl PluginHost {
         })
         .map_err(|e| HostError::Engine(chain(&e)))?;
         let cache = CompileCache::open(config.cache_dir.clone())?;
+        let clock = TickClock::new(config.tick);
         let ticker = match config.epoch_interruption {
             true => Some(
-                EpochTicker::start(engine.clone(), config.tick).map_err(|e| {
+                EpochTicker::start(engine.clone(), clock.clone()).map_err(|e| {
                     HostError::Engine(format!("cannot start the epoch ticker thread: {e}"))
                 })?,
             ),
@@ -103,6 +106,7 @@ impl PluginHost {
                 cache,
                 epoch_interruption: config.epoch_interruption,
                 max_memory: config.max_memory.min(MAX_WASM32_MEMORY),
+                clock,
                 _ticker: ticker,
             }),
         })
@@ -259,21 +263,58 @@ fn detect_world(
     })
 }
 
-/// Advances the engine's epoch every tick on a dedicated thread, until dropped.
+/// Time as the epoch ticker sees it: the number of ticks so far.
+///
+/// Deadlines are kept in ticks rather than `Instant`s because the hot path
+/// then reads an atomic instead of the system clock on every call, and the
+/// epoch callback that enforces them only runs on a tick anyway.
+#[derive(Clone, Debug)]
+pub(crate) struct TickClock {
+    ticks: Arc<AtomicU64>,
+    tick: Duration,
+}
+
+impl TickClock {
+    fn new(tick: Duration) -> Self {
+        TickClock {
+            ticks: Arc::default(),
+            tick: tick.max(Duration::from_millis(1)),
+        }
+    }
+
+    /// Ticks so far.
+    pub(crate) fn now(&self) -> u64 {
+        self.ticks.load(Ordering::Relaxed)
+    }
+
+    /// The first tick at which `timeout` has certainly passed since now: one
+    /// extra tick covers starting just before a tick, so a call is never cut
+    /// short, and is at most one tick late.
+    pub(crate) fn deadline_after(&self, timeout: Duration) -> u64 {
+        let ticks = timeout.as_nanos().div_ceil(self.tick.as_nanos());
+        self.now()
+            .saturating_add(u64::try_from(ticks).unwrap_or(u64::MAX))
+            .saturating_add(1)
+    }
+}
+
+/// Advances the engine's epoch and the [`TickClock`] every tick on a
+/// dedicated thread, until dropped.
 struct EpochTicker {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl EpochTicker {
-    fn start(engine: Engine, tick: Duration) -> std::io::Result<Self> {
+    fn start(engine: Engine, clock: TickClock) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name("sluice-epoch".into())
             .spawn(move || {
                 while !flag.load(Ordering::Relaxed) {
-                    std::thread::park_timeout(tick);
+                    std::thread::park_timeout(clock.tick);
+                    clock.ticks.fetch_add(1, Ordering::Relaxed);
                     engine.increment_epoch();
                 }
             })?;

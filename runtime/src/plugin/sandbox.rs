@@ -7,13 +7,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::Duration;
 
 use wasmtime::component::ResourceTable;
 use wasmtime::{ResourceLimiter, StoreContextMut, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::{Level, single::sluice::plugin::host};
+use super::host::TickClock;
 use super::stdio::{GuestOutputFactory, LogBudget, Stream};
 
 /// The longest text one `log` call forwards; the rest is cut.
@@ -34,7 +35,7 @@ pub(crate) struct MemoryLimitExceeded {
 /// `timeout`.
 #[derive(Debug, thiserror::Error)]
 #[error("handler exceeded its timeout of {0:?}")]
-pub(crate) struct DeadlineExceeded(pub(crate) std::time::Duration);
+pub(crate) struct DeadlineExceeded(pub(crate) Duration);
 
 /// The data of one plugin instance's store.
 pub(crate) struct StoreState {
@@ -46,8 +47,9 @@ pub(crate) struct StoreState {
     memory_limit: usize,
     memory_used: usize,
     last_growth: usize,
-    /// When the current call must be done, with the timeout it came from.
-    pub(crate) deadline: Option<(Instant, std::time::Duration)>,
+    clock: TickClock,
+    /// The tick by which the current call must be done, and its timeout.
+    deadline: Option<(u64, Duration)>,
 }
 
 impl StoreState {
@@ -55,6 +57,7 @@ impl StoreState {
         plugin: Arc<str>,
         config: Arc<BTreeMap<String, String>>,
         memory_limit: usize,
+        clock: TickClock,
     ) -> Self {
         let log_budget = LogBudget::default();
         let wasi = WasiCtxBuilder::new()
@@ -81,8 +84,19 @@ impl StoreState {
             memory_limit,
             memory_used: 0,
             last_growth: 0,
+            clock,
             deadline: None,
         }
+    }
+
+    /// Arms the deadline of the next guest execution.
+    pub(crate) fn arm(&mut self, timeout: Duration) {
+        self.deadline = Some((self.clock.deadline_after(timeout), timeout));
+    }
+
+    /// Disarms it once the guest has returned.
+    pub(crate) fn disarm(&mut self) {
+        self.deadline = None;
     }
 
     /// Called by wasmtime each epoch tick while wasm runs: trap once the
@@ -91,8 +105,9 @@ impl StoreState {
     pub(crate) fn on_epoch_tick(
         store: StoreContextMut<'_, Self>,
     ) -> wasmtime::Result<UpdateDeadline> {
-        match store.data().deadline {
-            Some((at, timeout)) if Instant::now() >= at => {
+        let state = store.data();
+        match state.deadline {
+            Some((at, timeout)) if state.clock.now() >= at => {
                 Err(wasmtime::Error::new(DeadlineExceeded(timeout)))
             }
             _ => Ok(UpdateDeadline::Yield(1)),

@@ -33,6 +33,8 @@ pub(crate) struct LogBudget {
     remaining: Arc<AtomicUsize>,
     dropped: Arc<AtomicUsize>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    /// Whether `stderr_tail` holds anything, so the per-call reset can skip the lock.
+    has_tail: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl LogBudget {
@@ -40,7 +42,9 @@ impl LogBudget {
     /// call dropped.
     pub(crate) fn reset(&self, bytes: usize) -> usize {
         self.remaining.store(bytes, Ordering::Relaxed);
-        if let Ok(mut tail) = self.stderr_tail.lock() {
+        if self.has_tail.swap(false, Ordering::Relaxed)
+            && let Ok(mut tail) = self.stderr_tail.lock()
+        {
             tail.clear();
         }
         self.dropped.swap(0, Ordering::Relaxed)
@@ -70,6 +74,7 @@ impl LogBudget {
                 tail.pop_front();
             }
             tail.push_back(text.to_owned());
+            self.has_tail.store(true, Ordering::Relaxed);
         }
     }
 

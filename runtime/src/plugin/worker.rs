@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use wasmtime::{Store, Trap};
 
@@ -148,13 +148,16 @@ impl Worker {
 
     /// Handles one message.
     pub async fn handle(&mut self, msg: &Message) -> Outcome {
-        let mut outcomes = self.handle_batch(std::slice::from_ref(msg)).await;
-        outcomes.pop().unwrap_or_else(|| {
-            Err(Failure::new(
-                FailureKind::Trap,
-                "handler returned no outcome",
-            ))
-        })
+        let item = match self.call(std::slice::from_ref(msg)).await {
+            Ok(mut raw) => raw
+                .pop()
+                .unwrap_or_else(|| Err(Failure::new(FailureKind::Trap, "no outcome returned"))),
+            Err(failure) => return Err(failure),
+        };
+        let mut limit_hit = false;
+        let outcome = self.settle(item, &mut limit_hit);
+        self.end_call(limit_hit);
+        outcome
     }
 
     /// Handles several messages and returns one outcome per message, in order.
@@ -171,16 +174,24 @@ impl Worker {
         let mut limit_hit = false;
         let outcomes = raw
             .into_iter()
-            .map(|item| {
-                let checked = item.and_then(|emits| self.check_emits(emits));
-                limit_hit |= matches!(&checked, Err(f) if matches!(f.kind, FailureKind::OutputTooLarge | FailureKind::UndeclaredTopic));
-                checked
-            })
+            .map(|item| self.settle(item, &mut limit_hit))
             .collect();
+        self.end_call(limit_hit);
+        outcomes
+    }
+
+    /// Checks one guest result; notes whether it hit an output limit.
+    fn settle(&self, item: Outcome, limit_hit: &mut bool) -> Outcome {
+        let checked = item.and_then(|emits| self.check_emits(emits));
+        *limit_hit |= matches!(&checked, Err(f) if matches!(f.kind, FailureKind::OutputTooLarge | FailureKind::UndeclaredTopic));
+        checked
+    }
+
+    /// Drops the instance after a limit was hit, or always under per-message isolation.
+    fn end_call(&mut self, limit_hit: bool) {
         if limit_hit || self.settings.isolation == Isolation::PerMessage {
             self.live = None;
         }
-        outcomes
     }
 
     /// Runs the guest and returns its per-message results, or the failure of
@@ -223,6 +234,7 @@ impl Worker {
                 self.plugin.inner.name.clone(),
                 self.settings.config.clone(),
                 limits.memory.min(self.plugin.inner.host.max_memory),
+                self.plugin.inner.host.clock.clone(),
             );
             let mut store = Store::new(&self.plugin.inner.host.engine, state);
             store.limiter(|state| state as &mut dyn wasmtime::ResourceLimiter);
@@ -235,7 +247,7 @@ impl Worker {
                 Pre::Single(pre) => Exports::Single(pre.instantiate_async(&mut store).await?),
                 Pre::Batch(pre) => Exports::Batch(pre.instantiate_async(&mut store).await?),
             };
-            store.data_mut().deadline = None;
+            store.data_mut().disarm();
             self.instantiations += 1;
             self.live = Some(Live { store, exports });
         }
@@ -335,7 +347,7 @@ impl Live {
                     .collect()
             }
         };
-        self.store.data_mut().deadline = None;
+        self.store.data_mut().disarm();
         Ok(results)
     }
 }
@@ -343,7 +355,7 @@ impl Live {
 /// Arms the next guest execution over `messages` inputs: its deadline, an
 /// epoch deadline one tick away, and its hostcall fuel.
 fn begin(store: &mut Store<StoreState>, limits: &Limits, messages: usize) {
-    store.data_mut().deadline = Some((Instant::now() + limits.timeout, limits.timeout));
+    store.data_mut().arm(limits.timeout);
     store.set_epoch_deadline(1);
     store.set_hostcall_fuel(limits.hostcall_fuel(messages));
 }
