@@ -60,6 +60,7 @@ pub const PLUGINS: &[&str] = &[
     "future-version",
     "crunch",
     "chatty",
+    "short-batch",
 ];
 
 /// The repository root (the directory of the root `Cargo.toml`), so paths work

@@ -535,3 +535,20 @@ fn worker_calls_are_send() {
     let call = worker.handle(&message);
     assert_send(&call);
 }
+
+#[tokio::test]
+async fn a_batch_with_the_wrong_number_of_outcomes_fails_whole() {
+    let mut worker = plugin("short-batch").worker(settings(&[]));
+    let outcomes = worker.handle_batch(&[msg("a"), msg("b"), msg("c")]).await;
+    assert_eq!(outcomes.len(), 3, "still one outcome per message");
+    for outcome in &outcomes {
+        let failure = outcome.as_ref().expect_err("no item can be trusted");
+        assert_eq!(failure.kind, FailureKind::Trap);
+        assert!(
+            failure.message.contains("2 outcomes for 3 messages"),
+            "{}",
+            failure.message
+        );
+    }
+    host_still_serves().await;
+}
