@@ -552,3 +552,33 @@ async fn a_batch_with_the_wrong_number_of_outcomes_fails_whole() {
     }
     host_still_serves().await;
 }
+
+#[tokio::test]
+async fn in_a_batch_for_a_handler_plugin_a_trap_fails_only_its_own_message() {
+    let mut worker = plugin("chatty").worker(settings(&[
+        ("lines", "0"),
+        ("panic", "poison"),
+        ("panic_if_payload", "bad"),
+    ]));
+    let outcomes = worker.handle_batch(&[msg("a"), msg("bad"), msg("c")]).await;
+    assert_eq!(
+        outcomes[0].as_ref().expect("before the poison")[0].payload,
+        b"a"
+    );
+    assert_eq!(
+        outcomes[1].as_ref().expect_err("the poison").kind,
+        FailureKind::Trap
+    );
+    assert_eq!(
+        outcomes[2]
+            .as_ref()
+            .expect("after the poison, on a new instance")[0]
+            .payload,
+        b"c"
+    );
+    assert_eq!(
+        worker.instantiations(),
+        2,
+        "the trapped instance was replaced"
+    );
+}

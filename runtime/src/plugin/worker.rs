@@ -12,7 +12,7 @@ use wasmtime::{Store, Trap};
 
 use super::bindings::{HandlerError, batch, single};
 use super::sandbox::{DeadlineExceeded, MemoryLimitExceeded, StoreState};
-use super::{Emit, Message, Plugin, Pre};
+use super::{Emit, Message, Plugin, Pre, World};
 use crate::failure::{Failure, FailureKind};
 
 /// The limits one call runs under. Set per stage.
@@ -161,9 +161,17 @@ impl Worker {
     }
 
     /// Handles several messages and returns one outcome per message, in order.
-    /// A `batch-handler` plugin gets them in one call; a `handler` plugin gets
-    /// one call each.
+    /// A `batch-handler` plugin gets them in one call. A `handler` plugin gets
+    /// one call each, so a message that traps fails alone: the ones before it
+    /// keep their results and the ones after it run on a fresh instance.
     pub async fn handle_batch(&mut self, msgs: &[Message]) -> Vec<Outcome> {
+        if self.plugin.world() == World::Handler {
+            let mut outcomes = Vec::with_capacity(msgs.len());
+            for msg in msgs {
+                outcomes.push(self.handle(msg).await);
+            }
+            return outcomes;
+        }
         if msgs.is_empty() {
             return Vec::new();
         }

@@ -12,6 +12,8 @@
 //! * `lines` (default `1`): lines per channel.
 //! * `bytes` (default `40`): length of each line.
 //! * `panic` (optional): panic with this message after writing.
+//! * `panic_if_payload` (optional): with `panic`, panic only for messages
+//!   whose payload is exactly this text (to poison one message of a batch).
 
 use sluice_sdk::{Emit, Message, Outcome};
 
@@ -29,7 +31,10 @@ fn handle(msg: Message) -> Outcome {
         sluice_sdk::log::info(&format!("log {text}"));
     }
     if let Some(message) = sluice_sdk::config("panic") {
-        panic!("{message}");
+        let only_for = sluice_sdk::config("panic_if_payload");
+        if only_for.is_none_or(|poison| poison.as_bytes() == msg.payload.as_slice()) {
+            panic!("{message}");
+        }
     }
     Ok(vec![Emit::to_default(msg.payload).with_key(msg.key)])
 }
