@@ -582,3 +582,27 @@ async fn in_a_batch_for_a_handler_plugin_a_trap_fails_only_its_own_message() {
         "the trapped instance was replaced"
     );
 }
+
+#[cfg(unix)]
+#[test]
+fn a_shared_cache_directory_is_made_private_before_use() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&cache).expect("mkdir");
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let host = PluginHost::new(HostConfig {
+        cache_dir: Some(cache.clone()),
+        max_instances: 4,
+        max_memory: 64 << 20,
+        ..HostConfig::default()
+    })
+    .expect("host");
+    assert!(host.caches_compiled_plugins());
+    let mode = std::fs::metadata(&cache)
+        .expect("stat")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o700, "others can no longer plant entries");
+}

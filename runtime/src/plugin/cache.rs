@@ -46,14 +46,32 @@ pub(crate) struct CompileCache {
 
 impl CompileCache {
     /// Opens (creating if needed) the cache at `dir`; `None` disables caching.
+    ///
+    /// The directory must be private: an existing one is narrowed to 0700,
+    /// and if that fails (someone else owns it) the host runs uncached, since
+    /// anyone who can write the directory could plant native code in it.
     pub(crate) fn open(dir: Option<PathBuf>) -> Result<Self, HostError> {
-        if let Some(dir) = &dir {
-            create_private_dir(dir).map_err(|source| HostError::Cache {
-                path: dir.clone(),
-                source,
-            })?;
+        let Some(dir) = dir else {
+            return Ok(CompileCache { dir: None });
+        };
+        create_private_dir(&dir).map_err(|source| HostError::Cache {
+            path: dir.clone(),
+            source,
+        })?;
+        if let Err(err) = make_private(&dir) {
+            tracing::warn!(
+                cache = %dir.display(),
+                error = %err,
+                "The compile cache directory cannot be made private (0700); running without it."
+            );
+            return Ok(CompileCache { dir: None });
         }
-        Ok(CompileCache { dir })
+        Ok(CompileCache { dir: Some(dir) })
+    }
+
+    /// Whether compiled components are cached.
+    pub(crate) fn is_enabled(&self) -> bool {
+        self.dir.is_some()
     }
 
     /// Returns the compiled component for `bytes`, from the cache if possible.
@@ -155,6 +173,19 @@ fn tempfile_in(dir: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
         .create_new(true)
         .open(&path)?;
     Ok((path, file))
+}
+
+/// Narrows `dir` to owner-only access; fails unless we own it.
+fn make_private(dir: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir)?.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+    }
+    Ok(())
 }
 
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {

@@ -112,6 +112,12 @@ impl PluginHost {
         })
     }
 
+    /// Whether compiled plugins are cached on disk (a cache directory was
+    /// configured and could be made private).
+    pub fn caches_compiled_plugins(&self) -> bool {
+        self.inner.cache.is_enabled()
+    }
+
     /// Loads, compiles (or fetches from the cache), checks and pre-links the
     /// plugin at `path`.
     pub fn load(&self, path: impl AsRef<Path>) -> Result<Plugin, LoadError> {
