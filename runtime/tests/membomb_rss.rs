@@ -47,21 +47,29 @@ fn host_rss_stays_below_the_limit_plus_50_mb() {
         .build()
         .expect("runtime");
 
-    // Reset the peak so it measures only the bomb (Linux: writing 5 to clear_refs resets VmHWM).
+    // Reset the peak so it measures only the bombs (Linux: writing 5 to clear_refs resets VmHWM).
     std::fs::write("/proc/self/clear_refs", "5").expect("reset peak RSS");
     let baseline = status_bytes("VmRSS:");
-    let failure = rt
-        .block_on(
-            plugin
-                .worker(settings)
-                .handle(&Message::new("1", "t", Vec::new())),
-        )
-        .expect_err("membomb fails");
+    // Three in a row: a daemon meets the same poison message again and again,
+    // and each discarded instance must give its memory back.
+    let mut worker = plugin.worker(settings);
+    for round in 1..=3 {
+        let failure = rt
+            .block_on(worker.handle(&Message::new(format!("{round}"), "t", Vec::new())))
+            .expect_err("membomb fails");
+        assert_eq!(
+            failure.kind,
+            FailureKind::OutOfMemory,
+            "round {round}: {failure}"
+        );
+    }
     let peak = status_bytes("VmHWM:");
+    let after = status_bytes("VmRSS:");
 
-    assert_eq!(failure.kind, FailureKind::OutOfMemory, "{failure}");
     let grown = peak.saturating_sub(baseline);
-    eprintln!("baseline {baseline} B, peak {peak} B, grown {grown} B, limit {LIMIT} B");
+    eprintln!(
+        "baseline {baseline} B, peak {peak} B (grown {grown} B), after {after} B, limit {LIMIT} B"
+    );
     assert!(
         grown > (LIMIT as u64) / 2,
         "the bomb really touched its memory (grew {grown} B)"
@@ -69,5 +77,9 @@ fn host_rss_stays_below_the_limit_plus_50_mb() {
     assert!(
         grown < LIMIT as u64 + 50_000_000,
         "host RSS grew {grown} B, more than the limit plus 50 MB"
+    );
+    assert!(
+        after < baseline + 50_000_000,
+        "discarded instances released their memory: {after} B resident after, {baseline} B before"
     );
 }
