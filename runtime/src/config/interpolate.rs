@@ -1,0 +1,169 @@
+//! Environment interpolation in pipeline files.
+//!
+//! In any string value (not in keys):
+//!
+//! - `${NAME}` is the value of environment variable NAME; if NAME is unset
+//!   that is an error, reported at the value that uses it;
+//! - `${NAME:-default}` is NAME's value, or `default` when NAME is unset or
+//!   empty (`default` is taken literally and cannot contain `}`);
+//! - `$$` is a literal `$`; any other `$` is kept as it is.
+//!
+//! Interpolation runs **after** parsing, on the string scalars of the
+//! positioned tree, so a value can never change the document's structure (a
+//! variable holding `a: b` or a newline stays text) and the line and column of
+//! every other error are those of the file as written. A value that came from
+//! interpolation is still read as a number or boolean where the field wants
+//! one, so `concurrency: ${WORKERS:-4}` works.
+
+use std::borrow::Cow;
+
+use super::tree::{Kind, Node, Pos};
+
+/// Expands `text`, looking variables up with `env`.
+///
+/// # Errors
+///
+/// A message naming the variable when one is unset and has no default, or
+/// saying what is wrong with a malformed `${...}`.
+pub fn interpolate<'a>(
+    text: &'a str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Cow<'a, str>, String> {
+    if !text.contains('$') {
+        return Ok(Cow::Borrowed(text));
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(body) = after.strip_prefix('{') {
+            let Some(end) = body.find('}') else {
+                return Err(format!(
+                    "`${{` without a closing `}}` in `{text}`; write `${{NAME}}` or \
+                     `${{NAME:-default}}`, or `$$` for a literal `$`"
+                ));
+            };
+            let expr = &body[..end];
+            let (name, default) = match expr.split_once(":-") {
+                Some((name, default)) => (name, Some(default)),
+                None => (expr, None),
+            };
+            if name.is_empty()
+                || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                || name.starts_with(|c: char| c.is_ascii_digit())
+            {
+                return Err(format!(
+                    "`${{{expr}}}` is not a valid variable reference; expected `${{NAME}}` or \
+                     `${{NAME:-default}}` where NAME is letters, digits and `_`"
+                ));
+            }
+            match (env(name), default) {
+                (Some(value), Some(default)) if value.is_empty() => out.push_str(default),
+                (Some(value), _) => out.push_str(&value),
+                (None, Some(default)) => out.push_str(default),
+                (None, None) => {
+                    return Err(format!(
+                        "environment variable `{name}` is not set; set it, or give a \
+                         default with `${{{name}:-value}}`"
+                    ));
+                }
+            }
+            rest = &body[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    Ok(Cow::Owned(out))
+}
+
+/// Interpolates every string value in the tree, collecting one error per
+/// scalar that fails.
+pub(crate) fn interpolate_tree(
+    node: &mut Node,
+    env: &dyn Fn(&str) -> Option<String>,
+    errors: &mut Vec<(Pos, String)>,
+) {
+    match &mut node.kind {
+        Kind::Str(text) => match interpolate(text, env) {
+            Ok(Cow::Borrowed(_)) => {}
+            Ok(Cow::Owned(expanded)) => {
+                *text = expanded;
+                node.interpolated = true;
+            }
+            Err(message) => errors.push((node.pos, message)),
+        },
+        Kind::Seq(items) => {
+            for item in items {
+                interpolate_tree(item, env, errors);
+            }
+        }
+        Kind::Map(entries) => {
+            for (_, value) in entries {
+                interpolate_tree(value, env, errors);
+            }
+        }
+        Kind::Null | Kind::Bool(_) | Kind::Int(_) | Kind::UInt(_) | Kind::Float(_) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(name: &str) -> Option<String> {
+        match name {
+            "HOST" => Some("db.local".into()),
+            "EMPTY" => Some(String::new()),
+            "TRICKY" => Some("a: b\n- c".into()),
+            _ => None,
+        }
+    }
+
+    fn run(text: &str) -> Result<String, String> {
+        interpolate(text, &env).map(Cow::into_owned)
+    }
+
+    #[test]
+    fn expands_variables_and_defaults() {
+        assert_eq!(
+            run("nats://${HOST}:4222"),
+            Ok("nats://db.local:4222".into())
+        );
+        assert_eq!(run("${MISSING:-fallback}"), Ok("fallback".into()));
+        assert_eq!(run("${HOST:-fallback}"), Ok("db.local".into()));
+        assert_eq!(run("${EMPTY:-fallback}"), Ok("fallback".into()));
+        assert_eq!(run("${EMPTY}"), Ok(String::new()));
+        assert_eq!(run("${MISSING:-}"), Ok(String::new()));
+        assert_eq!(run("${TRICKY}"), Ok("a: b\n- c".into()));
+        assert_eq!(run("${HOST}${HOST}"), Ok("db.localdb.local".into()));
+    }
+
+    #[test]
+    fn dollars_escape_and_stray_dollars_stay() {
+        assert_eq!(run("pa$$word"), Ok("pa$word".into()));
+        assert_eq!(run("$${HOST}"), Ok("${HOST}".into()));
+        assert_eq!(run("costs $5"), Ok("costs $5".into()));
+        assert_eq!(run("end$"), Ok("end$".into()));
+        assert!(matches!(
+            interpolate("plain", &env),
+            Ok(Cow::Borrowed("plain"))
+        ));
+    }
+
+    #[test]
+    fn unset_and_malformed_references_are_errors() {
+        let err = run("${MISSING}").unwrap_err();
+        assert!(err.contains("`MISSING` is not set"), "{err}");
+        assert!(err.contains("${MISSING:-value}"), "{err}");
+        assert!(run("${HOST").unwrap_err().contains("closing"));
+        assert!(run("${}").unwrap_err().contains("not a valid variable"));
+        assert!(run("${A B}").unwrap_err().contains("not a valid variable"));
+        assert!(run("${1X}").unwrap_err().contains("not a valid variable"));
+    }
+}

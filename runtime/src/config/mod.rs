@@ -1,0 +1,42 @@
+//! Pipeline files: the YAML model, parsing with positions, environment
+//! interpolation, validation and the JSON Schema.
+//!
+//! A file holds one pipeline; a directory holds one per `*.yaml`/`*.yml`
+//! file. [`load`] reads and checks them and returns every problem as a
+//! `file:line:col: message` [`Diagnostic`]; [`load_and_check_plugins`] also
+//! loads each stage's plugin. [`Stage::worker_settings`] turns a stage into
+//! the plugin host's settings.
+//!
+//! - `model`: the structs, which are the configuration reference;
+//! - `units`: durations (`30s`) and sizes (`64MiB`);
+//! - `parse`: bytes -> positioned tree -> typed model, under limits;
+//! - `tree`: the positioned tree and a serde `Deserializer` over it;
+//! - `interpolate`: `${VAR}`, `${VAR:-default}`, `$$`;
+//! - `validate`: loading many files and the checks across values;
+//! - `diagnostic`: what is reported.
+
+mod diagnostic;
+mod interpolate;
+mod model;
+mod parse;
+mod tree;
+mod units;
+mod validate;
+
+pub use diagnostic::{Diagnostic, Diagnostics};
+pub use interpolate::interpolate;
+pub use model::*;
+pub use parse::{MAX_ALIAS_REPLAY, MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES};
+pub use units::{HumanDuration, HumanSize};
+pub use validate::{load, load_and_check_plugins, load_with};
+
+/// The JSON Schema of a pipeline file, derived from [`Pipeline`], for
+/// editors (`# yaml-language-server: $schema=...`).
+pub fn json_schema() -> serde_json::Value {
+    let mut schema = schemars::schema_for!(Pipeline);
+    schema.insert(
+        "title".into(),
+        serde_json::Value::String("Sluice pipeline".into()),
+    );
+    schema.to_value()
+}

@@ -1,0 +1,576 @@
+//! The pipeline model: what a pipeline file may say. These structs are the
+//! configuration reference; `sluice schema` prints them as a JSON Schema and
+//! README's "Pipelines" section follows them.
+//!
+//! Every optional field has a default from a named `default_*` function, and
+//! every struct rejects keys it does not know. Values a serde type cannot
+//! express (name patterns, cross-references between topics and stages,
+//! `multiplier >= 1`) are checked in `validate.rs`, with positions.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
+use serde::{Serialize, Serializer};
+
+use super::units::{HumanDuration, HumanSize};
+use crate::plugin::{Isolation, Limits, Outputs, WorkerSettings};
+
+/// One pipeline: its topics and the stages that connect them. A file holds
+/// one pipeline; a directory holds one per `*.yaml`/`*.yml` file.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Pipeline {
+    /// The pipeline's name, unique across all loaded files: lowercase letters,
+    /// digits, `_`, `-` and `.`. It prefixes the default dead-letter topics
+    /// (`<pipeline>.<stage>.dlq`) and labels metrics.
+    pub name: String,
+    /// Where the topics live: `embedded` (the durable single-node broker built
+    /// into the daemon) or a `nats://host:port` URL for NATS JetStream.
+    /// Carried as written for now; the broker milestone gives it meaning.
+    #[serde(default = "default_broker")]
+    pub broker: String,
+    /// The topics stages subscribe and publish to. Every topic a stage names
+    /// must be declared here, except the implicit dead-letter topics.
+    ///
+    /// A list rather than a map keyed by name: a topic and a stage are both
+    /// "a named thing with settings", and both are written the same way
+    /// (`- name: ...`); a topic with no settings can be just its name
+    /// (`- orders`). Duplicate names are reported by `sluice validate`.
+    #[serde(default, deserialize_with = "short_list")]
+    #[schemars(with = "Vec<ShortForm<Topic>>")]
+    pub topics: Vec<Topic>,
+    /// The stages, each a plugin between an input topic and its outputs.
+    pub stages: Vec<Stage>,
+    /// How long the daemon waits for in-flight messages on SIGTERM/SIGINT
+    /// before it naks the rest and exits.
+    #[serde(default = "default_shutdown_timeout")]
+    pub shutdown_timeout: HumanDuration,
+    /// The file this pipeline was read from (set by the loader).
+    #[serde(skip)]
+    pub source: PathBuf,
+}
+
+/// The broker used when a pipeline names none.
+pub fn default_broker() -> String {
+    "embedded".into()
+}
+
+/// 30 s.
+pub fn default_shutdown_timeout() -> HumanDuration {
+    HumanDuration::secs(30)
+}
+
+/// A topic: a durable, ordered stream of messages. Several stages
+/// subscribing to one topic each get every message (fan-out).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Topic {
+    /// The topic's name, e.g. `orders` or `orders.eu`.
+    pub name: String,
+    /// Backpressure: once this many messages wait in the topic, ingest
+    /// answers 429 until it drains. No limit when absent.
+    #[serde(default)]
+    pub high_water_mark: Option<u64>,
+    /// Messages older than this are removed even if not every subscriber
+    /// has acked them. Kept until acked by all when absent.
+    #[serde(default)]
+    pub retention: Option<HumanDuration>,
+}
+
+impl From<String> for Topic {
+    fn from(name: String) -> Self {
+        Topic {
+            name,
+            high_water_mark: None,
+            retention: None,
+        }
+    }
+}
+
+/// A stage: one plugin, fed by one topic, publishing to declared topics,
+/// with the delivery policy around it.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Stage {
+    /// The stage's name, unique in its pipeline: lowercase letters, digits,
+    /// `_`, `-` and `.`.
+    pub name: String,
+    /// The input: a topic name, or `{topic, filter}` where `filter` maps
+    /// header names to the values a message must carry to reach this stage.
+    #[serde(deserialize_with = "short")]
+    #[schemars(with = "ShortForm<Subscribe>")]
+    pub subscribe: Subscribe,
+    /// The handler: a WebAssembly component file, relative to the directory
+    /// of the pipeline file (the loader makes it absolute).
+    pub plugin: PathBuf,
+    /// Settings the plugin reads with `config-get`. Values are text; numbers
+    /// and booleans are converted to their text.
+    #[serde(default)]
+    pub config: BTreeMap<String, ConfigValue>,
+    /// The topics the plugin may emit to; the first is its default output.
+    /// An emit to any other topic is dead-lettered as `undeclared-topic`.
+    #[serde(default)]
+    pub publish: Vec<String>,
+    /// How many messages this stage handles at once, per daemon.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: NonZeroU32,
+    /// How long a delivered message stays invisible to other consumers
+    /// before it is redelivered. The lease is extended automatically while
+    /// the handler runs.
+    #[serde(default = "default_ack_wait")]
+    pub ack_wait: HumanDuration,
+    /// Retries with exponential backoff before a message is dead-lettered.
+    #[serde(default)]
+    pub retry: Retry,
+    /// The dead-letter topic. Default: `<pipeline>.<stage>.dlq`, which
+    /// needs no declaration; any other name must be a declared topic.
+    #[serde(default)]
+    pub dlq: Option<String>,
+    /// Per-key ordering: messages with the same key are handled one at a
+    /// time, in publish order; different keys run in parallel. No ordering
+    /// when absent.
+    #[serde(default)]
+    pub ordering: Option<Ordering>,
+    /// Hand the plugin messages in batches. A `batch-handler` plugin gets
+    /// the whole batch in one call; a `handler` plugin is called per message.
+    #[serde(default)]
+    pub batch: Option<Batch>,
+    /// The longest one call of the plugin may take (for a batch, the whole
+    /// batch). A call that takes longer fails as `timeout` and is retried.
+    #[serde(default = "default_timeout")]
+    pub timeout: HumanDuration,
+    /// The memory limit of one plugin instance, summed over its memories.
+    #[serde(default = "default_memory")]
+    pub memory: HumanSize,
+    /// The most messages delivered but not yet acked for this stage, across
+    /// all daemons (JetStream's MaxAckPending). No limit beyond
+    /// `concurrency` when absent.
+    #[serde(default)]
+    pub max_ack_pending: Option<u32>,
+}
+
+/// 1.
+pub fn default_concurrency() -> NonZeroU32 {
+    NonZeroU32::MIN
+}
+
+/// 30 s.
+pub fn default_ack_wait() -> HumanDuration {
+    HumanDuration::secs(30)
+}
+
+/// 30 s.
+pub fn default_timeout() -> HumanDuration {
+    HumanDuration::secs(30)
+}
+
+/// 256 MiB.
+pub fn default_memory() -> HumanSize {
+    HumanSize::mib(256)
+}
+
+impl Stage {
+    /// The dead-letter topic of this stage in `pipeline`.
+    pub fn dlq_topic(&self, pipeline: &str) -> String {
+        self.dlq
+            .clone()
+            .unwrap_or_else(|| default_dlq(pipeline, &self.name))
+    }
+
+    /// The plugin host's settings for one worker of this stage: its limits,
+    /// its `config:` map and its declared outputs. The engine creates
+    /// `concurrency` workers with these.
+    pub fn worker_settings(&self) -> WorkerSettings {
+        WorkerSettings {
+            limits: Limits {
+                timeout: self.timeout.get(),
+                memory: usize::try_from(self.memory.bytes()).unwrap_or(usize::MAX),
+                ..Limits::default()
+            },
+            config: Arc::new(
+                self.config
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.0.clone()))
+                    .collect(),
+            ),
+            outputs: Outputs::Declared(self.publish.clone()),
+            isolation: Isolation::Reuse,
+        }
+    }
+}
+
+/// `<pipeline>.<stage>.dlq`.
+pub fn default_dlq(pipeline: &str, stage: &str) -> String {
+    format!("{pipeline}.{stage}.dlq")
+}
+
+/// A stage's input.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Subscribe {
+    /// The topic to consume.
+    pub topic: String,
+    /// Header equality filter: only messages whose headers have all these
+    /// values reach the stage; the others are acked unhandled.
+    #[serde(default)]
+    pub filter: BTreeMap<String, String>,
+}
+
+impl From<String> for Subscribe {
+    fn from(topic: String) -> Self {
+        Subscribe {
+            topic,
+            filter: BTreeMap::new(),
+        }
+    }
+}
+
+/// A `config:` value: text, or a number or boolean read as its text.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConfigValue(pub String);
+
+impl<'de> Deserialize<'de> for ConfigValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = ConfigValue;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("text, a number or a boolean")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ConfigValue, E> {
+                Ok(ConfigValue(v.to_owned()))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<ConfigValue, E> {
+                Ok(ConfigValue(v.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ConfigValue, E> {
+                Ok(ConfigValue(v.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ConfigValue, E> {
+                Ok(ConfigValue(v.to_string()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<ConfigValue, E> {
+                Ok(ConfigValue(v.to_string()))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<ConfigValue, E> {
+                Err(E::custom(
+                    "a config value is missing; write `\"\"` for an empty value",
+                ))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl Serialize for ConfigValue {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl JsonSchema for ConfigValue {
+    fn schema_name() -> Cow<'static, str> {
+        "ConfigValue".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": ["string", "number", "boolean"],
+            "description": "Text; numbers and booleans are passed to the plugin as their text."
+        })
+    }
+}
+
+/// Retries and backoff.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Retry {
+    /// Deliveries a message gets before it is dead-lettered, the first
+    /// included (1 = no retries). A `reject` dead-letters at once.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: NonZeroU32,
+    /// The delay before each redelivery.
+    #[serde(default)]
+    pub backoff: Backoff,
+}
+
+/// 5.
+pub fn default_max_attempts() -> NonZeroU32 {
+    NonZeroU32::new(5).unwrap_or(NonZeroU32::MIN)
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            max_attempts: default_max_attempts(),
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+/// Exponential backoff with jitter: the n-th retry waits
+/// `min(max, initial * multiplier^(n-1))`, randomly shortened by up to
+/// `jitter` of itself. A handler's `retry(duration)` overrides it.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Backoff {
+    /// The delay before the first retry.
+    #[serde(default = "default_backoff_initial")]
+    pub initial: HumanDuration,
+    /// The longest delay.
+    #[serde(default = "default_backoff_max")]
+    pub max: HumanDuration,
+    /// How much each delay grows over the previous one; at least 1.
+    #[serde(default = "default_backoff_multiplier")]
+    pub multiplier: f64,
+    /// The fraction of each delay that is randomised, from 0 (none) to 1.
+    #[serde(default = "default_backoff_jitter")]
+    pub jitter: f64,
+}
+
+/// 1 s.
+pub fn default_backoff_initial() -> HumanDuration {
+    HumanDuration::secs(1)
+}
+
+/// 60 s.
+pub fn default_backoff_max() -> HumanDuration {
+    HumanDuration::secs(60)
+}
+
+/// 2.0.
+pub fn default_backoff_multiplier() -> f64 {
+    2.0
+}
+
+/// 0.2.
+pub fn default_backoff_jitter() -> f64 {
+    0.2
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            initial: default_backoff_initial(),
+            max: default_backoff_max(),
+            multiplier: default_backoff_multiplier(),
+            jitter: default_backoff_jitter(),
+        }
+    }
+}
+
+/// Per-key ordering.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Ordering {
+    /// What groups messages: `key` (the message key) or `header:NAME` (the
+    /// value of header NAME).
+    pub key: OrderingKey,
+}
+
+/// What per-key ordering groups messages by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrderingKey {
+    /// The message key.
+    Key,
+    /// The value of a header.
+    Header(String),
+}
+
+impl FromStr for OrderingKey {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.split_once(':') {
+            None if text == "key" => Ok(OrderingKey::Key),
+            Some(("header", name)) if !name.trim().is_empty() => {
+                Ok(OrderingKey::Header(name.trim().to_owned()))
+            }
+            _ => Err(format!(
+                "`{text}` is not an ordering key; expected `key` or `header:NAME`"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for OrderingKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OrderingKey::Key => f.write_str("key"),
+            OrderingKey::Header(name) => write!(f, "header:{name}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for OrderingKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = OrderingKey;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("`key` or `header:NAME`")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<OrderingKey, E> {
+                v.parse().map_err(E::custom)
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+impl Serialize for OrderingKey {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl JsonSchema for OrderingKey {
+    fn schema_name() -> Cow<'static, str> {
+        "OrderingKey".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "pattern": "^(key|header:.+)$",
+            "description": "`key` (the message key) or `header:NAME` (the value of header NAME)."
+        })
+    }
+}
+
+/// Batching.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Batch {
+    /// The most messages in one batch.
+    pub max: NonZeroU32,
+    /// How long to wait for a batch to fill before handing over what there is.
+    #[serde(default = "default_batch_wait")]
+    pub wait: HumanDuration,
+}
+
+/// 100 ms.
+pub fn default_batch_wait() -> HumanDuration {
+    HumanDuration::millis(100)
+}
+
+/// Either just a name or the full form: `subscribe: orders` or
+/// `subscribe: {topic: orders, filter: {...}}`; `- orders` or
+/// `- {name: orders, retention: 7d}`.
+fn short<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + From<String>,
+{
+    Short::<T>::deserialize(d).map(|s| s.0)
+}
+
+fn short_list<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + From<String>,
+{
+    Vec::<Short<T>>::deserialize(d).map(|v| v.into_iter().map(|s| s.0).collect())
+}
+
+struct Short<T>(T);
+
+impl<'de, T: Deserialize<'de> + From<String>> Deserialize<'de> for Short<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de> + From<String>> Visitor<'de> for V<T> {
+            type Value = Short<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a topic name or a mapping")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Short<T>, E> {
+                Ok(Short(T::from(v.to_owned())))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Short<T>, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Short)
+            }
+        }
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
+/// Schema of a [`Short`] field: a string or `T`'s mapping.
+struct ShortForm<T>(PhantomData<T>);
+
+impl<T: JsonSchema> JsonSchema for ShortForm<T> {
+    fn schema_name() -> Cow<'static, str> {
+        format!("NameOr{}", T::schema_name()).into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        let full = generator.subschema_for::<T>();
+        json_schema!({
+            "anyOf": [{"type": "string", "description": "Just the topic name."}, full]
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let stage: Stage =
+            super::super::parse::from_str_for_tests("name: s\nsubscribe: in\nplugin: p.wasm\n");
+        assert_eq!(stage.concurrency.get(), 1);
+        assert_eq!(stage.ack_wait, HumanDuration::secs(30));
+        assert_eq!(stage.timeout, HumanDuration::secs(30));
+        assert_eq!(stage.memory, HumanSize::mib(256));
+        assert_eq!(stage.retry.max_attempts.get(), 5);
+        assert_eq!(stage.retry.backoff.initial, HumanDuration::secs(1));
+        assert_eq!(stage.retry.backoff.max, HumanDuration::secs(60));
+        assert_eq!(stage.retry.backoff.multiplier, 2.0);
+        assert_eq!(stage.retry.backoff.jitter, 0.2);
+        assert_eq!(stage.dlq_topic("p"), "p.s.dlq");
+        assert_eq!(stage.subscribe.topic, "in");
+        assert!(stage.publish.is_empty() && stage.config.is_empty());
+        assert!(stage.ordering.is_none() && stage.batch.is_none());
+        assert!(stage.max_ack_pending.is_none());
+    }
+
+    #[test]
+    fn stage_limits_map_onto_the_plugin_host() {
+        let stage: Stage = super::super::parse::from_str_for_tests(
+            "name: s\nsubscribe: {topic: in, filter: {kind: a}}\nplugin: p.wasm\n\
+             publish: [out, other]\ntimeout: 2s\nmemory: 64MiB\nconfig: {n: 3, on: true, t: x}\n",
+        );
+        let settings = stage.worker_settings();
+        assert_eq!(settings.limits.timeout, std::time::Duration::from_secs(2));
+        assert_eq!(settings.limits.memory, 64 << 20);
+        assert_eq!(
+            settings.outputs,
+            Outputs::Declared(vec!["out".into(), "other".into()])
+        );
+        assert_eq!(settings.config.get("n").map(String::as_str), Some("3"));
+        assert_eq!(settings.config.get("on").map(String::as_str), Some("true"));
+        assert_eq!(
+            stage.subscribe.filter.get("kind").map(String::as_str),
+            Some("a")
+        );
+    }
+
+    #[test]
+    fn ordering_keys() {
+        assert_eq!("key".parse(), Ok(OrderingKey::Key));
+        assert_eq!(
+            "header:tenant".parse(),
+            Ok(OrderingKey::Header("tenant".into()))
+        );
+        assert!("header:".parse::<OrderingKey>().is_err());
+        assert!("value".parse::<OrderingKey>().is_err());
+    }
+}

@@ -1,0 +1,317 @@
+//! Reading one pipeline file: bytes -> positioned tree -> interpolated tree
+//! -> typed [`Pipeline`], every failure as `(line, col, message)`.
+//!
+//! # The YAML parser: serde-saphyr
+//!
+//! `serde_yaml` is unmaintained and `serde_yml` unsound. Of the two
+//! maintained candidates we read:
+//!
+//! - `serde_norway` is a fork of `serde_yaml` on `unsafe-libyaml` (C
+//!   translated to unsafe Rust); it caps recursion at 128 and alias
+//!   expansion, and reports positions, but keeps serde_yaml's design.
+//! - `serde-saphyr` is built on a pure-Rust parser (`granit-parser`, a
+//!   saphyr-parser fork), forbids `unsafe`, is fuzzed and panic-free, and has
+//!   an explicit [`serde_saphyr::Budget`]: depth, node, event, alias and
+//!   anchor-replay limits that stop billion-laughs and deep nesting with an
+//!   error carrying a location. Its `Spanned<T>` gives each value's line and
+//!   column, which is what semantic errors need. It rejects duplicate keys by
+//!   default.
+//!
+//! We use serde-saphyr, once per file, to build a positioned tree
+//! ([`super::tree::Node`]) under a tight budget; the typed model is then
+//! deserialized from that tree by our own small `Deserializer`, so serde
+//! errors (unknown field, wrong type, bad duration) and semantic errors use
+//! the same positions. (Its own `${...}` "properties" feature only expands
+//! plain scalars, so a quoted `"${HOST}"` would stay literal; see
+//! `interpolate.rs` for ours.)
+//!
+//! # Limits
+//!
+//! A pipeline file is small. Anything past these limits is refused with an
+//! error at the offending place, long before it costs time or memory:
+//! [`MAX_FILE_BYTES`], nesting deeper than [`MAX_DEPTH`], more than
+//! [`MAX_NODES`] nodes, and aliases that would replay more than
+//! [`MAX_ALIAS_REPLAY`] events (a "billion laughs" document).
+
+use std::borrow::Cow;
+use std::io::Read;
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_saphyr::{Localizer, Location};
+
+use super::interpolate::interpolate_tree;
+use super::model::{Pipeline, Stage};
+use super::tree::{DeError, Kind, Node, Pos, Seg};
+
+/// The largest pipeline file accepted: 1 MiB.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+/// The deepest nesting of lists and mappings accepted.
+pub const MAX_DEPTH: usize = 32;
+/// The most nodes (scalars, lists, mappings) in one file.
+pub const MAX_NODES: usize = 100_000;
+/// The most parser events aliases may replay in one file.
+pub const MAX_ALIAS_REPLAY: usize = 10_000;
+
+/// A parsed file: the pipeline and the tree it came from, kept for the
+/// positions of semantic errors.
+#[derive(Debug)]
+pub(crate) struct Document {
+    pub pipeline: Pipeline,
+    pub tree: Node,
+}
+
+/// A problem at a position in the file being read.
+pub(crate) type Problem = (Pos, String);
+
+/// Reads and parses `path`, looking variables up with `env`.
+pub(crate) fn read_file(
+    path: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Document, Vec<Problem>> {
+    let start = Pos { line: 1, col: 1 };
+    let file = std::fs::File::open(path)
+        .map_err(|e| vec![(start, format!("cannot read the pipeline file: {e}"))])?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| vec![(start, format!("cannot read the pipeline file: {e}"))])?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(vec![(
+            start,
+            format!(
+                "the file is larger than {} KiB; a pipeline file should be a few KiB \
+                 (split large setups into one file per pipeline in a directory)",
+                MAX_FILE_BYTES >> 10
+            ),
+        )]);
+    }
+    let text = match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => {
+            let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+            let text = String::from_utf8_lossy(valid);
+            let line = text.matches('\n').count() as u64 + 1;
+            let col = text.rsplit('\n').next().map_or(0, |l| l.chars().count()) as u64 + 1;
+            return Err(vec![(
+                Pos { line, col },
+                "the file is not valid UTF-8 text".into(),
+            )]);
+        }
+    };
+    parse_str(&text, env)
+}
+
+/// Parses the text of a pipeline file.
+pub(crate) fn parse_str(
+    text: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Document, Vec<Problem>> {
+    let mut tree = parse_tree(text).map_err(|p| vec![p])?;
+    match &tree.kind {
+        Kind::Map(_) => {}
+        Kind::Null => {
+            return Err(vec![(
+                Pos { line: 1, col: 1 },
+                "the file has no pipeline in it; a pipeline file is a mapping with at least \
+                 `name:` and `stages:`"
+                    .into(),
+            )]);
+        }
+        _ => {
+            return Err(vec![(
+                tree.pos,
+                format!(
+                    "a pipeline file must be a mapping (`name: ...`, `topics: ...`, \
+                     `stages: ...`), not {}; one file holds one pipeline",
+                    tree.type_name()
+                ),
+            )]);
+        }
+    }
+    let mut problems = Vec::new();
+    interpolate_tree(&mut tree, env, &mut problems);
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    match Pipeline::deserialize(&tree) {
+        Ok(pipeline) => Ok(Document { pipeline, tree }),
+        Err(first) => Err(all_serde_problems(&tree, first)),
+    }
+}
+
+/// Serde stops at the first error. To report more than one, each stage is
+/// also deserialized on its own, so one bad field per stage shows up.
+fn all_serde_problems(tree: &Node, first: DeError) -> Vec<Problem> {
+    let mut problems = vec![problem(tree, first)];
+    if let Kind::Map(entries) = &tree.kind
+        && let Some((_, stages)) = entries.iter().find(|(k, _)| k.name == "stages")
+        && let Kind::Seq(stages) = &stages.kind
+    {
+        for stage in stages {
+            if let Err(e) = Stage::deserialize(stage) {
+                let p = problem(stage, e);
+                if !problems.contains(&p) {
+                    problems.push(p);
+                }
+            }
+        }
+    }
+    problems.sort_by_key(|(pos, _)| *pos);
+    problems
+}
+
+fn problem(node: &Node, e: DeError) -> Problem {
+    (e.pos.unwrap_or(node.pos), e.message)
+}
+
+/// Plain messages: the position goes in front, as `file:line:col:`.
+struct NoLocationSuffix;
+
+impl Localizer for NoLocationSuffix {
+    fn attach_location<'a>(&self, base: Cow<'a, str>, _: Location) -> Cow<'a, str> {
+        base
+    }
+    fn alias_defined_at(&self, _: Location) -> String {
+        String::new()
+    }
+    fn alias_used_at(&self, _: Location) -> String {
+        String::new()
+    }
+}
+
+fn parse_tree(text: &str) -> Result<Node, Problem> {
+    let options = serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_depth: MAX_DEPTH,
+            max_nodes: MAX_NODES,
+            max_events: 4 * MAX_NODES,
+            max_documents: 1,
+            max_inclusion_depth: 0,
+        },
+        alias_limits: serde_saphyr::alias_limits! {
+            max_total_replayed_events: MAX_ALIAS_REPLAY,
+        },
+        strict_booleans: true,
+    };
+    serde_saphyr::from_str_with_options::<Node>(text, options).map_err(|e| {
+        let pos = e
+            .location()
+            .filter(|l| l.line() > 0)
+            .map_or(Pos { line: 1, col: 1 }, |l| Pos {
+                line: l.line(),
+                col: l.column().max(1),
+            });
+        let formatter = serde_saphyr::UserMessageFormatter.with_localizer(&NoLocationSuffix);
+        let message = e.render_with_options(serde_saphyr::render_options! {
+            formatter: &formatter,
+            snippets: serde_saphyr::SnippetMode::Off,
+        });
+        (pos, explain_syntax_error(&message))
+    })
+}
+
+/// Adds what to do to the parser's terser messages.
+fn explain_syntax_error(message: &str) -> String {
+    let message = message.trim().trim_start_matches("error: ").to_owned();
+    if message.contains("Depth") || message.contains("recursion limit") {
+        format!(
+            "nesting is deeper than {MAX_DEPTH} levels ({message}); a pipeline file needs only a few"
+        )
+    } else if message.contains("alias") && message.contains("limit") {
+        format!(
+            "aliases expand to too much ({message}); anchors and aliases may be used to share \
+             small blocks, not to multiply a document"
+        )
+    } else if message.contains("budget") {
+        format!("the document is too large or complex for a pipeline file ({message})")
+    } else {
+        message
+    }
+}
+
+/// The position of `path` in a parsed document.
+pub(crate) fn locate(tree: &Node, path: &[Seg<'_>]) -> Pos {
+    tree.locate(path)
+}
+
+/// Deserializes `T` from YAML text through the tree, for unit tests.
+#[cfg(test)]
+pub(crate) fn from_str_for_tests<T: serde::de::DeserializeOwned>(text: &str) -> T {
+    let tree = parse_tree(text).unwrap_or_else(|e| panic!("{e:?}"));
+    T::deserialize(&tree).unwrap_or_else(|e| panic!("{e:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn errors(text: &str) -> Vec<String> {
+        match parse_str(text, &no_env) {
+            Ok(_) => Vec::new(),
+            Err(problems) => problems
+                .into_iter()
+                .map(|(p, m)| format!("{}:{}: {m}", p.line, p.col))
+                .collect(),
+        }
+    }
+
+    const GOOD: &str = "name: p\ntopics: [a, b]\nstages:\n  - name: s\n    subscribe: a\n    plugin: x.wasm\n    publish: [b]\n";
+
+    #[test]
+    fn a_good_file_parses() {
+        let doc = parse_str(GOOD, &no_env).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(doc.pipeline.name, "p");
+        assert_eq!(doc.pipeline.topics.len(), 2);
+        assert_eq!(doc.pipeline.broker, "embedded");
+        assert_eq!(
+            locate(
+                &doc.tree,
+                &[
+                    Seg::Key("stages"),
+                    Seg::Index(0),
+                    Seg::Key("publish"),
+                    Seg::Index(0)
+                ]
+            ),
+            Pos { line: 7, col: 15 }
+        );
+    }
+
+    #[test]
+    fn serde_errors_point_at_the_node() {
+        let text = GOOD.replace("    publish: [b]\n", "    publsh: [b]\n");
+        let errs = errors(&text);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with("7:5: unknown field `publsh`"),
+            "{errs:?}"
+        );
+        assert!(errs[0].contains("`publish`"), "{errs:?}");
+
+        let errs = errors(&GOOD.replace("plugin: x.wasm", "plugin: x.wasm\n    ack_wait: 30"));
+        assert!(errs[0].starts_with("7:15: `30` has no unit"), "{errs:?}");
+
+        let errs = errors("name: p\n");
+        assert!(
+            errs[0].starts_with("1:1: missing required field `stages`"),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
+    fn interpolated_values_become_numbers_where_numbers_are_wanted() {
+        let text = GOOD.replace("plugin: x.wasm", "plugin: x.wasm\n    concurrency: ${N:-4}");
+        let doc = parse_str(&text, &no_env).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(doc.pipeline.stages[0].concurrency.get(), 4);
+        let errs = errors(&GOOD.replace("x.wasm", "${PLUGIN_DIR}/x.wasm"));
+        assert!(
+            errs[0].starts_with("6:13: environment variable `PLUGIN_DIR` is not set"),
+            "{errs:?}"
+        );
+    }
+}

@@ -1,0 +1,504 @@
+//! Loading a set of pipeline files and checking what they mean: every
+//! problem in every file is reported, each at its line and column.
+//!
+//! Syntax and type errors come from `parse.rs`. This file adds the checks
+//! that need more than one value: names, topics that are used but not
+//! declared, duplicates (stages, topics, pipelines across files), loops of
+//! length one, ranges serde types cannot express, and — when a
+//! [`PluginHost`] is given — that each plugin file exists and is a Sluice
+//! plugin.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use super::diagnostic::{Diagnostic, Diagnostics};
+use super::model::{Pipeline, default_dlq};
+use super::parse::{Document, locate, read_file};
+use super::tree::{Pos, Seg};
+use crate::plugin::PluginHost;
+
+/// Loads the pipeline files and directories in `paths` (a directory
+/// contributes its `*.yaml` and `*.yml` files, sorted by name), expanding
+/// `${VAR}` from the process environment, and checks them. Plugin files are
+/// not opened; see [`load_and_check_plugins`].
+///
+/// # Errors
+///
+/// Every problem found, in every file.
+pub fn load(paths: &[PathBuf]) -> Result<Vec<Pipeline>, Diagnostics> {
+    load_with(paths, &|name| std::env::var(name).ok(), None)
+}
+
+/// Like [`load`], and also loads every stage's plugin with `host`: a
+/// missing file, a file that is not a component, and a component that is not
+/// a Sluice plugin (or of another contract version) are reported at the
+/// stage's `plugin:` line.
+///
+/// # Errors
+///
+/// Every problem found, in every file.
+pub fn load_and_check_plugins(
+    paths: &[PathBuf],
+    host: &PluginHost,
+) -> Result<Vec<Pipeline>, Diagnostics> {
+    load_with(paths, &|name| std::env::var(name).ok(), Some(host))
+}
+
+/// [`load`] with an explicit variable lookup and optional plugin checks.
+///
+/// # Errors
+///
+/// Every problem found, in every file.
+pub fn load_with(
+    paths: &[PathBuf],
+    env: &dyn Fn(&str) -> Option<String>,
+    host: Option<&PluginHost>,
+) -> Result<Vec<Pipeline>, Diagnostics> {
+    let mut diagnostics = Diagnostics::default();
+    let files = expand(paths, &mut diagnostics);
+    let mut docs: Vec<Document> = Vec::new();
+    for file in &files {
+        match read_file(file, env) {
+            Ok(mut doc) => {
+                doc.pipeline.source = file.clone();
+                resolve_plugins(&mut doc.pipeline, file);
+                docs.push(doc);
+            }
+            Err(problems) => {
+                for (pos, message) in problems {
+                    diagnostics.push(at(file, pos, message));
+                }
+            }
+        }
+    }
+    for doc in &docs {
+        check_pipeline(doc, &mut diagnostics);
+    }
+    check_unique_pipelines(&docs, &mut diagnostics);
+    if let Some(host) = host {
+        diagnostics.extend(check_plugins(&docs, host));
+    }
+    if diagnostics.is_empty() {
+        Ok(docs.into_iter().map(|d| d.pipeline).collect())
+    } else {
+        diagnostics.sort();
+        Err(diagnostics)
+    }
+}
+
+fn at(file: &Path, pos: Pos, message: impl Into<String>) -> Diagnostic {
+    Diagnostic {
+        file: file.to_owned(),
+        line: pos.line,
+        col: pos.col,
+        message: message.into(),
+    }
+}
+
+/// Files named directly, and the `*.yaml`/`*.yml` files of directories.
+fn expand(paths: &[PathBuf], diagnostics: &mut Diagnostics) -> Vec<PathBuf> {
+    let start = Pos { line: 1, col: 1 };
+    let mut files = Vec::new();
+    for path in paths {
+        if !path.is_dir() {
+            files.push(path.clone());
+            continue;
+        }
+        let entries = match std::fs::read_dir(path) {
+            Ok(entries) => entries,
+            Err(e) => {
+                diagnostics.push(at(path, start, format!("cannot read the directory: {e}")));
+                continue;
+            }
+        };
+        let mut found: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                p.is_file()
+                    && matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
+            })
+            .collect();
+        found.sort();
+        if found.is_empty() {
+            diagnostics.push(at(
+                path,
+                start,
+                "the directory has no pipeline files (*.yaml or *.yml)",
+            ));
+        }
+        files.extend(found);
+    }
+    files
+}
+
+/// Makes each stage's plugin path absolute against the file's directory.
+fn resolve_plugins(pipeline: &mut Pipeline, file: &Path) {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    for stage in &mut pipeline.stages {
+        if stage.plugin.is_relative() {
+            stage.plugin = dir.join(&stage.plugin);
+        }
+    }
+}
+
+/// Pipeline and stage names: `[a-z0-9_.-]+`.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b))
+}
+
+/// Topic names: `[A-Za-z0-9_.-]+` (also valid NATS subject tokens).
+fn valid_topic(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
+
+fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
+    let p = &doc.pipeline;
+    let file = &p.source;
+    let mut report = |path: &[Seg<'_>], message: String| {
+        diagnostics.push(at(file, locate(&doc.tree, path), message));
+    };
+    use Seg::{Index as I, Key as K};
+
+    if !valid_name(&p.name) {
+        report(
+            &[K("name")],
+            format!(
+                "`{}` is not a valid pipeline name; use lowercase letters, digits, `_`, `-` \
+                 and `.` (e.g. `orders`)",
+                p.name
+            ),
+        );
+    }
+
+    let mut declared: HashMap<&str, usize> = HashMap::new();
+    for (i, topic) in p.topics.iter().enumerate() {
+        if !valid_topic(&topic.name) {
+            report(
+                &[K("topics"), I(i)],
+                format!(
+                    "`{}` is not a valid topic name; use letters, digits, `_`, `-` and `.` \
+                     (e.g. `orders.eu`)",
+                    topic.name
+                ),
+            );
+        }
+        if let Some(first) = declared.insert(&topic.name, i) {
+            let line = locate(&doc.tree, &[K("topics"), I(first)]).line;
+            report(
+                &[K("topics"), I(i)],
+                format!(
+                    "topic `{}` is declared twice (first on line {line})",
+                    topic.name
+                ),
+            );
+            declared.insert(&topic.name, first);
+        }
+    }
+    let implicit_dlqs: BTreeSet<String> = p
+        .stages
+        .iter()
+        .map(|s| default_dlq(&p.name, &s.name))
+        .collect();
+    let declared_list = || {
+        let mut names: Vec<&str> = p.topics.iter().map(|t| t.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        if names.is_empty() {
+            "none are declared".to_owned()
+        } else {
+            format!(
+                "declared topics are {}",
+                names
+                    .iter()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    };
+
+    if p.stages.is_empty() {
+        report(&[K("stages")], "a pipeline needs at least one stage".into());
+    }
+
+    let mut stage_names: HashMap<&str, usize> = HashMap::new();
+    for (i, stage) in p.stages.iter().enumerate() {
+        let s = |rest: &[Seg<'static>]| -> Vec<Seg<'static>> {
+            let mut path = vec![K("stages"), I(i)];
+            path.extend_from_slice(rest);
+            path
+        };
+        if !valid_name(&stage.name) {
+            report(
+                &s(&[K("name")]),
+                format!(
+                    "`{}` is not a valid stage name; use lowercase letters, digits, `_`, `-` \
+                     and `.` (e.g. `route`)",
+                    stage.name
+                ),
+            );
+        }
+        if let Some(first) = stage_names.insert(&stage.name, i) {
+            let line = locate(&doc.tree, &[K("stages"), I(first)]).line;
+            report(
+                &s(&[K("name")]),
+                format!(
+                    "stage `{}` is defined twice (first on line {line}); stage names must be \
+                     unique in a pipeline",
+                    stage.name
+                ),
+            );
+            stage_names.insert(&stage.name, first);
+        }
+
+        let input = &stage.subscribe.topic;
+        if !declared.contains_key(input.as_str()) && !implicit_dlqs.contains(input) {
+            report(
+                &s(&[K("subscribe"), K("topic")]),
+                format!(
+                    "stage `{}` subscribes to `{input}`, which is not declared under `topics:`; {}",
+                    stage.name,
+                    declared_list()
+                ),
+            );
+        }
+        for header in stage.subscribe.filter.keys() {
+            if header.trim().is_empty() {
+                report(
+                    &s(&[K("subscribe"), K("filter")]),
+                    "a filter header name cannot be empty".into(),
+                );
+            }
+        }
+
+        let mut seen = BTreeSet::new();
+        for (j, topic) in stage.publish.iter().enumerate() {
+            let path = s(&[K("publish"), I(j)]);
+            if !declared.contains_key(topic.as_str()) {
+                report(
+                    &path,
+                    format!(
+                        "stage `{}` publishes to `{topic}`, which is not declared under \
+                         `topics:`; {}",
+                        stage.name,
+                        declared_list()
+                    ),
+                );
+            }
+            if topic == input {
+                report(
+                    &path,
+                    format!(
+                        "stage `{}` publishes to `{topic}`, its own input: every output would \
+                         come back to it",
+                        stage.name
+                    ),
+                );
+            }
+            if !seen.insert(topic) {
+                report(&path, format!("`{topic}` is listed twice under `publish:`"));
+            }
+        }
+
+        if let Some(dlq) = &stage.dlq {
+            let path = s(&[K("dlq")]);
+            if !declared.contains_key(dlq.as_str()) && !implicit_dlqs.contains(dlq) {
+                report(
+                    &path,
+                    format!(
+                        "stage `{}` dead-letters to `{dlq}`, which is not declared under \
+                         `topics:` (only the default `{}` needs no declaration); {}",
+                        stage.name,
+                        default_dlq(&p.name, &stage.name),
+                        declared_list()
+                    ),
+                );
+            }
+            if dlq == input {
+                report(
+                    &path,
+                    format!(
+                        "stage `{}` dead-letters to `{dlq}`, its own input: failed messages \
+                         would be retried forever",
+                        stage.name
+                    ),
+                );
+            }
+        }
+
+        let backoff = &stage.retry.backoff;
+        if !(backoff.multiplier.is_finite() && backoff.multiplier >= 1.0) {
+            report(
+                &s(&[K("retry"), K("backoff"), K("multiplier")]),
+                format!(
+                    "`multiplier` is {}; it must be at least 1 (1 = a constant delay)",
+                    backoff.multiplier
+                ),
+            );
+        }
+        if !(0.0..=1.0).contains(&backoff.jitter) {
+            report(
+                &s(&[K("retry"), K("backoff"), K("jitter")]),
+                format!(
+                    "`jitter` is {}; it must be between 0 (no jitter) and 1",
+                    backoff.jitter
+                ),
+            );
+        }
+        if backoff.initial > backoff.max {
+            report(
+                &s(&[K("retry"), K("backoff"), K("initial")]),
+                format!(
+                    "the first backoff delay ({}) is longer than the longest ({})",
+                    backoff.initial, backoff.max
+                ),
+            );
+        }
+        for (key, value) in [("ack_wait", stage.ack_wait), ("timeout", stage.timeout)] {
+            if value.get().is_zero() {
+                report(&s(&[K(key)]), format!("`{key}` must be longer than 0s"));
+            }
+        }
+        let memory = stage.memory.bytes();
+        if !(1 << 20..=4 << 30).contains(&memory) {
+            report(
+                &s(&[K("memory")]),
+                format!(
+                    "`memory` is {}; it must be between 1MiB and 4GiB (a 32-bit memory)",
+                    stage.memory
+                ),
+            );
+        }
+        if stage.max_ack_pending == Some(0) {
+            report(
+                &s(&[K("max_ack_pending")]),
+                "`max_ack_pending` must be at least 1 (leave it out for no limit)".into(),
+            );
+        }
+    }
+}
+
+fn check_unique_pipelines(docs: &[Document], diagnostics: &mut Diagnostics) {
+    let mut seen: HashMap<&str, &Document> = HashMap::new();
+    for doc in docs {
+        if let Some(first) = seen.get(doc.pipeline.name.as_str()) {
+            let pos = locate(&first.tree, &[Seg::Key("name")]);
+            diagnostics.push(at(
+                &doc.pipeline.source,
+                locate(&doc.tree, &[Seg::Key("name")]),
+                format!(
+                    "pipeline `{}` is already defined in {}:{}:{}; pipeline names must be unique",
+                    doc.pipeline.name,
+                    first.pipeline.source.display(),
+                    pos.line,
+                    pos.col
+                ),
+            ));
+        } else {
+            seen.insert(&doc.pipeline.name, doc);
+        }
+    }
+}
+
+/// Loads each distinct plugin file once and reports those that cannot be
+/// used at every stage that names them.
+fn check_plugins(docs: &[Document], host: &PluginHost) -> Diagnostics {
+    let mut diagnostics = Diagnostics::default();
+    let mut results: HashMap<PathBuf, Result<(), String>> = HashMap::new();
+    for doc in docs {
+        for (i, stage) in doc.pipeline.stages.iter().enumerate() {
+            let result = results.entry(stage.plugin.clone()).or_insert_with(|| {
+                if !stage.plugin.is_file() {
+                    return Err(format!(
+                        "plugin file not found: {} (a relative `plugin:` path is relative \
+                             to the pipeline file's directory; `cargo xtask plugins` builds \
+                             this repository's plugins into target/plugins/)",
+                        stage.plugin.display()
+                    ));
+                }
+                host.load(&stage.plugin)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            });
+            if let Err(message) = result {
+                let pos = locate(
+                    &doc.tree,
+                    &[Seg::Key("stages"), Seg::Index(i), Seg::Key("plugin")],
+                );
+                diagnostics.push(at(&doc.pipeline.source, pos, message.clone()));
+            }
+        }
+    }
+    diagnostics
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(text: &str) -> Vec<String> {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = dir.path().join("p.yaml");
+        std::fs::write(&file, text).unwrap_or_else(|e| panic!("{e}"));
+        match load_with(&[file], &|_| None, None) {
+            Ok(_) => Vec::new(),
+            Err(d) => d
+                .iter()
+                .map(|d| format!("{}:{}: {}", d.line, d.col, d.message))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn reports_every_semantic_error_with_its_position() {
+        let errs = check(
+            "name: shop\n\
+             topics: [in, out, in]\n\
+             stages:\n\
+             \x20 - name: a\n\
+             \x20   subscribe: nowhere\n\
+             \x20   plugin: x.wasm\n\
+             \x20   publish: [out, ghost]\n\
+             \x20 - name: a\n\
+             \x20   subscribe: {topic: in}\n\
+             \x20   plugin: x.wasm\n\
+             \x20   publish: [in]\n\
+             \x20   dlq: elsewhere\n\
+             \x20   retry: {backoff: {multiplier: 0.5, jitter: 2}}\n",
+        );
+        let expect = [
+            "2:19: topic `in` is declared twice",
+            "5:16: stage `a` subscribes to `nowhere`",
+            "7:20: stage `a` publishes to `ghost`",
+            "8:11: stage `a` is defined twice",
+            "11:15: stage `a` publishes to `in`, its own input",
+            "12:10: stage `a` dead-letters to `elsewhere`",
+            "13:35: `multiplier` is 0.5",
+            "13:48: `jitter` is 2",
+        ];
+        for e in expect {
+            assert!(
+                errs.iter().any(|got| got.starts_with(e)),
+                "missing {e:?} in {errs:#?}"
+            );
+        }
+        assert_eq!(errs.len(), expect.len(), "{errs:#?}");
+    }
+
+    #[test]
+    fn implicit_dlqs_need_no_declaration() {
+        let errs = check(
+            "name: shop\ntopics: [in]\nstages:\n\
+             \x20 - {name: a, subscribe: in, plugin: x.wasm, dlq: shop.a.dlq}\n\
+             \x20 - {name: redo, subscribe: shop.a.dlq, plugin: x.wasm}\n",
+        );
+        assert_eq!(errs, Vec::<String>::new());
+    }
+}
