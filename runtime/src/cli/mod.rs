@@ -6,7 +6,10 @@
 
 mod args;
 mod plugin_test;
+mod schema;
+mod validate;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -20,11 +23,32 @@ pub struct Cli {
     command: Command,
 }
 
+// Parsed once per process; boxing the larger variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Work with handler plugins (WebAssembly components).
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Check pipeline files: syntax, types, topics, names and plugins.
+    ///
+    /// Reports every problem, not only the first, each as `file:line:col: message` on
+    /// stderr, and exits 2; on success prints `ok: <file> (pipeline <name>: N stages)` per
+    /// pipeline and exits 0. A directory contributes its *.yaml and *.yml files. `${VAR}` and
+    /// `${VAR:-default}` are expanded from the environment, as the daemon will. Each
+    /// stage's plugin is loaded (and compiled into the cache) to check that it is a Sluice
+    /// plugin.
+    ///
+    /// Example: sluice validate pipelines/
+    Validate(validate::Args),
+    /// Print the JSON Schema of pipeline files, for editors.
+    ///
+    /// With the YAML language server (VS Code, Neovim, ...), save it and point pipeline files
+    /// at it.
+    ///
+    /// Example: sluice schema > sluice.schema.json, then start a pipeline file with
+    /// `# yaml-language-server: $schema=./sluice.schema.json`
+    Schema,
 }
 
 #[derive(Debug, Subcommand)]
@@ -47,7 +71,17 @@ pub fn main() -> ExitCode {
     init_logging();
     match cli.command {
         Command::Plugin(PluginCommand::Test(args)) => plugin_test::run(args),
+        Command::Validate(args) => validate::run(args),
+        Command::Schema => schema::run(),
     }
+}
+
+/// Where compiled plugins are cached unless `--cache-dir`/`SLUICE_CACHE_DIR` says otherwise.
+pub(crate) fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+    Some(base.join("sluice").join("components"))
 }
 
 /// Logs to stderr; `SLUICE_LOG` (or `RUST_LOG`) sets the filter, `info` by default.

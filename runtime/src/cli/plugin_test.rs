@@ -84,7 +84,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
     let cache_dir = if args.no_cache {
         None
     } else {
-        args.cache_dir.clone().or_else(default_cache_dir)
+        args.cache_dir.clone().or_else(super::default_cache_dir)
     };
     let host = match PluginHost::new(HostConfig {
         cache_dir,
@@ -191,11 +191,4 @@ fn print_emits(emits: &[Emit]) -> std::io::Result<()> {
         out.write_all(b"\n")?;
     }
     out.flush()
-}
-
-fn default_cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
-    Some(base.join("sluice").join("components"))
 }

@@ -158,12 +158,24 @@ mod tests {
 
     #[test]
     fn unset_and_malformed_references_are_errors() {
-        let err = run("${MISSING}").unwrap_err();
+        let err = run("${MISSING}").expect_err("an error");
         assert!(err.contains("`MISSING` is not set"), "{err}");
         assert!(err.contains("${MISSING:-value}"), "{err}");
-        assert!(run("${HOST").unwrap_err().contains("closing"));
-        assert!(run("${}").unwrap_err().contains("not a valid variable"));
-        assert!(run("${A B}").unwrap_err().contains("not a valid variable"));
-        assert!(run("${1X}").unwrap_err().contains("not a valid variable"));
+        assert!(run("${HOST").expect_err("an error").contains("closing"));
+        assert!(
+            run("${}")
+                .expect_err("an error")
+                .contains("not a valid variable")
+        );
+        assert!(
+            run("${A B}")
+                .expect_err("an error")
+                .contains("not a valid variable")
+        );
+        assert!(
+            run("${1X}")
+                .expect_err("an error")
+                .contains("not a valid variable")
+        );
     }
 }

@@ -218,12 +218,19 @@ fn explain_syntax_error(message: &str) -> String {
         format!(
             "nesting is deeper than {MAX_DEPTH} levels ({message}); a pipeline file needs only a few"
         )
-    } else if message.contains("alias") && message.contains("limit") {
+    } else if message.contains("replayed") || message.contains("alias") && message.contains("limit")
+    {
         format!(
             "aliases expand to too much ({message}); anchors and aliases may be used to share \
              small blocks, not to multiply a document"
         )
-    } else if message.contains("budget") {
+    } else if message.contains("Documents") {
+        "a pipeline file holds one YAML document; put each pipeline in its own file (a \
+         directory of files loads them all)"
+            .into()
+    } else if message.contains("reference to unknown value") || message.contains("unknown anchor") {
+        format!("{message}: an alias `*name` needs an anchor `&name` defined before it")
+    } else if message.contains("too large or too complex") {
         format!("the document is too large or complex for a pipeline file ({message})")
     } else {
         message

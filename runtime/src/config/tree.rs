@@ -164,13 +164,18 @@ impl de::Error for DeError {
     }
 
     fn invalid_type(unexp: de::Unexpected<'_>, exp: &dyn de::Expected) -> Self {
-        Self::custom(format_args!("expected {exp}, found {}", describe(unexp)))
+        Self::custom(format_args!(
+            "expected {}, found {}",
+            friendly(&exp.to_string()),
+            describe(unexp)
+        ))
     }
 
     fn invalid_value(unexp: de::Unexpected<'_>, exp: &dyn de::Expected) -> Self {
         Self::custom(format_args!(
-            "invalid value {}: expected {exp}",
-            describe(unexp)
+            "{} is not allowed here: expected {}",
+            describe(unexp),
+            friendly(&exp.to_string())
         ))
     }
 
@@ -205,9 +210,27 @@ fn list(names: &[&str]) -> String {
         .join(", ")
 }
 
+/// serde's Rust-flavoured expectations in the words of a YAML file.
+fn friendly(expected: &str) -> String {
+    if let Some(name) = expected.strip_prefix("struct ") {
+        return format!("a mapping ({name} settings)");
+    }
+    match expected {
+        "a nonzero u32" => "a whole number of at least 1".into(),
+        "u32" | "u64" | "usize" => "a whole number (0 or more)".into(),
+        "f64" | "f32" => "a number".into(),
+        "a sequence" => "a list".into(),
+        "a map" => "a mapping".into(),
+        other => other.into(),
+    }
+}
+
 fn describe(unexp: de::Unexpected<'_>) -> String {
     match unexp {
         de::Unexpected::Unit | de::Unexpected::Option => "nothing (null)".into(),
+        de::Unexpected::Str(s) => format!("the text \"{s}\""),
+        de::Unexpected::Signed(n) => format!("the number {n}"),
+        de::Unexpected::Unsigned(n) => format!("the number {n}"),
         de::Unexpected::Seq => "a list".into(),
         de::Unexpected::Map => "a mapping".into(),
         other => other.to_string(),

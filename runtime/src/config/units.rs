@@ -140,7 +140,7 @@ impl fmt::Display for HumanSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         const UNITS: [(&str, u32); 4] = [("GiB", 30), ("MiB", 20), ("KiB", 10), ("B", 0)];
         for (unit, shift) in UNITS {
-            if self.0 >= 1 << shift && self.0 % (1 << shift) == 0 {
+            if self.0 >= 1 << shift && self.0.is_multiple_of(1 << shift) {
                 return write!(f, "{}{unit}", self.0 >> shift);
             }
         }
@@ -211,7 +211,7 @@ mod tests {
         assert_eq!("1m".parse(), Ok(HumanDuration::secs(60)));
         assert_eq!("1m 30s".parse(), Ok(HumanDuration::secs(90)));
         assert_eq!(HumanDuration::secs(90).to_string(), "1m 30s");
-        let err = "30".parse::<HumanDuration>().unwrap_err();
+        let err = "30".parse::<HumanDuration>().expect_err("an error");
         assert!(err.contains("`30s`"), "{err}");
         assert!("fast".parse::<HumanDuration>().is_err());
         assert!("-1s".parse::<HumanDuration>().is_err());
@@ -224,7 +224,7 @@ mod tests {
         assert_eq!("1000".parse(), Ok(HumanSize(1000)));
         assert_eq!(HumanSize::mib(256).to_string(), "256MiB");
         assert_eq!(HumanSize(1000).to_string(), "1000B");
-        let err = "lots".parse::<HumanSize>().unwrap_err();
+        let err = "lots".parse::<HumanSize>().expect_err("an error");
         assert!(err.contains("64MiB"), "{err}");
     }
 }

@@ -129,6 +129,9 @@ fn expand(paths: &[PathBuf], diagnostics: &mut Diagnostics) -> Vec<PathBuf> {
         }
         files.extend(found);
     }
+    // The same file named twice (`sluice validate p.yaml pipelines/`) is one pipeline.
+    let mut seen = BTreeSet::new();
+    files.retain(|f| seen.insert(f.canonicalize().unwrap_or_else(|_| f.clone())));
     files
 }
 

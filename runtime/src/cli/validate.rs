@@ -1,0 +1,64 @@
+//! `sluice validate`: check pipeline files without running them.
+//!
+//! Prints `ok: <file> (pipeline <name>: N stages)` per pipeline and exits 0,
+//! or prints every problem as `file:line:col: message` on stderr and exits 2.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::config;
+use crate::plugin::{HostConfig, PluginHost};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Pipeline files, or directories of them (`*.yaml`, `*.yml`).
+    #[arg(required = true, value_name = "FILE|DIR")]
+    paths: Vec<PathBuf>,
+    /// Do not load the plugins: check only the YAML (faster; misses a plugin
+    /// that is missing or not a Sluice plugin).
+    #[arg(long)]
+    no_plugins: bool,
+    /// Cache compiled plugins here [default: $XDG_CACHE_HOME/sluice or ~/.cache/sluice].
+    #[arg(long, env = "SLUICE_CACHE_DIR", value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+}
+
+pub(crate) fn run(args: Args) -> ExitCode {
+    let result = if args.no_plugins {
+        config::load(&args.paths)
+    } else {
+        let host = match PluginHost::new(HostConfig {
+            cache_dir: args.cache_dir.or_else(super::default_cache_dir),
+            // Loading a plugin creates no instance.
+            max_instances: 1,
+            ..HostConfig::default()
+        }) {
+            Ok(host) => host,
+            Err(err) => {
+                eprintln!("error: {err}");
+                return ExitCode::from(2);
+            }
+        };
+        config::load_and_check_plugins(&args.paths, &host)
+    };
+    match result {
+        Ok(pipelines) => {
+            for p in pipelines {
+                let n = p.stages.len();
+                println!(
+                    "ok: {} (pipeline {}: {n} stage{})",
+                    p.source.display(),
+                    p.name,
+                    if n == 1 { "" } else { "s" }
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(diagnostics) => {
+            eprintln!("{diagnostics}");
+            let n = diagnostics.len();
+            eprintln!("{n} problem{} found", if n == 1 { "" } else { "s" });
+            ExitCode::from(2)
+        }
+    }
+}
