@@ -5,8 +5,9 @@
 //!
 //! * `plugins`: build every Wasm plugin in `plugins/` and copy the components
 //!   to `target/plugins/<name>.wasm`.
-//! * `demo`: build the plugins and the `sluice` binary, then run the example
-//!   handlers through the sandbox with `sluice plugin test`.
+//! * `demo`: build the plugins and the `sluice` binary, run the example
+//!   handlers through the sandbox with `sluice plugin test`, and validate the
+//!   example pipelines.
 //! * `test`: everything CI checks, set-up included: the wasm32-wasip2 target,
 //!   `cargo fmt --check` and clippy (warnings denied) on both workspaces, the
 //!   plugins, and every test.
@@ -145,6 +146,16 @@ fn demo() -> anyhow::Result<()> {
             .with_context(|| format!("running {}", sluice.display()))?;
         println!("(exit {})", status.code().unwrap_or(-1));
     }
+    println!(
+        "\n== the example pipelines, checked with their plugins (they run once the engine lands)"
+    );
+    println!("$ sluice validate pipelines/");
+    let status = Command::new(&sluice)
+        .current_dir(&root)
+        .args(["validate", "pipelines"])
+        .status()
+        .with_context(|| format!("running {}", sluice.display()))?;
+    println!("(exit {})", status.code().unwrap_or(-1));
     Ok(())
 }
 
