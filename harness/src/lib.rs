@@ -1,5 +1,6 @@
 //! Build support shared by the tests, the benchmarks and `cargo xtask`: builds
-//! the Wasm plugins in `plugins/` from source and says where they are.
+//! the Wasm plugins in `plugins/` from source and says where they are; and,
+//! in [`nats`], real nats-server processes for end-to-end tests.
 //!
 //! The plugins live in their own cargo workspace (`plugins/Cargo.toml`) and are
 //! compiled for `wasm32-wasip2`, so a plain `cargo test` never builds them.
@@ -22,6 +23,8 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use anyhow::{Context, bail};
+
+pub mod nats;
 
 /// The Rust target every plugin is compiled for.
 const TARGET: &str = "wasm32-wasip2";
