@@ -1,7 +1,45 @@
 //! Value parsers shared by subcommands, so every flag that takes a duration,
 //! a size or a `K=V` pair accepts the same spellings and fails the same way.
 
+use std::path::PathBuf;
 use std::time::Duration;
+
+use crate::plugin::{HostConfig, HostError, PluginHost};
+
+/// Where compiled plugins are cached: one set of flags for every command that
+/// loads plugins, so they resolve the cache the same way.
+#[derive(Debug, clap::Args)]
+pub(crate) struct CacheArgs {
+    /// Cache compiled plugins here [default: $XDG_CACHE_HOME/sluice/components or
+    /// ~/.cache/sluice/components].
+    #[arg(long, env = "SLUICE_CACHE_DIR", value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Compile plugins every time instead of using the cache.
+    #[arg(long)]
+    no_cache: bool,
+}
+
+impl CacheArgs {
+    /// A plugin host set up as `config` says, with this cache.
+    pub(crate) fn host(&self, config: HostConfig) -> Result<PluginHost, HostError> {
+        let cache_dir = match self.no_cache {
+            true => None,
+            false => self.cache_dir.clone().or_else(default_cache_dir),
+        };
+        PluginHost::new(HostConfig {
+            cache_dir,
+            ..config
+        })
+    }
+}
+
+/// Where compiled plugins are cached unless `--cache-dir`/`SLUICE_CACHE_DIR` says otherwise.
+fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+    Some(base.join("sluice").join("components"))
+}
 
 /// `30s`, `250ms`, `1m 30s`.
 pub(crate) fn duration(text: &str) -> Result<Duration, String> {

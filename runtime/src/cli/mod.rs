@@ -9,7 +9,6 @@ mod plugin_test;
 mod schema;
 mod validate;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -74,14 +73,6 @@ pub fn main() -> ExitCode {
         Command::Validate(args) => validate::run(args),
         Command::Schema => schema::run(),
     }
-}
-
-/// Where compiled plugins are cached unless `--cache-dir`/`SLUICE_CACHE_DIR` says otherwise.
-pub(crate) fn default_cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
-    Some(base.join("sluice").join("components"))
 }
 
 /// Logs to stderr; `SLUICE_LOG` (or `RUST_LOG`) sets the filter, `info` by default.

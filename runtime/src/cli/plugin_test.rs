@@ -13,7 +13,7 @@ use base64::Engine as _;
 use serde::Serialize;
 
 use super::args;
-use crate::plugin::{Emit, HostConfig, Limits, Message, Outputs, PluginHost, WorkerSettings};
+use crate::plugin::{Emit, HostConfig, Limits, Message, Outputs, WorkerSettings};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -53,12 +53,8 @@ pub(crate) struct Args {
     /// The delivery attempt the handler sees (1 = first delivery).
     #[arg(long, default_value_t = 1)]
     attempt: u32,
-    /// Cache compiled plugins here [default: $XDG_CACHE_HOME/sluice or ~/.cache/sluice].
-    #[arg(long, env = "SLUICE_CACHE_DIR", value_name = "DIR")]
-    cache_dir: Option<PathBuf>,
-    /// Compile the plugin every time instead of using the cache.
-    #[arg(long)]
-    no_cache: bool,
+    #[command(flatten)]
+    cache: args::CacheArgs,
 }
 
 /// One emit as printed: a JSON line.
@@ -81,15 +77,9 @@ pub(crate) fn run(args: Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let cache_dir = if args.no_cache {
-        None
-    } else {
-        args.cache_dir.clone().or_else(super::default_cache_dir)
-    };
-    let host = match PluginHost::new(HostConfig {
-        cache_dir,
-        max_memory: args.memory.max(1 << 20),
+    let host = match args.cache.host(HostConfig {
         max_instances: 4,
+        max_memory: args.memory.max(1 << 20),
         ..HostConfig::default()
     }) {
         Ok(host) => host,

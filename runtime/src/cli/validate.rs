@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::config;
-use crate::plugin::{HostConfig, PluginHost};
+use crate::plugin::HostConfig;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -18,18 +18,16 @@ pub(crate) struct Args {
     /// that is missing or not a Sluice plugin).
     #[arg(long)]
     no_plugins: bool,
-    /// Cache compiled plugins here [default: $XDG_CACHE_HOME/sluice or ~/.cache/sluice].
-    #[arg(long, env = "SLUICE_CACHE_DIR", value_name = "DIR")]
-    cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    cache: super::args::CacheArgs,
 }
 
 pub(crate) fn run(args: Args) -> ExitCode {
     let result = if args.no_plugins {
         config::load(&args.paths)
     } else {
-        let host = match PluginHost::new(HostConfig {
-            cache_dir: args.cache_dir.or_else(super::default_cache_dir),
-            // Loading a plugin creates no instance.
+        // Loading a plugin creates no instance.
+        let host = match args.cache.host(HostConfig {
             max_instances: 1,
             ..HostConfig::default()
         }) {
