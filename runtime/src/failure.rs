@@ -25,11 +25,15 @@ pub enum FailureKind {
     OutputTooLarge,
     /// The handler emitted to a topic the stage does not declare.
     UndeclaredTopic,
+    /// A claim-check reference points at an object that is not (yet) there.
+    ClaimMissing,
+    /// Publishing the outputs or settling the delivery failed at the broker.
+    PublishFailed,
 }
 
 impl FailureKind {
     /// Every kind, in a stable order (for metrics and docs).
-    pub const ALL: [FailureKind; 7] = [
+    pub const ALL: [FailureKind; 9] = [
         FailureKind::Retry,
         FailureKind::Rejected,
         FailureKind::Trap,
@@ -37,6 +41,8 @@ impl FailureKind {
         FailureKind::OutOfMemory,
         FailureKind::OutputTooLarge,
         FailureKind::UndeclaredTopic,
+        FailureKind::ClaimMissing,
+        FailureKind::PublishFailed,
     ];
 
     /// The fixed name used in logs, headers, metrics and the CLI.
@@ -49,6 +55,8 @@ impl FailureKind {
             FailureKind::OutOfMemory => "out-of-memory",
             FailureKind::OutputTooLarge => "output-too-large",
             FailureKind::UndeclaredTopic => "undeclared-topic",
+            FailureKind::ClaimMissing => "claim-missing",
+            FailureKind::PublishFailed => "publish-failed",
         }
     }
 
@@ -59,7 +67,9 @@ impl FailureKind {
             FailureKind::Retry
             | FailureKind::Trap
             | FailureKind::Timeout
-            | FailureKind::OutOfMemory => true,
+            | FailureKind::OutOfMemory
+            | FailureKind::ClaimMissing
+            | FailureKind::PublishFailed => true,
             FailureKind::Rejected | FailureKind::OutputTooLarge | FailureKind::UndeclaredTopic => {
                 false
             }

@@ -4,11 +4,17 @@
 //! - [`config`]: pipeline files: the YAML model, validation, JSON Schema.
 //! - [`plugin`]: the wasmtime host that loads and runs handler plugins.
 //! - [`failure`]: the fixed names of the ways an attempt can fail.
+//! - [`broker`]: the queue seam and the embedded durable broker.
+//! - [`dlq`]: dead-letter provenance and redrive.
+//! - [`metrics`]: the Prometheus metrics.
 //! - [`cli`]: the `sluice` command line.
 
+pub mod broker;
 pub mod cli;
 pub mod config;
+pub mod dlq;
 pub mod failure;
+pub mod metrics;
 pub mod plugin;
 
 pub use failure::{Failure, FailureKind};

@@ -1,0 +1,1 @@
+//! The embedded broker: durable topics in the daemon's data directory.

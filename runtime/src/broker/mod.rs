@@ -1,0 +1,286 @@
+//! The broker seam: what the engine, the admin API and the CLI need from a
+//! queue, and nothing more.
+//!
+//! Two implementations plug in here: [`embedded`] (durable, single node, the
+//! default) and, next, NATS JetStream. The trait is shaped by what both can
+//! honour:
+//!
+//! - **Consumers** are durable and named `<pipeline>.<stage>`. Each has its
+//!   own cursor and pending set on a topic, so fan-out is "several consumers
+//!   on one topic" and a slow one never holds up another.
+//! - **Deliveries** carry a [`Receipt`] leased for the consumer's `ack_wait`.
+//!   The holder settles it exactly once: [`Broker::complete`] (publish the
+//!   outputs, then ack), [`Broker::nak`] (redeliver after a delay),
+//!   [`Broker::dead_letter`] (publish the DLQ copy, then term) or
+//!   [`Broker::term`]. [`Broker::in_progress`] extends the lease while a
+//!   handler runs.
+//! - **Completing is one step** so a broker that can (the embedded one) makes
+//!   the outputs and the ack one transaction, and a broker that cannot (NATS)
+//!   publishes with deterministic ids that its duplicate window drops on a
+//!   replay.
+
+pub mod embedded;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// A message as a broker stores and delivers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// Stable identity: the same across redeliveries, and the key of the
+    /// broker's duplicate window on publish.
+    pub id: String,
+    /// The topic it was published to.
+    pub topic: String,
+    /// The partition/ordering key, if any.
+    pub key: Option<String>,
+    /// Metadata, in order; names may repeat.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub payload: Bytes,
+    /// When it was first published, in milliseconds since the Unix epoch.
+    /// A publish with 0 gets the broker's clock.
+    pub published_at: u64,
+}
+
+impl Message {
+    /// A message with no key or headers, stamped on publish.
+    pub fn new(id: impl Into<String>, topic: impl Into<String>, payload: impl Into<Bytes>) -> Self {
+        Message {
+            id: id.into(),
+            topic: topic.into(),
+            key: None,
+            headers: Vec::new(),
+            payload: payload.into(),
+            published_at: 0,
+        }
+    }
+
+    /// The first value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One delivery of a message to a consumer.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The message.
+    pub message: Message,
+    /// Its position in the topic (1-based, increasing in publish order).
+    pub seq: u64,
+    /// Which delivery this is: 1 the first time, 2 on the first redelivery.
+    pub attempt: u32,
+    /// What settles it.
+    pub receipt: Receipt,
+}
+
+/// The right to settle one delivery. A receipt from an earlier delivery of
+/// the same message is stale: settling it fails with
+/// [`BrokerError::LeaseLost`] rather than acking someone else's work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    /// The consumer it was delivered to.
+    pub consumer: Arc<str>,
+    /// The message's sequence in the consumer's topic.
+    pub seq: u64,
+    /// The delivery count it was issued for.
+    pub attempt: u32,
+    /// Broker-specific handle (a JetStream reply subject); empty for embedded.
+    pub handle: String,
+}
+
+/// A topic as the broker needs to know it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicSpec {
+    /// Its name.
+    pub name: String,
+    /// Messages older than this are removed even if unacked.
+    pub retention: Option<Duration>,
+}
+
+/// A durable consumer: one per stage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerSpec {
+    /// `<pipeline>.<stage>`.
+    pub name: String,
+    /// The topic it reads.
+    pub topic: String,
+    /// Header equality filter; messages that do not match are skipped (never
+    /// delivered, and count as acked for retention).
+    pub filter: BTreeMap<String, String>,
+    /// The lease length of a delivery.
+    pub ack_wait: Duration,
+    /// The most unsettled deliveries at once (None: no broker-side limit).
+    pub max_ack_pending: Option<u32>,
+}
+
+impl ConsumerSpec {
+    /// Whether `message` passes the header filter.
+    pub fn accepts(&self, message: &Message) -> bool {
+        self.filter
+            .iter()
+            .all(|(name, value)| message.header(name) == Some(value.as_str()))
+    }
+}
+
+/// What a publish did with one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PublishAck {
+    /// Its sequence in its topic (the original one for a duplicate).
+    pub seq: u64,
+    /// True when the id was already published within the duplicate window,
+    /// so nothing new was stored.
+    pub duplicate: bool,
+}
+
+/// A consumer's backlog, for `status`, metrics and backpressure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ConsumerStats {
+    /// Messages waiting for this consumer: not yet delivered, or waiting
+    /// for a redelivery.
+    pub pending: u64,
+    /// Deliveries leased and not yet settled.
+    pub in_flight: u64,
+    /// Age of the oldest message not yet settled by this consumer.
+    pub oldest_age: Option<Duration>,
+}
+
+/// A topic's contents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TopicStats {
+    /// Messages stored.
+    pub depth: u64,
+    /// The sequence of the oldest stored message (0 when empty).
+    pub first_seq: u64,
+    /// The sequence of the newest message ever published (0 when none).
+    pub last_seq: u64,
+    /// Age of the oldest stored message.
+    pub oldest_age: Option<Duration>,
+}
+
+/// A stored message with its sequence, as [`Broker::read`] returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// Its position in the topic.
+    pub seq: u64,
+    /// The message.
+    pub message: Message,
+}
+
+/// Why a broker operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BrokerError {
+    /// The receipt is stale: the lease expired and the message was
+    /// redelivered, or it was already settled. Nothing was changed.
+    #[error("lease lost: {0}")]
+    LeaseLost(String),
+    /// The topic was never declared.
+    #[error("unknown topic `{0}`")]
+    UnknownTopic(String),
+    /// The consumer was never declared.
+    #[error("unknown consumer `{0}`")]
+    UnknownConsumer(String),
+    /// The broker is shutting down or its connection is gone; try again later.
+    #[error("broker unavailable: {0}")]
+    Unavailable(String),
+    /// The store failed (I/O, corruption); the operation did not happen.
+    #[error("broker storage failed: {0}")]
+    Storage(String),
+}
+
+/// The operations the engine, admin API and CLI use. See the module docs.
+#[async_trait]
+pub trait Broker: Send + Sync + 'static {
+    /// Declares a topic; idempotent.
+    async fn ensure_topic(&self, spec: &TopicSpec) -> Result<(), BrokerError>;
+
+    /// Declares a durable consumer; idempotent. A consumer created on a
+    /// topic that already holds messages starts at the oldest one.
+    async fn ensure_consumer(&self, spec: &ConsumerSpec) -> Result<(), BrokerError>;
+
+    /// Publishes messages, in order, each to its own `topic`. Returns when
+    /// they are durable under the broker's sync setting. An id already
+    /// published to the same topic within the duplicate window is not stored
+    /// again.
+    async fn publish(&self, messages: Vec<Message>) -> Result<Vec<PublishAck>, BrokerError>;
+
+    /// Up to `max` deliveries for `consumer`, redeliveries first, waiting up
+    /// to `wait` for the first one. Each is leased for the consumer's
+    /// `ack_wait`.
+    async fn fetch(
+        &self,
+        consumer: &str,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, BrokerError>;
+
+    /// Acks without outputs.
+    async fn ack(&self, receipt: &Receipt) -> Result<(), BrokerError>;
+
+    /// Publishes `outputs` and acks the delivery: one transaction where the
+    /// broker supports it, otherwise publish-with-ids then ack.
+    async fn complete(&self, receipt: &Receipt, outputs: Vec<Message>) -> Result<(), BrokerError>;
+
+    /// Releases the delivery for redelivery after `delay`.
+    async fn nak(&self, receipt: &Receipt, delay: Duration) -> Result<(), BrokerError>;
+
+    /// Extends the lease by the consumer's `ack_wait` from now.
+    async fn in_progress(&self, receipt: &Receipt) -> Result<(), BrokerError>;
+
+    /// Settles the delivery as never to be redelivered, without outputs.
+    async fn term(&self, receipt: &Receipt) -> Result<(), BrokerError>;
+
+    /// Publishes `entry` (to its own topic, the DLQ) and then terms the
+    /// delivery; one transaction where the broker supports it.
+    async fn dead_letter(&self, receipt: &Receipt, entry: Message) -> Result<(), BrokerError>;
+
+    /// The consumer's backlog.
+    async fn consumer_stats(&self, consumer: &str) -> Result<ConsumerStats, BrokerError>;
+
+    /// The topic's contents.
+    async fn topic_stats(&self, topic: &str) -> Result<TopicStats, BrokerError>;
+
+    /// Reads up to `max` stored messages with `seq >= from`, without
+    /// consuming them, waiting up to `wait` if there are none yet.
+    async fn read(
+        &self,
+        topic: &str,
+        from: u64,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Stored>, BrokerError>;
+
+    /// Removes the given messages from a topic (DLQ redrive and purge).
+    /// Returns how many were there.
+    async fn remove(&self, topic: &str, seqs: &[u64]) -> Result<u64, BrokerError>;
+
+    /// Makes everything done so far durable (for shutdown).
+    async fn flush(&self) -> Result<(), BrokerError>;
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_millis() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// A fresh message id: a UUIDv7, so ids sort by creation time.
+pub fn new_message_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// The durable consumer name of a stage: `<pipeline>.<stage>`.
+pub fn consumer_name(pipeline: &str, stage: &str) -> String {
+    format!("{pipeline}.{stage}")
+}

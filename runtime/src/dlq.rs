@@ -1,0 +1,194 @@
+//! What a dead-letter entry says about where it came from.
+//!
+//! A DLQ entry is the original message (payload or claim reference, key and
+//! headers) with provenance headers added. The engine writes them; the admin
+//! API and `sluice dlq` read them; redrive uses them to find the way back.
+//! Keeping the names in one place keeps those three from drifting apart.
+
+use crate::broker::Message;
+
+/// Header naming the pipeline of the stage that dead-lettered the message.
+pub const PIPELINE: &str = "sluice-dlq-pipeline";
+/// Header naming that stage.
+pub const STAGE: &str = "sluice-dlq-stage";
+/// Header naming the topic the message was consumed from.
+pub const SOURCE_TOPIC: &str = "sluice-dlq-source-topic";
+/// Header with its sequence in that topic.
+pub const SOURCE_SEQ: &str = "sluice-dlq-source-seq";
+/// Header with the message's id before dead-lettering.
+pub const ORIGINAL_ID: &str = "sluice-dlq-original-id";
+/// Header with how many attempts were made.
+pub const ATTEMPTS: &str = "sluice-dlq-attempts";
+/// Header with the failure kind of the last attempt (`crate::FailureKind` names).
+pub const KIND: &str = "sluice-dlq-kind";
+/// Header with the last error's message.
+pub const ERROR: &str = "sluice-dlq-error";
+/// Header with the first failure time, in ms since the Unix epoch.
+pub const FIRST_FAILURE: &str = "sluice-dlq-first-failure";
+/// Header with the last failure time, in ms since the Unix epoch.
+pub const LAST_FAILURE: &str = "sluice-dlq-last-failure";
+
+/// Set on a redriven message: how many times it has been redriven.
+pub const REDRIVES: &str = "sluice-redrives";
+/// Set on a redriven message: the only `<pipeline>/<stage>` that should
+/// handle it. The other stages subscribed to the source topic ack it
+/// unhandled, so a redrive never re-runs branches that already succeeded.
+pub const REDRIVE_TO: &str = "sluice-redrive-to";
+
+/// Every provenance header, so a redrive can strip them.
+pub const PROVENANCE: [&str; 10] = [
+    PIPELINE,
+    STAGE,
+    SOURCE_TOPIC,
+    SOURCE_SEQ,
+    ORIGINAL_ID,
+    ATTEMPTS,
+    KIND,
+    ERROR,
+    FIRST_FAILURE,
+    LAST_FAILURE,
+];
+
+/// Where a dead-lettered message came from and why it failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Provenance {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The stage.
+    pub stage: String,
+    /// The topic it was consumed from.
+    pub source_topic: String,
+    /// Its sequence there.
+    pub source_seq: u64,
+    /// Its id there.
+    pub original_id: String,
+    /// Attempts made.
+    pub attempts: u32,
+    /// The last failure's kind name.
+    pub kind: String,
+    /// The last failure's message.
+    pub error: String,
+    /// First failure, ms since the epoch.
+    pub first_failure: u64,
+    /// Last failure, ms since the epoch.
+    pub last_failure: u64,
+}
+
+impl Provenance {
+    /// Appends the provenance headers to `message`.
+    pub fn stamp(&self, message: &mut Message) {
+        let h = &mut message.headers;
+        h.push((PIPELINE.into(), self.pipeline.clone()));
+        h.push((STAGE.into(), self.stage.clone()));
+        h.push((SOURCE_TOPIC.into(), self.source_topic.clone()));
+        h.push((SOURCE_SEQ.into(), self.source_seq.to_string()));
+        h.push((ORIGINAL_ID.into(), self.original_id.clone()));
+        h.push((ATTEMPTS.into(), self.attempts.to_string()));
+        h.push((KIND.into(), self.kind.clone()));
+        h.push((ERROR.into(), self.error.clone()));
+        h.push((FIRST_FAILURE.into(), self.first_failure.to_string()));
+        h.push((LAST_FAILURE.into(), self.last_failure.to_string()));
+    }
+
+    /// Reads the provenance of a DLQ entry; None if a header is missing.
+    pub fn read(message: &Message) -> Option<Provenance> {
+        let num = |name| message.header(name)?.parse().ok();
+        Some(Provenance {
+            pipeline: message.header(PIPELINE)?.to_owned(),
+            stage: message.header(STAGE)?.to_owned(),
+            source_topic: message.header(SOURCE_TOPIC)?.to_owned(),
+            source_seq: num(SOURCE_SEQ)?,
+            original_id: message.header(ORIGINAL_ID)?.to_owned(),
+            attempts: message.header(ATTEMPTS)?.parse().ok()?,
+            kind: message.header(KIND)?.to_owned(),
+            error: message.header(ERROR)?.to_owned(),
+            first_failure: num(FIRST_FAILURE)?,
+            last_failure: num(LAST_FAILURE)?,
+        })
+    }
+}
+
+/// The message a redrive publishes back to the source topic for `entry`:
+/// the original payload, key and headers (provenance stripped), targeted at
+/// the stage that failed, with a fresh id derived from the original and the
+/// redrive count so the broker's duplicate window does not drop it but a
+/// repeated redrive of the same entry (after a crash) is dropped.
+pub fn redrive_message(entry: &Message, provenance: &Provenance) -> Message {
+    let redrives: u32 = entry
+        .header(REDRIVES)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+        + 1;
+    let base_id = provenance
+        .original_id
+        .split_once("~r")
+        .map_or(provenance.original_id.as_str(), |(base, _)| base);
+    let mut headers: Vec<(String, String)> = entry
+        .headers
+        .iter()
+        .filter(|(n, _)| !PROVENANCE.contains(&n.as_str()) && n != REDRIVES && n != REDRIVE_TO)
+        .cloned()
+        .collect();
+    headers.push((REDRIVES.into(), redrives.to_string()));
+    headers.push((
+        REDRIVE_TO.into(),
+        format!("{}/{}", provenance.pipeline, provenance.stage),
+    ));
+    Message {
+        id: format!("{base_id}~r{redrives}"),
+        topic: provenance.source_topic.clone(),
+        key: entry.key.clone(),
+        headers,
+        payload: entry.payload.clone(),
+        published_at: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn provenance() -> Provenance {
+        Provenance {
+            pipeline: "orders".into(),
+            stage: "route".into(),
+            source_topic: "orders.in".into(),
+            source_seq: 7,
+            original_id: "m1".into(),
+            attempts: 3,
+            kind: "retry".into(),
+            error: "boom".into(),
+            first_failure: 1,
+            last_failure: 2,
+        }
+    }
+
+    #[test]
+    fn provenance_round_trips_through_headers() {
+        let mut m = Message::new("m1", "orders.route.dlq", "x");
+        provenance().stamp(&mut m);
+        assert_eq!(Provenance::read(&m), Some(provenance()));
+    }
+
+    #[test]
+    fn redrive_targets_the_stage_and_counts() {
+        let mut entry = Message::new("m1", "orders.route.dlq", "x");
+        entry.headers.push(("user".into(), "kept".into()));
+        provenance().stamp(&mut entry);
+        let first = redrive_message(&entry, &provenance());
+        assert_eq!(first.id, "m1~r1");
+        assert_eq!(first.topic, "orders.in");
+        assert_eq!(first.header("user"), Some("kept"));
+        assert_eq!(first.header(REDRIVE_TO), Some("orders/route"));
+        assert_eq!(first.header(KIND), None);
+
+        // It fails again and comes back to the DLQ; the next redrive is #2.
+        let mut again = first.clone();
+        let mut p2 = provenance();
+        p2.original_id = first.id.clone();
+        p2.stamp(&mut again);
+        let second = redrive_message(&again, &p2);
+        assert_eq!(second.id, "m1~r2");
+        assert_eq!(second.header(REDRIVES), Some("2"));
+    }
+}
