@@ -6,6 +6,7 @@
 //! - [`failure`]: the fixed names of the ways an attempt can fail.
 //! - [`broker`]: the queue seam and the embedded durable broker.
 //! - [`dlq`]: dead-letter provenance and redrive.
+//! - [`engine`]: the stage runner: fetch, valve, lanes, invoke, settle.
 //! - [`metrics`]: the Prometheus metrics.
 //! - [`cli`]: the `sluice` command line.
 
@@ -13,6 +14,7 @@ pub mod broker;
 pub mod cli;
 pub mod config;
 pub mod dlq;
+pub mod engine;
 pub mod failure;
 pub mod metrics;
 pub mod plugin;
