@@ -14,7 +14,9 @@
 //!   a message whose payload starts with the prefix asks for a retry until
 //!   its attempt reaches `fail_until_attempt` (0: never fails);
 //! * `retry_after_ms`: the delay such a retry asks for (default: the
-//!   stage's backoff).
+//!   stage's backoff);
+//! * `heal_on_redrive` (default false): a redriven message (one with a
+//!   `sluice-redrives` header) never fails, as if the bug had been fixed.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -38,7 +40,9 @@ fn handle(msg: Message) -> Outcome {
     while Instant::now() < deadline {
         work = black_box(work.wrapping_add(1));
     }
-    if msg.payload.starts_with(prefix.as_bytes()) && msg.attempt < fail_until {
+    let healed = sluice_sdk::config_parse::<bool>("heal_on_redrive")?.unwrap_or(false)
+        && msg.headers.iter().any(|(name, _)| name == "sluice-redrives");
+    if msg.payload.starts_with(prefix.as_bytes()) && msg.attempt < fail_until && !healed {
         return match sluice_sdk::config_parse::<u64>("retry_after_ms")? {
             Some(ms) => Err(HandlerError::retry_after(Duration::from_millis(ms))),
             None => Err(HandlerError::retry()),
