@@ -7,8 +7,10 @@
 //! - [`broker`]: the queue seam and the embedded durable broker.
 //! - [`dlq`]: dead-letter provenance and redrive.
 //! - [`metrics`]: the Prometheus metrics.
+//! - [`admin`]: the daemon's admin HTTP API (ingest, reads, status, DLQ, metrics).
 //! - [`cli`]: the `sluice` command line.
 
+pub mod admin;
 pub mod broker;
 pub mod cli;
 pub mod config;
