@@ -40,7 +40,7 @@ pub use dlq::{
 pub use error::{ApiError, ErrorBody};
 pub use ingest::{BatchHeaders, BatchLine, BatchReceipt, MAX_ID_BYTES, PublishReceipt, check_id};
 pub use status::StageStatus;
-pub use topics::{MessageView, ReadResponse, TopicView};
+pub use topics::{MessageView, ReadResponse, TopicView, payload_fields};
 
 /// Where the admin API listens unless `--admin`/`SLUICE_ADMIN` says
 /// otherwise: loopback only, because the API has no authentication.

@@ -68,8 +68,10 @@ impl MessageView {
     }
 }
 
-/// `(text, None)` for UTF-8 bytes, `(None, base64)` otherwise.
-pub(super) fn payload_fields(bytes: &[u8]) -> (Option<String>, Option<String>) {
+/// A payload as the API's JSON carries it: `(Some(text), None)` for UTF-8
+/// bytes, `(None, Some(base64))` otherwise, so text stays readable and any
+/// bytes survive.
+pub fn payload_fields(bytes: &[u8]) -> (Option<String>, Option<String>) {
     match std::str::from_utf8(bytes) {
         Ok(text) => (Some(text.to_owned()), None),
         Err(_) => (
