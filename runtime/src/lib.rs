@@ -8,8 +8,10 @@
 //! - [`dlq`]: dead-letter provenance and redrive.
 //! - [`engine`]: the stage runner: fetch, valve, lanes, invoke, settle.
 //! - [`metrics`]: the Prometheus metrics.
+//! - [`admin`]: the daemon's admin HTTP API (ingest, reads, status, DLQ, metrics).
 //! - [`cli`]: the `sluice` command line.
 
+pub mod admin;
 pub mod broker;
 pub mod cli;
 pub mod config;

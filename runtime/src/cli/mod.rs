@@ -5,8 +5,14 @@
 //! operation failed, 2 the invocation or its inputs are wrong.
 
 mod args;
+mod client;
+mod dlq;
 mod plugin_test;
+mod publish;
 mod schema;
+mod status;
+mod table;
+mod tail;
 mod validate;
 
 use std::process::ExitCode;
@@ -48,6 +54,41 @@ enum Command {
     /// Example: sluice schema > sluice.schema.json, then start a pipeline file with
     /// `# yaml-language-server: $schema=./sluice.schema.json`
     Schema,
+    /// Publish one message to a topic of the running daemon.
+    ///
+    /// The payload comes from --data, --file PATH, or `-` (stdin). Prints what was stored as
+    /// JSON: {"id", "topic", "seq", "duplicate"}. With --id the publish is idempotent: the
+    /// same id again stores nothing and prints "duplicate":true. Exits 2 when the topic is
+    /// unknown or the payload empty, 1 when the daemon is unreachable or the topic is over
+    /// its high_water_mark (try again later).
+    ///
+    /// Example: sluice publish orders --data '{"id":42}' --key customer-7 --header source=cli
+    Publish(publish::Args),
+    /// Print a topic's messages as JSON lines, without consuming them.
+    ///
+    /// Each line is {"seq", "id", "topic", "key", "headers", "payload", "published_at"},
+    /// with "payload_base64" instead of "payload" when the bytes are not UTF-8. Starts with
+    /// new messages (--from-start: with the oldest stored) and follows until Ctrl-C, or
+    /// exits after --count messages. No stage's position moves.
+    ///
+    /// Example: sluice tail orders.eu --from-start --count 10
+    Tail(tail::Args),
+    /// Inspect and act on a stage's dead-letter topic: list, show, redrive, purge.
+    ///
+    /// A stage is named PIPELINE/STAGE, as in the pipeline file.
+    ///
+    /// Example: sluice dlq list orders/route
+    #[command(subcommand)]
+    Dlq(dlq::Command),
+    /// One line per stage of the running daemon: rate, backlog, oldest age, in-flight, DLQ.
+    ///
+    /// RATE is messages settled per second over the last 10 s; DEPTH the messages waiting
+    /// for the stage; OLDEST the age of the oldest one it has not settled; IN-FLIGHT the
+    /// deliveries it holds; DLQ its dead-letter count. A DEPTH that grows while RATE stays
+    /// flat means the stage cannot keep up; an old OLDEST with IN-FLIGHT > 0 a stuck handler.
+    ///
+    /// Example: sluice status   (or sluice status --json for scripts)
+    Status(status::Args),
 }
 
 #[derive(Debug, Subcommand)]
@@ -72,6 +113,10 @@ pub fn main() -> ExitCode {
         Command::Plugin(PluginCommand::Test(args)) => plugin_test::run(args),
         Command::Validate(args) => validate::run(args),
         Command::Schema => schema::run(),
+        Command::Publish(args) => publish::run(args),
+        Command::Tail(args) => tail::run(args),
+        Command::Dlq(command) => dlq::run(command),
+        Command::Status(args) => status::run(args),
     }
 }
 

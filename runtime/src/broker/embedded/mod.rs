@@ -1,1 +1,478 @@
-//! The embedded broker: durable topics in the daemon's data directory.
+//! The embedded broker: durable topics in the daemon's data directory, so
+//! one machine needs nothing else.
+//!
+//! - [`store`](self) (`store.rs`): the fjall keyspaces, keys and records.
+//! - `topic.rs` / `consumer.rs`: what is kept in memory: topic counters,
+//!   and per consumer a cursor, a pending set and lease/nak timers.
+//! - `commit.rs`: the single writer thread and its group commit.
+//! - `fetch.rs`: deliveries and browsing.
+//! - `retention.rs`: deleting what is settled or too old, expiring the
+//!   duplicate window.
+//! - `recover.rs`: rebuilding the in-memory state on open.
+//!
+//! Every write (publish, settle, delivery bookkeeping, declarations) goes
+//! through the committer, so a `complete` is one atomic fjall batch holding
+//! the outputs and the removal of the pending entry: a kill -9 leaves both
+//! or neither.
+
+mod commit;
+mod consumer;
+mod fetch;
+mod recover;
+mod retention;
+mod store;
+mod topic;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::oneshot;
+
+use self::commit::{Group, Op, Reply};
+use self::consumer::{Consumer, ConsumerState, millis};
+use self::store::{ConsumerRecord, Store, cursor_key, encode};
+use self::topic::{Topic, TopicState};
+use super::{
+    Broker, BrokerError, ConsumerSpec, ConsumerStats, Delivery, Message, PublishAck, Receipt,
+    Stored, TopicSpec, TopicStats, now_millis,
+};
+
+/// When a write counts as done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncMode {
+    /// fsync before returning, with group commit (concurrent writers share
+    /// one fsync). Survives power loss. The default: see ARCHITECTURE.md
+    /// for the measured cost.
+    #[default]
+    Always,
+    /// Written to the OS before returning, fsynced by the OS later.
+    /// Survives a crash of the process (kill -9), not of the machine.
+    Os,
+}
+
+/// How to open an [`EmbeddedBroker`].
+#[derive(Debug, Clone)]
+pub struct EmbeddedOptions {
+    /// The data directory (created if missing; locked while open).
+    pub dir: PathBuf,
+    /// When a write is durable.
+    pub sync: SyncMode,
+    /// How long a published id is remembered per topic, so a republish
+    /// (after a crash, or a redrive) is dropped. Zero disables it.
+    pub dedup_window: Duration,
+}
+
+impl EmbeddedOptions {
+    /// Defaults for `dir`: [`SyncMode::Always`], a two-minute duplicate
+    /// window (NATS JetStream's default).
+    pub fn new(dir: impl Into<PathBuf>) -> EmbeddedOptions {
+        EmbeddedOptions {
+            dir: dir.into(),
+            sync: SyncMode::default(),
+            dedup_window: Duration::from_secs(120),
+        }
+    }
+
+    /// With `sync`.
+    #[must_use]
+    pub fn sync(mut self, sync: SyncMode) -> EmbeddedOptions {
+        self.sync = sync;
+        self
+    }
+
+    /// With a duplicate window of `window`.
+    #[must_use]
+    pub fn dedup_window(mut self, window: Duration) -> EmbeddedOptions {
+        self.dedup_window = window;
+        self
+    }
+}
+
+/// The state the broker's methods and the committer thread share.
+pub(super) struct Shared {
+    /// The fjall store.
+    store: Store,
+    /// Declared topics.
+    topics: RwLock<HashMap<String, Arc<Topic>>>,
+    /// Declared consumers.
+    consumers: RwLock<HashMap<String, Arc<Consumer>>>,
+    /// Ids for new topics and consumers; used by the committer only.
+    next_ids: Mutex<(u32, u32)>,
+    /// When writes are durable.
+    sync: SyncMode,
+    /// The duplicate window in ms (0: off).
+    dedup_window_ms: u64,
+}
+
+impl Shared {
+    /// A declared topic.
+    fn topic(&self, name: &str) -> Result<Arc<Topic>, BrokerError> {
+        self.topics
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| BrokerError::UnknownTopic(name.to_owned()))
+    }
+
+    /// Every declared topic.
+    fn topic_list(&self) -> Vec<Arc<Topic>> {
+        self.topics
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// A declared consumer.
+    fn consumer(&self, name: &str) -> Result<Arc<Consumer>, BrokerError> {
+        self.consumers
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| BrokerError::UnknownConsumer(name.to_owned()))
+    }
+
+    /// Allocates a topic id (`topic`) or consumer id.
+    fn next_id(&self, topic: bool) -> u32 {
+        let mut ids = self
+            .next_ids
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let slot = if topic { &mut ids.0 } else { &mut ids.1 };
+        let id = *slot;
+        *slot += 1;
+        id
+    }
+}
+
+/// The durable single-node broker. See the module docs.
+pub struct EmbeddedBroker {
+    /// State shared with the committer.
+    shared: Arc<Shared>,
+    /// The committer's queue; None once dropping.
+    tx: Option<Sender<Op>>,
+    /// The committer thread, joined on drop.
+    committer: Option<JoinHandle<()>>,
+    /// The data directory lock, held while open.
+    _lock: File,
+}
+
+/// The lock file in the data directory.
+const LOCK_FILE: &str = "broker.lock";
+
+impl EmbeddedBroker {
+    /// Opens (or creates) the broker in `options.dir`, recovering what a
+    /// previous process left: a torn journal tail is discarded (only a
+    /// batch whose write never returned can be torn), leases are expired.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError::Unavailable`] when another process holds the
+    /// directory; [`BrokerError::Storage`] when it cannot be read.
+    pub fn open(options: EmbeddedOptions) -> Result<Arc<EmbeddedBroker>, BrokerError> {
+        let dir = &options.dir;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| store::storage(format!("creating {}", dir.display()), e))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| store::storage(format!("opening {}", lock_path.display()), e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(BrokerError::Unavailable(format!(
+                    "data directory {} is in use by another sluice process ({} is locked)",
+                    dir.display(),
+                    lock_path.display()
+                )));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(store::storage(
+                    format!("locking {}", lock_path.display()),
+                    e,
+                ));
+            }
+        }
+        let store = Store::open(&dir.join("store"))?;
+        let loaded = recover::load(&store)?;
+        let shared = Arc::new(Shared {
+            store,
+            topics: RwLock::new(loaded.topics),
+            consumers: RwLock::new(loaded.consumers),
+            next_ids: Mutex::new((loaded.next_topic_id, loaded.next_consumer_id)),
+            sync: options.sync,
+            dedup_window_ms: millis(options.dedup_window),
+        });
+        let (tx, rx) = mpsc::channel();
+        let committer = std::thread::Builder::new()
+            .name("sluice-broker-commit".into())
+            .spawn({
+                let shared = shared.clone();
+                move || commit::run(shared, rx)
+            })
+            .map_err(|e| store::storage("starting the committer thread", e))?;
+        Ok(Arc::new(EmbeddedBroker {
+            shared,
+            tx: Some(tx),
+            committer: Some(committer),
+            _lock: lock,
+        }))
+    }
+
+    /// The sync mode it was opened with.
+    pub fn sync_mode(&self) -> SyncMode {
+        self.shared.sync
+    }
+
+    /// Sends an op to the committer and waits for its reply.
+    async fn call<T>(&self, op: impl FnOnce(Reply<T>) -> Op) -> Result<T, BrokerError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .as_ref()
+            .ok_or_else(shut_down)?
+            .send(op(reply))
+            .map_err(|_| shut_down())?;
+        rx.await.map_err(|_| shut_down())?
+    }
+
+    /// Publishes `outputs` and settles `receipt`, atomically.
+    async fn settle(&self, receipt: &Receipt, outputs: Vec<Message>) -> Result<(), BrokerError> {
+        let consumer = self.shared.consumer(&receipt.consumer)?;
+        for m in &outputs {
+            self.shared.topic(&m.topic)?;
+        }
+        let taken = consumer.take_lease(receipt)?;
+        let result = self
+            .call(|reply| Op::Settle {
+                consumer: consumer.clone(),
+                seq: receipt.seq,
+                outputs,
+                reply,
+            })
+            .await;
+        if result.is_err() {
+            consumer.restore(receipt.seq, taken, now_millis());
+        }
+        consumer.settled.notify_waiters();
+        result
+    }
+}
+
+/// The error after shutdown.
+fn shut_down() -> BrokerError {
+    BrokerError::Unavailable("the embedded broker is shut down".into())
+}
+
+impl Drop for EmbeddedBroker {
+    fn drop(&mut self) {
+        // Closing the queue ends the committer after the queued ops; it
+        // fsyncs on the way out. Joining releases the store before the lock.
+        self.tx = None;
+        if let Some(handle) = self.committer.take()
+            && handle.join().is_err()
+        {
+            tracing::error!("embedded broker committer panicked");
+        }
+    }
+}
+
+#[async_trait]
+impl Broker for EmbeddedBroker {
+    async fn ensure_topic(&self, spec: &TopicSpec) -> Result<(), BrokerError> {
+        let retention_ms = spec.retention.map(millis);
+        if let Ok(topic) = self.shared.topic(&spec.name)
+            && topic.snapshot().retention_ms == retention_ms
+        {
+            return Ok(());
+        }
+        let name = spec.name.clone();
+        self.call(|reply| Op::Ensure {
+            apply: Box::new(move |g: &mut Group<'_>| {
+                let topic = match g.shared.topic(&name) {
+                    Ok(topic) => topic,
+                    Err(_) => {
+                        let id = g.shared.next_id(true);
+                        let state = TopicState {
+                            retention_ms,
+                            first_seq: 1,
+                            last_seq: 0,
+                            depth: 0,
+                            first_published_at: 0,
+                        };
+                        let topic = Arc::new(Topic::new(id, &name, state));
+                        g.shared
+                            .topics
+                            .write()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .insert(name, topic.clone());
+                        topic
+                    }
+                };
+                g.topic_state(&topic).retention_ms = retention_ms;
+                Ok(())
+            }),
+            reply,
+        })
+        .await
+    }
+
+    async fn ensure_consumer(&self, spec: &ConsumerSpec) -> Result<(), BrokerError> {
+        self.shared.topic(&spec.topic)?;
+        if let Ok(c) = self.shared.consumer(&spec.name)
+            && c.state().spec == *spec
+        {
+            return Ok(());
+        }
+        let spec = spec.clone();
+        self.call(|reply| Op::Ensure {
+            apply: Box::new(move |g: &mut Group<'_>| {
+                let topic = g.shared.topic(&spec.topic)?;
+                let record = ConsumerRecord {
+                    id: 0,
+                    topic: spec.topic.clone(),
+                    filter: spec.filter.clone(),
+                    ack_wait_ms: millis(spec.ack_wait),
+                    max_ack_pending: spec.max_ack_pending,
+                };
+                let store = g.shared.store.clone();
+                let record = match g.shared.consumer(&spec.name) {
+                    Ok(c) => {
+                        if *c.topic.name != *spec.topic {
+                            return Err(BrokerError::Storage(format!(
+                                "consumer {} reads {}, not {}",
+                                spec.name, c.topic.name, spec.topic
+                            )));
+                        }
+                        c.set_spec(spec.clone());
+                        ConsumerRecord { id: c.id, ..record }
+                    }
+                    Err(_) => {
+                        let id = g.shared.next_id(false);
+                        let cursor = g.topic_state(&topic).first_seq;
+                        let state = ConsumerState {
+                            spec: spec.clone(),
+                            cursor,
+                            pending: Default::default(),
+                            timers: Default::default(),
+                            leased: 0,
+                            cursor_age_cache: None,
+                        };
+                        let consumer = Arc::new(Consumer::new(id, topic.clone(), state));
+                        g.shared
+                            .consumers
+                            .write()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .insert(spec.name.clone(), consumer.clone());
+                        topic.add_consumer(consumer);
+                        g.batch
+                            .insert(&store.cursors, cursor_key(id), cursor.to_be_bytes());
+                        ConsumerRecord { id, ..record }
+                    }
+                };
+                g.batch
+                    .insert(&store.consumers, spec.name.as_str(), encode(&record)?);
+                Ok(())
+            }),
+            reply,
+        })
+        .await
+    }
+
+    async fn publish(&self, messages: Vec<Message>) -> Result<Vec<PublishAck>, BrokerError> {
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.call(|reply| Op::Publish { messages, reply }).await
+    }
+
+    async fn fetch(
+        &self,
+        consumer: &str,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        let consumer = self.shared.consumer(consumer)?;
+        self.fetch_for(&consumer, max, wait).await
+    }
+
+    async fn ack(&self, receipt: &Receipt) -> Result<(), BrokerError> {
+        self.settle(receipt, Vec::new()).await
+    }
+
+    async fn complete(&self, receipt: &Receipt, outputs: Vec<Message>) -> Result<(), BrokerError> {
+        self.settle(receipt, outputs).await
+    }
+
+    async fn nak(&self, receipt: &Receipt, delay: Duration) -> Result<(), BrokerError> {
+        let consumer = self.shared.consumer(&receipt.consumer)?;
+        let visible_at = now_millis().saturating_add(millis(delay));
+        let record = consumer.release(receipt, visible_at)?;
+        let result = self
+            .call(|reply| Op::Nak {
+                consumer: consumer.clone(),
+                seq: receipt.seq,
+                record,
+                reply,
+            })
+            .await;
+        // Waiting fetches recompute when the next redelivery is due.
+        consumer.topic.notify.notify_waiters();
+        consumer.settled.notify_waiters();
+        result
+    }
+
+    async fn in_progress(&self, receipt: &Receipt) -> Result<(), BrokerError> {
+        let consumer = self.shared.consumer(&receipt.consumer)?;
+        consumer.extend(receipt, now_millis())
+    }
+
+    async fn term(&self, receipt: &Receipt) -> Result<(), BrokerError> {
+        self.settle(receipt, Vec::new()).await
+    }
+
+    async fn dead_letter(&self, receipt: &Receipt, entry: Message) -> Result<(), BrokerError> {
+        self.settle(receipt, vec![entry]).await
+    }
+
+    async fn consumer_stats(&self, consumer: &str) -> Result<ConsumerStats, BrokerError> {
+        let consumer = self.shared.consumer(consumer)?;
+        self.stats_for(&consumer)
+    }
+
+    async fn topic_stats(&self, topic: &str) -> Result<TopicStats, BrokerError> {
+        Ok(self.shared.topic(topic)?.stats())
+    }
+
+    async fn read(
+        &self,
+        topic: &str,
+        from: u64,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Stored>, BrokerError> {
+        let topic = self.shared.topic(topic)?;
+        self.read_from(&topic, from, max, wait).await
+    }
+
+    async fn remove(&self, topic: &str, seqs: &[u64]) -> Result<u64, BrokerError> {
+        let topic = self.shared.topic(topic)?;
+        let seqs = seqs.to_vec();
+        self.call(|reply| Op::Remove { topic, seqs, reply }).await
+    }
+
+    async fn flush(&self) -> Result<(), BrokerError> {
+        self.call(|reply| Op::Flush { reply }).await
+    }
+}

@@ -1,0 +1,533 @@
+//! The dead-letter tools: list, show, redrive and purge a stage's DLQ.
+//!
+//! A stage is addressed as `/v1/dlq/{pipeline}/{stage}`; its DLQ is
+//! [`Stage::dlq_topic`](crate::config::Stage::dlq_topic). When several
+//! stages share one DLQ topic, each sees only the entries whose provenance
+//! names it (entries without provenance are shown to all of them).
+//!
+//! Redrive reads entries oldest first and, for each, publishes
+//! [`dlq::redrive_message`] to the source topic and only then removes the
+//! entry, so a crash in between leaves the entry in place; redoing it
+//! publishes the same deterministic id, which the broker's duplicate window
+//! drops. An entry without provenance cannot be routed back: it is skipped
+//! with a reason and stays in the DLQ, never dropped.
+
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::topics::payload_fields;
+use super::{AdminState, ApiError, StageEntry};
+use crate::broker::{BrokerError, Message, Stored};
+use crate::dlq::{self, Provenance};
+
+/// Entries listed unless `limit` says otherwise.
+const DEFAULT_LIST: usize = 100;
+/// The most entries one list returns.
+const MAX_LIST: usize = 1000;
+/// Entries read from the broker at a time while scanning.
+const PAGE: usize = 256;
+/// Characters of a text payload shown in a list.
+const PREVIEW_CHARS: usize = 80;
+/// Why an entry without provenance is skipped.
+const NO_PROVENANCE: &str = "no DLQ provenance headers: cannot tell where to redrive it";
+
+/// A DLQ entry in a list: where it came from and why it failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DlqEntry {
+    /// Its sequence in the DLQ topic (what `show` takes).
+    pub seq: u64,
+    /// The entry's message id.
+    pub id: String,
+    /// The last failure's kind (`retry`, `rejected`, `trap`, ...).
+    pub kind: Option<String>,
+    /// The last failure's message.
+    pub error: Option<String>,
+    /// Attempts made before dead-lettering.
+    pub attempts: Option<u32>,
+    /// First failure, ms since the Unix epoch.
+    pub first_failure: Option<u64>,
+    /// Last failure, ms since the Unix epoch.
+    pub last_failure: Option<u64>,
+    /// The topic it was consumed from (where a redrive sends it).
+    pub source_topic: Option<String>,
+    /// Its sequence there.
+    pub source_seq: Option<u64>,
+    /// The message key.
+    pub key: Option<String>,
+    /// Payload size in bytes.
+    pub payload_bytes: u64,
+    /// The start of a text payload, or `<N bytes, binary>`.
+    pub payload_preview: String,
+    /// Set when the entry cannot be redriven, saying why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+/// `GET /v1/dlq/{pipeline}/{stage}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DlqList {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The stage.
+    pub stage: String,
+    /// The DLQ topic.
+    pub topic: String,
+    /// Messages in the DLQ topic.
+    pub depth: u64,
+    /// Entries, oldest first.
+    pub entries: Vec<DlqEntry>,
+}
+
+/// `GET /v1/dlq/{pipeline}/{stage}/{seq}`: one entry in full.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DlqEntryDetail {
+    /// The summary a list shows.
+    #[serde(flatten)]
+    pub summary: DlqEntry,
+    /// The DLQ topic.
+    pub topic: String,
+    /// Every header, provenance included, in order.
+    pub headers: Vec<(String, String)>,
+    /// The payload, when it is UTF-8 text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
+    /// The payload in standard base64, when it is not text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_base64: Option<String>,
+    /// When the entry was published to the DLQ, ms since the Unix epoch.
+    pub published_at: u64,
+}
+
+/// The body of `POST .../redrive`; every field is optional.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedriveRequest {
+    /// Redrive at most this many entries (default: all).
+    pub limit: Option<u64>,
+    /// At most this many messages per second (default: no limit), so a
+    /// large redrive does not swamp the stage it feeds.
+    pub rate: Option<f64>,
+    /// Report what would be redriven without changing anything.
+    pub dry_run: bool,
+}
+
+/// An entry a redrive left in place.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedEntry {
+    /// Its sequence in the DLQ topic.
+    pub seq: u64,
+    /// Its message id.
+    pub id: String,
+    /// Why it was skipped.
+    pub reason: String,
+}
+
+/// What a redrive did (or, dry, would do).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RedriveReport {
+    /// Whether this was a dry run (nothing changed).
+    pub dry_run: bool,
+    /// Entries published back to their source topic and removed.
+    pub redriven: u64,
+    /// Entries left in place; see `skipped_entries`.
+    pub skipped: u64,
+    /// The ids of the redriven messages, as published.
+    pub ids: Vec<String>,
+    /// The entries left in place and why.
+    pub skipped_entries: Vec<SkippedEntry>,
+    /// True when the daemon began shutting down before the redrive ended.
+    pub interrupted: bool,
+}
+
+/// The body of `POST .../purge`: `{"limit": N}` or `{"all": true}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PurgeRequest {
+    /// Purge the oldest N entries.
+    pub limit: Option<u64>,
+    /// Purge every entry. Required when `limit` is absent, so an empty
+    /// request never deletes a whole DLQ.
+    pub all: bool,
+}
+
+/// What a purge removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PurgeReport {
+    /// Entries removed.
+    pub purged: u64,
+}
+
+/// `?limit=N`.
+#[derive(Debug, Deserialize)]
+pub(super) struct ListQuery {
+    limit: Option<usize>,
+}
+
+/// `GET /v1/dlq/{pipeline}/{stage}`.
+pub(super) async fn list(
+    State(state): State<AdminState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<DlqList>, ApiError> {
+    let Path((pipeline, stage)) = path?;
+    let Query(query) = query?;
+    let stage = state.stage(&pipeline, &stage)?;
+    let limit = query.limit.unwrap_or(DEFAULT_LIST).clamp(1, MAX_LIST);
+    let depth = match state.broker().topic_stats(&stage.dlq_topic).await {
+        Ok(stats) => stats.depth,
+        Err(BrokerError::UnknownTopic(_)) => 0,
+        Err(err) => return Err(err.into()),
+    };
+    let mut entries = Vec::new();
+    let mut scan = Scan::new(stage);
+    'pages: while let Some(page) = scan.page(&state).await? {
+        for stored in page {
+            if entries.len() >= limit {
+                break 'pages;
+            }
+            entries.push(summary(&stored));
+        }
+    }
+    Ok(Json(DlqList {
+        pipeline: stage.pipeline.clone(),
+        stage: stage.stage.clone(),
+        topic: stage.dlq_topic.clone(),
+        depth,
+        entries,
+    }))
+}
+
+/// `GET /v1/dlq/{pipeline}/{stage}/{seq}`.
+pub(super) async fn show(
+    State(state): State<AdminState>,
+    path: Result<Path<(String, String, u64)>, PathRejection>,
+) -> Result<Json<DlqEntryDetail>, ApiError> {
+    let Path((pipeline, stage, seq)) = path?;
+    let stage = state.stage(&pipeline, &stage)?;
+    let found = match state
+        .broker()
+        .read(&stage.dlq_topic, seq, 1, Duration::ZERO)
+        .await
+    {
+        Ok(found) => found,
+        Err(BrokerError::UnknownTopic(_)) => Vec::new(),
+        Err(err) => return Err(err.into()),
+    };
+    let stored = found
+        .into_iter()
+        .find(|s| s.seq == seq && belongs(&s.message, stage))
+        .ok_or_else(|| {
+            ApiError::NotFound(format!(
+                "no entry with seq {seq} in the DLQ of {pipeline}/{}",
+                stage.stage
+            ))
+        })?;
+    let m = &stored.message;
+    let (payload, payload_base64) = payload_fields(&m.payload);
+    Ok(Json(DlqEntryDetail {
+        summary: summary(&stored),
+        topic: stage.dlq_topic.clone(),
+        headers: m.headers.clone(),
+        payload,
+        payload_base64,
+        published_at: m.published_at,
+    }))
+}
+
+/// `POST /v1/dlq/{pipeline}/{stage}/redrive`.
+pub(super) async fn redrive(
+    State(state): State<AdminState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<RedriveReport>, ApiError> {
+    let Path((pipeline, stage)) = path?;
+    let stage = state.stage(&pipeline, &stage)?;
+    let request: RedriveRequest = json_body(body, state.body_limit)?;
+    let interval = match request.rate {
+        None => None,
+        Some(rate) if rate.is_finite() && rate > 0.0 => Some(Duration::from_secs_f64(1.0 / rate)),
+        Some(rate) => {
+            return Err(ApiError::BadRequest(format!(
+                "rate must be a positive number of messages per second, not {rate}"
+            )));
+        }
+    };
+    let limit = request.limit.unwrap_or(u64::MAX);
+    let _exclusive = state.inner.dlq_lock.lock().await;
+    let mut report = RedriveReport {
+        dry_run: request.dry_run,
+        ..RedriveReport::default()
+    };
+    let mut last_publish: Option<Instant> = None;
+    let mut scan = Scan::new(stage);
+    'pages: while report.redriven < limit {
+        let Some(page) = scan.page(&state).await? else {
+            break;
+        };
+        for stored in page {
+            if report.redriven >= limit {
+                break 'pages;
+            }
+            let entry = &stored.message;
+            let Some(provenance) = Provenance::read(entry) else {
+                report.skip(&stored, NO_PROVENANCE.into());
+                continue;
+            };
+            if state.topic(&provenance.source_topic).is_err() {
+                let reason = format!(
+                    "its source topic `{}` is not declared by the loaded pipelines",
+                    provenance.source_topic
+                );
+                report.skip(&stored, reason);
+                continue;
+            }
+            let message = dlq::redrive_message(entry, &provenance);
+            if !request.dry_run {
+                if let (Some(interval), Some(last)) = (interval, last_publish) {
+                    let wait = interval.saturating_sub(last.elapsed());
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        () = state.shutting_down() => {
+                            report.interrupted = true;
+                            break 'pages;
+                        }
+                    }
+                }
+                last_publish = Some(Instant::now());
+                publish_then_remove(&state, stage, &stored, message.clone())
+                    .await
+                    .inspect_err(|err| {
+                        tracing::warn!(
+                            "redrive of {}/{} stopped after {} messages: {err}",
+                            stage.pipeline,
+                            stage.stage,
+                            report.redriven
+                        );
+                    })?;
+            }
+            report.redriven += 1;
+            report.ids.push(message.id);
+        }
+    }
+    if !request.dry_run && (report.redriven > 0 || report.skipped > 0) {
+        tracing::info!(
+            "redrove {} messages from the DLQ of {}/{} (skipped {})",
+            report.redriven,
+            stage.pipeline,
+            stage.stage,
+            report.skipped
+        );
+    }
+    Ok(Json(report))
+}
+
+/// Publishes one redriven message, then removes its DLQ entry: in that
+/// order, so a failure in between duplicates (harmlessly, by id) rather than
+/// loses it.
+async fn publish_then_remove(
+    state: &AdminState,
+    stage: &StageEntry,
+    stored: &Stored,
+    message: Message,
+) -> Result<(), ApiError> {
+    let topic = message.topic.clone();
+    let acks = state.broker().publish(vec![message]).await?;
+    if acks.first().is_some_and(|ack| !ack.duplicate) {
+        state.metrics().count_published(&topic, 1);
+    }
+    state
+        .broker()
+        .remove(&stage.dlq_topic, &[stored.seq])
+        .await?;
+    Ok(())
+}
+
+/// `POST /v1/dlq/{pipeline}/{stage}/purge`.
+pub(super) async fn purge(
+    State(state): State<AdminState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<PurgeReport>, ApiError> {
+    let Path((pipeline, stage)) = path?;
+    let stage = state.stage(&pipeline, &stage)?;
+    let request: PurgeRequest = json_body(body, state.body_limit)?;
+    let limit = match (request.limit, request.all) {
+        (Some(limit), false) => limit,
+        (None, true) => u64::MAX,
+        (Some(_), true) => {
+            return Err(ApiError::BadRequest("give limit or all, not both".into()));
+        }
+        (None, false) => {
+            return Err(ApiError::BadRequest(
+                "say how much to purge: {\"limit\": N} for the oldest N entries, or {\"all\": true}"
+                    .into(),
+            ));
+        }
+    };
+    let _exclusive = state.inner.dlq_lock.lock().await;
+    let mut purged = 0u64;
+    let mut scan = Scan::new(stage);
+    while purged < limit {
+        let Some(page) = scan.page(&state).await? else {
+            break;
+        };
+        let room = usize::try_from(limit - purged).unwrap_or(usize::MAX);
+        let seqs: Vec<u64> = page.iter().take(room).map(|s| s.seq).collect();
+        if seqs.is_empty() {
+            continue;
+        }
+        purged += state.broker().remove(&stage.dlq_topic, &seqs).await?;
+    }
+    if purged > 0 {
+        tracing::info!(
+            "purged {purged} entries from the DLQ of {}/{}",
+            stage.pipeline,
+            stage.stage
+        );
+    }
+    Ok(Json(PurgeReport { purged }))
+}
+
+impl RedriveReport {
+    fn skip(&mut self, stored: &Stored, reason: String) {
+        self.skipped += 1;
+        self.skipped_entries.push(SkippedEntry {
+            seq: stored.seq,
+            id: stored.message.id.clone(),
+            reason,
+        });
+    }
+}
+
+/// Walks a stage's DLQ entries oldest first, a page at a time.
+struct Scan<'a> {
+    stage: &'a StageEntry,
+    next: u64,
+}
+
+impl<'a> Scan<'a> {
+    fn new(stage: &'a StageEntry) -> Self {
+        Scan { stage, next: 1 }
+    }
+
+    /// The next page of this stage's entries (possibly empty when another
+    /// stage's entries filled it); None at the end.
+    async fn page(&mut self, state: &AdminState) -> Result<Option<Vec<Stored>>, ApiError> {
+        let page = match state
+            .broker()
+            .read(&self.stage.dlq_topic, self.next, PAGE, Duration::ZERO)
+            .await
+        {
+            Ok(page) => page,
+            // Not declared yet: nothing was ever dead-lettered there.
+            Err(BrokerError::UnknownTopic(_)) => return Ok(None),
+            Err(err) => return Err(err.into()),
+        };
+        let Some(last) = page.last() else {
+            return Ok(None);
+        };
+        self.next = last.seq + 1;
+        Ok(Some(
+            page.into_iter()
+                .filter(|s| belongs(&s.message, self.stage))
+                .collect(),
+        ))
+    }
+}
+
+/// Whether a DLQ entry is this stage's: its provenance names the stage, or
+/// it has none to say otherwise.
+fn belongs(entry: &Message, stage: &StageEntry) -> bool {
+    match (entry.header(dlq::PIPELINE), entry.header(dlq::STAGE)) {
+        (Some(pipeline), Some(name)) => pipeline == stage.pipeline && name == stage.stage,
+        _ => true,
+    }
+}
+
+fn summary(stored: &Stored) -> DlqEntry {
+    let m = &stored.message;
+    let num = |name: &str| m.header(name).and_then(|v| v.parse::<u64>().ok());
+    DlqEntry {
+        seq: stored.seq,
+        id: m.id.clone(),
+        kind: m.header(dlq::KIND).map(str::to_owned),
+        error: m.header(dlq::ERROR).map(str::to_owned),
+        attempts: m.header(dlq::ATTEMPTS).and_then(|v| v.parse().ok()),
+        first_failure: num(dlq::FIRST_FAILURE),
+        last_failure: num(dlq::LAST_FAILURE),
+        source_topic: m.header(dlq::SOURCE_TOPIC).map(str::to_owned),
+        source_seq: num(dlq::SOURCE_SEQ),
+        key: m.key.clone(),
+        payload_bytes: m.payload.len() as u64,
+        payload_preview: preview(&m.payload),
+        problem: Provenance::read(m)
+            .is_none()
+            .then(|| NO_PROVENANCE.to_owned()),
+    }
+}
+
+fn preview(payload: &[u8]) -> String {
+    match std::str::from_utf8(payload) {
+        Ok(text) => {
+            let mut chars = text.chars();
+            let head: String = chars.by_ref().take(PREVIEW_CHARS).collect();
+            if chars.next().is_some() {
+                format!("{head}…")
+            } else {
+                head
+            }
+        }
+        Err(_) => format!("<{} bytes, binary>", payload.len()),
+    }
+}
+
+/// Parses an optional JSON body: empty means every default, so `curl -X
+/// POST` with no body works.
+fn json_body<T: DeserializeOwned + Default>(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<T, ApiError> {
+    let body = body.map_err(|r| ApiError::from_body(r, limit))?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(&body)
+        .map_err(|e| ApiError::BadRequest(format!("the request body is not valid: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn previews_are_short_and_binary_safe() {
+        assert_eq!(preview(b"hello"), "hello");
+        let long = "é".repeat(100);
+        let p = preview(long.as_bytes());
+        assert_eq!(p.chars().count(), PREVIEW_CHARS + 1);
+        assert!(p.ends_with('…'));
+        assert_eq!(preview(&[0xff, 0xfe]), "<2 bytes, binary>");
+    }
+
+    #[test]
+    fn request_bodies_default_when_empty_and_reject_typos() {
+        let r: RedriveRequest = json_body(Ok(Bytes::new()), 10).expect("empty is defaults");
+        assert_eq!(r, RedriveRequest::default());
+        let r: RedriveRequest = json_body(
+            Ok(Bytes::from_static(br#"{"dry_run":true,"limit":2}"#)),
+            100,
+        )
+        .expect("valid");
+        assert!(r.dry_run && r.limit == Some(2));
+        assert!(
+            json_body::<RedriveRequest>(Ok(Bytes::from_static(br#"{"dryrun":true}"#)), 100)
+                .is_err()
+        );
+    }
+}

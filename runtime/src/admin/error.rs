@@ -1,0 +1,152 @@
+//! Every way an admin request can fail, and how each one looks on the wire:
+//! a status code plus `{"error": "<message for people>", "code": "<stable
+//! name for programs>"}`. The CLI prints `error` and branches on the status;
+//! scripts branch on `code`. Keeping them in one enum keeps the two in step.
+
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use crate::broker::BrokerError;
+
+/// The JSON body of every error response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong, in a sentence a person can act on.
+    pub error: String,
+    /// A stable, machine-readable name for the kind of error.
+    pub code: String,
+}
+
+/// Why an admin request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The topic is not declared by any loaded pipeline (nor is it one of
+    /// their dead-letter topics).
+    #[error("unknown topic `{0}`: it is not declared by any loaded pipeline")]
+    UnknownTopic(String),
+    /// `{pipeline}/{stage}` names no loaded stage.
+    #[error("unknown stage `{0}`: no loaded pipeline has it")]
+    UnknownStage(String),
+    /// The addressed thing (a DLQ entry, an endpoint) does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The request is malformed: empty body, bad header, bad JSON line.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The batch endpoint got a body it does not read.
+    #[error(
+        "unsupported content type {0}; send JSON lines as application/x-ndjson or application/jsonl"
+    )]
+    UnsupportedMediaType(String),
+    /// The body exceeds the server's limit.
+    #[error("the request body is larger than the limit of {0} bytes")]
+    PayloadTooLarge(usize),
+    /// The topic is at or above its `high_water_mark`; try again later.
+    #[error(
+        "topic `{topic}` is full: {depth} messages wait and its high_water_mark is {limit}; retry later"
+    )]
+    Backpressure {
+        /// The topic.
+        topic: String,
+        /// How many messages wait.
+        depth: u64,
+        /// Its `high_water_mark`.
+        limit: u64,
+    },
+    /// The method is not one this endpoint takes.
+    #[error("method not allowed on this endpoint")]
+    MethodNotAllowed,
+    /// The broker failed.
+    #[error("{0}")]
+    Broker(#[from] BrokerError),
+}
+
+impl ApiError {
+    /// The HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::UnknownTopic(_) | ApiError::UnknownStage(_) | ApiError::NotFound(_) => {
+                StatusCode::NOT_FOUND
+            }
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Backpressure { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Broker(err) => match err {
+                // Declared in the pipelines but not (yet) by the broker: the
+                // engine declares topics as it starts, so this passes.
+                BrokerError::UnknownTopic(_)
+                | BrokerError::UnknownConsumer(_)
+                | BrokerError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+                BrokerError::LeaseLost(_) | BrokerError::Storage(_) => {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                }
+            },
+        }
+    }
+
+    /// The stable machine-readable name.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::UnknownTopic(_) => "unknown_topic",
+            ApiError::UnknownStage(_) => "unknown_stage",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::BadRequest(_) => "bad_request",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
+            ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::Backpressure { .. } => "backpressure",
+            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::Broker(err) => match err {
+                BrokerError::UnknownTopic(_) | BrokerError::UnknownConsumer(_) => "not_ready",
+                BrokerError::Unavailable(_) => "unavailable",
+                BrokerError::LeaseLost(_) | BrokerError::Storage(_) => "broker_error",
+            },
+        }
+    }
+
+    /// Maps a body-buffering failure, so an oversized body gets a JSON 413
+    /// rather than axum's plain-text one.
+    pub(crate) fn from_body(rejection: BytesRejection, limit: usize) -> Self {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge(limit)
+        } else {
+            ApiError::BadRequest(format!("cannot read the request body: {rejection}"))
+        }
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        ApiError::BadRequest(rejection.body_text())
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        ApiError::BadRequest(rejection.body_text())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::warn!(code = self.code(), "admin request failed: {self}");
+        }
+        let body = ErrorBody {
+            error: self.to_string(),
+            code: self.code().to_owned(),
+        };
+        let mut response = (status, axum::Json(body)).into_response();
+        // Both are "come back shortly"; say when, as HTTP intends.
+        if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}

@@ -1,0 +1,428 @@
+//! Ingest: producers publish into a pipeline over HTTP.
+//!
+//! `POST /v1/topics/{topic}/messages` takes the payload as the body, the key
+//! in `Sluice-Key`, the message id in `Idempotency-Key` (so a retried POST
+//! is stored once) and headers as `Sluice-Header-<Name>`. `POST
+//! /v1/topics/{topic}/batch` takes JSON lines, validates them all and then
+//! publishes them as one broker batch, so a bad line publishes nothing.
+//! Both answer 202 with what the broker stored, or 429 while the topic is
+//! above its `high_water_mark`.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use base64::Engine as _;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::{AdminState, ApiError, TopicEntry};
+use crate::broker::{BrokerError, Message, PublishAck, new_message_id};
+
+/// The longest message id accepted, in bytes. Ids key the broker's
+/// duplicate window and travel in headers, so they stay short.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// Request header carrying the message key.
+const KEY_HEADER: &str = "sluice-key";
+/// Request header carrying the message id.
+const ID_HEADER: &str = "idempotency-key";
+/// Prefix of request headers that become message headers.
+const HEADER_PREFIX: &str = "sluice-header-";
+/// Message headers with this prefix are the runtime's own (DLQ provenance,
+/// redrive targeting); producers may set them only on dead-letter topics.
+const RESERVED_PREFIX: &str = "sluice-";
+
+/// What ingest stored for one message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishReceipt {
+    /// The message id: the `Idempotency-Key`, or a fresh UUIDv7.
+    pub id: String,
+    /// The topic.
+    pub topic: String,
+    /// Its sequence in the topic (the original one for a duplicate).
+    pub seq: u64,
+    /// True when the id was already published, so nothing new was stored.
+    pub duplicate: bool,
+}
+
+/// What ingest stored for a batch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchReceipt {
+    /// The topic.
+    pub topic: String,
+    /// Messages newly stored.
+    pub published: u64,
+    /// Messages whose id was already published.
+    pub duplicates: u64,
+    /// One receipt per line, in order.
+    pub messages: Vec<PublishReceipt>,
+}
+
+/// One line of a batch: `{"payload": "text"}` or `{"payload_base64": ".."}`,
+/// with optional `key`, `headers` and `id`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchLine {
+    /// The payload as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
+    /// The payload as standard base64, for bytes that are not text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_base64: Option<String>,
+    /// The message key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Message headers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<BatchHeaders>,
+    /// The message id (the idempotency key); a fresh one when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+}
+
+/// Headers of a batch line: a map, or the `[[name, value], ...]` list that
+/// `tail` prints (which keeps order and repeated names).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum BatchHeaders {
+    /// `{"name": "value"}`.
+    Map(BTreeMap<String, String>),
+    /// `[["name", "value"], ...]`.
+    Pairs(Vec<(String, String)>),
+}
+
+impl BatchHeaders {
+    fn into_pairs(self) -> Vec<(String, String)> {
+        match self {
+            BatchHeaders::Map(map) => map.into_iter().collect(),
+            BatchHeaders::Pairs(pairs) => pairs,
+        }
+    }
+}
+
+/// Checks a message id: not empty, at most [`MAX_ID_BYTES`], no control
+/// characters (ids end up in headers and logs).
+///
+/// # Errors
+///
+/// What is wrong with it, for the client.
+pub fn check_id(id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err("the message id (Idempotency-Key) is empty".into());
+    }
+    if id.len() > MAX_ID_BYTES {
+        return Err(format!(
+            "the message id (Idempotency-Key) is {} bytes; the limit is {MAX_ID_BYTES}",
+            id.len()
+        ));
+    }
+    if id.chars().any(char::is_control) {
+        return Err("the message id (Idempotency-Key) contains control characters".into());
+    }
+    Ok(())
+}
+
+/// `POST /v1/topics/{topic}/messages`.
+pub(super) async fn publish_one(
+    State(state): State<AdminState>,
+    topic: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<PublishReceipt>), ApiError> {
+    let Path(topic) = topic?;
+    let entry = state.topic(&topic)?;
+    let body = body.map_err(|r| ApiError::from_body(r, state.body_limit))?;
+    if body.is_empty() {
+        return Err(ApiError::BadRequest(
+            "the request body is empty; it is the message payload".into(),
+        ));
+    }
+    let message = message_from_headers(&topic, entry, &headers, body)?;
+    check_backpressure(&state, &topic, entry).await?;
+    let acks = state.broker().publish(vec![message.clone()]).await?;
+    let receipts = receipts(&state, &topic, &[message], &acks)?;
+    let receipt = receipts
+        .into_iter()
+        .next()
+        .ok_or_else(|| missing_ack(&topic))?;
+    Ok((StatusCode::ACCEPTED, Json(receipt)))
+}
+
+/// `POST /v1/topics/{topic}/batch`.
+pub(super) async fn publish_batch(
+    State(state): State<AdminState>,
+    topic: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<BatchReceipt>), ApiError> {
+    let Path(topic) = topic?;
+    let entry = state.topic(&topic)?;
+    check_batch_content_type(&headers)?;
+    let body = body.map_err(|r| ApiError::from_body(r, state.body_limit))?;
+    let text = std::str::from_utf8(&body)
+        .map_err(|_| ApiError::BadRequest("the batch body is not UTF-8 text".into()))?;
+    let mut messages = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let parsed: BatchLine = serde_json::from_str(line)
+            .map_err(|e| ApiError::BadRequest(format!("line {}: {e}", index + 1)))?;
+        let message = message_from_line(&topic, entry, parsed)
+            .map_err(|e| ApiError::BadRequest(format!("line {}: {e}", index + 1)))?;
+        messages.push(message);
+    }
+    if messages.is_empty() {
+        return Err(ApiError::BadRequest(
+            "the batch has no messages; send one JSON object per line".into(),
+        ));
+    }
+    check_backpressure(&state, &topic, entry).await?;
+    let acks = state.broker().publish(messages.clone()).await?;
+    let messages = receipts(&state, &topic, &messages, &acks)?;
+    let duplicates = messages.iter().filter(|r| r.duplicate).count() as u64;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(BatchReceipt {
+            topic,
+            published: messages.len() as u64 - duplicates,
+            duplicates,
+            messages,
+        }),
+    ))
+}
+
+/// Pairs messages with their acks and counts the new ones.
+fn receipts(
+    state: &AdminState,
+    topic: &str,
+    messages: &[Message],
+    acks: &[PublishAck],
+) -> Result<Vec<PublishReceipt>, ApiError> {
+    if acks.len() != messages.len() {
+        return Err(missing_ack(topic));
+    }
+    let published = acks.iter().filter(|a| !a.duplicate).count() as u64;
+    if published > 0 {
+        state.metrics().count_published(topic, published);
+    }
+    Ok(messages
+        .iter()
+        .zip(acks)
+        .map(|(m, ack)| PublishReceipt {
+            id: m.id.clone(),
+            topic: topic.to_owned(),
+            seq: ack.seq,
+            duplicate: ack.duplicate,
+        })
+        .collect())
+}
+
+fn missing_ack(topic: &str) -> ApiError {
+    ApiError::Broker(BrokerError::Storage(format!(
+        "the broker did not acknowledge every message published to `{topic}`"
+    )))
+}
+
+/// Answers 429 while the topic, or its slowest subscriber, holds at least
+/// `high_water_mark` messages. A fan-out topic counts its slowest stage:
+/// the stored depth alone can hide one stage falling far behind.
+async fn check_backpressure(
+    state: &AdminState,
+    topic: &str,
+    entry: &TopicEntry,
+) -> Result<(), ApiError> {
+    let Some(limit) = entry.high_water_mark else {
+        return Ok(());
+    };
+    let broker = state.broker();
+    let mut depth = broker.topic_stats(topic).await?.depth;
+    for consumer in &entry.subscribers {
+        match broker.consumer_stats(consumer).await {
+            Ok(stats) => depth = depth.max(stats.pending),
+            // Not declared yet (the engine is starting): nothing pending.
+            Err(BrokerError::UnknownConsumer(_)) => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+    if depth >= limit {
+        return Err(ApiError::Backpressure {
+            topic: topic.to_owned(),
+            depth,
+            limit,
+        });
+    }
+    Ok(())
+}
+
+fn check_batch_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let value = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let essence = value
+        .as_deref()
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_ascii_lowercase());
+    match essence.as_deref() {
+        Some("application/x-ndjson" | "application/jsonl") => Ok(()),
+        _ => Err(ApiError::UnsupportedMediaType(
+            value.map_or_else(|| "(none)".to_owned(), |v| format!("`{v}`")),
+        )),
+    }
+}
+
+/// Builds the message of a single-message POST from its request headers.
+fn message_from_headers(
+    topic: &str,
+    entry: &TopicEntry,
+    headers: &HeaderMap,
+    payload: Bytes,
+) -> Result<Message, ApiError> {
+    let text = |name: &str, value: &header::HeaderValue| {
+        std::str::from_utf8(value.as_bytes())
+            .map(str::to_owned)
+            .map_err(|_| ApiError::BadRequest(format!("header {name} is not UTF-8 text")))
+    };
+    let id = match headers.get(ID_HEADER) {
+        Some(value) => {
+            let id = text("Idempotency-Key", value)?;
+            check_id(&id).map_err(ApiError::BadRequest)?;
+            id
+        }
+        None => new_message_id(),
+    };
+    let key = headers
+        .get(KEY_HEADER)
+        .map(|v| text("Sluice-Key", v))
+        .transpose()?;
+    let mut message_headers = Vec::new();
+    for (name, value) in headers {
+        // `http` lowercases header names.
+        if let Some(short) = name.as_str().strip_prefix(HEADER_PREFIX) {
+            if short.is_empty() {
+                return Err(ApiError::BadRequest(
+                    "a Sluice-Header- request header needs a name after the prefix".into(),
+                ));
+            }
+            message_headers.push((short.to_owned(), text(name.as_str(), value)?));
+        }
+    }
+    check_reserved(entry, &message_headers).map_err(ApiError::BadRequest)?;
+    Ok(Message {
+        id,
+        topic: topic.to_owned(),
+        key,
+        headers: message_headers,
+        payload,
+        published_at: 0,
+    })
+}
+
+/// Builds a message from one batch line.
+fn message_from_line(topic: &str, entry: &TopicEntry, line: BatchLine) -> Result<Message, String> {
+    let payload: Bytes = match (line.payload, line.payload_base64) {
+        (Some(text), None) => text.into_bytes().into(),
+        (None, Some(encoded)) => base64::engine::general_purpose::STANDARD
+            .decode(encoded.as_bytes())
+            .map_err(|e| format!("payload_base64 is not base64: {e}"))?
+            .into(),
+        (Some(_), Some(_)) => return Err("give payload or payload_base64, not both".into()),
+        (None, None) => return Err("missing payload (or payload_base64)".into()),
+    };
+    if payload.is_empty() {
+        return Err("the payload is empty".into());
+    }
+    let id = match line.id {
+        Some(id) => {
+            check_id(&id)?;
+            id
+        }
+        None => new_message_id(),
+    };
+    let headers = line
+        .headers
+        .map(BatchHeaders::into_pairs)
+        .unwrap_or_default();
+    if headers.iter().any(|(n, _)| n.is_empty()) {
+        return Err("a header has an empty name".into());
+    }
+    check_reserved(entry, &headers)?;
+    Ok(Message {
+        id,
+        topic: topic.to_owned(),
+        key: line.key,
+        headers,
+        payload,
+        published_at: 0,
+    })
+}
+
+/// Producers may not set the runtime's own headers, except on a dead-letter
+/// topic (importing DLQ entries): a forged `sluice-dlq-source-topic` or
+/// `sluice-redrive-to` on a normal topic would steer redrives and fan-out.
+fn check_reserved(entry: &TopicEntry, headers: &[(String, String)]) -> Result<(), String> {
+    if entry.is_dlq {
+        return Ok(());
+    }
+    match headers
+        .iter()
+        .find(|(n, _)| n.to_ascii_lowercase().starts_with(RESERVED_PREFIX))
+    {
+        Some((name, _)) => Err(format!(
+            "header `{name}` is reserved: names starting with `{RESERVED_PREFIX}` belong to the runtime"
+        )),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_bounded_and_printable() {
+        assert!(check_id("order-42").is_ok());
+        assert!(check_id("").is_err());
+        assert!(check_id(&"x".repeat(MAX_ID_BYTES)).is_ok());
+        assert!(check_id(&"x".repeat(MAX_ID_BYTES + 1)).is_err());
+        assert!(check_id("a\nb").is_err());
+        assert!(check_id("a\u{7f}b").is_err());
+    }
+
+    #[test]
+    fn batch_lines_take_text_or_base64_and_both_header_forms() {
+        let entry = TopicEntry::default();
+        let line: BatchLine =
+            serde_json::from_str(r#"{"payload_base64":"AAE=","headers":[["a","1"],["a","2"]]}"#)
+                .expect("parses");
+        let m = message_from_line("t", &entry, line).expect("valid");
+        assert_eq!(&m.payload[..], &[0, 1]);
+        assert_eq!(m.headers.len(), 2);
+        let line: BatchLine =
+            serde_json::from_str(r#"{"payload":"hi","headers":{"b":"2"},"id":"x"}"#)
+                .expect("parses");
+        let m = message_from_line("t", &entry, line).expect("valid");
+        assert_eq!((m.id.as_str(), &m.payload[..]), ("x", &b"hi"[..]));
+        assert!(serde_json::from_str::<BatchLine>(r#"{"paylod":"x"}"#).is_err());
+        let both = BatchLine {
+            payload: Some("a".into()),
+            payload_base64: Some("YQ==".into()),
+            ..BatchLine::default()
+        };
+        assert!(message_from_line("t", &entry, both).is_err());
+    }
+
+    #[test]
+    fn runtime_headers_are_reserved_outside_dead_letter_topics() {
+        let headers = vec![("Sluice-Redrive-To".to_owned(), "p/s".to_owned())];
+        assert!(check_reserved(&TopicEntry::default(), &headers).is_err());
+        let dlq = TopicEntry {
+            is_dlq: true,
+            ..TopicEntry::default()
+        };
+        assert!(check_reserved(&dlq, &headers).is_ok());
+    }
+}

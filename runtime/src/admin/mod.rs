@@ -1,0 +1,268 @@
+//! The daemon's admin HTTP server: ingest, reads, status, metrics and the
+//! dead-letter tools, on one address (`--admin`, [`DEFAULT_ADMIN`]).
+//!
+//! Everything here goes through the [`Broker`] trait, so the same API serves
+//! the embedded broker and NATS, and the CLI (`sluice publish`, `tail`,
+//! `dlq`, `status`) needs nothing but this API to reach a running daemon.
+//!
+//! - `ingest.rs`: `POST /v1/topics/{topic}/messages` and `/batch` (202, 429);
+//! - `topics.rs`: `GET /v1/topics[/{topic}[/messages]]` (stats, long-poll reads);
+//! - `dlq.rs`: `/v1/dlq/{pipeline}/{stage}` list, show, redrive, purge;
+//! - `status.rs`: `GET /v1/status` and the throughput sampler behind it;
+//! - `scrape.rs`: `GET /metrics`, refreshing the broker-backed gauges first;
+//! - `error.rs`: the JSON error body every failure uses.
+//!
+//! The API has no authentication: bind it to loopback (the default) or a
+//! private interface.
+
+mod dlq;
+mod error;
+mod ingest;
+mod scrape;
+mod status;
+mod topics;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+
+use crate::broker::{Broker, consumer_name};
+use crate::config::Pipeline;
+use crate::metrics::Metrics;
+
+pub use dlq::{
+    DlqEntry, DlqEntryDetail, DlqList, PurgeReport, PurgeRequest, RedriveReport, RedriveRequest,
+    SkippedEntry,
+};
+pub use error::{ApiError, ErrorBody};
+pub use ingest::{BatchHeaders, BatchLine, BatchReceipt, MAX_ID_BYTES, PublishReceipt, check_id};
+pub use status::StageStatus;
+pub use topics::{MessageView, ReadResponse, TopicView, payload_fields};
+
+/// Where the admin API listens unless `--admin`/`SLUICE_ADMIN` says
+/// otherwise: loopback only, because the API has no authentication.
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:7400";
+
+/// The largest request body accepted by default (64 MiB): big enough for a
+/// large payload or batch, small enough that one request cannot exhaust the
+/// daemon's memory. Larger bodies get a JSON 413.
+pub const DEFAULT_BODY_LIMIT: usize = 64 << 20;
+
+/// What the admin handlers share: the broker, the metrics, and an index of
+/// the loaded pipelines' topics and stages. Cheap to clone.
+#[derive(Clone)]
+pub struct AdminState {
+    inner: Arc<Inner>,
+    body_limit: usize,
+}
+
+struct Inner {
+    broker: Arc<dyn Broker>,
+    metrics: Arc<Metrics>,
+    pipelines: Arc<[Pipeline]>,
+    /// Every topic ingest and reads accept: declared ones and DLQ topics.
+    topics: HashMap<String, TopicEntry>,
+    /// Every stage, in pipeline order.
+    stages: Vec<StageEntry>,
+    /// Throughput samples, one ring per entry of `stages`.
+    rates: status::Rates,
+    /// Flipped to true when the server starts shutting down, so long-polls
+    /// and paced redrives end instead of holding the shutdown up.
+    shutdown: tokio::sync::watch::Sender<bool>,
+    /// Serialises redrives and purges, so two at once never handle the same
+    /// entry twice.
+    dlq_lock: tokio::sync::Mutex<()>,
+}
+
+/// A topic ingest accepts.
+#[derive(Debug, Clone, Default)]
+struct TopicEntry {
+    /// The lowest `high_water_mark` any pipeline declares for it.
+    high_water_mark: Option<u64>,
+    /// Consumers (`<pipeline>.<stage>`) that subscribe to it: its fan-out.
+    subscribers: Vec<String>,
+    /// Whether it is some stage's dead-letter topic.
+    is_dlq: bool,
+}
+
+/// A stage, with the names the broker knows it by.
+#[derive(Debug, Clone)]
+struct StageEntry {
+    pipeline: String,
+    stage: String,
+    topic: String,
+    consumer: String,
+    dlq_topic: String,
+}
+
+impl AdminState {
+    /// State for serving `pipelines` on `broker`, counting into `metrics`
+    /// (the same [`Metrics`] the engine counts into, so `/metrics` shows
+    /// both).
+    pub fn new(
+        broker: Arc<dyn Broker>,
+        metrics: Arc<Metrics>,
+        pipelines: impl Into<Arc<[Pipeline]>>,
+    ) -> Self {
+        let pipelines: Arc<[Pipeline]> = pipelines.into();
+        let mut topics: HashMap<String, TopicEntry> = HashMap::new();
+        let mut stages = Vec::new();
+        for pipeline in pipelines.iter() {
+            for topic in &pipeline.topics {
+                let entry = topics.entry(topic.name.clone()).or_default();
+                entry.high_water_mark = match (entry.high_water_mark, topic.high_water_mark) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            for stage in &pipeline.stages {
+                let consumer = consumer_name(&pipeline.name, &stage.name);
+                let dlq_topic = stage.dlq_topic(&pipeline.name);
+                topics
+                    .entry(stage.subscribe.topic.clone())
+                    .or_default()
+                    .subscribers
+                    .push(consumer.clone());
+                topics.entry(dlq_topic.clone()).or_default().is_dlq = true;
+                stages.push(StageEntry {
+                    pipeline: pipeline.name.clone(),
+                    stage: stage.name.clone(),
+                    topic: stage.subscribe.topic.clone(),
+                    consumer,
+                    dlq_topic,
+                });
+            }
+        }
+        let rates = status::Rates::new(stages.len());
+        AdminState {
+            inner: Arc::new(Inner {
+                broker,
+                metrics,
+                pipelines,
+                topics,
+                stages,
+                rates,
+                shutdown: tokio::sync::watch::channel(false).0,
+                dlq_lock: tokio::sync::Mutex::new(()),
+            }),
+            body_limit: DEFAULT_BODY_LIMIT,
+        }
+    }
+
+    /// Sets the largest request body accepted (default
+    /// [`DEFAULT_BODY_LIMIT`]).
+    pub fn with_body_limit(mut self, bytes: usize) -> Self {
+        self.body_limit = bytes;
+        self
+    }
+
+    /// The broker the API reads and publishes through.
+    pub fn broker(&self) -> &Arc<dyn Broker> {
+        &self.inner.broker
+    }
+
+    /// The metrics `/metrics` exports.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// The loaded pipelines.
+    pub fn pipelines(&self) -> &Arc<[Pipeline]> {
+        &self.inner.pipelines
+    }
+
+    /// The topic `name`, if ingest and reads accept it.
+    fn topic(&self, name: &str) -> Result<&TopicEntry, ApiError> {
+        self.inner
+            .topics
+            .get(name)
+            .ok_or_else(|| ApiError::UnknownTopic(name.to_owned()))
+    }
+
+    /// The stage `pipeline/stage`.
+    fn stage(&self, pipeline: &str, stage: &str) -> Result<&StageEntry, ApiError> {
+        self.inner
+            .stages
+            .iter()
+            .find(|s| s.pipeline == pipeline && s.stage == stage)
+            .ok_or_else(|| ApiError::UnknownStage(format!("{pipeline}/{stage}")))
+    }
+
+    /// Resolves once the server has started shutting down.
+    async fn shutting_down(&self) {
+        let mut rx = self.inner.shutdown.subscribe();
+        if rx.wait_for(|down| *down).await.is_err() {
+            // The sender lives as long as `self`; never reached.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// The admin API's routes over `state`. [`serve`] uses it; an embedder can
+/// nest it into its own router.
+pub fn router(state: AdminState) -> Router {
+    let limit = state.body_limit;
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(scrape::metrics))
+        .route("/v1/status", get(status::status))
+        .route("/v1/topics", get(topics::list))
+        .route("/v1/topics/{topic}", get(topics::stats))
+        .route(
+            "/v1/topics/{topic}/messages",
+            post(ingest::publish_one).get(topics::read),
+        )
+        .route("/v1/topics/{topic}/batch", post(ingest::publish_batch))
+        .route("/v1/dlq/{pipeline}/{stage}", get(dlq::list))
+        .route("/v1/dlq/{pipeline}/{stage}/redrive", post(dlq::redrive))
+        .route("/v1/dlq/{pipeline}/{stage}/purge", post(dlq::purge))
+        .route("/v1/dlq/{pipeline}/{stage}/{seq}", get(dlq::show))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// Serves the admin API on `listener` until `shutdown` resolves, then stops
+/// accepting, ends long-polls and waits for in-flight requests to finish.
+/// Also runs the sampler behind `status`'s throughput for as long as it
+/// serves.
+///
+/// # Errors
+///
+/// An I/O error of the listener.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AdminState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!("admin API listening on http://{addr}");
+    }
+    let sampler = tokio::spawn(status::sample(state.clone()));
+    let signal = state.clone();
+    let result = axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            signal.inner.shutdown.send_replace(true);
+        })
+        .await;
+    sampler.abort();
+    result
+}
+
+/// `GET /health`: the daemon is up and serving.
+async fn health() -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({"status": "ok"}))
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::NotFound(format!("no endpoint at {}", uri.path()))
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}

@@ -1,0 +1,208 @@
+//! Reading topics without consuming them: what `sluice tail` and
+//! dashboards use.
+//!
+//! `GET /v1/topics` lists every topic the API accepts with its stats,
+//! `GET /v1/topics/{topic}` one of them (`tail` starts at its `last_seq + 1`),
+//! and `GET /v1/topics/{topic}/messages?from=SEQ&max=N&wait_ms=M` reads up to
+//! N stored messages from SEQ, long-polling up to M ms for the first one.
+//! Reading never affects any stage's cursor.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+use super::{AdminState, ApiError};
+use crate::broker::{Stored, TopicStats};
+
+/// Messages returned per read unless `max` says otherwise.
+const DEFAULT_MAX: usize = 100;
+/// The most messages one read returns.
+const MAX_MAX: usize = 1000;
+/// The longest long-poll: shorter than common proxy idle timeouts, so a
+/// follower sees an empty answer rather than a dropped connection.
+const MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// A stored message as the API shows it: the payload as text when it is
+/// UTF-8, as base64 otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageView {
+    /// Its position in the topic.
+    pub seq: u64,
+    /// The message id.
+    pub id: String,
+    /// The topic.
+    pub topic: String,
+    /// The key, if any.
+    pub key: Option<String>,
+    /// Headers in order, as `[name, value]` pairs.
+    pub headers: Vec<(String, String)>,
+    /// The payload, when it is UTF-8 text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
+    /// The payload in standard base64, when it is not text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_base64: Option<String>,
+    /// When it was published, in ms since the Unix epoch.
+    pub published_at: u64,
+}
+
+impl MessageView {
+    /// The view of a stored message.
+    pub fn of(stored: &Stored) -> Self {
+        let m = &stored.message;
+        let (payload, payload_base64) = payload_fields(&m.payload);
+        MessageView {
+            seq: stored.seq,
+            id: m.id.clone(),
+            topic: m.topic.clone(),
+            key: m.key.clone(),
+            headers: m.headers.clone(),
+            payload,
+            payload_base64,
+            published_at: m.published_at,
+        }
+    }
+}
+
+/// A payload as the API's JSON carries it: `(Some(text), None)` for UTF-8
+/// bytes, `(None, Some(base64))` otherwise, so text stays readable and any
+/// bytes survive.
+pub fn payload_fields(bytes: &[u8]) -> (Option<String>, Option<String>) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => (Some(text.to_owned()), None),
+        Err(_) => (
+            None,
+            Some(base64::engine::general_purpose::STANDARD.encode(bytes)),
+        ),
+    }
+}
+
+/// The answer to a read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadResponse {
+    /// The messages, oldest first.
+    pub messages: Vec<MessageView>,
+    /// The `from` of the next read, to continue where this one ended.
+    pub next: u64,
+    /// The sequence of the newest message ever published to the topic.
+    pub last_seq: u64,
+}
+
+/// A topic and its contents.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopicView {
+    /// The topic.
+    pub topic: String,
+    /// Messages stored.
+    pub depth: u64,
+    /// The oldest stored message's sequence (0 when empty).
+    pub first_seq: u64,
+    /// The newest published message's sequence (0 when none).
+    pub last_seq: u64,
+    /// Age of the oldest stored message, in seconds.
+    pub oldest_age_seconds: Option<f64>,
+    /// Its backpressure limit, if any.
+    pub high_water_mark: Option<u64>,
+    /// Whether it is a stage's dead-letter topic.
+    pub dead_letter: bool,
+}
+
+impl TopicView {
+    fn of(topic: &str, stats: TopicStats, high_water_mark: Option<u64>, dead_letter: bool) -> Self {
+        TopicView {
+            topic: topic.to_owned(),
+            depth: stats.depth,
+            first_seq: stats.first_seq,
+            last_seq: stats.last_seq,
+            oldest_age_seconds: stats.oldest_age.map(|d| d.as_secs_f64()),
+            high_water_mark,
+            dead_letter,
+        }
+    }
+}
+
+/// `?from=SEQ&max=N&wait_ms=M`.
+#[derive(Debug, Deserialize)]
+pub(super) struct ReadQuery {
+    from: Option<u64>,
+    max: Option<usize>,
+    wait_ms: Option<u64>,
+}
+
+/// `GET /v1/topics`.
+pub(super) async fn list(
+    State(state): State<AdminState>,
+) -> Result<Json<Vec<TopicView>>, ApiError> {
+    let mut names: Vec<&String> = state.inner.topics.keys().collect();
+    names.sort();
+    let mut views = Vec::with_capacity(names.len());
+    for name in names {
+        let entry = state.topic(name)?;
+        let stats = state.broker().topic_stats(name).await?;
+        views.push(TopicView::of(
+            name,
+            stats,
+            entry.high_water_mark,
+            entry.is_dlq,
+        ));
+    }
+    Ok(Json(views))
+}
+
+/// `GET /v1/topics/{topic}`.
+pub(super) async fn stats(
+    State(state): State<AdminState>,
+    topic: Result<Path<String>, PathRejection>,
+) -> Result<Json<TopicView>, ApiError> {
+    let Path(topic) = topic?;
+    let entry = state.topic(&topic)?;
+    let stats = state.broker().topic_stats(&topic).await?;
+    Ok(Json(TopicView::of(
+        &topic,
+        stats,
+        entry.high_water_mark,
+        entry.is_dlq,
+    )))
+}
+
+/// `GET /v1/topics/{topic}/messages`.
+pub(super) async fn read(
+    State(state): State<AdminState>,
+    topic: Result<Path<String>, PathRejection>,
+    query: Result<Query<ReadQuery>, QueryRejection>,
+) -> Result<Json<ReadResponse>, ApiError> {
+    let Path(topic) = topic?;
+    let Query(query) = query?;
+    state.topic(&topic)?;
+    let broker = state.broker();
+    let from = match query.from {
+        Some(from) => from,
+        None => {
+            let stats = broker.topic_stats(&topic).await?;
+            if stats.first_seq > 0 {
+                stats.first_seq
+            } else {
+                stats.last_seq + 1
+            }
+        }
+    };
+    let max = query.max.unwrap_or(DEFAULT_MAX).clamp(1, MAX_MAX);
+    let wait = Duration::from_millis(query.wait_ms.unwrap_or(0)).min(MAX_WAIT);
+    let stored = tokio::select! {
+        read = broker.read(&topic, from, max, wait) => read?,
+        // End a long-poll when the daemon stops, so it does not hold up the
+        // shutdown; the client sees an empty page and reconnects later.
+        () = state.shutting_down() => Vec::new(),
+    };
+    let last_seq = broker.topic_stats(&topic).await?.last_seq;
+    let next = stored.last().map_or(from, |s| s.seq + 1);
+    Ok(Json(ReadResponse {
+        messages: stored.iter().map(MessageView::of).collect(),
+        next,
+        last_seq,
+    }))
+}

@@ -1,0 +1,535 @@
+//! Group commit: one thread is the only writer of the store.
+//!
+//! Callers send an [`Op`] and await its reply. The committer takes every op
+//! that is queued, turns them into ONE fjall write batch (atomic across
+//! keyspaces), writes it to the OS, and, under [`SyncMode::Always`], fsyncs
+//! once for the whole group before replying. While it fsyncs, the next group
+//! queues up, so many concurrent publishes and completes share one fsync.
+//! Being the only writer also makes seq assignment, the duplicate window and
+//! the topic counters race-free without locks held across I/O.
+//!
+//! Between groups (and when idle) it runs the maintenance in
+//! [`super::retention`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use fjall::{OwnedWriteBatch, PersistMode};
+use tokio::sync::oneshot;
+
+use super::consumer::Consumer;
+use super::retention;
+use super::store::{
+    DedupRecord, MessageRecordRef, PendingRecord, cursor_key, decode, dedup_key, encode,
+    expiry_key, msg_key, pending_key, storage,
+};
+use super::topic::{Topic, TopicState};
+use super::{Shared, SyncMode};
+use crate::broker::{BrokerError, Message, PublishAck, now_millis};
+
+/// Most ops folded into one group, so one group's latency stays bounded.
+const MAX_GROUP_OPS: usize = 4096;
+
+/// How often maintenance (retention, duplicate-window expiry) runs.
+const MAINTENANCE_EVERY: Duration = Duration::from_millis(200);
+
+/// Where an op's result goes.
+pub(super) type Reply<T> = oneshot::Sender<Result<T, BrokerError>>;
+
+/// A write for the committer.
+pub(super) enum Op {
+    /// Store messages (duplicate window applies).
+    Publish {
+        /// The messages, each to its own topic.
+        messages: Vec<Message>,
+        /// One ack per message.
+        reply: Reply<Vec<PublishAck>>,
+    },
+    /// Publish outputs and remove a pending entry, atomically (ack, term,
+    /// complete, dead_letter).
+    Settle {
+        /// Whose entry.
+        consumer: Arc<Consumer>,
+        /// Which entry.
+        seq: u64,
+        /// What to publish with it.
+        outputs: Vec<Message>,
+        /// Done.
+        reply: Reply<()>,
+    },
+    /// Record deliveries: pending entries with their attempts, the cursor.
+    Deliver {
+        /// Whose.
+        consumer: Arc<Consumer>,
+        /// The new cursor, if it moved.
+        cursor: Option<u64>,
+        /// Entries to write.
+        leases: Vec<(u64, PendingRecord)>,
+        /// Entries whose message is gone.
+        dropped: Vec<u64>,
+        /// Done (written to the OS, not necessarily fsynced).
+        reply: Reply<()>,
+    },
+    /// Rewrite one pending entry (a nak's visible-at).
+    Nak {
+        /// Whose.
+        consumer: Arc<Consumer>,
+        /// Which.
+        seq: u64,
+        /// Its new durable form.
+        record: PendingRecord,
+        /// Done.
+        reply: Reply<()>,
+    },
+    /// Remove messages from a topic.
+    Remove {
+        /// The topic.
+        topic: Arc<Topic>,
+        /// The seqs.
+        seqs: Vec<u64>,
+        /// How many were there.
+        reply: Reply<u64>,
+    },
+    /// Declare or update a topic or consumer (see [`super::Shared::ensure`]).
+    Ensure {
+        /// What to do, run on the committer thread with the batch.
+        apply: EnsureFn,
+        /// Done.
+        reply: Reply<()>,
+    },
+    /// Fsync everything written so far.
+    Flush {
+        /// Done.
+        reply: Reply<()>,
+    },
+}
+
+/// A declaration run on the committer thread, inside a group.
+pub(super) type EnsureFn = Box<dyn FnOnce(&mut Group<'_>) -> Result<(), BrokerError> + Send>;
+
+/// A reply waiting for the group's commit (and fsync).
+pub(super) enum Done {
+    /// A publish's acks.
+    Acks(Reply<Vec<PublishAck>>, Vec<PublishAck>),
+    /// A count.
+    Count(Reply<u64>, u64),
+    /// Nothing to return.
+    Unit(Reply<()>),
+}
+
+impl Done {
+    /// Sends the result (or `err`).
+    fn send(self, err: Option<&BrokerError>) {
+        // A caller that gave up (dropped its future) is not an error.
+        match (self, err) {
+            (Done::Acks(r, v), None) => drop(r.send(Ok(v))),
+            (Done::Acks(r, _), Some(e)) => drop(r.send(Err(e.clone()))),
+            (Done::Count(r, v), None) => drop(r.send(Ok(v))),
+            (Done::Count(r, _), Some(e)) => drop(r.send(Err(e.clone()))),
+            (Done::Unit(r), None) => drop(r.send(Ok(()))),
+            (Done::Unit(r), Some(e)) => drop(r.send(Err(e.clone()))),
+        }
+    }
+}
+
+/// The state of one group being built.
+pub(super) struct Group<'a> {
+    /// The shared broker state.
+    pub shared: &'a Shared,
+    /// The batch.
+    pub batch: OwnedWriteBatch,
+    /// Working copies of the counters of the topics this group touches.
+    pub topics: HashMap<u32, (Arc<Topic>, TopicState)>,
+    /// Topics whose first message must be looked up after the commit.
+    pub refirst: Vec<u32>,
+    /// Ids stored by this group (dedup key -> seq), not yet in the store.
+    dedup: HashMap<Vec<u8>, u64>,
+    /// The broker clock for this group.
+    pub now: u64,
+}
+
+impl<'a> Group<'a> {
+    /// An empty group.
+    pub fn new(shared: &'a Shared) -> Group<'a> {
+        Group {
+            shared,
+            batch: shared.store.db.batch(),
+            topics: HashMap::new(),
+            refirst: Vec::new(),
+            dedup: HashMap::new(),
+            now: now_millis(),
+        }
+    }
+
+    /// The working counters of `topic`.
+    pub fn topic_state(&mut self, topic: &Arc<Topic>) -> &mut TopicState {
+        &mut self
+            .topics
+            .entry(topic.id)
+            .or_insert_with(|| (topic.clone(), topic.snapshot()))
+            .1
+    }
+
+    /// Checks that every message's topic is declared.
+    fn resolve(&self, messages: &[Message]) -> Result<Vec<Arc<Topic>>, BrokerError> {
+        messages
+            .iter()
+            .map(|m| self.shared.topic(&m.topic))
+            .collect()
+    }
+
+    /// Adds messages to the batch: duplicate check, seq, record, window.
+    fn publish(
+        &mut self,
+        messages: &[Message],
+        topics: &[Arc<Topic>],
+    ) -> Result<Vec<PublishAck>, BrokerError> {
+        let window = self.shared.dedup_window_ms;
+        let mut acks = Vec::with_capacity(messages.len());
+        for (m, topic) in messages.iter().zip(topics) {
+            let dk = if window > 0 {
+                let dk = dedup_key(topic.id, &m.id);
+                if let Some(&seq) = self.dedup.get(&dk) {
+                    acks.push(PublishAck {
+                        seq,
+                        duplicate: true,
+                    });
+                    continue;
+                }
+                if let Some(bytes) = self
+                    .shared
+                    .store
+                    .dedup
+                    .get(&dk)
+                    .map_err(|e| storage("reading the duplicate window", e))?
+                {
+                    let old: DedupRecord = decode(&bytes)?;
+                    if self.now.saturating_sub(old.at) < window {
+                        acks.push(PublishAck {
+                            seq: old.seq,
+                            duplicate: true,
+                        });
+                        continue;
+                    }
+                    // Expired but not yet swept: replace it, and its
+                    // expiry entry, so the sweep never deletes the new one.
+                    self.batch
+                        .remove(&self.shared.store.dedup_expiry, expiry_key(old.at, &dk));
+                }
+                Some(dk)
+            } else {
+                None
+            };
+            let now = self.now;
+            let st = self.topic_state(topic);
+            let seq = st.last_seq + 1;
+            let published_at = if m.published_at == 0 {
+                now
+            } else {
+                m.published_at
+            };
+            st.last_seq = seq;
+            if st.depth == 0 {
+                st.first_seq = seq;
+                st.first_published_at = published_at;
+            }
+            st.depth += 1;
+            let value = encode(&MessageRecordRef {
+                published_at,
+                id: &m.id,
+                key: &m.key,
+                headers: &m.headers,
+                payload: &m.payload,
+            })?;
+            let store = &self.shared.store;
+            self.batch
+                .insert(&store.messages, msg_key(topic.id, seq), value);
+            if let Some(dk) = dk {
+                self.batch.insert(
+                    &store.dedup,
+                    dk.as_slice(),
+                    encode(&DedupRecord { seq, at: now })?,
+                );
+                self.batch
+                    .insert(&store.dedup_expiry, expiry_key(now, &dk), &[][..]);
+                self.dedup.insert(dk, seq);
+            }
+            acks.push(PublishAck {
+                seq,
+                duplicate: false,
+            });
+        }
+        Ok(acks)
+    }
+
+    /// Removes `seqs` from `topic` (those still stored), and the pending
+    /// entries that pointed at them. Returns how many were removed.
+    pub fn remove(&mut self, topic: &Arc<Topic>, seqs: &[u64]) -> Result<u64, BrokerError> {
+        let store = self.shared.store.clone();
+        let mut removed = Vec::new();
+        let st = *self.topic_state(topic);
+        for &seq in seqs {
+            if seq < st.first_seq || seq > st.last_seq || removed.contains(&seq) {
+                continue;
+            }
+            if store
+                .messages
+                .contains_key(msg_key(topic.id, seq))
+                .map_err(|e| storage("reading a message", e))?
+            {
+                self.batch.remove(&store.messages, msg_key(topic.id, seq));
+                removed.push(seq);
+            }
+        }
+        let count = removed.len() as u64;
+        if count > 0 {
+            let st = self.topic_state(topic);
+            st.depth = st.depth.saturating_sub(count);
+            if removed.contains(&st.first_seq) {
+                self.refirst.push(topic.id);
+            }
+            self.drop_pending(topic, &removed, 0);
+        }
+        Ok(count)
+    }
+
+    /// Drops the pending entries of removed messages of `topic` (in `seqs`
+    /// or below `below`), in memory and in the batch.
+    pub fn drop_pending(&mut self, topic: &Topic, seqs: &[u64], below: u64) {
+        for c in topic.consumer_list() {
+            for seq in c.drop_removed(seqs, below) {
+                self.batch
+                    .remove(&self.shared.store.pending, pending_key(c.id, seq));
+            }
+        }
+    }
+
+    /// Writes the touched topics' records, commits and (if asked) fsyncs.
+    /// Replies in `early` are sent after the write, before the fsync.
+    /// `force` fsyncs whatever the sync mode (`flush`).
+    pub fn commit(mut self, sync: bool, force: bool, early: Vec<Done>, done: Vec<Done>) {
+        for (topic, st) in self.topics.values() {
+            match encode(&st.record(topic.id)) {
+                Ok(v) => self
+                    .batch
+                    .insert(&self.shared.store.topics, &*topic.name, v),
+                Err(e) => return fail(&e, early, done),
+            }
+        }
+        let batch = std::mem::replace(&mut self.batch, self.shared.store.db.batch());
+        let result = batch
+            .durability(Some(PersistMode::Buffer))
+            .commit()
+            .map_err(|e| storage("writing a batch", e));
+        if let Err(e) = result {
+            return fail(&e, early, done);
+        }
+        for d in early {
+            d.send(None);
+        }
+        if (force || (sync && self.shared.sync == SyncMode::Always))
+            && let Err(e) = self.shared.store.db.persist(PersistMode::SyncAll)
+        {
+            return fail(&storage("fsync", e), Vec::new(), done);
+        }
+        if let Err(e) = self.publish_counters() {
+            return fail(&e, Vec::new(), done);
+        }
+        for d in done {
+            d.send(None);
+        }
+    }
+
+    /// Makes the committed counters visible and wakes readers.
+    pub fn publish_counters(&mut self) -> Result<(), BrokerError> {
+        for tid in std::mem::take(&mut self.refirst) {
+            if let Some((_, st)) = self.topics.get_mut(&tid) {
+                match self.shared.store.first_message_from(tid, st.first_seq)? {
+                    Some((seq, rec)) if seq <= st.last_seq => {
+                        st.first_seq = seq;
+                        st.first_published_at = rec.published_at;
+                    }
+                    _ => {
+                        st.first_seq = st.last_seq + 1;
+                        st.first_published_at = 0;
+                        st.depth = 0;
+                    }
+                }
+            }
+        }
+        for (topic, st) in self.topics.values() {
+            let grew = {
+                let mut cur = topic.state();
+                let grew = st.last_seq > cur.last_seq;
+                *cur = *st;
+                grew
+            };
+            if grew {
+                topic.notify.notify_waiters();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A reply with nothing to return, for [`Group::commit`].
+pub(super) fn unit(reply: Reply<()>) -> Done {
+    Done::Unit(reply)
+}
+
+/// Replies `e` to everyone.
+fn fail(e: &BrokerError, early: Vec<Done>, done: Vec<Done>) {
+    tracing::error!(error = %e, "embedded broker commit failed");
+    for d in early.into_iter().chain(done) {
+        d.send(Some(e));
+    }
+}
+
+/// The committer thread's loop: groups ops until the channel closes.
+pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Op>) {
+    let mut last_maintenance = Instant::now();
+    let mut ops = Vec::with_capacity(MAX_GROUP_OPS);
+    loop {
+        let wait = MAINTENANCE_EVERY.saturating_sub(last_maintenance.elapsed());
+        match rx.recv_timeout(wait) {
+            Ok(op) => {
+                ops.push(op);
+                while ops.len() < MAX_GROUP_OPS {
+                    match rx.try_recv() {
+                        Ok(op) => ops.push(op),
+                        Err(_) => break,
+                    }
+                }
+                process(&shared, &mut ops);
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        if last_maintenance.elapsed() >= MAINTENANCE_EVERY {
+            if let Err(e) = retention::maintain(&shared) {
+                tracing::warn!(error = %e, "embedded broker maintenance failed");
+            }
+            last_maintenance = Instant::now();
+        }
+    }
+    if let Err(e) = shared.store.db.persist(PersistMode::SyncAll) {
+        tracing::error!(error = %e, "embedded broker final fsync failed");
+    }
+}
+
+/// Builds, commits and answers one group.
+fn process(shared: &Shared, ops: &mut Vec<Op>) {
+    let mut group = Group::new(shared);
+    let mut early = Vec::new();
+    let mut done = Vec::new();
+    let mut sync = false;
+    let mut force = false;
+    for op in ops.drain(..) {
+        match op {
+            Op::Publish { messages, reply } => {
+                let result = group
+                    .resolve(&messages)
+                    .and_then(|topics| group.publish(&messages, &topics));
+                match result {
+                    Ok(acks) => {
+                        sync = true;
+                        done.push(Done::Acks(reply, acks));
+                    }
+                    Err(e) => drop(reply.send(Err(e))),
+                }
+            }
+            Op::Settle {
+                consumer,
+                seq,
+                outputs,
+                reply,
+            } => {
+                let result = group
+                    .resolve(&outputs)
+                    .and_then(|topics| group.publish(&outputs, &topics));
+                match result {
+                    Ok(_) => {
+                        group
+                            .batch
+                            .remove(&shared.store.pending, pending_key(consumer.id, seq));
+                        sync = true;
+                        done.push(Done::Unit(reply));
+                    }
+                    Err(e) => drop(reply.send(Err(e))),
+                }
+            }
+            Op::Deliver {
+                consumer,
+                cursor,
+                leases,
+                dropped,
+                reply,
+            } => {
+                let mut result = Ok(());
+                for (seq, record) in &leases {
+                    match encode(record) {
+                        Ok(v) => group.batch.insert(
+                            &shared.store.pending,
+                            pending_key(consumer.id, *seq),
+                            v,
+                        ),
+                        Err(e) => result = Err(e),
+                    }
+                }
+                for seq in dropped {
+                    group
+                        .batch
+                        .remove(&shared.store.pending, pending_key(consumer.id, seq));
+                }
+                if let Some(c) = cursor {
+                    group.batch.insert(
+                        &shared.store.cursors,
+                        cursor_key(consumer.id),
+                        c.to_be_bytes(),
+                    );
+                }
+                match result {
+                    Ok(()) => early.push(Done::Unit(reply)),
+                    Err(e) => drop(reply.send(Err(e))),
+                }
+            }
+            Op::Nak {
+                consumer,
+                seq,
+                record,
+                reply,
+            } => match encode(&record) {
+                Ok(v) => {
+                    group
+                        .batch
+                        .insert(&shared.store.pending, pending_key(consumer.id, seq), v);
+                    sync = true;
+                    done.push(Done::Unit(reply));
+                }
+                Err(e) => drop(reply.send(Err(e))),
+            },
+            Op::Remove { topic, seqs, reply } => match group.remove(&topic, &seqs) {
+                Ok(n) => {
+                    sync = true;
+                    done.push(Done::Count(reply, n));
+                }
+                Err(e) => drop(reply.send(Err(e))),
+            },
+            Op::Ensure { apply, reply } => match apply(&mut group) {
+                Ok(()) => {
+                    sync = true;
+                    done.push(Done::Unit(reply));
+                }
+                Err(e) => drop(reply.send(Err(e))),
+            },
+            Op::Flush { reply } => {
+                sync = true;
+                force = true;
+                done.push(Done::Unit(reply));
+            }
+        }
+    }
+    group.commit(sync, force, early, done);
+}

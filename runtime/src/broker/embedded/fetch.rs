@@ -1,0 +1,293 @@
+//! Deliveries (fetch), browsing (read) and consumer stats.
+//!
+//! A fetch first takes the redeliveries that are due (expired leases,
+//! elapsed nak delays), then reads new messages past the cursor, skipping
+//! those the filter rejects. The new attempts and the cursor are written
+//! through the committer before anything is returned, so a delivery count
+//! is never lower after a crash than what a handler saw. Reads run on the
+//! calling task: they are served from fjall's memtables and block cache.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::EmbeddedBroker;
+use super::commit::Op;
+use super::consumer::{Consumer, Pending};
+use super::store::{MessageRecord, PendingRecord, decode, key_seq, msg_key, storage};
+use super::topic::Topic;
+use crate::broker::{BrokerError, ConsumerStats, Delivery, Message, Receipt, Stored, now_millis};
+
+/// Most messages a fetch looks at (filter rejects included) before it
+/// records its progress and returns.
+const SCAN_LIMIT: usize = 10_000;
+
+/// The deadline `wait` from now (far away for a huge `wait`).
+fn deadline(wait: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365))
+}
+
+/// A stored record as a message of `topic`.
+fn message(topic: &Topic, rec: MessageRecord) -> Message {
+    Message {
+        id: rec.id,
+        topic: topic.name.to_string(),
+        key: rec.key,
+        headers: rec.headers,
+        payload: rec.payload,
+        published_at: rec.published_at,
+    }
+}
+
+impl EmbeddedBroker {
+    /// [`crate::broker::Broker::fetch`] for a resolved consumer.
+    pub(super) async fn fetch_for(
+        &self,
+        consumer: &Arc<Consumer>,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let deadline = deadline(wait);
+        loop {
+            let published = consumer.topic.notify.notified();
+            let settled = consumer.settled.notified();
+            tokio::pin!(published, settled);
+            published.as_mut().enable();
+            settled.as_mut().enable();
+            let out = {
+                let _one_fetch_at_a_time = consumer.fetch_lock.lock().await;
+                self.fetch_once(consumer, max).await?
+            };
+            let now = Instant::now();
+            if !out.is_empty() || now >= deadline {
+                return Ok(out);
+            }
+            let mut until = deadline;
+            if consumer.allowance() > 0
+                && let Some(due) = consumer.next_due()
+            {
+                let ms = due.saturating_sub(now_millis()).max(1);
+                until = until.min(now + Duration::from_millis(ms));
+            }
+            tokio::select! {
+                () = &mut published => {}
+                () = &mut settled => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
+    /// One pass: due redeliveries, then new messages.
+    async fn fetch_once(
+        &self,
+        consumer: &Arc<Consumer>,
+        max: usize,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        let store = &self.shared.store;
+        let topic = &consumer.topic;
+        let now = now_millis();
+        let (redeliveries, allowance) = consumer.take_due(now, max, consumer.allowance());
+
+        let mut deliveries = Vec::with_capacity(max.min(1024));
+        let mut records: Vec<(u64, PendingRecord)> = Vec::new();
+        let mut dropped = Vec::new();
+        let mut vanished = Vec::new();
+        for r in &redeliveries {
+            match store.message(topic.id, r.seq)? {
+                Some(rec) => {
+                    records.push((r.seq, r.pending.record()));
+                    deliveries.push(delivery(consumer, topic, rec, r.seq, r.pending.attempt));
+                }
+                None => {
+                    dropped.push(r.seq);
+                    vanished.push((r.seq, r.pending.attempt));
+                }
+            }
+        }
+
+        let want = (max - redeliveries.len()).min(usize::try_from(allowance).unwrap_or(usize::MAX));
+        let mut new_cursor = None;
+        let mut leases = Vec::new();
+        if want > 0 {
+            let ts = topic.snapshot();
+            let (cursor, spec) = {
+                let st = consumer.state();
+                (st.cursor.max(ts.first_seq), st.spec.clone())
+            };
+            if cursor <= ts.last_seq {
+                let lease_until = now.saturating_add(super::consumer::millis(spec.ack_wait));
+                let mut next = ts.last_seq + 1;
+                let mut scanned = 0;
+                for guard in store
+                    .messages
+                    .range(msg_key(topic.id, cursor)..=msg_key(topic.id, ts.last_seq))
+                {
+                    let (k, v) = guard
+                        .into_inner()
+                        .map_err(|e| storage("reading messages", e))?;
+                    let seq = key_seq(&k)?;
+                    let rec: MessageRecord = decode(&v)?;
+                    scanned += 1;
+                    let m = message(topic, rec);
+                    if spec.accepts(&m) {
+                        let p = Pending {
+                            attempt: 1,
+                            due: lease_until,
+                            leased: true,
+                            published_at: m.published_at,
+                        };
+                        leases.push((seq, p));
+                        records.push((seq, p.record()));
+                        deliveries.push(Delivery {
+                            receipt: receipt(consumer, seq, 1),
+                            message: m,
+                            seq,
+                            attempt: 1,
+                        });
+                    }
+                    if leases.len() >= want || scanned >= SCAN_LIMIT {
+                        next = seq + 1;
+                        break;
+                    }
+                }
+                new_cursor = Some(next);
+            }
+        }
+
+        if records.is_empty() && dropped.is_empty() && new_cursor.is_none() {
+            return Ok(deliveries);
+        }
+        self.call(|reply| Op::Deliver {
+            consumer: consumer.clone(),
+            cursor: new_cursor,
+            leases: records,
+            dropped,
+            reply,
+        })
+        .await?;
+        consumer.drop_vanished(&vanished);
+        consumer.add_leases(new_cursor.unwrap_or(0), &leases);
+        Ok(deliveries)
+    }
+
+    /// [`crate::broker::Broker::read`] for a resolved topic.
+    pub(super) async fn read_from(
+        &self,
+        topic: &Arc<Topic>,
+        from: u64,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Stored>, BrokerError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let deadline = deadline(wait);
+        loop {
+            let published = topic.notify.notified();
+            tokio::pin!(published);
+            published.as_mut().enable();
+            let ts = topic.snapshot();
+            let start = from.max(ts.first_seq).max(1);
+            let mut out = Vec::new();
+            if start <= ts.last_seq {
+                for guard in self
+                    .shared
+                    .store
+                    .messages
+                    .range(msg_key(topic.id, start)..=msg_key(topic.id, ts.last_seq))
+                    .take(max)
+                {
+                    let (k, v) = guard
+                        .into_inner()
+                        .map_err(|e| storage("reading messages", e))?;
+                    out.push(Stored {
+                        seq: key_seq(&k)?,
+                        message: message(topic, decode(&v)?),
+                    });
+                }
+            }
+            if !out.is_empty() || Instant::now() >= deadline {
+                return Ok(out);
+            }
+            tokio::select! {
+                () = &mut published => {}
+                () = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    /// [`crate::broker::Broker::consumer_stats`]: counters from memory, and
+    /// at most one (cached) read for the age of the message at the cursor.
+    pub(super) fn stats_for(&self, consumer: &Consumer) -> Result<ConsumerStats, BrokerError> {
+        let ts = consumer.topic.snapshot();
+        let (cursor, waiting, in_flight, oldest_pending, cached) = {
+            let st = consumer.state();
+            (
+                st.cursor.max(ts.first_seq),
+                st.pending.len() as u64 - st.leased,
+                st.leased,
+                st.pending.first_key_value().map(|(_, p)| p.published_at),
+                st.cursor_age_cache,
+            )
+        };
+        let undelivered = if cursor <= ts.last_seq {
+            (ts.last_seq - cursor + 1).min(ts.depth)
+        } else {
+            0
+        };
+        let oldest = match oldest_pending {
+            Some(at) => Some(at),
+            None if undelivered > 0 => match cached {
+                Some((seq, at)) if seq == cursor => Some(at),
+                _ => {
+                    let found = self
+                        .shared
+                        .store
+                        .first_message_from(consumer.topic.id, cursor)?;
+                    found.map(|(_, rec)| {
+                        consumer.state().cursor_age_cache = Some((cursor, rec.published_at));
+                        rec.published_at
+                    })
+                }
+            },
+            None => None,
+        };
+        Ok(ConsumerStats {
+            pending: undelivered + waiting,
+            in_flight,
+            oldest_age: oldest.map(|at| Duration::from_millis(now_millis().saturating_sub(at))),
+        })
+    }
+}
+
+/// A receipt for `seq` at `attempt`.
+fn receipt(consumer: &Consumer, seq: u64, attempt: u32) -> Receipt {
+    Receipt {
+        consumer: consumer.name.clone(),
+        seq,
+        attempt,
+        handle: String::new(),
+    }
+}
+
+/// A delivery of a stored record.
+fn delivery(
+    consumer: &Consumer,
+    topic: &Topic,
+    rec: MessageRecord,
+    seq: u64,
+    attempt: u32,
+) -> Delivery {
+    Delivery {
+        message: message(topic, rec),
+        seq,
+        attempt,
+        receipt: receipt(consumer, seq, attempt),
+    }
+}

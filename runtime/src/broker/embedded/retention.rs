@@ -1,0 +1,157 @@
+//! Maintenance, run by the committer thread between groups: what may be
+//! deleted is deleted, in bounded chunks so a group never waits long.
+//!
+//! - **Settled by everyone.** A topic with consumers drops messages below
+//!   its low watermark: the minimum over its consumers of their cursor and
+//!   oldest pending seq. Messages a filter skipped are behind the cursor, so
+//!   they count as settled.
+//! - **Too old.** A topic with `retention` drops messages (oldest first)
+//!   published longer ago than that, settled or not, with the pending
+//!   entries that pointed at them.
+//! - **Duplicate window.** Entries older than the window leave the index.
+//!
+//! A topic with no consumers (a DLQ) keeps everything until `remove` or
+//! its age retention.
+
+use std::sync::Arc;
+
+use super::Shared;
+use super::commit::Group;
+use super::store::{MessageRecord, decode, expiry_key, key_seq, msg_key, storage};
+use super::topic::Topic;
+use crate::broker::BrokerError;
+
+/// Most deletions per maintenance run.
+const CHUNK: usize = 50_000;
+
+/// One maintenance run.
+pub(super) fn maintain(shared: &Shared) -> Result<(), BrokerError> {
+    let mut group = Group::new(shared);
+    let mut budget = CHUNK;
+    for topic in shared.topic_list() {
+        if budget == 0 {
+            break;
+        }
+        let st = topic.snapshot();
+        if st.depth == 0 {
+            continue;
+        }
+        let consumers = topic.consumer_list();
+        if !consumers.is_empty() {
+            let watermark = consumers
+                .iter()
+                .map(|c| c.watermark())
+                .min()
+                .unwrap_or(0)
+                .min(st.last_seq + 1);
+            if watermark > st.first_seq {
+                delete_below(&mut group, &topic, watermark, &mut budget)?;
+            }
+        }
+        if let Some(retention) = st.retention_ms {
+            let cutoff = group.now.saturating_sub(retention);
+            expire(&mut group, &topic, cutoff, &mut budget)?;
+        }
+    }
+    if shared.dedup_window_ms > 0 && budget > 0 {
+        let cutoff = group.now.saturating_sub(shared.dedup_window_ms);
+        let store = &shared.store;
+        let end = expiry_key(cutoff, &[]);
+        for guard in store.dedup_expiry.range(..end.as_slice()) {
+            if budget == 0 {
+                break;
+            }
+            let key = guard
+                .key()
+                .map_err(|e| storage("reading the duplicate window", e))?;
+            if let Some(dk) = key.get(8..) {
+                group.batch.remove(&store.dedup, dk);
+            }
+            group.batch.remove(&store.dedup_expiry, key);
+            budget -= 1;
+        }
+    }
+    if group.batch.is_empty() {
+        return Ok(());
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    group.commit(false, false, Vec::new(), vec![super::commit::unit(tx)]);
+    rx.blocking_recv()
+        .map_err(|_| BrokerError::Unavailable("maintenance reply lost".into()))?
+}
+
+/// Deletes the stored messages of `topic` below `below`.
+fn delete_below(
+    group: &mut Group<'_>,
+    topic: &Arc<Topic>,
+    below: u64,
+    budget: &mut usize,
+) -> Result<(), BrokerError> {
+    let store = group.shared.store.clone();
+    let from = group.topic_state(topic).first_seq;
+    let mut deleted = 0u64;
+    let mut next = from;
+    for guard in store
+        .messages
+        .range(msg_key(topic.id, from)..msg_key(topic.id, below))
+    {
+        if *budget == 0 {
+            break;
+        }
+        let key = guard.key().map_err(|e| storage("reading a message", e))?;
+        next = key_seq(&key)? + 1;
+        group.batch.remove(&store.messages, key);
+        deleted += 1;
+        *budget -= 1;
+    }
+    if *budget > 0 {
+        next = below;
+    }
+    let st = group.topic_state(topic);
+    st.depth = st.depth.saturating_sub(deleted);
+    st.first_seq = st.first_seq.max(next);
+    group.refirst.push(topic.id);
+    Ok(())
+}
+
+/// Deletes the messages of `topic` published before `cutoff`, oldest
+/// first, and the pending entries that pointed at them.
+fn expire(
+    group: &mut Group<'_>,
+    topic: &Arc<Topic>,
+    cutoff: u64,
+    budget: &mut usize,
+) -> Result<(), BrokerError> {
+    let store = group.shared.store.clone();
+    let from = group.topic_state(topic).first_seq;
+    let mut deleted = 0u64;
+    let mut next = None;
+    for guard in store
+        .messages
+        .range(msg_key(topic.id, from)..=msg_key(topic.id, u64::MAX))
+    {
+        if *budget == 0 {
+            break;
+        }
+        let (key, value) = guard
+            .into_inner()
+            .map_err(|e| storage("reading a message", e))?;
+        let record: MessageRecord = decode(&value)?;
+        if record.published_at >= cutoff {
+            break;
+        }
+        next = Some(key_seq(&key)? + 1);
+        group.batch.remove(&store.messages, key);
+        deleted += 1;
+        *budget -= 1;
+    }
+    let Some(next) = next else {
+        return Ok(());
+    };
+    let st = group.topic_state(topic);
+    st.depth = st.depth.saturating_sub(deleted);
+    st.first_seq = st.first_seq.max(next);
+    group.refirst.push(topic.id);
+    group.drop_pending(topic, &[], next);
+    Ok(())
+}

@@ -1,0 +1,270 @@
+//! The on-disk layout: which fjall keyspaces exist, how their keys are
+//! built and what their values hold.
+//!
+//! | keyspace | key | value |
+//! |---|---|---|
+//! | `messages` | topic id (u32 BE) + seq (u64 BE) | [`MessageRecord`] |
+//! | `topics` | topic name | [`TopicRecord`] (id, retention, counters) |
+//! | `consumers` | consumer name | [`ConsumerRecord`] (id, topic, spec) |
+//! | `cursors` | consumer id (u32 BE) | next seq to read (u64 BE) |
+//! | `pending` | consumer id (u32 BE) + seq (u64 BE) | [`PendingRecord`] |
+//! | `dedup` | topic id (u32 BE) + message id | [`DedupRecord`] |
+//! | `dedup_expiry` | published ms (u64 BE) + topic id + message id | empty |
+//!
+//! Big-endian integers make byte order equal numeric order, so a topic's
+//! messages and a consumer's pending entries are contiguous ranges, and the
+//! expiry index is ordered by time. The expiry key ends with the dedup key,
+//! so expiring an entry needs no read.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use bytes::Bytes;
+use fjall::{Database, Keyspace, KeyspaceCreateOptions};
+use serde::{Deserialize, Serialize};
+
+use crate::broker::BrokerError;
+
+/// Block cache shared by all keyspaces. Reads of a backlog go through it,
+/// so it caps what a large backlog costs in memory.
+const CACHE_BYTES: u64 = 16 * 1024 * 1024;
+/// Write buffer of the `messages` keyspace: the biggest writer.
+const MESSAGES_MEMTABLE_BYTES: u64 = 16 * 1024 * 1024;
+/// Write buffer of the two duplicate-window keyspaces.
+const DEDUP_MEMTABLE_BYTES: u64 = 8 * 1024 * 1024;
+/// Write buffer of the small bookkeeping keyspaces.
+const SMALL_MEMTABLE_BYTES: u64 = 4 * 1024 * 1024;
+/// Journal size after which fjall flushes memtables so old journals can go
+/// (fjall's minimum). Journals live on disk, so this bounds disk, not RAM.
+const MAX_JOURNAL_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The database and its keyspaces.
+#[derive(Clone)]
+pub(super) struct Store {
+    /// The fjall database (journal, memtables, tables).
+    pub db: Database,
+    /// Message bodies by (topic, seq).
+    pub messages: Keyspace,
+    /// Topic records by name.
+    pub topics: Keyspace,
+    /// Consumer records by name.
+    pub consumers: Keyspace,
+    /// Consumer cursors by consumer id.
+    pub cursors: Keyspace,
+    /// Delivered-but-unsettled entries by (consumer, seq).
+    pub pending: Keyspace,
+    /// The duplicate window: (topic, message id) -> seq.
+    pub dedup: Keyspace,
+    /// The duplicate window in time order, for expiry.
+    pub dedup_expiry: Keyspace,
+}
+
+impl Store {
+    /// Opens (or creates) the database in `dir`; fjall replays its journal,
+    /// discarding a torn last batch.
+    pub fn open(dir: &Path) -> Result<Store, BrokerError> {
+        let db = Database::builder(dir)
+            .cache_size(CACHE_BYTES)
+            .max_journaling_size(MAX_JOURNAL_BYTES)
+            // The committer decides when to write and when to fsync.
+            .manual_journal_persist(true)
+            .open()
+            .map_err(|e| storage(format!("opening {}", dir.display()), e))?;
+        let ks = |name: &str, memtable: u64| {
+            db.keyspace(name, || {
+                KeyspaceCreateOptions::default()
+                    .max_memtable_size(memtable)
+                    .manual_journal_persist(true)
+            })
+            .map_err(|e| storage(format!("opening keyspace {name}"), e))
+        };
+        Ok(Store {
+            messages: ks("messages", MESSAGES_MEMTABLE_BYTES)?,
+            topics: ks("topics", SMALL_MEMTABLE_BYTES)?,
+            consumers: ks("consumers", SMALL_MEMTABLE_BYTES)?,
+            cursors: ks("cursors", SMALL_MEMTABLE_BYTES)?,
+            pending: ks("pending", SMALL_MEMTABLE_BYTES)?,
+            dedup: ks("dedup", DEDUP_MEMTABLE_BYTES)?,
+            dedup_expiry: ks("dedup_expiry", DEDUP_MEMTABLE_BYTES)?,
+            db,
+        })
+    }
+
+    /// The stored message `seq` of topic `topic_id`, if any.
+    pub fn message(&self, topic_id: u32, seq: u64) -> Result<Option<MessageRecord>, BrokerError> {
+        match self
+            .messages
+            .get(msg_key(topic_id, seq))
+            .map_err(|e| storage("reading a message", e))?
+        {
+            Some(bytes) => decode(&bytes).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The first stored message of a topic with `seq >= from`, if any.
+    pub fn first_message_from(
+        &self,
+        topic_id: u32,
+        from: u64,
+    ) -> Result<Option<(u64, MessageRecord)>, BrokerError> {
+        let mut iter = self
+            .messages
+            .range(msg_key(topic_id, from)..=msg_key(topic_id, u64::MAX));
+        match iter.next() {
+            Some(guard) => {
+                let (k, v) = guard
+                    .into_inner()
+                    .map_err(|e| storage("reading a message", e))?;
+                Ok(Some((key_seq(&k)?, decode(&v)?)))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+/// A stored message. The topic is the key's; the seq is the key's.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct MessageRecord {
+    /// Publish time, ms since the epoch; first so age checks read it early.
+    pub published_at: u64,
+    /// The message id.
+    pub id: String,
+    /// The ordering key.
+    pub key: Option<String>,
+    /// The headers.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub payload: Bytes,
+}
+
+/// [`MessageRecord`] borrowed from a [`crate::broker::Message`], so
+/// encoding copies nothing first. Same wire format.
+#[derive(Serialize)]
+pub(super) struct MessageRecordRef<'a> {
+    /// See [`MessageRecord::published_at`].
+    pub published_at: u64,
+    /// See [`MessageRecord::id`].
+    pub id: &'a str,
+    /// See [`MessageRecord::key`].
+    pub key: &'a Option<String>,
+    /// See [`MessageRecord::headers`].
+    pub headers: &'a [(String, String)],
+    /// See [`MessageRecord::payload`].
+    pub payload: &'a Bytes,
+}
+
+/// A topic's durable metadata and counters, rewritten in every batch that
+/// changes them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct TopicRecord {
+    /// Short id used in keys.
+    pub id: u32,
+    /// Age retention in ms.
+    pub retention_ms: Option<u64>,
+    /// A lower bound of the oldest stored seq (exact after open).
+    pub first_seq: u64,
+    /// The newest seq ever assigned.
+    pub last_seq: u64,
+    /// Messages stored.
+    pub depth: u64,
+}
+
+/// A consumer's durable spec.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct ConsumerRecord {
+    /// Short id used in keys.
+    pub id: u32,
+    /// The topic it reads.
+    pub topic: String,
+    /// Header equality filter.
+    pub filter: BTreeMap<String, String>,
+    /// Lease length in ms.
+    pub ack_wait_ms: u64,
+    /// Most unsettled deliveries at once.
+    pub max_ack_pending: Option<u32>,
+}
+
+/// A delivered, unsettled message of one consumer.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub(super) struct PendingRecord {
+    /// Deliveries so far (the last delivery's attempt number).
+    pub attempt: u32,
+    /// Not redelivered before this time (ms since epoch): a nak delay.
+    /// 0 while leased; leases do not survive a restart.
+    pub visible_at: u64,
+    /// The message's publish time, for `oldest_age`.
+    pub published_at: u64,
+}
+
+/// One entry of the duplicate window.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub(super) struct DedupRecord {
+    /// The seq the id was stored at.
+    pub seq: u64,
+    /// When (ms since epoch); also the expiry key's prefix.
+    pub at: u64,
+}
+
+/// Key of message `seq` in topic `topic_id`.
+pub(super) fn msg_key(topic_id: u32, seq: u64) -> [u8; 12] {
+    id_seq_key(topic_id, seq)
+}
+
+/// Key of the pending entry of `seq` for consumer `consumer_id`.
+pub(super) fn pending_key(consumer_id: u32, seq: u64) -> [u8; 12] {
+    id_seq_key(consumer_id, seq)
+}
+
+/// Key of a consumer's cursor.
+pub(super) fn cursor_key(consumer_id: u32) -> [u8; 4] {
+    consumer_id.to_be_bytes()
+}
+
+/// `id` BE followed by `seq` BE.
+fn id_seq_key(id: u32, seq: u64) -> [u8; 12] {
+    let mut k = [0u8; 12];
+    k[..4].copy_from_slice(&id.to_be_bytes());
+    k[4..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// The seq of a messages/pending key.
+pub(super) fn key_seq(key: &[u8]) -> Result<u64, BrokerError> {
+    key.get(4..12)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_be_bytes)
+        .ok_or_else(|| BrokerError::Storage(format!("malformed key of {} bytes", key.len())))
+}
+
+/// Key of the duplicate-window entry of `id` in topic `topic_id`.
+pub(super) fn dedup_key(topic_id: u32, id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(4 + id.len());
+    k.extend_from_slice(&topic_id.to_be_bytes());
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+/// Key of the expiry-index entry of a dedup entry written at `at`.
+pub(super) fn expiry_key(at: u64, dedup_key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + dedup_key.len());
+    k.extend_from_slice(&at.to_be_bytes());
+    k.extend_from_slice(dedup_key);
+    k
+}
+
+/// Encodes a record with rmp-serde (positional, compact).
+pub(super) fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, BrokerError> {
+    rmp_serde::to_vec(value).map_err(|e| BrokerError::Storage(format!("encoding a record: {e}")))
+}
+
+/// Decodes a record written by [`encode`].
+pub(super) fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, BrokerError> {
+    rmp_serde::from_slice(bytes)
+        .map_err(|e| BrokerError::Storage(format!("decoding a stored record: {e}")))
+}
+
+/// A storage error with what was being done.
+pub(super) fn storage(what: impl std::fmt::Display, e: impl std::fmt::Display) -> BrokerError {
+    BrokerError::Storage(format!("{what}: {e}"))
+}

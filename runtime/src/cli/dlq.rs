@@ -1,0 +1,341 @@
+//! `sluice dlq list|show|redrive|purge <PIPELINE>/<STAGE>`: look into a
+//! stage's dead-letter topic and act on it through the running daemon.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use serde::Serialize;
+
+use super::client::{AdminArgs, Client, ClientError, DEFAULT_TIMEOUT, segment};
+use super::table;
+use crate::admin::{
+    DlqEntryDetail, DlqList, PurgeReport, PurgeRequest, RedriveReport, RedriveRequest,
+};
+use crate::broker::now_millis;
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum Command {
+    /// List a stage's dead-lettered messages, oldest first.
+    ///
+    /// One line per entry: its SEQ (what `show` takes), message id, failure kind (retry,
+    /// rejected, trap, timeout, out-of-memory, output-too-large, undeclared-topic,
+    /// claim-missing, publish-failed), attempts, how long ago it last failed, and the error.
+    ///
+    /// Example: sluice dlq list orders/route --limit 20
+    List(ListArgs),
+    /// Print one dead-lettered message in full, as JSON: provenance, headers and payload.
+    ///
+    /// Example: sluice dlq show orders/route 42
+    Show(ShowArgs),
+    /// Publish dead-lettered messages back to the topic they came from, for the stage that
+    /// failed them to try again.
+    ///
+    /// Oldest first. Each message goes back to its source topic marked for this stage only (other
+    /// stages on that topic do not see it again) and then leaves the DLQ. Entries without
+    /// provenance cannot be routed and stay in the DLQ; they are listed as skipped. Use
+    /// --dry-run first to see what would happen, and --rate to spare a struggling dependency.
+    ///
+    /// Example: sluice dlq redrive orders/route --rate 50 --dry-run
+    Redrive(RedriveArgs),
+    /// Delete dead-lettered messages for good.
+    ///
+    /// Say how many: --limit N deletes the oldest N, --all deletes every entry of the stage.
+    ///
+    /// Example: sluice dlq purge orders/route --limit 100
+    Purge(PurgeArgs),
+}
+
+/// `<PIPELINE>/<STAGE>`.
+#[derive(Debug, Clone)]
+pub(crate) struct StageRef {
+    pipeline: String,
+    stage: String,
+}
+
+impl StageRef {
+    fn path(&self) -> String {
+        format!(
+            "/v1/dlq/{}/{}",
+            segment(&self.pipeline),
+            segment(&self.stage)
+        )
+    }
+}
+
+impl std::fmt::Display for StageRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.pipeline, self.stage)
+    }
+}
+
+fn stage_ref(text: &str) -> Result<StageRef, String> {
+    match text.split_once('/') {
+        Some((pipeline, stage))
+            if !pipeline.is_empty() && !stage.is_empty() && !stage.contains('/') =>
+        {
+            Ok(StageRef {
+                pipeline: pipeline.to_owned(),
+                stage: stage.to_owned(),
+            })
+        }
+        _ => Err(format!(
+            "`{text}` is not PIPELINE/STAGE (for example orders/route)"
+        )),
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct ListArgs {
+    /// The stage, as PIPELINE/STAGE.
+    #[arg(value_name = "PIPELINE/STAGE", value_parser = stage_ref)]
+    stage: StageRef,
+    /// Show at most N entries.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    limit: u32,
+    /// Print the daemon's JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct ShowArgs {
+    /// The stage, as PIPELINE/STAGE.
+    #[arg(value_name = "PIPELINE/STAGE", value_parser = stage_ref)]
+    stage: StageRef,
+    /// The entry's SEQ, as `dlq list` shows it.
+    seq: u64,
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct RedriveArgs {
+    /// The stage, as PIPELINE/STAGE.
+    #[arg(value_name = "PIPELINE/STAGE", value_parser = stage_ref)]
+    stage: StageRef,
+    /// Redrive at most N entries (default: all).
+    #[arg(long, value_name = "N")]
+    limit: Option<u64>,
+    /// At most N messages per second (default: as fast as the broker takes them).
+    #[arg(long, value_name = "N")]
+    rate: Option<f64>,
+    /// Show what would be redriven without changing anything.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print the daemon's JSON report instead of a summary.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("how_many").required(true).args(["limit", "all"])))]
+pub(crate) struct PurgeArgs {
+    /// The stage, as PIPELINE/STAGE.
+    #[arg(value_name = "PIPELINE/STAGE", value_parser = stage_ref)]
+    stage: StageRef,
+    /// Delete the oldest N entries.
+    #[arg(long, value_name = "N")]
+    limit: Option<u64>,
+    /// Delete every entry of the stage.
+    #[arg(long)]
+    all: bool,
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
+pub(crate) fn run(command: Command) -> ExitCode {
+    let result = match command {
+        Command::List(args) => list(&args),
+        Command::Show(args) => show(&args),
+        Command::Redrive(args) => redrive(&args),
+        Command::Purge(args) => purge(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => err.report(),
+    }
+}
+
+fn list(args: &ListArgs) -> Result<(), ClientError> {
+    let client = Client::new(&args.admin)?;
+    let list: DlqList = client.get(
+        &format!("{}?limit={}", args.stage.path(), args.limit),
+        DEFAULT_TIMEOUT,
+    )?;
+    if args.json {
+        return print_json(&list);
+    }
+    if list.entries.is_empty() {
+        return print_line(&format!(
+            "the DLQ of {} ({}) is empty",
+            args.stage, list.topic
+        ));
+    }
+    let now = now_millis();
+    let rows: Vec<Vec<String>> = list
+        .entries
+        .iter()
+        .map(|e| {
+            vec![
+                e.seq.to_string(),
+                e.id.clone(),
+                e.kind.clone().unwrap_or_else(|| "-".into()),
+                e.attempts.map_or_else(|| "-".into(), |n| n.to_string()),
+                e.last_failure.map_or_else(
+                    || "-".into(),
+                    |at| table::age(Some(now.saturating_sub(at) as f64 / 1000.0)) + " ago",
+                ),
+                table::one_line(
+                    e.error.as_deref().or(e.problem.as_deref()).unwrap_or("-"),
+                    100,
+                ),
+            ]
+        })
+        .collect();
+    let mut out = std::io::stdout().lock();
+    table::print(
+        &mut out,
+        &["SEQ", "ID", "KIND", "ATTEMPTS", "LAST FAILURE", "ERROR"],
+        &rows,
+    )
+    .map_err(write_error)?;
+    let shown = list.entries.len() as u64;
+    if list.depth > shown {
+        writeln!(
+            out,
+            "({shown} of {} entries in {}; --limit shows more)",
+            list.depth, list.topic
+        )
+        .map_err(write_error)?;
+    }
+    Ok(())
+}
+
+fn show(args: &ShowArgs) -> Result<(), ClientError> {
+    let client = Client::new(&args.admin)?;
+    let entry: DlqEntryDetail = client.get(
+        &format!("{}/{}", args.stage.path(), args.seq),
+        DEFAULT_TIMEOUT,
+    )?;
+    print_json(&entry)
+}
+
+fn redrive(args: &RedriveArgs) -> Result<(), ClientError> {
+    if let Some(rate) = args.rate
+        && !(rate.is_finite() && rate > 0.0)
+    {
+        return Err(ClientError::Usage(format!(
+            "--rate must be a positive number of messages per second, not {rate}"
+        )));
+    }
+    let client = Client::new(&args.admin)?;
+    let request = RedriveRequest {
+        limit: args.limit,
+        rate: args.rate,
+        dry_run: args.dry_run,
+    };
+    // A paced redrive takes as long as it takes.
+    let report: RedriveReport =
+        client.post_json(&format!("{}/redrive", args.stage.path()), &request, None)?;
+    if args.json {
+        return print_json(&report);
+    }
+    let mut out = std::io::stdout().lock();
+    let verb = if report.dry_run {
+        "would redrive"
+    } else {
+        "redrove"
+    };
+    writeln!(
+        out,
+        "{verb} {} message{} from the DLQ of {}",
+        report.redriven,
+        plural(report.redriven),
+        args.stage
+    )
+    .map_err(write_error)?;
+    for id in &report.ids {
+        writeln!(out, "  {id}").map_err(write_error)?;
+    }
+    if report.skipped > 0 {
+        writeln!(
+            out,
+            "skipped {} entr{} (left in the DLQ):",
+            report.skipped,
+            if report.skipped == 1 { "y" } else { "ies" }
+        )
+        .map_err(write_error)?;
+        for skipped in &report.skipped_entries {
+            writeln!(
+                out,
+                "  seq {} ({}): {}",
+                skipped.seq, skipped.id, skipped.reason
+            )
+            .map_err(write_error)?;
+        }
+    }
+    if report.interrupted {
+        writeln!(
+            out,
+            "the daemon began shutting down; run the redrive again to continue"
+        )
+        .map_err(write_error)?;
+    }
+    Ok(())
+}
+
+fn purge(args: &PurgeArgs) -> Result<(), ClientError> {
+    let client = Client::new(&args.admin)?;
+    let request = PurgeRequest {
+        limit: args.limit,
+        all: args.all,
+    };
+    let report: PurgeReport = client.post_json(
+        &format!("{}/purge", args.stage.path()),
+        &request,
+        Some(DEFAULT_TIMEOUT),
+    )?;
+    print_line(&format!(
+        "purged {} entr{} from the DLQ of {}",
+        report.purged,
+        if report.purged == 1 { "y" } else { "ies" },
+        args.stage
+    ))
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+fn print_json(value: &impl Serialize) -> Result<(), ClientError> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| ClientError::Failed(format!("cannot encode the output: {e}")))?;
+    print_line(&text)
+}
+
+fn print_line(text: &str) -> Result<(), ClientError> {
+    writeln!(std::io::stdout().lock(), "{text}").map_err(write_error)
+}
+
+fn write_error(e: std::io::Error) -> ClientError {
+    ClientError::Failed(format!("cannot write output: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stage_refs() {
+        let r = stage_ref("orders/route").expect("valid");
+        assert_eq!(r.to_string(), "orders/route");
+        assert_eq!(r.path(), "/v1/dlq/orders/route");
+        for bad in ["orders", "/route", "orders/", "a/b/c"] {
+            assert!(stage_ref(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! `sluice publish`: put one message on a topic of the running daemon, as a
+//! producer would, and print what the broker stored.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use super::args;
+use super::client::{AdminArgs, Client, ClientError, segment};
+use crate::admin::{BatchHeaders, BatchLine, BatchReceipt, check_id};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The topic: one a loaded pipeline declares (or a stage's DLQ topic).
+    topic: String,
+    /// `-`: read the payload from stdin.
+    #[arg(value_name = "-", value_parser = stdin_marker, conflicts_with_all = ["data", "file"])]
+    stdin: Option<String>,
+    /// The payload, as text.
+    #[arg(long, conflicts_with = "file")]
+    data: Option<String>,
+    /// Read the payload from a file (`-` for stdin).
+    #[arg(long, value_name = "PATH")]
+    file: Option<PathBuf>,
+    /// The message key (per-key ordering, routing).
+    #[arg(long)]
+    key: Option<String>,
+    /// A message header, NAME=VALUE (repeatable).
+    #[arg(long = "header", value_name = "NAME=VALUE", value_parser = args::key_value)]
+    headers: Vec<(String, String)>,
+    /// The message id, which makes the publish idempotent: publishing the same id again
+    /// stores nothing new and prints `"duplicate":true`. A fresh id when absent.
+    #[arg(long)]
+    id: Option<String>,
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
+fn stdin_marker(text: &str) -> Result<String, String> {
+    match text {
+        "-" => Ok(text.to_owned()),
+        _ => Err(format!(
+            "unexpected `{text}`: give the payload with --data, --file PATH, or `-` for stdin"
+        )),
+    }
+}
+
+pub(crate) fn run(args: Args) -> ExitCode {
+    match publish(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => err.report(),
+    }
+}
+
+fn publish(args: Args) -> Result<(), ClientError> {
+    let payload = read_payload(&args)?;
+    if let Some(id) = &args.id {
+        check_id(id).map_err(ClientError::Usage)?;
+    }
+    let client = Client::new(&args.admin)?;
+    // One line of the batch endpoint rather than the raw-body endpoint: a
+    // JSON line carries any key, header or payload bytes, where HTTP
+    // headers cannot carry newlines or arbitrary bytes.
+    let (text, base64) = crate::admin::payload_fields(&payload);
+    let line = BatchLine {
+        payload: text,
+        payload_base64: base64,
+        key: args.key,
+        headers: (!args.headers.is_empty()).then_some(BatchHeaders::Pairs(args.headers)),
+        id: args.id,
+    };
+    let mut body = serde_json::to_vec(&line)
+        .map_err(|e| ClientError::Failed(format!("cannot encode the message: {e}")))?;
+    body.push(b'\n');
+    let receipt: BatchReceipt = client.post_bytes(
+        &format!("/v1/topics/{}/batch", segment(&args.topic)),
+        "application/x-ndjson",
+        body,
+    )?;
+    let printed = receipt
+        .messages
+        .first()
+        .ok_or_else(|| ClientError::Failed("the daemon acknowledged no message".into()))?;
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer(&mut out, printed)
+        .map_err(|e| ClientError::Failed(format!("cannot write output: {e}")))?;
+    writeln!(out).map_err(|e| ClientError::Failed(format!("cannot write output: {e}")))
+}
+
+fn read_payload(args: &Args) -> Result<Vec<u8>, ClientError> {
+    let from_stdin =
+        args.stdin.is_some() || args.file.as_ref().is_some_and(|p| p.as_os_str() == "-");
+    if let Some(data) = &args.data {
+        return Ok(data.clone().into_bytes());
+    }
+    if from_stdin {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .map_err(|e| ClientError::Usage(format!("cannot read the payload from stdin: {e}")))?;
+        return Ok(buf);
+    }
+    match &args.file {
+        Some(path) => std::fs::read(path).map_err(|e| {
+            ClientError::Usage(format!(
+                "{}: cannot read the payload file: {e}",
+                path.display()
+            ))
+        }),
+        None => Err(ClientError::Usage(
+            "no payload: give --data TEXT, --file PATH, or `-` to read stdin".into(),
+        )),
+    }
+}

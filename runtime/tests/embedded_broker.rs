@@ -1,0 +1,586 @@
+//! The embedded broker against its contract: real fjall stores in temporary
+//! directories, real restarts, and real crashes (a child process killed with
+//! SIGKILL, and a journal with a torn tail).
+//!
+//! Timeouts are generous and nothing asserts on timing, so a loaded machine
+//! makes the tests slower, never flaky.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::broker::embedded::{EmbeddedBroker, EmbeddedOptions, SyncMode};
+use sluice::broker::{Broker, BrokerError, ConsumerSpec, Delivery, Message, TopicSpec};
+
+/// Long enough that a lease never expires by accident on a loaded machine.
+const LONG: Duration = Duration::from_secs(60);
+/// How long a fetch may wait for something that must arrive.
+const ARRIVE: Duration = Duration::from_secs(20);
+/// How long a fetch waits for something that must NOT arrive.
+const QUIET: Duration = Duration::from_millis(300);
+
+fn open(dir: &Path, sync: SyncMode) -> Arc<EmbeddedBroker> {
+    EmbeddedBroker::open(EmbeddedOptions::new(dir).sync(sync)).expect("open broker")
+}
+
+fn topic(name: &str) -> TopicSpec {
+    TopicSpec {
+        name: name.into(),
+        retention: None,
+    }
+}
+
+fn consumer(name: &str, topic: &str, ack_wait: Duration) -> ConsumerSpec {
+    ConsumerSpec {
+        name: name.into(),
+        topic: topic.into(),
+        filter: BTreeMap::new(),
+        ack_wait,
+        max_ack_pending: None,
+    }
+}
+
+fn msg(id: &str, topic: &str) -> Message {
+    Message::new(id, topic, format!("payload {id}").into_bytes())
+}
+
+/// A broker in `dir` with topic `in` and consumer `p.s` on it.
+async fn setup(dir: &Path, sync: SyncMode, ack_wait: Duration) -> Arc<EmbeddedBroker> {
+    let b = open(dir, sync);
+    b.ensure_topic(&topic("in")).await.expect("topic");
+    b.ensure_consumer(&consumer("p.s", "in", ack_wait))
+        .await
+        .expect("consumer");
+    b
+}
+
+async fn publish_ids(b: &EmbeddedBroker, topic: &str, ids: &[&str]) {
+    let acks = b
+        .publish(ids.iter().map(|id| msg(id, topic)).collect())
+        .await
+        .expect("publish");
+    assert!(acks.iter().all(|a| !a.duplicate));
+}
+
+/// Fetches until `n` deliveries arrived.
+async fn fetch_n(b: &EmbeddedBroker, consumer: &str, n: usize) -> Vec<Delivery> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        let got = b
+            .fetch(consumer, n - out.len(), ARRIVE)
+            .await
+            .expect("fetch");
+        assert!(
+            !got.is_empty(),
+            "{consumer}: expected {n}, got {}",
+            out.len()
+        );
+        out.extend(got);
+    }
+    out
+}
+
+fn ids(ds: &[Delivery]) -> Vec<String> {
+    ds.iter().map(|d| d.message.id.clone()).collect()
+}
+
+#[tokio::test]
+async fn publish_fetch_ack_in_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = setup(dir.path(), SyncMode::Always, LONG).await;
+    publish_ids(&b, "in", &["a", "b", "c"]).await;
+    let ds = fetch_n(&b, "p.s", 3).await;
+    assert_eq!(ids(&ds), ["a", "b", "c"]);
+    assert_eq!(
+        ds.iter().map(|d| d.seq).collect::<Vec<_>>(),
+        [1, 2, 3],
+        "seqs are 1-based and in publish order"
+    );
+    assert!(ds.iter().all(|d| d.attempt == 1));
+    assert_eq!(ds[0].message.payload.as_ref(), b"payload a");
+    assert!(ds[0].message.published_at > 0, "stamped on publish");
+    let stats = b.consumer_stats("p.s").await.expect("stats");
+    assert_eq!((stats.pending, stats.in_flight), (0, 3));
+    for d in &ds {
+        b.ack(&d.receipt).await.expect("ack");
+    }
+    assert!(b.fetch("p.s", 10, QUIET).await.expect("fetch").is_empty());
+    let stats = b.consumer_stats("p.s").await.expect("stats");
+    assert_eq!((stats.pending, stats.in_flight), (0, 0));
+    // A second ack of the same receipt is stale.
+    assert!(matches!(
+        b.ack(&ds[0].receipt).await,
+        Err(BrokerError::LeaseLost(_))
+    ));
+}
+
+#[tokio::test]
+async fn fetch_waits_for_a_publish() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = setup(dir.path(), SyncMode::Os, LONG).await;
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.fetch("p.s", 10, ARRIVE).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    publish_ids(&b, "in", &["late"]).await;
+    let got = waiter.await.expect("join").expect("fetch");
+    assert_eq!(ids(&got), ["late"]);
+}
+
+#[tokio::test]
+async fn unknown_topic_and_consumer_are_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = setup(dir.path(), SyncMode::Os, LONG).await;
+    assert_eq!(
+        b.publish(vec![msg("x", "nope")]).await,
+        Err(BrokerError::UnknownTopic("nope".into()))
+    );
+    assert!(matches!(
+        b.fetch("nope.s", 1, QUIET).await,
+        Err(BrokerError::UnknownConsumer(_))
+    ));
+    assert!(matches!(
+        b.ensure_consumer(&consumer("p.x", "nope", LONG)).await,
+        Err(BrokerError::UnknownTopic(_))
+    ));
+}
+
+#[tokio::test]
+async fn fan_out_consumers_are_independent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = setup(dir.path(), SyncMode::Os, LONG).await;
+    b.ensure_consumer(&consumer("p.slow", "in", LONG))
+        .await
+        .expect("consumer");
+    publish_ids(&b, "in", &["1", "2", "3", "4"]).await;
+    // The slow consumer takes one and never settles it.
+    let slow = fetch_n(&b, "p.slow", 1).await;
+    assert_eq!(ids(&slow), ["1"]);
+    // The fast one gets everything and acks it.
+    let fast = fetch_n(&b, "p.s", 4).await;
+    assert_eq!(ids(&fast), ["1", "2", "3", "4"]);
+    for d in &fast {
+        b.ack(&d.receipt).await.expect("ack");
+    }
+    publish_ids(&b, "in", &["5"]).await;
+    assert_eq!(ids(&fetch_n(&b, "p.s", 1).await), ["5"]);
+    // The slow one still has its own position.
+    assert_eq!(ids(&fetch_n(&b, "p.slow", 2).await), ["2", "3"]);
+    let stats = b.consumer_stats("p.slow").await.expect("stats");
+    assert_eq!((stats.pending, stats.in_flight), (2, 3));
+    assert!(stats.oldest_age.is_some());
+}
+
+#[tokio::test]
+async fn filter_skips_non_matching_messages() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = setup(dir.path(), SyncMode::Os, LONG).await;
+    let mut spec = consumer("p.red", "in", LONG);
+    spec.filter.insert("color".into(), "red".into());
+    b.ensure_consumer(&spec).await.expect("consumer");
+    let mut messages = Vec::new();
+    for (id, color) in [("a", "red"), ("b", "blue"), ("c", "red"), ("d", "green")] {
+        let mut m = msg(id, "in");
+        m.headers.push(("color".into(), color.into()));
+        messages.push(m);
+    }
+    b.publish(messages).await.expect("publish");
+    assert_eq!(ids(&fetch_n(&b, "p.red", 2).await), ["a", "c"]);
+    assert!(b.fetch("p.red", 10, QUIET).await.expect("fetch").is_empty());
+    // The unfiltered consumer sees all four.
+    assert_eq!(fetch_n(&b, "p.s", 4).await.len(), 4);
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_redelivered_with_the_next_attempt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = setup(dir.path(), SyncMode::Os, Duration::from_millis(200)).await;
+    publish_ids(&b, "in", &["a"]).await;
+    let first = fetch_n(&b, "p.s", 1).await;
+    assert_eq!(first[0].attempt, 1);
+    // Not acked: it comes back after ack_wait.
+    let second = fetch_n(&b, "p.s", 1).await;
+    assert_eq!(ids(&second), ["a"]);
+    assert_eq!(second[0].attempt, 2);
+    assert_eq!(second[0].seq, first[0].seq);
+    // The first receipt is stale now; the second one works.
+    assert!(matches!(
+        b.ack(&first[0].receipt).await,
+        Err(BrokerError::LeaseLost(_))
+    ));
+    b.ack(&second[0].receipt).await.expect("ack");
+}
+
+#[tokio::test]
+async fn in_progress_keeps_the_lease() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = setup(dir.path(), SyncMode::Os, Duration::from_millis(400)).await;
+    publish_ids(&b, "in", &["a"]).await;
+    let d = fetch_n(&b, "p.s", 1).await.remove(0);
+    // Keep extending for well past ack_wait; it is never redelivered.
+    for _ in 0..8 {
+        b.in_progress(&d.receipt).await.expect("in_progress");
+        assert!(
+            b.fetch("p.s", 1, Duration::from_millis(100))
+                .await
+                .expect("fetch")
+                .is_empty()
+        );
+    }
+    b.ack(&d.receipt).await.expect("ack after extending");
+}
+
+#[tokio::test]
+async fn nak_redelivers_after_the_delay() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = setup(dir.path(), SyncMode::Always, LONG).await;
+    publish_ids(&b, "in", &["a", "b"]).await;
+    let ds = fetch_n(&b, "p.s", 2).await;
+    b.nak(&ds[0].receipt, Duration::from_secs(3600))
+        .await
+        .expect("nak");
+    b.nak(&ds[1].receipt, Duration::from_millis(300))
+        .await
+        .expect("nak");
+    // A nak settles the receipt.
+    assert!(matches!(
+        b.ack(&ds[1].receipt).await,
+        Err(BrokerError::LeaseLost(_))
+    ));
+    let again = fetch_n(&b, "p.s", 1).await;
+    assert_eq!(ids(&again), ["b"]);
+    assert_eq!(again[0].attempt, 2);
+    assert!(b.fetch("p.s", 10, QUIET).await.expect("fetch").is_empty());
+    let stats = b.consumer_stats("p.s").await.expect("stats");
+    assert_eq!((stats.pending, stats.in_flight), (1, 1));
+}
+
+#[tokio::test]
+async fn a_stale_receipt_changes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = setup(dir.path(), SyncMode::Always, Duration::from_millis(200)).await;
+    b.ensure_topic(&topic("out")).await.expect("topic");
+    publish_ids(&b, "in", &["a"]).await;
+    let stale = fetch_n(&b, "p.s", 1).await.remove(0);
+    let fresh = fetch_n(&b, "p.s", 1).await.remove(0);
+    assert_eq!(fresh.attempt, 2);
+    let out = vec![msg("a-out", "out")];
+    for result in [
+        b.complete(&stale.receipt, out.clone()).await,
+        b.dead_letter(&stale.receipt, msg("a-dlq", "out")).await,
+        b.nak(&stale.receipt, Duration::ZERO).await,
+        b.in_progress(&stale.receipt).await,
+        b.term(&stale.receipt).await,
+    ] {
+        assert!(
+            matches!(result, Err(BrokerError::LeaseLost(_))),
+            "{result:?}"
+        );
+    }
+    assert_eq!(b.topic_stats("out").await.expect("stats").depth, 0);
+    b.complete(&fresh.receipt, out).await.expect("complete");
+    assert_eq!(b.topic_stats("out").await.expect("stats").depth, 1);
+}
+
+#[tokio::test]
+async fn complete_publishes_outputs_and_acks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = setup(dir.path(), SyncMode::Always, LONG).await;
+    b.ensure_topic(&topic("out")).await.expect("topic");
+    b.ensure_consumer(&consumer("p.next", "out", LONG))
+        .await
+        .expect("consumer");
+    publish_ids(&b, "in", &["a"]).await;
+    let d = fetch_n(&b, "p.s", 1).await.remove(0);
+    // An output to an undeclared topic fails and leaves the lease intact.
+    assert!(matches!(
+        b.complete(&d.receipt, vec![msg("x", "nowhere")]).await,
+        Err(BrokerError::UnknownTopic(_))
+    ));
+    b.complete(&d.receipt, vec![msg("a1", "out"), msg("a2", "out")])
+        .await
+        .expect("complete");
+    assert_eq!(ids(&fetch_n(&b, "p.next", 2).await), ["a1", "a2"]);
+    assert!(b.fetch("p.s", 1, QUIET).await.expect("fetch").is_empty());
+}
+
+#[tokio::test]
+async fn dead_letter_publishes_the_entry_and_settles() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = setup(dir.path(), SyncMode::Always, Duration::from_millis(200)).await;
+    b.ensure_topic(&topic("p.s.dlq")).await.expect("topic");
+    publish_ids(&b, "in", &["a"]).await;
+    let d = fetch_n(&b, "p.s", 1).await.remove(0);
+    b.dead_letter(&d.receipt, msg("a", "p.s.dlq"))
+        .await
+        .expect("dead_letter");
+    // Never redelivered, even after ack_wait.
+    assert!(
+        b.fetch("p.s", 1, Duration::from_millis(500))
+            .await
+            .expect("fetch")
+            .is_empty()
+    );
+    let dlq = b.read("p.s.dlq", 1, 10, QUIET).await.expect("read");
+    assert_eq!(dlq.len(), 1);
+    assert_eq!(dlq[0].message.id, "a");
+    assert_eq!(dlq[0].message.topic, "p.s.dlq");
+}
+
+#[tokio::test]
+async fn the_duplicate_window_drops_a_republish() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = open(dir.path(), SyncMode::Os);
+    b.ensure_topic(&topic("in")).await.expect("topic");
+    b.ensure_topic(&topic("other")).await.expect("topic");
+    let first = b
+        .publish(vec![msg("a", "in"), msg("b", "in")])
+        .await
+        .expect("publish");
+    let again = b
+        .publish(vec![
+            msg("b", "in"),
+            msg("c", "in"),
+            msg("c", "in"),
+            msg("b", "other"),
+        ])
+        .await
+        .expect("publish");
+    assert!(!first[1].duplicate);
+    assert_eq!((again[0].seq, again[0].duplicate), (first[1].seq, true));
+    assert_eq!((again[1].seq, again[1].duplicate), (3, false));
+    assert_eq!(
+        (again[2].seq, again[2].duplicate),
+        (3, true),
+        "within one call"
+    );
+    assert!(!again[3].duplicate, "the window is per topic");
+    assert_eq!(b.topic_stats("in").await.expect("stats").depth, 3);
+    drop(b);
+
+    // The window survives a restart, and a short window expires.
+    let b = EmbeddedBroker::open(
+        EmbeddedOptions::new(dir.path())
+            .sync(SyncMode::Os)
+            .dedup_window(Duration::from_millis(300)),
+    )
+    .expect("reopen");
+    assert!(b.publish(vec![msg("a", "in")]).await.expect("publish")[0].duplicate);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let late = b.publish(vec![msg("a", "in")]).await.expect("publish");
+    assert_eq!((late[0].seq, late[0].duplicate), (4, false));
+}
+
+#[tokio::test]
+async fn a_consumer_starts_at_the_oldest_stored_message() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = open(dir.path(), SyncMode::Os);
+    b.ensure_topic(&topic("in")).await.expect("topic");
+    publish_ids(&b, "in", &["a", "b"]).await;
+    b.ensure_consumer(&consumer("p.late", "in", LONG))
+        .await
+        .expect("consumer");
+    assert_eq!(ids(&fetch_n(&b, "p.late", 2).await), ["a", "b"]);
+    // Ensuring again (updated ack_wait) keeps its position.
+    b.ensure_consumer(&consumer("p.late", "in", Duration::from_secs(5)))
+        .await
+        .expect("update");
+    assert!(
+        b.fetch("p.late", 10, QUIET)
+            .await
+            .expect("fetch")
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn max_ack_pending_limits_deliveries() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = open(dir.path(), SyncMode::Os);
+    b.ensure_topic(&topic("in")).await.expect("topic");
+    let mut spec = consumer("p.s", "in", LONG);
+    spec.max_ack_pending = Some(2);
+    b.ensure_consumer(&spec).await.expect("consumer");
+    publish_ids(&b, "in", &["a", "b", "c"]).await;
+    let ds = b.fetch("p.s", 10, ARRIVE).await.expect("fetch");
+    assert_eq!(ids(&ds), ["a", "b"]);
+    assert!(b.fetch("p.s", 10, QUIET).await.expect("fetch").is_empty());
+    // A waiting fetch is woken when a lease is settled.
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.fetch("p.s", 10, ARRIVE).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    b.ack(&ds[0].receipt).await.expect("ack");
+    assert_eq!(ids(&waiter.await.expect("join").expect("fetch")), ["c"]);
+}
+
+#[tokio::test]
+async fn acked_messages_are_removed_once_every_consumer_settled_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = setup(dir.path(), SyncMode::Os, LONG).await;
+    b.ensure_consumer(&consumer("p.t", "in", LONG))
+        .await
+        .expect("consumer");
+    publish_ids(&b, "in", &["a", "b", "c"]).await;
+    for d in fetch_n(&b, "p.s", 3).await {
+        b.ack(&d.receipt).await.expect("ack");
+    }
+    // p.t has not read anything: all three stay.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(b.topic_stats("in").await.expect("stats").depth, 3);
+    let ds = fetch_n(&b, "p.t", 3).await;
+    b.ack(&ds[0].receipt).await.expect("ack");
+    b.term(&ds[2].receipt).await.expect("term");
+    // "b" is still pending for p.t: only "a" can go.
+    wait_for_depth(&b, "in", 2).await;
+    let stats = b.topic_stats("in").await.expect("stats");
+    assert_eq!((stats.first_seq, stats.last_seq), (2, 3));
+    b.ack(&ds[1].receipt).await.expect("ack");
+    wait_for_depth(&b, "in", 0).await;
+    let stats = b.topic_stats("in").await.expect("stats");
+    assert_eq!(
+        (stats.first_seq, stats.last_seq, stats.oldest_age),
+        (0, 3, None)
+    );
+}
+
+/// Polls until `topic` holds `depth` messages (maintenance runs in the
+/// background).
+async fn wait_for_depth(b: &EmbeddedBroker, topic: &str, depth: u64) {
+    for _ in 0..400 {
+        if b.topic_stats(topic).await.expect("stats").depth == depth {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "{topic}: depth stayed {:?}, expected {depth}",
+        b.topic_stats(topic).await
+    );
+}
+
+#[tokio::test]
+async fn age_retention_removes_old_messages_and_their_leases() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = open(dir.path(), SyncMode::Os);
+    b.ensure_topic(&TopicSpec {
+        name: "in".into(),
+        retention: Some(Duration::from_millis(500)),
+    })
+    .await
+    .expect("topic");
+    b.ensure_consumer(&consumer("p.s", "in", LONG))
+        .await
+        .expect("consumer");
+    let mut old = msg("old", "in");
+    old.published_at = sluice::broker::now_millis() - 10_000;
+    b.publish(vec![old, msg("new", "in")])
+        .await
+        .expect("publish");
+    let ds = fetch_n(&b, "p.s", 2).await;
+    wait_for_depth(&b, "in", 1).await;
+    // The lease on the removed message is gone with it.
+    assert!(matches!(
+        b.ack(&ds[0].receipt).await,
+        Err(BrokerError::LeaseLost(_))
+    ));
+    wait_for_depth(&b, "in", 0).await;
+    assert_eq!(b.consumer_stats("p.s").await.expect("stats").in_flight, 0);
+}
+
+#[tokio::test]
+async fn a_topic_without_consumers_keeps_its_messages() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = open(dir.path(), SyncMode::Os);
+    b.ensure_topic(&topic("p.s.dlq")).await.expect("topic");
+    publish_ids(&b, "p.s.dlq", &["a", "b", "c"]).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let stats = b.topic_stats("p.s.dlq").await.expect("stats");
+    assert_eq!((stats.depth, stats.first_seq, stats.last_seq), (3, 1, 3));
+    assert!(stats.oldest_age.is_some());
+    // Browsing does not consume.
+    let all = b.read("p.s.dlq", 0, 10, QUIET).await.expect("read");
+    assert_eq!(all.len(), 3);
+    assert_eq!(
+        b.read("p.s.dlq", 3, 10, QUIET).await.expect("read").len(),
+        1
+    );
+    // remove() is how it shrinks.
+    assert_eq!(b.remove("p.s.dlq", &[1, 3, 9]).await.expect("remove"), 2);
+    assert_eq!(b.remove("p.s.dlq", &[1]).await.expect("remove"), 0);
+    let stats = b.topic_stats("p.s.dlq").await.expect("stats");
+    assert_eq!((stats.depth, stats.first_seq, stats.last_seq), (1, 2, 3));
+    let left = b.read("p.s.dlq", 0, 10, QUIET).await.expect("read");
+    assert_eq!(left.iter().map(|s| s.seq).collect::<Vec<_>>(), [2]);
+}
+
+#[tokio::test]
+async fn read_waits_for_a_publish() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = open(dir.path(), SyncMode::Os);
+    b.ensure_topic(&topic("t")).await.expect("topic");
+    let reader = {
+        let b = b.clone();
+        tokio::spawn(async move { b.read("t", 1, 10, ARRIVE).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    publish_ids(&b, "t", &["x"]).await;
+    let got = reader.await.expect("join").expect("read");
+    assert_eq!(got.len(), 1);
+}
+
+#[tokio::test]
+async fn reopen_keeps_messages_cursors_and_delivery_counts() {
+    for sync in [SyncMode::Always, SyncMode::Os] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let b = setup(dir.path(), sync, LONG).await;
+        b.ensure_topic(&topic("p.s.dlq")).await.expect("topic");
+        publish_ids(&b, "in", &["a", "b", "c", "d"]).await;
+        publish_ids(&b, "p.s.dlq", &["x"]).await;
+        let ds = fetch_n(&b, "p.s", 3).await;
+        b.ack(&ds[0].receipt).await.expect("ack");
+        b.nak(&ds[2].receipt, Duration::from_secs(3600))
+            .await
+            .expect("nak");
+        // ds[1] ("b") stays leased when the process goes away.
+        drop(b);
+
+        let b = open(dir.path(), sync);
+        // The old lease is gone: "b" comes back at once with attempt 2,
+        // then "d" (never delivered); "c" keeps its nak delay.
+        let again = fetch_n(&b, "p.s", 2).await;
+        assert_eq!(ids(&again), ["b", "d"], "{sync:?}");
+        assert_eq!(again[0].attempt, 2);
+        assert_eq!(again[1].attempt, 1);
+        assert!(matches!(
+            b.ack(&ds[1].receipt).await,
+            Err(BrokerError::LeaseLost(_))
+        ));
+        assert!(b.fetch("p.s", 10, QUIET).await.expect("fetch").is_empty());
+        let stats = b.consumer_stats("p.s").await.expect("stats");
+        assert_eq!((stats.pending, stats.in_flight), (1, 2));
+        assert_eq!(b.topic_stats("p.s.dlq").await.expect("stats").depth, 1);
+        let ts = b.topic_stats("in").await.expect("stats");
+        assert_eq!(ts.last_seq, 4);
+        // Seqs continue after a restart.
+        let acks = b.publish(vec![msg("e", "in")]).await.expect("publish");
+        assert_eq!(acks[0].seq, 5);
+    }
+}
+
+#[tokio::test]
+async fn a_second_open_of_the_same_directory_fails_clearly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _b = open(dir.path(), SyncMode::Os);
+    let err = EmbeddedBroker::open(EmbeddedOptions::new(dir.path()))
+        .err()
+        .expect("second open must fail");
+    let text = err.to_string();
+    assert!(
+        text.contains(&dir.path().display().to_string()),
+        "names the dir: {text}"
+    );
+}
