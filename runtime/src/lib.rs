@@ -9,12 +9,14 @@
 //! - [`engine`]: the stage runner: fetch, valve, lanes, invoke, settle.
 //! - [`metrics`]: the Prometheus metrics.
 //! - [`admin`]: the daemon's admin HTTP API (ingest, reads, status, DLQ, metrics).
+//! - [`daemon`]: `sluice run`: load, open, start, drain.
 //! - [`cli`]: the `sluice` command line.
 
 pub mod admin;
 pub mod broker;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod dlq;
 pub mod engine;
 pub mod failure;
