@@ -110,9 +110,11 @@ impl Provenance {
 
 /// The message a redrive publishes back to the source topic for `entry`:
 /// the original payload, key and headers (provenance stripped), targeted at
-/// the stage that failed, with a fresh id derived from the original and the
-/// redrive count so the broker's duplicate window does not drop it but a
-/// repeated redrive of the same entry (after a crash) is dropped.
+/// the stage that failed, with a fresh id `<original>~r<count>@<pipeline>/<stage>`.
+/// The id differs from the original and from a redrive of the same message
+/// by another stage (fan-out), so the broker's duplicate window drops
+/// neither; it is the same when one entry is redriven twice (a crash between
+/// publish and removal), so that repeat is dropped.
 pub fn redrive_message(entry: &Message, provenance: &Provenance) -> Message {
     let redrives: u32 = entry
         .header(REDRIVES)
@@ -135,7 +137,10 @@ pub fn redrive_message(entry: &Message, provenance: &Provenance) -> Message {
         format!("{}/{}", provenance.pipeline, provenance.stage),
     ));
     Message {
-        id: format!("{base_id}~r{redrives}"),
+        id: format!(
+            "{base_id}~r{redrives}@{}/{}",
+            provenance.pipeline, provenance.stage
+        ),
         topic: provenance.source_topic.clone(),
         key: entry.key.clone(),
         headers,
@@ -176,7 +181,7 @@ mod tests {
         entry.headers.push(("user".into(), "kept".into()));
         provenance().stamp(&mut entry);
         let first = redrive_message(&entry, &provenance());
-        assert_eq!(first.id, "m1~r1");
+        assert_eq!(first.id, "m1~r1@orders/route");
         assert_eq!(first.topic, "orders.in");
         assert_eq!(first.header("user"), Some("kept"));
         assert_eq!(first.header(REDRIVE_TO), Some("orders/route"));
@@ -188,7 +193,7 @@ mod tests {
         p2.original_id = first.id.clone();
         p2.stamp(&mut again);
         let second = redrive_message(&again, &p2);
-        assert_eq!(second.id, "m1~r2");
+        assert_eq!(second.id, "m1~r2@orders/route");
         assert_eq!(second.header(REDRIVES), Some("2"));
     }
 }

@@ -76,7 +76,7 @@ fn binary_payloads_are_printed_as_base64() {
     let out = sluice(&[
         "plugin",
         "test",
-        &plugin("uppercase"),
+        &plugin("identity"),
         "--file",
         file.to_str().expect("utf-8 path"),
     ]);
@@ -86,7 +86,7 @@ fn binary_payloads_are_printed_as_base64() {
         String::from_utf8_lossy(&out.stderr)
     );
     let emits = json_lines(&out);
-    assert_eq!(emits[0]["payload_base64"], "/0EA");
+    assert_eq!(emits[0]["payload_base64"], "/2EA");
     assert!(emits[0].get("payload").is_none());
 }
 

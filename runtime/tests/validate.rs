@@ -138,6 +138,30 @@ fn every_malformed_file_is_rejected_at_its_line_and_column() {
         let line_col = format!("{line}:{col}");
         let (out, took) = sluice(&["validate", &path]);
         assert_rejected(&path, &out, took, &line_col, fragment.trim());
+
+        // `sluice run` refuses it the same way, before it opens the data
+        // directory or binds the admin port: no partial daemon.
+        let data = tempfile::tempdir().expect("tempdir");
+        let data_dir = data.path().join("data");
+        let data_arg = data_dir.display().to_string();
+        let (out, took) = sluice(&[
+            "run",
+            &path,
+            "--data-dir",
+            &data_arg,
+            "--admin",
+            "127.0.0.1:0",
+        ]);
+        assert_rejected(&path, &out, took, &line_col, fragment.trim());
+        assert!(
+            stderr(&out).contains("nothing was started"),
+            "{path}: {}",
+            stderr(&out)
+        );
+        assert!(
+            !data_dir.exists(),
+            "{path}: `sluice run` created its data directory"
+        );
     }
 }
 

@@ -240,8 +240,12 @@ impl StageRunner {
         }
         for job in ready {
             let Some(key) = self.lane_key(&job.delivery.message) else {
+                // Take the worker slot here, in fetch order, so a stage with
+                // concurrency 1 handles unkeyed messages in publish order.
+                let slot = self.valve.clone().acquire_owned().await.ok();
                 let runner = self.clone();
-                tasks.spawn(async move { runner.process(job, false).await }.in_current_span());
+                tasks
+                    .spawn(async move { runner.process(job, false, slot).await }.in_current_span());
                 continue;
             };
             {
@@ -271,7 +275,7 @@ impl StageRunner {
     async fn run_lane(self: Arc<Self>, key: String, first: Job) {
         let mut next = Some(first);
         while let Some(job) = next {
-            self.process(job, true).await;
+            self.process(job, true, None).await;
             let mut lanes = lock(&self.lanes);
             next = lanes.get_mut(&key).and_then(VecDeque::pop_front);
             if next.is_none() {
@@ -282,13 +286,22 @@ impl StageRunner {
 
     /// Handles one delivery to the end: invoke, settle, and for an ordered
     /// stage retry in place until it is settled.
-    async fn process(&self, job: Job, retry_in_place: bool) {
+    /// `slot` is a worker slot already taken for the first attempt.
+    async fn process(
+        &self,
+        job: Job,
+        retry_in_place: bool,
+        mut slot: Option<OwnedSemaphorePermit>,
+    ) {
         let delivery = &job.delivery;
         let mut attempt = delivery.attempt;
         loop {
             let message = to_plugin_message(delivery, attempt);
             let outcome = {
-                let _slot = self.valve.acquire().await;
+                let _slot = match slot.take() {
+                    Some(slot) => Some(slot),
+                    None => self.valve.clone().acquire_owned().await.ok(),
+                };
                 let mut handler = self.take_handler();
                 let started = Instant::now();
                 let outcome = match handler.as_mut() {

@@ -1,0 +1,195 @@
+//! Pipeline benchmarks on the embedded broker, each comparison side by side
+//! in one run (samples alternate A, B, A, B, ...; figures are medians).
+//!
+//! `cargo bench -p sluice --bench pipeline` (or `cargo xtask bench pipeline`).
+//!
+//! - **wasm vs native**: a stage running the `uppercase` plugin against the
+//!   same logic as native Rust in the same engine: publish N messages, then
+//!   time until the stage has completed them all (consume → handle →
+//!   publish output + ack in one transaction). Target: wasm ≥ 0.85 × native.
+//! - **poison**: the `fail` plugin with 0% vs 1% of messages retried until
+//!   they are dead-lettered: the healthy messages' rate with poison over the
+//!   rate without. Target: ≥ 0.90.
+
+#![allow(missing_docs)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use sluice::broker::embedded::{EmbeddedBroker, EmbeddedOptions};
+use sluice::broker::{Broker, Message, TopicSpec};
+use sluice::config::{HumanDuration, Stage};
+use sluice::engine::{Engine, StageHandler, StageSetup};
+use sluice::metrics::Metrics;
+use sluice::plugin::{Emit, HostConfig, Message as PluginMessage, Outcome, PluginHost};
+use sluice::{Failure, FailureKind};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const SAMPLES: usize = 5;
+const MESSAGES: usize = 20_000;
+const CONCURRENCY: u32 = 2;
+
+fn main() {
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wants =
+        |section: &str| filter.is_empty() || filter.iter().any(|f| section.contains(f.as_str()));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let host = PluginHost::new(HostConfig {
+        max_instances: 16,
+        ..HostConfig::default()
+    })
+    .expect("plugin host");
+    println!("| benchmark | A | B | ratio B/A |");
+    println!("|---|---|---|---|");
+    if wants("wasm-vs-native") {
+        let uppercase = host
+            .load(sluice_harness::plugin("uppercase"))
+            .expect("uppercase");
+        let (mut native, mut wasm) = (Vec::new(), Vec::new());
+        for _ in 0..SAMPLES {
+            native.push(rt.block_on(run_stage(MESSAGES, None, || {
+                Box::new(NativeUppercase) as Box<dyn StageHandler>
+            })));
+            let stage = stage("uppercase", &[]);
+            wasm.push(rt.block_on(run_stage(MESSAGES, None, || {
+                Box::new(uppercase.worker(stage.worker_settings())) as Box<dyn StageHandler>
+            })));
+        }
+        report(
+            &format!(
+                "uppercase stage, {MESSAGES} × 64 B, concurrency {CONCURRENCY} (native | wasm), msgs/s"
+            ),
+            &native,
+            &wasm,
+        );
+    }
+    if wants("poison") {
+        let fail = host.load(sluice_harness::plugin("fail")).expect("fail");
+        let (mut clean, mut poisoned) = (Vec::new(), Vec::new());
+        for _ in 0..SAMPLES {
+            for (fraction, out) in [("0.0", &mut clean), ("0.01", &mut poisoned)] {
+                let stage = stage("fail", &[("fraction", fraction), ("mode", "retry")]);
+                let healthy = if fraction == "0.0" {
+                    MESSAGES
+                } else {
+                    MESSAGES - MESSAGES / 100
+                };
+                out.push(rt.block_on(run_stage(MESSAGES, Some(healthy), || {
+                    Box::new(fail.worker(stage.worker_settings())) as Box<dyn StageHandler>
+                })));
+            }
+        }
+        report(
+            "healthy msgs/s, fail plugin, 0% | 1% poison (3 attempts, 10 ms backoff)",
+            &clean,
+            &poisoned,
+        );
+    }
+}
+
+fn stage(plugin: &str, config: &[(&str, &str)]) -> Stage {
+    let mut yaml = format!(
+        "name: s\nsubscribe: in\nplugin: {plugin}.wasm\npublish: [out]\nconcurrency: {CONCURRENCY}\nretry: {{max_attempts: 3, backoff: {{initial: 10ms, max: 10ms}}}}\n"
+    );
+    if !config.is_empty() {
+        yaml.push_str("config:\n");
+        for (k, v) in config {
+            yaml.push_str(&format!("  {k}: \"{v}\"\n"));
+        }
+    }
+    let mut stage: Stage = serde_saphyr::from_str(&yaml).expect("stage");
+    stage.ack_wait = HumanDuration::secs(30);
+    stage
+}
+
+/// Publishes `n` messages, runs one stage over them and returns the rate at
+/// which it produced `expect` outputs (all by default), in msgs/s.
+async fn run_stage(
+    n: usize,
+    expect: Option<usize>,
+    handler: impl Fn() -> Box<dyn StageHandler>,
+) -> f64 {
+    let dir = tempfile::tempdir().expect("dir");
+    let broker: Arc<dyn Broker> =
+        EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
+    for name in ["in", "out", "s.s.dlq"] {
+        broker
+            .ensure_topic(&TopicSpec {
+                name: name.into(),
+                retention: None,
+            })
+            .await
+            .expect("topic");
+    }
+    let payload = bytes::Bytes::from(vec![b'a'; 64]);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let batch = chunk
+            .iter()
+            .map(|i| Message::new(format!("m{i}"), "in", payload.clone()))
+            .collect();
+        broker.publish(batch).await.expect("publish");
+    }
+    let stage = stage("uppercase", &[]);
+    let setup = StageSetup {
+        pipeline: "s".into(),
+        handlers: (0..CONCURRENCY).map(|_| handler()).collect(),
+        stage,
+        shutdown_timeout: Duration::from_secs(5),
+    };
+    let expect = expect.unwrap_or(n) as u64;
+    let started = Instant::now();
+    let engine = Engine::start(broker.clone(), Arc::new(Metrics::new()), vec![setup])
+        .await
+        .expect("engine");
+    loop {
+        let stats = broker.topic_stats("out").await.expect("stats");
+        if stats.last_seq >= expect {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let rate = expect as f64 / started.elapsed().as_secs_f64();
+    engine.shutdown().await;
+    rate
+}
+
+/// The `uppercase` example's logic in native Rust.
+struct NativeUppercase;
+
+#[async_trait]
+impl StageHandler for NativeUppercase {
+    async fn handle(&mut self, message: &PluginMessage) -> Outcome {
+        if std::str::from_utf8(&message.payload).is_err() {
+            return Err(Failure::new(
+                FailureKind::Rejected,
+                "payload is not UTF-8 text",
+            ));
+        }
+        Ok(vec![Emit {
+            topic: "out".into(),
+            key: message.key.clone(),
+            headers: message.headers.clone(),
+            payload: message.payload.to_ascii_uppercase(),
+        }])
+    }
+}
+
+fn median(samples: &[f64]) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
+fn report(name: &str, a: &[f64], b: &[f64]) {
+    let (ma, mb) = (median(a), median(b));
+    println!("| {name} | {ma:.0} | {mb:.0} | {:.2} |", mb / ma);
+}

@@ -1,0 +1,297 @@
+//! End-to-end helpers: the real `sluice` binary as a daemon, driven over
+//! its admin API, with real plugins built from source.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// One compile cache for the whole test binary, as a daemon host has one.
+pub static CACHE: LazyLock<tempfile::TempDir> =
+    LazyLock::new(|| tempfile::tempdir().expect("a cache dir"));
+
+/// The path of a plugin built from `plugins/`, as text for YAML.
+pub fn plugin(name: &str) -> String {
+    sluice_harness::plugin(name).display().to_string()
+}
+
+/// Writes `yaml` as `pipeline.yaml` in `dir` and returns its path.
+pub fn write_pipeline(dir: &Path, name: &str, yaml: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, yaml).expect("write pipeline");
+    path
+}
+
+/// A running `sluice run`.
+pub struct Daemon {
+    child: Option<Child>,
+    args: Vec<String>,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    log: Arc<Mutex<String>>,
+    http: reqwest::blocking::Client,
+}
+
+impl Daemon {
+    /// Starts `sluice run <files> --data-dir <data>` on a free port and waits
+    /// until it is ready.
+    pub fn start(files: &[&Path], data: &Path) -> Daemon {
+        let mut args: Vec<String> = vec!["run".into()];
+        args.extend(files.iter().map(|f| f.display().to_string()));
+        args.extend([
+            "--data-dir".into(),
+            data.display().to_string(),
+            "--admin".into(),
+            "127.0.0.1:0".into(),
+        ]);
+        let mut daemon = Daemon {
+            child: None,
+            args,
+            base: String::new(),
+            log: Arc::default(),
+            http: reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .expect("http client"),
+        };
+        daemon.spawn();
+        daemon
+    }
+
+    fn spawn(&mut self) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(&self.args)
+            .env("SLUICE_CACHE_DIR", CACHE.path())
+            .env("SLUICE_LOG", "warn,sluice=info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn sluice run");
+        let stderr = child.stderr.take().expect("stderr");
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<String>();
+        let log = self.log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.split("admin on http://").nth(1) {
+                    let addr = rest.split(';').next().unwrap_or_default().to_owned();
+                    let _ = ready_tx.send(addr);
+                }
+                let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        self.child = Some(child);
+        match ready_rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(addr) => self.base = format!("http://{addr}"),
+            Err(_) => panic!("daemon did not become ready; log:\n{}", self.log()),
+        }
+    }
+
+    /// Everything the daemon wrote to stderr so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// SIGKILL, and wait for it to be gone.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM; returns the exit status and how long it took to exit.
+    pub fn sigterm(&mut self) -> (ExitStatus, Duration) {
+        let mut child = self.child.take().expect("running");
+        let started = Instant::now();
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success());
+        let status = child.wait().expect("wait");
+        (status, started.elapsed())
+    }
+
+    /// Starts it again with the same arguments and data.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "still running");
+        self.spawn();
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Publishes messages through the batch ingest endpoint.
+    pub fn publish(&self, topic: &str, messages: &[Msg]) {
+        for chunk in messages.chunks(1000) {
+            let body: String = chunk
+                .iter()
+                .map(|m| {
+                    let mut line = json!({"id": m.id, "payload": m.payload});
+                    if let Some(key) = &m.key {
+                        line["key"] = json!(key);
+                    }
+                    line.to_string() + "\n"
+                })
+                .collect();
+            let response = self
+                .http
+                .post(self.url(&format!("/v1/topics/{topic}/batch")))
+                .header("content-type", "application/x-ndjson")
+                .body(body)
+                .send()
+                .expect("publish");
+            let status = response.status();
+            assert!(
+                status.is_success(),
+                "publish: {status}: {}",
+                response.text().unwrap_or_default()
+            );
+        }
+    }
+
+    /// Publishes one message with raw bytes as its body.
+    pub fn publish_bytes(&self, topic: &str, id: &str, payload: &[u8]) {
+        let response = self
+            .http
+            .post(self.url(&format!("/v1/topics/{topic}/messages")))
+            .header("idempotency-key", id)
+            .body(payload.to_vec())
+            .send()
+            .expect("publish");
+        let status = response.status();
+        assert!(
+            status.is_success(),
+            "publish: {status}: {}",
+            response.text().unwrap_or_default()
+        );
+    }
+
+    /// Every message stored in `topic`, oldest first.
+    pub fn read_all(&self, topic: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut from = 0u64;
+        loop {
+            let page: Value = self
+                .http
+                .get(self.url(&format!(
+                    "/v1/topics/{topic}/messages?from={from}&max=1000&wait_ms=0"
+                )))
+                .send()
+                .expect("read")
+                .json()
+                .expect("read json");
+            let messages = page["messages"].as_array().cloned().unwrap_or_default();
+            if messages.is_empty() {
+                return out;
+            }
+            from = messages
+                .last()
+                .and_then(|m| m["seq"].as_u64())
+                .expect("seq")
+                + 1;
+            out.extend(messages);
+        }
+    }
+
+    /// `GET path` as JSON.
+    pub fn get(&self, path: &str) -> Value {
+        self.http
+            .get(self.url(path))
+            .send()
+            .expect("get")
+            .json()
+            .expect("json")
+    }
+
+    /// `POST path` with a JSON body, as JSON.
+    pub fn post(&self, path: &str, body: Value) -> Value {
+        let response = self
+            .http
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .expect("post");
+        let status = response.status();
+        let value: Value = response.json().expect("json");
+        assert!(status.is_success(), "POST {path}: {status}: {value}");
+        value
+    }
+
+    /// Waits until `done` holds, polling; panics with the log after `limit`.
+    pub fn wait_until(&self, what: &str, limit: Duration, mut done: impl FnMut(&Daemon) -> bool) {
+        let started = Instant::now();
+        while !done(self) {
+            assert!(
+                started.elapsed() < limit,
+                "timed out waiting for {what}; daemon log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A message to publish.
+#[derive(Debug, Clone)]
+pub struct Msg {
+    /// Its id.
+    pub id: String,
+    /// Its payload (text).
+    pub payload: String,
+    /// Its key.
+    pub key: Option<String>,
+}
+
+impl Msg {
+    /// A message without a key.
+    pub fn new(id: impl Into<String>, payload: impl Into<String>) -> Msg {
+        Msg {
+            id: id.into(),
+            payload: payload.into(),
+            key: None,
+        }
+    }
+
+    /// With a key.
+    pub fn key(mut self, key: impl Into<String>) -> Msg {
+        self.key = Some(key.into());
+        self
+    }
+}
+
+/// The value of header `name` of a message as the admin API returns it.
+pub fn header<'a>(message: &'a Value, name: &str) -> Option<&'a str> {
+    message["headers"].as_array()?.iter().find_map(|pair| {
+        let pair = pair.as_array()?;
+        (pair.first()?.as_str()? == name)
+            .then(|| pair.get(1)?.as_str())
+            .flatten()
+    })
+}
+
+/// How many times each value occurs.
+pub fn counts<'a>(values: impl IntoIterator<Item = &'a str>) -> BTreeMap<&'a str, usize> {
+    let mut map = BTreeMap::new();
+    for v in values {
+        *map.entry(v).or_insert(0) += 1;
+    }
+    map
+}
