@@ -64,6 +64,7 @@ pub const PLUGINS: &[&str] = &[
     "crunch",
     "chatty",
     "short-batch",
+    "stamp",
 ];
 
 /// The repository root (the directory of the root `Cargo.toml`), so paths work

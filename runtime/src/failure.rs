@@ -130,18 +130,30 @@ mod tests {
                 "timeout",
                 "out-of-memory",
                 "output-too-large",
-                "undeclared-topic"
+                "undeclared-topic",
+                "claim-missing",
+                "publish-failed"
             ]
         );
     }
 
     #[test]
-    fn only_handler_and_resource_failures_retry() {
+    fn only_transient_failures_retry() {
         let retryable: Vec<_> = FailureKind::ALL
             .iter()
             .filter(|k| k.is_retryable())
             .map(|k| k.as_str())
             .collect();
-        assert_eq!(retryable, ["retry", "trap", "timeout", "out-of-memory"]);
+        assert_eq!(
+            retryable,
+            [
+                "retry",
+                "trap",
+                "timeout",
+                "out-of-memory",
+                "claim-missing",
+                "publish-failed"
+            ]
+        );
     }
 }

@@ -6,15 +6,19 @@
 //! - [`failure`]: the fixed names of the ways an attempt can fail.
 //! - [`broker`]: the queue seam and the embedded durable broker.
 //! - [`dlq`]: dead-letter provenance and redrive.
+//! - [`engine`]: the stage runner: fetch, valve, lanes, invoke, settle.
 //! - [`metrics`]: the Prometheus metrics.
 //! - [`admin`]: the daemon's admin HTTP API (ingest, reads, status, DLQ, metrics).
+//! - [`daemon`]: `sluice run`: load, open, start, drain.
 //! - [`cli`]: the `sluice` command line.
 
 pub mod admin;
 pub mod broker;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod dlq;
+pub mod engine;
 pub mod failure;
 pub mod metrics;
 pub mod plugin;

@@ -584,3 +584,304 @@ async fn a_second_open_of_the_same_directory_fails_clearly() {
         "names the dir: {text}"
     );
 }
+
+// ---------------------------------------------------------------------------
+// Crashes. The test binary re-executes itself as the child: with
+// `CHILD_ENV` set, the named test runs `crash_child` instead of its body.
+
+/// Set in the child: `<data dir>|<always|os>`.
+const CHILD_ENV: &str = "SLUICE_EMBEDDED_CRASH_CHILD";
+
+fn mode_name(sync: SyncMode) -> &'static str {
+    match sync {
+        SyncMode::Always => "always",
+        SyncMode::Os => "os",
+    }
+}
+
+/// The child: publishes batches to `in` and completes deliveries of `p.s`
+/// with one output each to `out`, printing `P <id>` after each publish
+/// returned and `C <id>` after each complete returned, until killed.
+fn crash_child(spec: &str) {
+    use std::io::Write;
+    let (dir, mode) = spec.split_once('|').expect("dir|mode");
+    let sync = if mode == "always" {
+        SyncMode::Always
+    } else {
+        SyncMode::Os
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let b = setup(Path::new(dir), sync, LONG).await;
+        b.ensure_topic(&topic("out")).await.expect("topic");
+        let publisher = {
+            let b = b.clone();
+            async move {
+                for i in 0u64.. {
+                    let batch: Vec<Message> =
+                        (0..20).map(|j| msg(&format!("m{i}-{j}"), "in")).collect();
+                    let acks = b.publish(batch.clone()).await.expect("publish");
+                    assert!(acks.iter().all(|a| !a.duplicate));
+                    let mut out = std::io::stdout().lock();
+                    for m in &batch {
+                        writeln!(out, "P {}", m.id).expect("stdout");
+                    }
+                    out.flush().expect("flush");
+                }
+            }
+        };
+        let worker = async move {
+            loop {
+                let ds = b
+                    .fetch("p.s", 50, Duration::from_millis(100))
+                    .await
+                    .expect("fetch");
+                for d in ds {
+                    let output = msg(&format!("o-{}", d.message.id), "out");
+                    b.complete(&d.receipt, vec![output])
+                        .await
+                        .expect("complete");
+                    let mut out = std::io::stdout().lock();
+                    writeln!(out, "C {}", d.message.id).expect("stdout");
+                    out.flush().expect("flush");
+                }
+            }
+        };
+        tokio::join!(publisher, worker);
+    });
+}
+
+/// What the child printed before it was killed.
+#[derive(Default)]
+struct ChildLog {
+    published: Vec<String>,
+    completed: Vec<String>,
+}
+
+/// Runs the test `name` as a crash child on `dir`, SIGKILLs it once it has
+/// published and completed enough, and returns what it printed.
+fn run_and_kill_child(name: &str, dir: &Path, sync: SyncMode) -> ChildLog {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut child = Command::new(exe)
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, format!("{}|{}", dir.display(), mode_name(sync)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut log = ChildLog::default();
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    let record = |line: String, log: &mut ChildLog| {
+        if let Some(id) = line.strip_prefix("P ") {
+            log.published.push(id.to_owned());
+        } else if let Some(id) = line.strip_prefix("C ") {
+            log.completed.push(id.to_owned());
+        }
+    };
+    while log.published.len() < 3000 || log.completed.len() < 300 {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "child made too little progress: {} published, {} completed",
+            log.published.len(),
+            log.completed.len()
+        );
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => record(line, &mut log),
+            Err(e) => panic!("child stopped printing: {e}"),
+        }
+    }
+    child.kill().expect("SIGKILL the child");
+    let status = child.wait().expect("wait");
+    assert!(!status.success(), "the child was killed, not finished");
+    // Everything it printed before dying is still in the pipe.
+    for line in rx {
+        record(line, &mut log);
+    }
+    reader.join().expect("reader");
+    log
+}
+
+/// Checks a store after a crash: every acknowledged publish is there (as
+/// the message, or as its output if it was completed), every returned
+/// complete left its output, no output exists twice, and no message is
+/// both completed (output stored) and still deliverable.
+async fn check_after_crash(dir: &Path, sync: SyncMode, log: &ChildLog) {
+    use std::collections::{HashMap, HashSet};
+    let b = open(dir, sync);
+    let stored_in: HashSet<String> = b
+        .read("in", 0, 10_000_000, Duration::ZERO)
+        .await
+        .expect("read in")
+        .into_iter()
+        .map(|s| s.message.id)
+        .collect();
+    let mut outputs: HashMap<String, usize> = HashMap::new();
+    for s in b
+        .read("out", 0, 10_000_000, Duration::ZERO)
+        .await
+        .expect("read out")
+    {
+        *outputs.entry(s.message.id).or_default() += 1;
+    }
+    assert!(
+        outputs.values().all(|n| *n == 1),
+        "an output was stored twice"
+    );
+    for id in &log.published {
+        assert!(
+            stored_in.contains(id) || outputs.contains_key(&format!("o-{id}")),
+            "{sync:?}: acknowledged publish {id} was lost"
+        );
+    }
+    for id in &log.completed {
+        assert!(
+            outputs.contains_key(&format!("o-{id}")),
+            "{sync:?}: output of completed {id} was lost"
+        );
+    }
+    // Atomicity: whatever is still deliverable has no output yet.
+    loop {
+        let ds = b.fetch("p.s", 1000, Duration::ZERO).await.expect("fetch");
+        if ds.is_empty() {
+            break;
+        }
+        for d in &ds {
+            assert!(
+                !outputs.contains_key(&format!("o-{}", d.message.id)),
+                "{sync:?}: {} has its output stored but was not acked",
+                d.message.id
+            );
+            b.ack(&d.receipt).await.expect("ack");
+        }
+    }
+}
+
+fn crash_test(name: &str, sync: SyncMode) {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        crash_child(&spec);
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = run_and_kill_child(name, dir.path(), sync);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(check_after_crash(dir.path(), sync, &log));
+}
+
+#[test]
+fn kill_9_loses_no_acknowledged_write_sync_always() {
+    crash_test(
+        "kill_9_loses_no_acknowledged_write_sync_always",
+        SyncMode::Always,
+    );
+}
+
+#[test]
+fn kill_9_loses_no_acknowledged_write_sync_os() {
+    crash_test("kill_9_loses_no_acknowledged_write_sync_os", SyncMode::Os);
+}
+
+/// The newest journal file of a store.
+fn newest_journal(dir: &Path) -> std::path::PathBuf {
+    let store = dir.join("store");
+    std::fs::read_dir(&store)
+        .expect("read store dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jnl"))
+        .max_by_key(|p| {
+            p.file_stem()
+                .and_then(|s| s.to_str())
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .unwrap_or_else(|| panic!("no journal in {}", store.display()))
+}
+
+/// After a crash, the journal's tail is damaged in one of two ways; open
+/// must recover every acknowledged write and stay usable.
+fn torn_tail_test(name: &str, sync: SyncMode) {
+    use std::io::Write;
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        crash_child(&spec);
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    for damage in ["garbage", "truncated"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = run_and_kill_child(name, dir.path(), sync);
+        let journal = newest_journal(dir.path());
+        match damage {
+            "garbage" => {
+                // Bytes that are not a batch at all.
+                let mut f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&journal)
+                    .expect("open journal");
+                let junk: Vec<u8> = (0..4096u32).map(|i| (i * 7919 % 251) as u8).collect();
+                f.write_all(&junk).expect("append garbage");
+            }
+            _ => {
+                // A batch cut in the middle: write one more (unacknowledged)
+                // batch, then chop the journal inside it.
+                let before = {
+                    let b = open(dir.path(), sync);
+                    let journal = newest_journal(dir.path());
+                    let before = std::fs::metadata(&journal).expect("stat").len();
+                    rt.block_on(async {
+                        let torn: Vec<Message> =
+                            (0..50).map(|j| msg(&format!("torn-{j}"), "in")).collect();
+                        b.publish(torn).await.expect("publish");
+                    });
+                    (journal, before)
+                };
+                let (journal, before) = before;
+                let after = std::fs::metadata(&journal).expect("stat").len();
+                assert!(after > before, "the extra batch reached the journal");
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&journal)
+                    .expect("open journal");
+                f.set_len(before + (after - before) / 2).expect("truncate");
+            }
+        }
+        rt.block_on(async {
+            check_after_crash(dir.path(), sync, &log).await;
+            // Still usable: publish, and the seq moves on.
+            let b = open(dir.path(), sync);
+            let last = b.topic_stats("in").await.expect("stats").last_seq;
+            let acks = b
+                .publish(vec![msg("after-recovery", "in")])
+                .await
+                .expect("publish after recovery");
+            assert_eq!(acks[0].seq, last + 1, "{damage}");
+        });
+    }
+}
+
+#[test]
+fn torn_journal_tail_is_recovered_sync_always() {
+    torn_tail_test(
+        "torn_journal_tail_is_recovered_sync_always",
+        SyncMode::Always,
+    );
+}
+
+#[test]
+fn torn_journal_tail_is_recovered_sync_os() {
+    torn_tail_test("torn_journal_tail_is_recovered_sync_os", SyncMode::Os);
+}

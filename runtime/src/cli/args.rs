@@ -22,14 +22,18 @@ pub(crate) struct CacheArgs {
 impl CacheArgs {
     /// A plugin host set up as `config` says, with this cache.
     pub(crate) fn host(&self, config: HostConfig) -> Result<PluginHost, HostError> {
-        let cache_dir = match self.no_cache {
-            true => None,
-            false => self.cache_dir.clone().or_else(default_cache_dir),
-        };
         PluginHost::new(HostConfig {
-            cache_dir,
+            cache_dir: self.dir(),
             ..config
         })
+    }
+
+    /// The cache directory these flags choose (None: no cache).
+    pub(crate) fn dir(&self) -> Option<PathBuf> {
+        match self.no_cache {
+            true => None,
+            false => self.cache_dir.clone().or_else(default_cache_dir),
+        }
     }
 }
 

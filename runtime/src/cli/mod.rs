@@ -9,6 +9,7 @@ mod client;
 mod dlq;
 mod plugin_test;
 mod publish;
+mod run;
 mod schema;
 mod status;
 mod table;
@@ -32,6 +33,16 @@ pub struct Cli {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run pipelines: the daemon.
+    ///
+    /// Checks every file and plugin first (exit 2 and nothing started if any is wrong),
+    /// then opens the embedded broker in --data-dir, serves the admin API on --admin and
+    /// runs every stage until SIGTERM or SIGINT. On shutdown it stops fetching, lets
+    /// in-flight messages finish within each pipeline's `shutdown_timeout`, returns the
+    /// rest to the queue and exits 0. Logs go to stderr (filter with SLUICE_LOG).
+    ///
+    /// Example: sluice run pipelines/ --data-dir /var/lib/sluice --admin 127.0.0.1:7400
+    Run(run::Args),
     /// Work with handler plugins (WebAssembly components).
     #[command(subcommand)]
     Plugin(PluginCommand),
@@ -110,6 +121,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
     match cli.command {
+        Command::Run(args) => run::run(args),
         Command::Plugin(PluginCommand::Test(args)) => plugin_test::run(args),
         Command::Validate(args) => validate::run(args),
         Command::Schema => schema::run(),
@@ -120,17 +132,21 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr; `SLUICE_LOG` (or `RUST_LOG`) sets the filter, `info` by default.
+/// Logs to stderr; `SLUICE_LOG` (or `RUST_LOG`) sets the filter, `info` by
+/// default with the storage engine's housekeeping quieted. Colours only on a
+/// terminal, so logs piped to a file or journald stay plain text.
 fn init_logging() {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = std::env::var("SLUICE_LOG")
         .ok()
         .or_else(|| std::env::var("RUST_LOG").ok())
         .and_then(|f| EnvFilter::try_new(f).ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
+        .unwrap_or_else(|| EnvFilter::new("info,fjall=warn,lsm_tree=warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .try_init();
 }

@@ -1,0 +1,34 @@
+//! What a stage calls for each message: a plugin worker, or (for benchmarks
+//! and tests) native Rust code behind the same interface.
+
+use async_trait::async_trait;
+
+use crate::plugin::{Message, Outcome, Worker};
+
+/// One worker slot of a stage. A stage with `concurrency: N` owns N of them
+/// and lends each to one call at a time.
+#[async_trait]
+pub trait StageHandler: Send {
+    /// Handles one message.
+    async fn handle(&mut self, message: &Message) -> Outcome;
+
+    /// Handles a batch, one outcome per message, in order.
+    async fn handle_batch(&mut self, messages: &[Message]) -> Vec<Outcome> {
+        let mut outcomes = Vec::with_capacity(messages.len());
+        for message in messages {
+            outcomes.push(self.handle(message).await);
+        }
+        outcomes
+    }
+}
+
+#[async_trait]
+impl StageHandler for Worker {
+    async fn handle(&mut self, message: &Message) -> Outcome {
+        Worker::handle(self, message).await
+    }
+
+    async fn handle_batch(&mut self, messages: &[Message]) -> Vec<Outcome> {
+        Worker::handle_batch(self, messages).await
+    }
+}

@@ -1,0 +1,82 @@
+//! The stage runner: for each stage, fetch → valve → ordering lane →
+//! invoke → settle.
+//!
+//! - `stage`: the fetch loop, the concurrency valve, per-key lanes, the
+//!   lease heartbeat and graceful drain;
+//! - `settle`: DESIGN's outcome table (complete, nak with backoff,
+//!   dead-letter with provenance);
+//! - `backoff`: exponential backoff with jitter;
+//! - `ids`: deterministic output ids;
+//! - `handler`: what a worker slot is (a plugin worker, or native code).
+//!
+//! The engine only talks to a [`Broker`], so the same code runs on the
+//! embedded broker and on NATS.
+
+mod backoff;
+mod handler;
+mod ids;
+mod settle;
+mod stage;
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+pub use backoff::delay as backoff_delay;
+pub use handler::StageHandler;
+pub use ids::emit_id;
+pub use stage::StageSetup;
+
+use crate::broker::{Broker, BrokerError};
+use crate::metrics::Metrics;
+
+/// Running stages. Dropping it without [`Engine::shutdown`] aborts nothing:
+/// the stage tasks keep running until the runtime ends.
+pub struct Engine {
+    stop: watch::Sender<bool>,
+    stages: Vec<JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Declares each stage's consumer and starts its loop.
+    pub async fn start(
+        broker: Arc<dyn Broker>,
+        metrics: Arc<Metrics>,
+        setups: Vec<StageSetup>,
+    ) -> Result<Engine, BrokerError> {
+        for setup in &setups {
+            broker.ensure_consumer(&setup.consumer()).await?;
+        }
+        let (stop, stopped) = watch::channel(false);
+        let stages = setups
+            .into_iter()
+            .map(|setup| {
+                let span = tracing::info_span!(
+                    "stage",
+                    pipeline = %setup.pipeline,
+                    stage = %setup.stage.name
+                );
+                let runner = Arc::new(stage::StageRunner::new(
+                    setup,
+                    broker.clone(),
+                    metrics.clone(),
+                ));
+                tokio::spawn(runner.run(stopped.clone()).instrument(span))
+            })
+            .collect();
+        Ok(Engine { stop, stages })
+    }
+
+    /// Stops fetching, lets in-flight work finish within each pipeline's
+    /// `shutdown_timeout`, naks the rest and returns when every stage is done.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for stage in self.stages {
+            if let Err(err) = stage.await {
+                tracing::error!(error = %err, "a stage task ended abnormally");
+            }
+        }
+    }
+}

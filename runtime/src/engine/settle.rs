@@ -1,0 +1,251 @@
+//! What happens to a delivery after its handler returns: DESIGN's outcome
+//! table, in one place.
+//!
+//! | outcome | action |
+//! |---|---|
+//! | `ok(emits)` | publish the emits with deterministic ids and ack, in one `complete` |
+//! | retryable failure, attempts left | nak with backoff (or retry in place, for ordered stages) |
+//! | retryable failure, attempts used up | dead-letter with provenance |
+//! | permanent failure (`rejected`, `output-too-large`, `undeclared-topic`) | dead-letter now |
+//! | the broker refuses the outputs | `publish-failed`: retry like any retryable failure |
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{backoff, ids};
+use crate::broker::{Broker, BrokerError, Delivery, Message, now_millis};
+use crate::config::{Backoff, Stage};
+use crate::dlq::Provenance;
+use crate::failure::{Failure, FailureKind};
+use crate::metrics::Metrics;
+use crate::plugin::{Emit, Outcome};
+
+/// What the caller does next with a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Next {
+    /// Settled (acked, naked or dead-lettered); nothing more to do.
+    Done,
+    /// Retry in place after this delay (ordered stages only).
+    RetryAfter(Duration),
+}
+
+/// The most first-failure times remembered; beyond it the map is cleared
+/// (a DLQ entry then reports its last failure as its first).
+const MAX_REMEMBERED_FAILURES: usize = 100_000;
+
+/// Settles deliveries of one stage.
+pub(super) struct Settler {
+    pipeline: String,
+    stage: String,
+    dlq_topic: String,
+    max_attempts: u32,
+    backoff: Backoff,
+    broker: Arc<dyn Broker>,
+    metrics: Arc<Metrics>,
+    /// When each failing message first failed, by message id.
+    first_failures: Mutex<HashMap<String, u64>>,
+}
+
+impl Settler {
+    pub(super) fn new(
+        pipeline: &str,
+        stage: &Stage,
+        broker: Arc<dyn Broker>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Settler {
+            pipeline: pipeline.to_owned(),
+            stage: stage.name.clone(),
+            dlq_topic: stage.dlq_topic(pipeline),
+            max_attempts: stage.retry.max_attempts.get(),
+            backoff: stage.retry.backoff.clone(),
+            broker,
+            metrics,
+            first_failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Records one handler call's duration.
+    pub(super) fn observe(&self, elapsed: Duration) {
+        self.metrics
+            .observe_handler(&self.pipeline, &self.stage, elapsed.as_secs_f64());
+    }
+
+    /// Acks a delivery this stage does not handle (a redrive for another stage).
+    pub(super) async fn skip(&self, delivery: &Delivery) {
+        match self.broker.ack(&delivery.receipt).await {
+            Ok(()) => self.count("skipped"),
+            Err(err) => {
+                tracing::warn!(seq = delivery.seq, error = %err, "could not ack a skipped redrive; it will be redelivered")
+            }
+        }
+    }
+
+    /// Applies the outcome table to one attempt (`attempt` is 1-based).
+    pub(super) async fn settle(
+        &self,
+        delivery: &Delivery,
+        attempt: u32,
+        outcome: Outcome,
+        retry_in_place: bool,
+    ) -> Next {
+        let failure = match outcome {
+            Ok(emits) => match self.complete(delivery, emits).await {
+                Ok(()) => return Next::Done,
+                Err(failure) => failure,
+            },
+            Err(failure) => failure,
+        };
+        self.fail(delivery, attempt, failure, retry_in_place).await
+    }
+
+    /// Publishes the emits and acks, as one broker step.
+    async fn complete(&self, delivery: &Delivery, emits: Vec<Emit>) -> Result<(), Failure> {
+        let outputs: Vec<Message> = emits
+            .into_iter()
+            .enumerate()
+            .map(|(index, emit)| Message {
+                id: ids::emit_id(&self.pipeline, &self.stage, &delivery.message.id, index),
+                topic: emit.topic,
+                key: emit.key,
+                headers: emit.headers,
+                payload: Bytes::from(emit.payload),
+                published_at: 0,
+            })
+            .collect();
+        let mut per_topic: Vec<(String, u64)> = Vec::new();
+        for output in &outputs {
+            match per_topic.iter_mut().find(|(t, _)| *t == output.topic) {
+                Some((_, n)) => *n += 1,
+                None => per_topic.push((output.topic.clone(), 1)),
+            }
+        }
+        match self.broker.complete(&delivery.receipt, outputs).await {
+            Ok(()) => {
+                self.count("ok");
+                for (topic, n) in per_topic {
+                    self.metrics.count_published(&topic, n);
+                }
+                self.forget_failure(&delivery.message.id);
+                Ok(())
+            }
+            Err(BrokerError::LeaseLost(why)) => {
+                // Another delivery of this message owns it now; its outcome
+                // counts, this one changed nothing.
+                tracing::warn!(seq = delivery.seq, %why, "lease lost before completing; outputs discarded");
+                Ok(())
+            }
+            Err(err) => Err(Failure::new(
+                FailureKind::PublishFailed,
+                format!("publishing outputs failed: {err}"),
+            )),
+        }
+    }
+
+    async fn fail(
+        &self,
+        delivery: &Delivery,
+        attempt: u32,
+        failure: Failure,
+        retry_in_place: bool,
+    ) -> Next {
+        let now = now_millis();
+        let first = *self
+            .first_failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(delivery.message.id.clone())
+            .or_insert(now);
+        let retryable = failure.kind.is_retryable();
+        if retryable && attempt < self.max_attempts {
+            let delay = failure
+                .retry_after
+                .unwrap_or_else(|| backoff::delay(&self.backoff, attempt));
+            self.count(failure.kind.as_str());
+            tracing::warn!(
+                id = %delivery.message.id,
+                seq = delivery.seq,
+                attempt,
+                max_attempts = self.max_attempts,
+                kind = %failure.kind,
+                error = %failure.message,
+                retry_in = ?delay,
+                "attempt failed; will retry"
+            );
+            if retry_in_place {
+                return Next::RetryAfter(delay);
+            }
+            if let Err(err) = self.broker.nak(&delivery.receipt, delay).await {
+                tracing::warn!(seq = delivery.seq, error = %err, "nak failed; the lease will expire and the message come back");
+            }
+            return Next::Done;
+        }
+        let provenance = Provenance {
+            pipeline: self.pipeline.clone(),
+            stage: self.stage.clone(),
+            source_topic: delivery.message.topic.clone(),
+            source_seq: delivery.seq,
+            original_id: delivery.message.id.clone(),
+            attempts: attempt,
+            kind: failure.kind.as_str().to_owned(),
+            error: failure.message.clone(),
+            first_failure: first,
+            last_failure: now,
+        };
+        let mut entry = delivery.message.clone();
+        entry.topic.clone_from(&self.dlq_topic);
+        provenance.stamp(&mut entry);
+        tracing::error!(
+            id = %delivery.message.id,
+            seq = delivery.seq,
+            attempts = attempt,
+            kind = %failure.kind,
+            error = %failure.message,
+            dlq = %self.dlq_topic,
+            "dead-lettering"
+        );
+        match self.broker.dead_letter(&delivery.receipt, entry).await {
+            Ok(()) => {
+                self.count("dead-lettered");
+                self.metrics.count_published(&self.dlq_topic, 1);
+                self.forget_failure(&delivery.message.id);
+                Next::Done
+            }
+            Err(BrokerError::LeaseLost(why)) => {
+                tracing::warn!(seq = delivery.seq, %why, "lease lost before dead-lettering");
+                Next::Done
+            }
+            Err(err) => {
+                // Nothing is dropped: the message stays with the broker and
+                // comes back; the next attempt dead-letters it again.
+                let delay = backoff::delay(&self.backoff, attempt);
+                tracing::error!(seq = delivery.seq, error = %err, retry_in = ?delay, "dead-lettering failed; will retry");
+                if retry_in_place {
+                    return Next::RetryAfter(delay);
+                }
+                if let Err(err) = self.broker.nak(&delivery.receipt, delay).await {
+                    tracing::warn!(seq = delivery.seq, error = %err, "nak failed; the lease will expire and the message come back");
+                }
+                Next::Done
+            }
+        }
+    }
+
+    fn count(&self, outcome: &str) {
+        self.metrics
+            .count_processed(&self.pipeline, &self.stage, outcome);
+    }
+
+    fn forget_failure(&self, id: &str) {
+        let mut map = self
+            .first_failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if map.remove(id).is_none() && map.len() > MAX_REMEMBERED_FAILURES {
+            map.clear();
+        }
+    }
+}

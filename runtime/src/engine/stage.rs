@@ -1,0 +1,435 @@
+//! One stage at work: fetch → valve → ordering lane → invoke → settle.
+//!
+//! The fetch loop holds one in-flight permit per unsettled delivery, so a
+//! stage never holds more than its in-flight limit however fast its topic
+//! fills (backpressure stays in the broker, on disk). Handlers run under the
+//! concurrency valve: `concurrency` worker slots, one call each. Every
+//! unsettled lease is in `leases`, which the heartbeat extends and shutdown
+//! naks.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use super::handler::StageHandler;
+use super::settle::{Next, Settler};
+use crate::broker::{Broker, BrokerError, ConsumerSpec, Delivery, Receipt, consumer_name};
+use crate::config::{OrderingKey, Stage};
+use crate::dlq;
+use crate::metrics::Metrics;
+use crate::plugin::Message as PluginMessage;
+
+/// Everything needed to run one stage.
+pub struct StageSetup {
+    /// The pipeline's name.
+    pub pipeline: String,
+    /// The stage as configured.
+    pub stage: Stage,
+    /// How long shutdown waits for in-flight work before naking it.
+    pub shutdown_timeout: Duration,
+    /// One handler per worker slot: `stage.concurrency` of them.
+    pub handlers: Vec<Box<dyn StageHandler>>,
+}
+
+impl StageSetup {
+    /// The broker consumer this stage reads through.
+    pub fn consumer(&self) -> ConsumerSpec {
+        ConsumerSpec {
+            name: consumer_name(&self.pipeline, &self.stage.name),
+            topic: self.stage.subscribe.topic.clone(),
+            filter: self.stage.subscribe.filter.clone(),
+            ack_wait: self.stage.ack_wait.get(),
+            max_ack_pending: self.stage.max_ack_pending,
+        }
+    }
+}
+
+/// A fetched delivery and the in-flight permit it holds until settled.
+struct Job {
+    delivery: Delivery,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// Shared state of a running stage.
+pub(super) struct StageRunner {
+    pub(super) settler: Settler,
+    broker: Arc<dyn Broker>,
+    consumer: Arc<str>,
+    ack_wait: Duration,
+    /// `<pipeline>/<stage>`, what a redriven message names in `sluice-redrive-to`.
+    target: String,
+    ordering: Option<OrderingKey>,
+    batch: Option<(usize, Duration)>,
+    shutdown_timeout: Duration,
+    max_in_flight: usize,
+    /// Unsettled deliveries.
+    inflight: Arc<Semaphore>,
+    /// The concurrency valve: free worker slots.
+    valve: Arc<Semaphore>,
+    pool: Mutex<Vec<Box<dyn StageHandler>>>,
+    leases: Mutex<HashMap<u64, Receipt>>,
+    /// Per-key queues of deliveries waiting behind a running one.
+    lanes: Mutex<HashMap<String, VecDeque<Job>>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl StageRunner {
+    pub(super) fn new(setup: StageSetup, broker: Arc<dyn Broker>, metrics: Arc<Metrics>) -> Self {
+        let stage = &setup.stage;
+        let concurrency = setup.handlers.len().max(1);
+        let batch = stage.batch.as_ref().map(|b| {
+            (
+                usize::try_from(b.max.get()).unwrap_or(usize::MAX),
+                b.wait.get(),
+            )
+        });
+        let per_call = batch.map_or(1, |(max, _)| max);
+        let max_in_flight = match stage.max_ack_pending {
+            Some(limit) => usize::try_from(limit).unwrap_or(usize::MAX).max(per_call),
+            None => (concurrency * per_call * 2).max(64),
+        };
+        StageRunner {
+            settler: Settler::new(&setup.pipeline, stage, broker.clone(), metrics),
+            consumer: consumer_name(&setup.pipeline, &stage.name).into(),
+            ack_wait: stage.ack_wait.get(),
+            target: format!("{}/{}", setup.pipeline, stage.name),
+            ordering: stage.ordering.as_ref().map(|o| o.key.clone()),
+            batch,
+            shutdown_timeout: setup.shutdown_timeout,
+            max_in_flight,
+            inflight: Arc::new(Semaphore::new(max_in_flight)),
+            valve: Arc::new(Semaphore::new(concurrency)),
+            pool: Mutex::new(setup.handlers),
+            leases: Mutex::new(HashMap::new()),
+            lanes: Mutex::new(HashMap::new()),
+            broker,
+        }
+    }
+
+    /// Runs until `stop` turns true, then drains: queued deliveries are
+    /// naked at once, running ones get `shutdown_timeout` to finish, and
+    /// whatever is still unsettled after that is naked.
+    pub(super) async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let heartbeat = tokio::spawn(self.clone().heartbeat());
+        let mut tasks = JoinSet::new();
+        let mut fetch_errors = 0u32;
+        while !*stop.borrow() {
+            while tasks.try_join_next().is_some() {}
+            let permits = tokio::select! {
+                permits = self.reserve() => permits,
+                _ = stop.changed() => break,
+            };
+            let fetched = tokio::select! {
+                fetched = self.fetch(permits.len()) => fetched,
+                _ = stop.changed() => break,
+            };
+            match fetched {
+                Ok(deliveries) => {
+                    fetch_errors = 0;
+                    let jobs: Vec<Job> = deliveries
+                        .into_iter()
+                        .zip(permits)
+                        .map(|(delivery, permit)| Job {
+                            delivery,
+                            _permit: permit,
+                        })
+                        .collect();
+                    self.dispatch(jobs, &mut tasks).await;
+                }
+                Err(err) => {
+                    fetch_errors = fetch_errors.saturating_add(1);
+                    let pause = Duration::from_millis(100)
+                        .saturating_mul(fetch_errors.min(50))
+                        .min(Duration::from_secs(5));
+                    tracing::warn!(error = %err, retry_in = ?pause, "fetch failed");
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
+        self.drain(tasks).await;
+        heartbeat.abort();
+    }
+
+    /// Waits for one in-flight permit, then takes as many more as are free,
+    /// up to one fetch's worth.
+    async fn reserve(&self) -> Vec<OwnedSemaphorePermit> {
+        let want = self
+            .batch
+            .map_or(256, |(max, _)| max)
+            .min(self.max_in_flight);
+        let mut permits = Vec::with_capacity(want);
+        if let Ok(first) = self.inflight.clone().acquire_owned().await {
+            permits.push(first);
+        }
+        while permits.len() < want {
+            match self.inflight.clone().try_acquire_owned() {
+                Ok(permit) => permits.push(permit),
+                Err(_) => break,
+            }
+        }
+        permits
+    }
+
+    /// Fetches up to `max` deliveries and records their leases. A batch
+    /// stage keeps fetching until the batch is full or its wait is over.
+    async fn fetch(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
+        let mut out = match self.batch {
+            None => {
+                self.broker
+                    .fetch(&self.consumer, max, Duration::from_secs(1))
+                    .await?
+            }
+            Some((_, wait)) => {
+                let mut out = self
+                    .broker
+                    .fetch(&self.consumer, max, Duration::from_secs(1))
+                    .await?;
+                let deadline = Instant::now() + wait;
+                while !out.is_empty() && out.len() < max {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    let more = self
+                        .broker
+                        .fetch(&self.consumer, max - out.len(), left)
+                        .await?;
+                    if more.is_empty() {
+                        break;
+                    }
+                    out.extend(more);
+                }
+                out
+            }
+        };
+        out.truncate(max);
+        let mut leases = lock(&self.leases);
+        for delivery in &out {
+            leases.insert(delivery.seq, delivery.receipt.clone());
+        }
+        Ok(out)
+    }
+
+    /// Skips redrives meant for another stage, then routes each delivery to
+    /// its ordering lane or straight to a task.
+    async fn dispatch(self: &Arc<Self>, jobs: Vec<Job>, tasks: &mut JoinSet<()>) {
+        let mut ready = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            match job.delivery.message.header(dlq::REDRIVE_TO) {
+                Some(target) if target != self.target => {
+                    self.settler.skip(&job.delivery).await;
+                    self.forget(job.delivery.seq);
+                }
+                _ => ready.push(job),
+            }
+        }
+        if ready.is_empty() {
+            return;
+        }
+        if self.batch.is_some() {
+            let runner = self.clone();
+            tasks.spawn(async move { runner.process_batch(ready).await }.in_current_span());
+            return;
+        }
+        for job in ready {
+            let Some(key) = self.lane_key(&job.delivery.message) else {
+                let runner = self.clone();
+                tasks.spawn(async move { runner.process(job, false).await }.in_current_span());
+                continue;
+            };
+            {
+                let mut lanes = lock(&self.lanes);
+                if let Some(queue) = lanes.get_mut(&key) {
+                    queue.push_back(job);
+                    continue;
+                }
+                lanes.insert(key.clone(), VecDeque::new());
+            }
+            let runner = self.clone();
+            tasks.spawn(async move { runner.run_lane(key, job).await }.in_current_span());
+        }
+    }
+
+    /// The ordering key of a message, if the stage orders and it has one.
+    fn lane_key(&self, message: &crate::broker::Message) -> Option<String> {
+        match self.ordering.as_ref()? {
+            OrderingKey::Key => message.key.clone(),
+            OrderingKey::Header(name) => message.header(name).map(str::to_owned),
+        }
+    }
+
+    /// Handles `first` and then every delivery queued behind it on `key`,
+    /// one at a time, in order. Retries happen in place, so a failing
+    /// message holds back only its own key.
+    async fn run_lane(self: Arc<Self>, key: String, first: Job) {
+        let mut next = Some(first);
+        while let Some(job) = next {
+            self.process(job, true).await;
+            let mut lanes = lock(&self.lanes);
+            next = lanes.get_mut(&key).and_then(VecDeque::pop_front);
+            if next.is_none() {
+                lanes.remove(&key);
+            }
+        }
+    }
+
+    /// Handles one delivery to the end: invoke, settle, and for an ordered
+    /// stage retry in place until it is settled.
+    async fn process(&self, job: Job, retry_in_place: bool) {
+        let delivery = &job.delivery;
+        let mut attempt = delivery.attempt;
+        loop {
+            let message = to_plugin_message(delivery, attempt);
+            let outcome = {
+                let _slot = self.valve.acquire().await;
+                let mut handler = self.take_handler();
+                let started = Instant::now();
+                let outcome = match handler.as_mut() {
+                    Some(handler) => handler.handle(&message).await,
+                    None => Err(crate::Failure::new(
+                        crate::FailureKind::Trap,
+                        "no worker slot free (engine bug)",
+                    )),
+                };
+                self.settler.observe(started.elapsed());
+                if let Some(handler) = handler {
+                    lock(&self.pool).push(handler);
+                }
+                outcome
+            };
+            match self
+                .settler
+                .settle(delivery, attempt, outcome, retry_in_place)
+                .await
+            {
+                Next::Done => break,
+                Next::RetryAfter(delay) => {
+                    tokio::time::sleep(delay).await;
+                    attempt = attempt.saturating_add(1);
+                }
+            }
+        }
+        self.forget(delivery.seq);
+    }
+
+    /// Hands a batch to one worker slot and settles each item on its own.
+    async fn process_batch(&self, jobs: Vec<Job>) {
+        let messages: Vec<PluginMessage> = jobs
+            .iter()
+            .map(|job| to_plugin_message(&job.delivery, job.delivery.attempt))
+            .collect();
+        let outcomes = {
+            let _slot = self.valve.acquire().await;
+            let mut handler = self.take_handler();
+            let started = Instant::now();
+            let outcomes = match handler.as_mut() {
+                Some(handler) => handler.handle_batch(&messages).await,
+                None => vec![
+                    Err(crate::Failure::new(
+                        crate::FailureKind::Trap,
+                        "no worker slot free (engine bug)"
+                    ));
+                    messages.len()
+                ],
+            };
+            self.settler.observe(started.elapsed());
+            if let Some(handler) = handler {
+                lock(&self.pool).push(handler);
+            }
+            outcomes
+        };
+        for (job, outcome) in jobs.iter().zip(outcomes) {
+            let delivery = &job.delivery;
+            // Batch items are naked for their retries: holding a whole
+            // batch back for one item would stall the rest.
+            self.settler
+                .settle(delivery, delivery.attempt, outcome, false)
+                .await;
+            self.forget(delivery.seq);
+        }
+    }
+
+    fn take_handler(&self) -> Option<Box<dyn StageHandler>> {
+        lock(&self.pool).pop()
+    }
+
+    fn forget(&self, seq: u64) {
+        lock(&self.leases).remove(&seq);
+    }
+
+    /// Extends every unsettled lease at a third of `ack_wait`, so a slow
+    /// handler (or a delivery queued in a lane) is never redelivered while
+    /// this daemon still holds it.
+    async fn heartbeat(self: Arc<Self>) {
+        let period = (self.ack_wait / 3).max(Duration::from_millis(50));
+        let mut ticker = tokio::time::interval(period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
+        loop {
+            ticker.tick().await;
+            let receipts: Vec<Receipt> = lock(&self.leases).values().cloned().collect();
+            for receipt in receipts {
+                if let Err(err) = self.broker.in_progress(&receipt).await {
+                    tracing::debug!(seq = receipt.seq, error = %err, "lease extension failed");
+                }
+            }
+        }
+    }
+
+    /// Shutdown: nak what is queued, give running work `shutdown_timeout`,
+    /// then stop it and nak what is left.
+    async fn drain(&self, mut tasks: JoinSet<()>) {
+        let queued: Vec<Job> = lock(&self.lanes)
+            .values_mut()
+            .flat_map(|queue| queue.drain(..))
+            .collect();
+        for job in queued {
+            self.release(&job.delivery.receipt).await;
+            self.forget(job.delivery.seq);
+        }
+        let finished = tokio::time::timeout(self.shutdown_timeout, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if finished.is_err() {
+            tracing::warn!(
+                running = tasks.len(),
+                timeout = ?self.shutdown_timeout,
+                "shutdown timeout reached; stopping running handlers and naking their messages"
+            );
+            tasks.abort_all();
+            while tasks.join_next().await.is_some() {}
+        }
+        let left: Vec<Receipt> = lock(&self.leases).drain().map(|(_, r)| r).collect();
+        for receipt in left {
+            self.release(&receipt).await;
+        }
+    }
+
+    async fn release(&self, receipt: &Receipt) {
+        if let Err(err) = self.broker.nak(receipt, Duration::ZERO).await {
+            tracing::debug!(seq = receipt.seq, error = %err, "nak on shutdown failed; the lease will expire instead");
+        }
+    }
+}
+
+/// The plugin's view of a delivery.
+fn to_plugin_message(delivery: &Delivery, attempt: u32) -> PluginMessage {
+    let message = &delivery.message;
+    PluginMessage {
+        id: message.id.clone(),
+        topic: message.topic.clone(),
+        key: message.key.clone(),
+        headers: message.headers.clone(),
+        payload: message.payload.to_vec(),
+        attempt,
+        published_at: message.published_at,
+    }
+}
