@@ -50,7 +50,9 @@ pub enum DaemonError {
     #[error(transparent)]
     Plugin(#[from] LoadError),
     /// The admin address could not be bound.
-    #[error("cannot listen on {addr}: {source} (is another daemon running? choose another --admin)")]
+    #[error(
+        "cannot listen on {addr}: {source} (is another daemon running? choose another --admin)"
+    )]
     Bind {
         /// The address.
         addr: SocketAddr,

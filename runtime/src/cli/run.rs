@@ -19,7 +19,12 @@ pub(crate) struct Args {
     paths: Vec<PathBuf>,
     /// Where the embedded broker keeps topics, cursors and leases. One daemon
     /// per directory: a second one is refused.
-    #[arg(long, env = "SLUICE_DATA_DIR", value_name = "DIR", default_value = "sluice-data")]
+    #[arg(
+        long,
+        env = "SLUICE_DATA_DIR",
+        value_name = "DIR",
+        default_value = "sluice-data"
+    )]
     data_dir: PathBuf,
     /// The admin HTTP address: /health, /metrics, ingest and the API that
     /// `sluice publish|tail|dlq|status` use.
@@ -29,7 +34,12 @@ pub(crate) struct Args {
     /// is fsynced (with group commit) and survives power loss. `os`: written
     /// to the operating system before it is acknowledged; survives a crash
     /// of the daemon (kill -9) but not of the machine.
-    #[arg(long, env = "SLUICE_SYNC", value_name = "MODE", default_value = "always")]
+    #[arg(
+        long,
+        env = "SLUICE_SYNC",
+        value_name = "MODE",
+        default_value = "always"
+    )]
     sync: SyncArg,
     #[command(flatten)]
     cache: super::args::CacheArgs,
@@ -74,7 +84,10 @@ pub(crate) fn run(args: Args) -> ExitCode {
             .pipelines
             .iter()
             .map(|(name, stages)| {
-                format!("{name} ({stages} stage{})", if *stages == 1 { "" } else { "s" })
+                format!(
+                    "{name} ({stages} stage{})",
+                    if *stages == 1 { "" } else { "s" }
+                )
             })
             .collect();
         eprintln!(
