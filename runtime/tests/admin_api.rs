@@ -46,7 +46,7 @@ stages:
 
 /// A running admin server over a fresh embedded broker.
 struct Daemon {
-    _dir: TempDir,
+    dir: TempDir,
     broker: Arc<EmbeddedBroker>,
     addr: SocketAddr,
     http: reqwest::Client,
@@ -82,7 +82,7 @@ impl Daemon {
             let _ = stopped.await;
         }));
         Daemon {
-            _dir: dir,
+            dir,
             broker,
             addr,
             http: reqwest::Client::builder()
@@ -715,7 +715,7 @@ async fn cli_publish_from_data_file_and_stdin() {
         json!({"id": "cli-1", "topic": "orders", "seq": 1, "duplicate": false})
     );
 
-    let file = d._dir.path().join("payload.bin");
+    let file = d.dir.path().join("payload.bin");
     std::fs::write(&file, [0xde, 0xad, 0xbe, 0xef]).expect("write");
     let out = d.cli(&["publish", "orders", "--file", file.to_str().expect("utf8")]);
     assert!(out.status.success(), "{}", stderr(&out));
