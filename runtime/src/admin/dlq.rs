@@ -317,11 +317,11 @@ pub(super) async fn redrive(
     }
     if !request.dry_run && (report.redriven > 0 || report.skipped > 0) {
         tracing::info!(
-            "redrove {} messages from the DLQ of {}/{} (skipped {})",
-            report.redriven,
+            redriven = report.redriven,
+            skipped = report.skipped,
+            "redrive from the DLQ of {}/{}",
             stage.pipeline,
             stage.stage,
-            report.skipped
         );
     }
     Ok(Json(report))
@@ -386,7 +386,8 @@ pub(super) async fn purge(
     }
     if purged > 0 {
         tracing::info!(
-            "purged {purged} entries from the DLQ of {}/{}",
+            purged,
+            "purge of the DLQ of {}/{}",
             stage.pipeline,
             stage.stage
         );

@@ -136,6 +136,7 @@ impl AdminState {
                 });
             }
         }
+        zero_series(&metrics, &topics, &stages);
         let rates = status::Rates::new(stages.len());
         AdminState {
             inner: Arc::new(Inner {
@@ -198,6 +199,39 @@ impl AdminState {
             // The sender lives as long as `self`; never reached.
             std::future::pending::<()>().await;
         }
+    }
+}
+
+/// Creates every loaded topic's and stage's series at zero, so `/metrics`
+/// shows each DESIGN metric from the first scrape and `rate()`/`increase()`
+/// see the first increment rather than a series appearing out of nowhere.
+fn zero_series(metrics: &Metrics, topics: &HashMap<String, TopicEntry>, stages: &[StageEntry]) {
+    for topic in topics.keys() {
+        metrics.count_published(topic, 0);
+    }
+    for stage in stages {
+        for outcome in ["ok", "dead-lettered"] {
+            let _ = metrics
+                .processed
+                .get_or_create(&crate::metrics::OutcomeLabels {
+                    pipeline: stage.pipeline.clone(),
+                    stage: stage.stage.clone(),
+                    outcome: outcome.to_owned(),
+                });
+        }
+        let _ = metrics
+            .handler_duration
+            .get_or_create(&crate::metrics::StageLabels {
+                pipeline: stage.pipeline.clone(),
+                stage: stage.stage.clone(),
+            });
+    }
+    for direction in ["offload", "resolve"] {
+        let _ = metrics
+            .claim_bytes
+            .get_or_create(&crate::metrics::DirectionLabels {
+                direction: direction.to_owned(),
+            });
     }
 }
 
