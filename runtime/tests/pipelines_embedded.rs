@@ -458,8 +458,12 @@ fn redrive_once_is_enough_and_a_message_that_fails_again_returns_to_the_dlq() {
     let yaml = format!(
         r#"
 name: rd
-topics: [in, out.a, out.b, out.c]
+topics: [in, out.a, out.b, out.c, out.b2]
 stages:
+  - name: b2
+    subscribe: out.b
+    plugin: {stamp}
+    publish: [out.b2]
   - name: a
     subscribe: in
     plugin: {stamp}
@@ -525,6 +529,16 @@ stages:
         "the redrive re-ran stage a"
     );
     assert!(daemon.read_all("rd.b.dlq").is_empty());
+    // Outputs of a redriven message flow on downstream like any other.
+    daemon.wait_until("downstream of b", LONG, |d| {
+        d.read_all("out.b2").len() == 10
+    });
+    assert!(
+        daemon
+            .read_all("out.b")
+            .iter()
+            .all(|m| header(m, "sluice-redrive-to").is_none())
+    );
 
     // Redrive c: it fails again and comes back with its attempts counted.
     let redriven = daemon.post("/v1/dlq/rd/c/redrive", json!({}));

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use super::{backoff, ids};
 use crate::broker::{Broker, BrokerError, Delivery, Message, now_millis};
 use crate::config::{Backoff, Stage};
-use crate::dlq::Provenance;
+use crate::dlq::{self, Provenance};
 use crate::failure::{Failure, FailureKind};
 use crate::metrics::Metrics;
 use crate::plugin::{Emit, Outcome};
@@ -107,6 +107,13 @@ impl Settler {
         let outputs: Vec<Message> = emits
             .into_iter()
             .enumerate()
+            .map(|(index, mut emit)| {
+                // A redrive target addresses this stage only; an output
+                // that copied its input's headers must not carry it on, or
+                // the next stage would skip the output as not its own.
+                emit.headers.retain(|(name, _)| name != dlq::REDRIVE_TO);
+                (index, emit)
+            })
             .map(|(index, emit)| Message {
                 id: ids::emit_id(&self.pipeline, &self.stage, &delivery.message.id, index),
                 topic: emit.topic,
