@@ -142,6 +142,7 @@ impl EmbeddedBroker {
                             attempt: 1,
                             due: lease_until,
                             leased: true,
+                            settling: false,
                             published_at: m.published_at,
                         };
                         leases.push((seq, p));
