@@ -601,7 +601,8 @@ fn mode_name(sync: SyncMode) -> &'static str {
 
 /// The child: publishes batches to `in` and completes deliveries of `p.s`
 /// with one output each to `out`, printing `P <id>` after each publish
-/// returned and `C <id>` after each complete returned, until killed.
+/// returned, `D <id> <attempt>` for each delivery it got, and `C <id>` after
+/// each complete returned, until killed.
 fn crash_child(spec: &str) {
     use std::io::Write;
     let (dir, mode) = spec.split_once('|').expect("dir|mode");
@@ -640,6 +641,13 @@ fn crash_child(spec: &str) {
                     .fetch("p.s", 50, Duration::from_millis(100))
                     .await
                     .expect("fetch");
+                {
+                    let mut out = std::io::stdout().lock();
+                    for d in &ds {
+                        writeln!(out, "D {} {}", d.message.id, d.attempt).expect("stdout");
+                    }
+                    out.flush().expect("flush");
+                }
                 for d in ds {
                     let output = msg(&format!("o-{}", d.message.id), "out");
                     b.complete(&d.receipt, vec![output])
@@ -660,6 +668,8 @@ fn crash_child(spec: &str) {
 struct ChildLog {
     published: Vec<String>,
     completed: Vec<String>,
+    /// The highest attempt each id was delivered with.
+    delivered: std::collections::HashMap<String, u32>,
 }
 
 /// Runs the test `name` as a crash child on `dir`, SIGKILLs it once it has
@@ -692,6 +702,13 @@ fn run_and_kill_child(name: &str, dir: &Path, sync: SyncMode) -> ChildLog {
             log.published.push(id.to_owned());
         } else if let Some(id) = line.strip_prefix("C ") {
             log.completed.push(id.to_owned());
+        } else if let Some((id, attempt)) = line
+            .strip_prefix("D ")
+            .and_then(|rest| rest.split_once(' '))
+        {
+            let attempt: u32 = attempt.parse().expect("attempt");
+            let max = log.delivered.entry(id.to_owned()).or_default();
+            *max = (*max).max(attempt);
         }
     };
     while log.published.len() < 3000 || log.completed.len() < 300 {
@@ -719,8 +736,9 @@ fn run_and_kill_child(name: &str, dir: &Path, sync: SyncMode) -> ChildLog {
 
 /// Checks a store after a crash: every acknowledged publish is there (as
 /// the message, or as its output if it was completed), every returned
-/// complete left its output, no output exists twice, and no message is
-/// both completed (output stored) and still deliverable.
+/// complete left its output, no output exists twice, no message is both
+/// completed (output stored) and still deliverable, and a redelivery's
+/// attempt is above every attempt the dead process was handed.
 async fn check_after_crash(dir: &Path, sync: SyncMode, log: &ChildLog) {
     use std::collections::{HashMap, HashSet};
     let b = open(dir, sync);
@@ -762,6 +780,15 @@ async fn check_after_crash(dir: &Path, sync: SyncMode, log: &ChildLog) {
             break;
         }
         for d in &ds {
+            // A delivery the dead process saw counts: the attempt moves on.
+            if let Some(seen) = log.delivered.get(&d.message.id) {
+                assert!(
+                    d.attempt > *seen,
+                    "{sync:?}: {} redelivered with attempt {} after attempt {seen}",
+                    d.message.id,
+                    d.attempt
+                );
+            }
             assert!(
                 !outputs.contains_key(&format!("o-{}", d.message.id)),
                 "{sync:?}: {} has its output stored but was not acked",

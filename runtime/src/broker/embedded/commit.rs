@@ -117,6 +117,10 @@ pub(super) enum Done {
     Count(Reply<u64>, u64),
     /// Nothing to return.
     Unit(Reply<()>),
+    /// A settle: the pending entry leaves memory once the removal is
+    /// durable (here, not in the caller, so a caller that gives up cannot
+    /// leave it behind), or is released for redelivery if it failed.
+    Settle(Reply<()>, Arc<Consumer>, u64),
 }
 
 impl Done {
@@ -130,6 +134,16 @@ impl Done {
             (Done::Count(r, _), Some(e)) => drop(r.send(Err(e.clone()))),
             (Done::Unit(r), None) => drop(r.send(Ok(()))),
             (Done::Unit(r), Some(e)) => drop(r.send(Err(e.clone()))),
+            (Done::Settle(r, c, seq), None) => {
+                c.settled(seq);
+                c.settled.notify_waiters();
+                drop(r.send(Ok(())));
+            }
+            (Done::Settle(r, c, seq), Some(e)) => {
+                c.restore(seq, now_millis());
+                c.settled.notify_waiters();
+                drop(r.send(Err(e.clone())));
+            }
         }
     }
 }
@@ -455,9 +469,9 @@ fn process(shared: &Shared, ops: &mut Vec<Op>) {
                             .batch
                             .remove(&shared.store.pending, pending_key(consumer.id, seq));
                         sync = true;
-                        done.push(Done::Unit(reply));
+                        done.push(Done::Settle(reply, consumer, seq));
                     }
-                    Err(e) => drop(reply.send(Err(e))),
+                    Err(e) => Done::Settle(reply, consumer, seq).send(Some(&e)),
                 }
             }
             Op::Deliver {

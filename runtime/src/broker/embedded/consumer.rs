@@ -28,6 +28,10 @@ pub(super) struct Pending {
     pub due: u64,
     /// Whether a receipt for `attempt` is outstanding.
     pub leased: bool,
+    /// A settle of this lease is being committed: the receipt is used up
+    /// and the entry is not redelivered, but it stays in the pending set
+    /// (holding the retention watermark) until the settle is durable.
+    pub settling: bool,
     /// The message's publish time.
     pub published_at: u64,
 }
@@ -133,8 +137,8 @@ impl Consumer {
             let Some(entry) = st.pending.get(&seq).copied() else {
                 continue;
             };
-            if entry.due != due {
-                continue; // stale timer
+            if entry.due != due || entry.settling {
+                continue; // stale timer, or being settled
             }
             if !entry.leased {
                 if allowance == 0 {
@@ -147,6 +151,7 @@ impl Consumer {
                 attempt: entry.attempt.saturating_add(1),
                 due: lease,
                 leased: true,
+                settling: false,
                 published_at: entry.published_at,
             };
             if !entry.leased {
@@ -218,21 +223,44 @@ impl Consumer {
         gone
     }
 
-    /// Checks a receipt and removes its entry (to settle it). On
+    /// Checks a receipt and marks its entry as settling, so the receipt is
+    /// used up and the entry is not redelivered. The entry stays in the
+    /// pending set (so retention keeps its message) until
+    /// [`Consumer::settled`] or [`Consumer::restore`]. On
     /// [`BrokerError::LeaseLost`] nothing changed.
-    pub fn take_lease(&self, receipt: &Receipt) -> Result<Pending, BrokerError> {
+    pub fn take_lease(&self, receipt: &Receipt) -> Result<(), BrokerError> {
         let mut st = self.state();
         check(&st, receipt)?;
-        Self::remove_entry(&mut st, receipt.seq).ok_or_else(|| lost(receipt))
+        let p = st
+            .pending
+            .get_mut(&receipt.seq)
+            .ok_or_else(|| lost(receipt))?;
+        p.settling = true;
+        Ok(())
     }
 
-    /// Puts back an entry taken by [`Consumer::take_lease`] when the settle
-    /// could not be stored: it becomes due for redelivery now.
-    pub fn restore(&self, seq: u64, mut p: Pending, now: u64) {
+    /// Removes an entry whose settle is durable.
+    pub fn settled(&self, seq: u64) {
         let mut st = self.state();
+        if st.pending.get(&seq).is_some_and(|p| p.settling) {
+            Self::remove_entry(&mut st, seq);
+        }
+    }
+
+    /// Releases an entry marked by [`Consumer::take_lease`] when the settle
+    /// could not be stored: it becomes due for redelivery now.
+    pub fn restore(&self, seq: u64, now: u64) {
+        let mut st = self.state();
+        let Some(p) = st.pending.get_mut(&seq) else {
+            return;
+        };
+        if !p.settling {
+            return;
+        }
+        p.settling = false;
         p.leased = false;
         p.due = now;
-        st.pending.insert(seq, p);
+        st.leased -= 1;
         st.timers.push(Reverse((now, seq)));
     }
 
@@ -300,7 +328,7 @@ impl Consumer {
 /// Whether `receipt` names the current lease.
 fn check(st: &ConsumerState, receipt: &Receipt) -> Result<(), BrokerError> {
     match st.pending.get(&receipt.seq) {
-        Some(p) if p.leased && p.attempt == receipt.attempt => Ok(()),
+        Some(p) if p.leased && !p.settling && p.attempt == receipt.attempt => Ok(()),
         _ => Err(lost(receipt)),
     }
 }

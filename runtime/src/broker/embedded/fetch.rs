@@ -69,10 +69,12 @@ impl EmbeddedBroker {
                 return Ok(out);
             }
             let mut until = deadline;
-            if consumer.allowance() > 0
-                && let Some(due) = consumer.next_due()
-            {
-                let ms = due.saturating_sub(now_millis()).max(1);
+            if let Some(due) = consumer.next_due() {
+                // Held back by max_ack_pending, the earliest timer may be a
+                // nak'd entry that cannot be taken yet: poll slowly (a
+                // settle wakes us anyway) rather than spin on it.
+                let floor = if consumer.allowance() == 0 { 100 } else { 1 };
+                let ms = due.saturating_sub(now_millis()).max(floor);
                 until = until.min(now + Duration::from_millis(ms));
             }
             tokio::select! {
@@ -140,6 +142,7 @@ impl EmbeddedBroker {
                             attempt: 1,
                             due: lease_until,
                             leased: true,
+                            settling: false,
                             published_at: m.published_at,
                         };
                         leases.push((seq, p));

@@ -253,7 +253,9 @@ impl EmbeddedBroker {
         for m in &outputs {
             self.shared.topic(&m.topic)?;
         }
-        let taken = consumer.take_lease(receipt)?;
+        // The committer removes the entry once the settle is durable (only
+        // then may retention pass the message), or releases it on failure.
+        consumer.take_lease(receipt)?;
         let result = self
             .call(|reply| Op::Settle {
                 consumer: consumer.clone(),
@@ -262,10 +264,10 @@ impl EmbeddedBroker {
                 reply,
             })
             .await;
-        if result.is_err() {
-            consumer.restore(receipt.seq, taken, now_millis());
+        if matches!(result, Err(BrokerError::Unavailable(_))) {
+            // The op never reached the committer.
+            consumer.restore(receipt.seq, now_millis());
         }
-        consumer.settled.notify_waiters();
         result
     }
 }

@@ -96,6 +96,7 @@ pub(super) fn load(store: &Store) -> Result<Loaded, BrokerError> {
                     attempt: p.attempt,
                     due,
                     leased: false,
+                    settling: false,
                     published_at: p.published_at,
                 },
             );
