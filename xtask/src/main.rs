@@ -16,7 +16,7 @@
 //! * `bench`: the benchmarks (`cargo bench`), each comparison side by side.
 
 use std::path::Path;
-use std::process::{Command, ExitCode};
+use std::process::{Command, ExitCode, Stdio};
 
 use anyhow::{Context, bail};
 
@@ -99,28 +99,48 @@ fn demo() -> anyhow::Result<()> {
     println!("== building sluice");
     run(cargo().args(["build", "--quiet", "--package", "sluice", "--bin", "sluice"]))?;
     let sluice = target_dir().join("debug").join("sluice");
+    let root = sluice_harness::repo_root();
+    let sluice_cmd = || {
+        let mut cmd = Command::new(&sluice);
+        cmd.current_dir(&root);
+        cmd
+    };
+
+    println!("\n== check the example pipelines and their plugins\n$ sluice validate pipelines/");
+    let status = sluice_cmd().args(["validate", "pipelines"]).status()?;
+    if !status.success() {
+        bail!("the example pipelines do not validate");
+    }
+
+    // The quickstart pipeline on the embedded broker, in a fresh data dir.
+    let data = root.join("target").join("demo-data");
+    let _ = std::fs::remove_dir_all(&data);
+    let data_arg = data.display().to_string();
+    println!(
+        "\n== run the quickstart pipeline: greetings -> uppercase plugin -> greetings.upper\n$ sluice run pipelines/quickstart.yaml --data-dir {} --admin 127.0.0.1:0 &",
+        display_dir(&data)
+    );
+    let mut daemon = sluice_cmd()
+        .args(["run", "pipelines/quickstart.yaml", "--data-dir", &data_arg])
+        .args(["--admin", "127.0.0.1:0"])
+        .env("SLUICE_LOG", "warn,sluice=info")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting sluice run")?;
+    let admin = wait_for_ready(&mut daemon)?;
+    let result = demo_pipeline(&sluice_cmd, &admin);
+    println!("\n== stop the daemon: SIGTERM drains in-flight work and exits 0\n$ kill -TERM <pid>");
+    run(Command::new("kill").args(["-TERM", &daemon.id().to_string()]))?;
+    let status = daemon.wait()?;
+    println!("(daemon exit {})", status.code().unwrap_or(-1));
+    result?;
+
+    println!(
+        "\n== the sandbox: a misbehaving handler is stopped at its limit, as one call failing"
+    );
     let plugin = |name: &str| format!("target/plugins/{name}.wasm");
     let cases: &[(&str, &[&str])] = &[
-        (
-            "upper-case a message",
-            &["uppercase", "--data", "hello, sluice", "--key", "greeting"],
-        ),
-        (
-            "route an order by its `region` field (fan-out example)",
-            &[
-                "router",
-                "--data",
-                r#"{"region":"eu","total":42}"#,
-                "--config",
-                "field=region",
-                "--config",
-                "topic_prefix=orders.",
-            ],
-        ),
-        (
-            "a payload the router cannot parse is rejected (it would go to the DLQ)",
-            &["router", "--data", "not json"],
-        ),
         (
             "a handler that loops forever is stopped at its timeout",
             &["spin", "--timeout", "300ms"],
@@ -134,32 +154,103 @@ fn demo() -> anyhow::Result<()> {
             &["escape"],
         ),
     ];
-    let root = sluice_harness::repo_root();
     for (what, args) in cases {
         let (name, rest) = args.split_first().context("demo case without a plugin")?;
         let path = plugin(name);
         println!(
-            "\n== {what}\n$ sluice plugin test {path} {}",
+            "\n-- {what}\n$ sluice plugin test {path} {}",
             rest.join(" ")
         );
-        let status = Command::new(&sluice)
-            .current_dir(&root)
+        let status = sluice_cmd()
             .args(["plugin", "test", &path])
             .args(rest.iter())
-            .status()
-            .with_context(|| format!("running {}", sluice.display()))?;
+            .status()?;
         println!("(exit {})", status.code().unwrap_or(-1));
     }
-    println!(
-        "\n== the example pipelines, checked with their plugins (they run once the engine lands)"
-    );
-    println!("$ sluice validate pipelines/");
-    let status = Command::new(&sluice)
-        .current_dir(&root)
-        .args(["validate", "pipelines"])
-        .status()
-        .with_context(|| format!("running {}", sluice.display()))?;
-    println!("(exit {})", status.code().unwrap_or(-1));
+    Ok(())
+}
+
+/// Echoes the daemon's log (indented) and returns its admin address once it
+/// prints its ready line.
+fn wait_for_ready(daemon: &mut std::process::Child) -> anyhow::Result<String> {
+    use std::io::{BufRead, BufReader};
+    let stderr = daemon.stderr.take().context("daemon stderr")?;
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            println!("   daemon| {line}");
+            if let Some(rest) = line.split("admin on http://").nth(1) {
+                let _ = tx.send(rest.split(';').next().unwrap_or_default().to_owned());
+            }
+        }
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(120)) {
+        Ok(admin) => Ok(admin),
+        Err(_) => {
+            let _ = daemon.kill();
+            bail!("the daemon did not start")
+        }
+    }
+}
+
+/// Publishes, tails, shows the DLQ and the status through the CLI.
+fn demo_pipeline(sluice: &dyn Fn() -> Command, admin: &str) -> anyhow::Result<()> {
+    let step =
+        |title: &str, shown: &str, args: &[&str], stdin: Option<&[u8]>| -> anyhow::Result<()> {
+            println!("\n-- {title}\n$ sluice {shown}");
+            let mut cmd = sluice();
+            cmd.args(args).args(["--admin", admin]);
+            let status = match stdin {
+                None => cmd.stdin(Stdio::null()).status()?,
+                Some(bytes) => {
+                    use std::io::Write;
+                    let mut child = cmd.stdin(Stdio::piped()).spawn()?;
+                    child.stdin.take().context("stdin")?.write_all(bytes)?;
+                    child.wait()?
+                }
+            };
+            if !status.success() {
+                bail!("`sluice {shown}` failed ({status})");
+            }
+            Ok(())
+        };
+    for text in ["hello, sluice", "queues with a sandbox", "goodbye"] {
+        step(
+            "publish a greeting",
+            &format!("publish greetings --data '{text}'"),
+            &["publish", "greetings", "--data", text],
+            None,
+        )?;
+    }
+    step(
+        "publish a payload that is not text: the plugin rejects it, so it is dead-lettered",
+        "publish greetings - < <(printf '\\xff\\xfe')",
+        &["publish", "greetings", "-"],
+        Some(b"\xff\xfe"),
+    )?;
+    step(
+        "read the outputs",
+        "tail greetings.upper --from-start --count 3",
+        &["tail", "greetings.upper", "--from-start", "--count", "3"],
+        None,
+    )?;
+    // The rejected message is handled right after the third greeting.
+    for _ in 0..100 {
+        let out = sluice()
+            .args(["dlq", "list", "quickstart/shout", "--admin", admin])
+            .output()?;
+        if String::from_utf8_lossy(&out.stdout).lines().count() > 1 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    step(
+        "the dead-letter queue, with the reason",
+        "dlq list quickstart/shout",
+        &["dlq", "list", "quickstart/shout"],
+        None,
+    )?;
+    step("per-stage status", "status", &["status"], None)?;
     Ok(())
 }
 
