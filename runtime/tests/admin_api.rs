@@ -609,7 +609,7 @@ async fn dlq_list_show_redrive_and_purge() {
     assert_eq!(dry["dry_run"], true);
     assert_eq!(dry["redriven"], 2);
     assert_eq!(dry["skipped"], 1);
-    assert_eq!(dry["ids"], json!(["m1~r1", "m2~r1"]));
+    assert_eq!(dry["ids"], json!(["m1~r1@shop/route", "m2~r1@shop/route"]));
     assert_eq!(d.depth("shop.route.dlq").await, 3);
     assert_eq!(d.depth("orders").await, 0);
 
@@ -619,7 +619,10 @@ async fn dlq_list_show_redrive_and_purge() {
     assert_eq!(status, 200);
     assert_eq!(report["redriven"], 2);
     assert_eq!(report["skipped"], 1);
-    assert_eq!(report["ids"], json!(["m1~r1", "m2~r1"]));
+    assert_eq!(
+        report["ids"],
+        json!(["m1~r1@shop/route", "m2~r1@shop/route"])
+    );
     assert_eq!(report["skipped_entries"][0]["seq"], orphan);
     assert_eq!(report["skipped_entries"][0]["id"], "orphan");
 
@@ -628,7 +631,7 @@ async fn dlq_list_show_redrive_and_purge() {
     let read = d.get_json("/v1/topics/orders/messages").await;
     let back = read["messages"].as_array().expect("messages");
     assert_eq!(back.len(), 2);
-    assert_eq!(back[0]["id"], "m1~r1");
+    assert_eq!(back[0]["id"], "m1~r1@shop/route");
     assert_eq!(back[0]["payload"], "first");
     assert_eq!(back[0]["key"], "k1");
     let headers = back[0]["headers"].as_array().expect("headers");
