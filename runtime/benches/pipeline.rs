@@ -74,10 +74,17 @@ fn main() {
     }
     if wants("poison") {
         let fail = host.load(sluice_harness::plugin("fail")).expect("fail");
-        let (mut clean, mut poisoned) = (Vec::new(), Vec::new());
+        let (mut clean, mut poisoned, mut rejected) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..SAMPLES {
-            for (fraction, out) in [("0.0", &mut clean), ("0.01", &mut poisoned)] {
-                let stage = stage("fail", &[("fraction", fraction), ("mode", "retry")]);
+            for (fraction, mode, out) in [
+                ("0.0", "retry", &mut clean),
+                ("0.01", "retry", &mut poisoned),
+                ("0.01", "reject", &mut rejected),
+            ] {
+                if std::env::var("POISON_ONLY").is_ok_and(|m| m != mode || fraction == "0.0") {
+                    continue;
+                }
+                let stage = stage("fail", &[("fraction", fraction), ("mode", mode)]);
                 out.push(rt.block_on(run_stage(MESSAGES, || {
                     Box::new(fail.worker(stage.worker_settings())) as Box<dyn StageHandler>
                 })));
@@ -87,6 +94,11 @@ fn main() {
             "healthy msgs/s, fail plugin, 0% | 1% poison (3 attempts, 10 ms backoff)",
             &clean,
             &poisoned,
+        );
+        report(
+            "healthy msgs/s, fail plugin, 0% | 1% rejected (dead-lettered at once)",
+            &clean,
+            &rejected,
         );
     }
 }
@@ -188,6 +200,9 @@ fn median(samples: &[f64]) -> f64 {
 }
 
 fn report(name: &str, a: &[f64], b: &[f64]) {
+    if a.is_empty() || b.is_empty() {
+        return;
+    }
     let (ma, mb) = (median(a), median(b));
     println!("| {name} | {ma:.0} | {mb:.0} | {:.2} |", mb / ma);
 }
