@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use fjall::{OwnedWriteBatch, PersistMode};
 use tokio::sync::oneshot;
 
-use super::consumer::Consumer;
+use super::consumer::{Consumer, Pending};
 use super::retention;
 use super::store::{
     DedupRecord, MessageRecordRef, PendingRecord, cursor_key, decode, dedup_key, encode,
@@ -60,15 +60,20 @@ pub(super) enum Op {
         reply: Reply<()>,
     },
     /// Record deliveries: pending entries with their attempts, the cursor.
+    /// Once written, the committer also applies them to the consumer in
+    /// memory, so a fetch that is cancelled midway leaves leases that expire
+    /// and redeliver rather than a cursor out of step with the store.
     Deliver {
         /// Whose.
         consumer: Arc<Consumer>,
         /// The new cursor, if it moved.
         cursor: Option<u64>,
-        /// Entries to write.
-        leases: Vec<(u64, PendingRecord)>,
-        /// Entries whose message is gone.
-        dropped: Vec<u64>,
+        /// Entries to write (redeliveries and first deliveries).
+        records: Vec<(u64, PendingRecord)>,
+        /// First deliveries, to add to the pending set.
+        leases: Vec<(u64, Pending)>,
+        /// (seq, attempt) of entries whose message is gone.
+        vanished: Vec<(u64, u32)>,
         /// Done (written to the OS, not necessarily fsynced).
         reply: Reply<()>,
     },
@@ -121,6 +126,14 @@ pub(super) enum Done {
     /// durable (here, not in the caller, so a caller that gives up cannot
     /// leave it behind), or is released for redelivery if it failed.
     Settle(Reply<()>, Arc<Consumer>, u64),
+    /// Deliveries, applied to the consumer once written.
+    Deliver(
+        Reply<()>,
+        Arc<Consumer>,
+        Option<u64>,
+        Vec<(u64, Pending)>,
+        Vec<(u64, u32)>,
+    ),
 }
 
 impl Done {
@@ -144,6 +157,12 @@ impl Done {
                 c.settled.notify_waiters();
                 drop(r.send(Err(e.clone())));
             }
+            (Done::Deliver(r, c, cursor, leases, vanished), None) => {
+                c.drop_vanished(&vanished);
+                c.add_leases(cursor.unwrap_or(0), &leases);
+                drop(r.send(Ok(())));
+            }
+            (Done::Deliver(r, ..), Some(e)) => drop(r.send(Err(e.clone()))),
         }
     }
 }
@@ -477,36 +496,39 @@ fn process(shared: &Shared, ops: &mut Vec<Op>) {
             Op::Deliver {
                 consumer,
                 cursor,
+                records,
                 leases,
-                dropped,
+                vanished,
                 reply,
             } => {
-                let mut result = Ok(());
-                for (seq, record) in &leases {
-                    match encode(record) {
-                        Ok(v) => group.batch.insert(
-                            &shared.store.pending,
-                            pending_key(consumer.id, *seq),
-                            v,
-                        ),
-                        Err(e) => result = Err(e),
+                let encoded: Result<Vec<_>, _> = records
+                    .iter()
+                    .map(|(seq, r)| Ok((*seq, encode(r)?)))
+                    .collect();
+                match encoded {
+                    Ok(encoded) => {
+                        for (seq, v) in encoded {
+                            group.batch.insert(
+                                &shared.store.pending,
+                                pending_key(consumer.id, seq),
+                                v,
+                            );
+                        }
+                        for (seq, _) in &vanished {
+                            group
+                                .batch
+                                .remove(&shared.store.pending, pending_key(consumer.id, *seq));
+                        }
+                        if let Some(c) = cursor {
+                            group.batch.insert(
+                                &shared.store.cursors,
+                                cursor_key(consumer.id),
+                                c.to_be_bytes(),
+                            );
+                        }
+                        early.push(Done::Deliver(reply, consumer, cursor, leases, vanished));
                     }
-                }
-                for seq in dropped {
-                    group
-                        .batch
-                        .remove(&shared.store.pending, pending_key(consumer.id, seq));
-                }
-                if let Some(c) = cursor {
-                    group.batch.insert(
-                        &shared.store.cursors,
-                        cursor_key(consumer.id),
-                        c.to_be_bytes(),
-                    );
-                }
-                match result {
-                    Ok(()) => early.push(Done::Unit(reply)),
-                    Err(e) => drop(reply.send(Err(e))),
+                    Err(e) => drop(reply.send(Err::<(), BrokerError>(e))),
                 }
             }
             Op::Nak {
