@@ -97,7 +97,7 @@ pub(super) enum Op {
         /// How many were there.
         reply: Reply<u64>,
     },
-    /// Declare or update a topic or consumer (see [`super::Shared::ensure`]).
+    /// Declare or update a topic or consumer (`ensure_topic`, `ensure_consumer`).
     Ensure {
         /// What to do, run on the committer thread with the batch.
         apply: EnsureFn,
