@@ -362,12 +362,20 @@ impl<'a> Group<'a> {
         for d in early {
             d.send(None);
         }
-        if (force || (sync && self.shared.sync == SyncMode::Always))
-            && let Err(e) = self.shared.store.db.persist(PersistMode::SyncAll)
-        {
-            return fail(&storage("fsync", e), Vec::new(), done);
-        }
-        if let Err(e) = self.publish_counters() {
+        let synced = if force || (sync && self.shared.sync == SyncMode::Always) {
+            self.shared
+                .store
+                .db
+                .persist(PersistMode::SyncAll)
+                .map_err(|e| storage("fsync", e))
+        } else {
+            Ok(())
+        };
+        // The batch is in the store either way: its seqs are taken. (After
+        // a failed fsync fjall refuses every later write, so nothing can be
+        // read as durable that was not.)
+        self.publish_counters();
+        if let Err(e) = synced {
             return fail(&e, Vec::new(), done);
         }
         for d in done {
@@ -375,19 +383,25 @@ impl<'a> Group<'a> {
         }
     }
 
-    /// Makes the committed counters visible and wakes readers.
-    pub fn publish_counters(&mut self) -> Result<(), BrokerError> {
+    /// Makes the committed counters visible and wakes readers. Never
+    /// fails: the counters of a committed batch must be published (or the
+    /// next group would reuse its seqs); if the oldest message cannot be
+    /// looked up, `first_seq` stays a lower bound until the next try.
+    pub fn publish_counters(&mut self) {
         for tid in std::mem::take(&mut self.refirst) {
             if let Some((_, st)) = self.topics.get_mut(&tid) {
-                match self.shared.store.first_message_from(tid, st.first_seq)? {
-                    Some((seq, rec)) if seq <= st.last_seq => {
+                match self.shared.store.first_message_from(tid, st.first_seq) {
+                    Ok(Some((seq, rec))) if seq <= st.last_seq => {
                         st.first_seq = seq;
                         st.first_published_at = rec.published_at;
                     }
-                    _ => {
+                    Ok(_) => {
                         st.first_seq = st.last_seq + 1;
                         st.first_published_at = 0;
                         st.depth = 0;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "embedded broker: finding a topic's oldest message");
                     }
                 }
             }
@@ -403,7 +417,6 @@ impl<'a> Group<'a> {
                 topic.notify.notify_waiters();
             }
         }
-        Ok(())
     }
 }
 
