@@ -912,3 +912,125 @@ fn torn_journal_tail_is_recovered_sync_always() {
 fn torn_journal_tail_is_recovered_sync_os() {
     torn_tail_test("torn_journal_tail_is_recovered_sync_os", SyncMode::Os);
 }
+
+/// Many workers on two consumers of one topic, settling at random: ack,
+/// complete, nak, term, or let the lease expire. Every message is finished
+/// by each consumer, nothing is finished twice, attempts only grow, and at
+/// the end both consumers are empty and retention has emptied the topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_workers_settle_everything_once() {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    const N: usize = 3000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = setup(dir.path(), SyncMode::Always, Duration::from_millis(300)).await;
+    b.ensure_topic(&topic("out")).await.expect("topic");
+    let mut spec = consumer("p.t", "in", Duration::from_millis(300));
+    spec.max_ack_pending = Some(64);
+    b.ensure_consumer(&spec).await.expect("consumer");
+
+    let publisher = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            for chunk in 0..(N / 100) {
+                let batch = (0..100)
+                    .map(|i| msg(&format!("m{}", chunk * 100 + i), "in"))
+                    .collect();
+                b.publish(batch).await.expect("publish");
+            }
+        })
+    };
+    // (consumer, id) -> finished; (consumer, id) -> last attempt seen.
+    let finished: Arc<Mutex<HashMap<(String, String), u32>>> = Default::default();
+    let attempts: Arc<Mutex<HashMap<(String, String), u32>>> = Default::default();
+    let mut workers = tokio::task::JoinSet::new();
+    for name in ["p.s", "p.t"] {
+        for w in 0..4u64 {
+            let b = b.clone();
+            let finished = finished.clone();
+            let attempts = attempts.clone();
+            workers.spawn(async move {
+                let mut rng = w * 7919 + name.len() as u64;
+                loop {
+                    let done = finished
+                        .lock()
+                        .expect("lock")
+                        .keys()
+                        .filter(|(c, _)| c == name)
+                        .count();
+                    if done == N {
+                        return;
+                    }
+                    let ds = b
+                        .fetch(name, 16, Duration::from_millis(200))
+                        .await
+                        .expect("fetch");
+                    for d in ds {
+                        let key = (name.to_owned(), d.message.id.clone());
+                        {
+                            let mut a = attempts.lock().expect("lock");
+                            let last = a.entry(key.clone()).or_default();
+                            assert!(
+                                d.attempt > *last,
+                                "{key:?}: attempt {} after {last}",
+                                d.attempt
+                            );
+                            *last = d.attempt;
+                        }
+                        rng = rng
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        let roll = (rng >> 33) % 10;
+                        let result = match roll {
+                            0 => b.nak(&d.receipt, Duration::from_millis(20)).await,
+                            1 => continue, // let the lease expire
+                            2 => b.term(&d.receipt).await,
+                            3 => {
+                                b.complete(
+                                    &d.receipt,
+                                    vec![msg(&format!("o-{}-{}", name, d.message.id), "out")],
+                                )
+                                .await
+                            }
+                            _ => b.ack(&d.receipt).await,
+                        };
+                        match (roll, result) {
+                            (0, Ok(())) => {}
+                            (_, Ok(())) => {
+                                let prev = finished
+                                    .lock()
+                                    .expect("lock")
+                                    .insert(key.clone(), d.attempt);
+                                assert!(prev.is_none(), "{key:?} finished twice");
+                            }
+                            // An expired lease raced a redelivery: allowed.
+                            (_, Err(BrokerError::LeaseLost(_))) => {}
+                            (_, Err(e)) => panic!("{key:?}: {e}"),
+                        }
+                    }
+                }
+            });
+        }
+    }
+    publisher.await.expect("publisher");
+    let all = async {
+        while let Some(r) = workers.join_next().await {
+            r.expect("worker");
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), all)
+        .await
+        .expect("workers finish");
+    for name in ["p.s", "p.t"] {
+        let stats = b.consumer_stats(name).await.expect("stats");
+        assert_eq!((stats.pending, stats.in_flight), (0, 0), "{name}");
+    }
+    wait_for_depth(&b, "in", 0).await;
+    let outputs = b
+        .read("out", 0, 100_000, Duration::ZERO)
+        .await
+        .expect("read");
+    let completed = finished.lock().expect("lock").len();
+    assert_eq!(completed, 2 * N);
+    assert!(!outputs.is_empty());
+}

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use fjall::{OwnedWriteBatch, PersistMode};
 use tokio::sync::oneshot;
 
-use super::consumer::Consumer;
+use super::consumer::{Consumer, Pending};
 use super::retention;
 use super::store::{
     DedupRecord, MessageRecordRef, PendingRecord, cursor_key, decode, dedup_key, encode,
@@ -60,15 +60,20 @@ pub(super) enum Op {
         reply: Reply<()>,
     },
     /// Record deliveries: pending entries with their attempts, the cursor.
+    /// Once written, the committer also applies them to the consumer in
+    /// memory, so a fetch that is cancelled midway leaves leases that expire
+    /// and redeliver rather than a cursor out of step with the store.
     Deliver {
         /// Whose.
         consumer: Arc<Consumer>,
         /// The new cursor, if it moved.
         cursor: Option<u64>,
-        /// Entries to write.
-        leases: Vec<(u64, PendingRecord)>,
-        /// Entries whose message is gone.
-        dropped: Vec<u64>,
+        /// Entries to write (redeliveries and first deliveries).
+        records: Vec<(u64, PendingRecord)>,
+        /// First deliveries, to add to the pending set.
+        leases: Vec<(u64, Pending)>,
+        /// (seq, attempt) of entries whose message is gone.
+        vanished: Vec<(u64, u32)>,
         /// Done (written to the OS, not necessarily fsynced).
         reply: Reply<()>,
     },
@@ -92,7 +97,7 @@ pub(super) enum Op {
         /// How many were there.
         reply: Reply<u64>,
     },
-    /// Declare or update a topic or consumer (see [`super::Shared::ensure`]).
+    /// Declare or update a topic or consumer (`ensure_topic`, `ensure_consumer`).
     Ensure {
         /// What to do, run on the committer thread with the batch.
         apply: EnsureFn,
@@ -121,6 +126,14 @@ pub(super) enum Done {
     /// durable (here, not in the caller, so a caller that gives up cannot
     /// leave it behind), or is released for redelivery if it failed.
     Settle(Reply<()>, Arc<Consumer>, u64),
+    /// Deliveries, applied to the consumer once written.
+    Deliver(
+        Reply<()>,
+        Arc<Consumer>,
+        Option<u64>,
+        Vec<(u64, Pending)>,
+        Vec<(u64, u32)>,
+    ),
 }
 
 impl Done {
@@ -144,6 +157,12 @@ impl Done {
                 c.settled.notify_waiters();
                 drop(r.send(Err(e.clone())));
             }
+            (Done::Deliver(r, c, cursor, leases, vanished), None) => {
+                c.drop_vanished(&vanished);
+                c.add_leases(cursor.unwrap_or(0), &leases);
+                drop(r.send(Ok(())));
+            }
+            (Done::Deliver(r, ..), Some(e)) => drop(r.send(Err(e.clone()))),
         }
     }
 }
@@ -343,12 +362,20 @@ impl<'a> Group<'a> {
         for d in early {
             d.send(None);
         }
-        if (force || (sync && self.shared.sync == SyncMode::Always))
-            && let Err(e) = self.shared.store.db.persist(PersistMode::SyncAll)
-        {
-            return fail(&storage("fsync", e), Vec::new(), done);
-        }
-        if let Err(e) = self.publish_counters() {
+        let synced = if force || (sync && self.shared.sync == SyncMode::Always) {
+            self.shared
+                .store
+                .db
+                .persist(PersistMode::SyncAll)
+                .map_err(|e| storage("fsync", e))
+        } else {
+            Ok(())
+        };
+        // The batch is in the store either way: its seqs are taken. (After
+        // a failed fsync fjall refuses every later write, so nothing can be
+        // read as durable that was not.)
+        self.publish_counters();
+        if let Err(e) = synced {
             return fail(&e, Vec::new(), done);
         }
         for d in done {
@@ -356,19 +383,25 @@ impl<'a> Group<'a> {
         }
     }
 
-    /// Makes the committed counters visible and wakes readers.
-    pub fn publish_counters(&mut self) -> Result<(), BrokerError> {
+    /// Makes the committed counters visible and wakes readers. Never
+    /// fails: the counters of a committed batch must be published (or the
+    /// next group would reuse its seqs); if the oldest message cannot be
+    /// looked up, `first_seq` stays a lower bound until the next try.
+    pub fn publish_counters(&mut self) {
         for tid in std::mem::take(&mut self.refirst) {
             if let Some((_, st)) = self.topics.get_mut(&tid) {
-                match self.shared.store.first_message_from(tid, st.first_seq)? {
-                    Some((seq, rec)) if seq <= st.last_seq => {
+                match self.shared.store.first_message_from(tid, st.first_seq) {
+                    Ok(Some((seq, rec))) if seq <= st.last_seq => {
                         st.first_seq = seq;
                         st.first_published_at = rec.published_at;
                     }
-                    _ => {
+                    Ok(_) => {
                         st.first_seq = st.last_seq + 1;
                         st.first_published_at = 0;
                         st.depth = 0;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "embedded broker: finding a topic's oldest message");
                     }
                 }
             }
@@ -384,7 +417,6 @@ impl<'a> Group<'a> {
                 topic.notify.notify_waiters();
             }
         }
-        Ok(())
     }
 }
 
@@ -477,36 +509,39 @@ fn process(shared: &Shared, ops: &mut Vec<Op>) {
             Op::Deliver {
                 consumer,
                 cursor,
+                records,
                 leases,
-                dropped,
+                vanished,
                 reply,
             } => {
-                let mut result = Ok(());
-                for (seq, record) in &leases {
-                    match encode(record) {
-                        Ok(v) => group.batch.insert(
-                            &shared.store.pending,
-                            pending_key(consumer.id, *seq),
-                            v,
-                        ),
-                        Err(e) => result = Err(e),
+                let encoded: Result<Vec<_>, _> = records
+                    .iter()
+                    .map(|(seq, r)| Ok((*seq, encode(r)?)))
+                    .collect();
+                match encoded {
+                    Ok(encoded) => {
+                        for (seq, v) in encoded {
+                            group.batch.insert(
+                                &shared.store.pending,
+                                pending_key(consumer.id, seq),
+                                v,
+                            );
+                        }
+                        for (seq, _) in &vanished {
+                            group
+                                .batch
+                                .remove(&shared.store.pending, pending_key(consumer.id, *seq));
+                        }
+                        if let Some(c) = cursor {
+                            group.batch.insert(
+                                &shared.store.cursors,
+                                cursor_key(consumer.id),
+                                c.to_be_bytes(),
+                            );
+                        }
+                        early.push(Done::Deliver(reply, consumer, cursor, leases, vanished));
                     }
-                }
-                for seq in dropped {
-                    group
-                        .batch
-                        .remove(&shared.store.pending, pending_key(consumer.id, seq));
-                }
-                if let Some(c) = cursor {
-                    group.batch.insert(
-                        &shared.store.cursors,
-                        cursor_key(consumer.id),
-                        c.to_be_bytes(),
-                    );
-                }
-                match result {
-                    Ok(()) => early.push(Done::Unit(reply)),
-                    Err(e) => drop(reply.send(Err(e))),
+                    Err(e) => drop(reply.send(Err::<(), BrokerError>(e))),
                 }
             }
             Op::Nak {

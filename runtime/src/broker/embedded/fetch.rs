@@ -98,7 +98,6 @@ impl EmbeddedBroker {
 
         let mut deliveries = Vec::with_capacity(max.min(1024));
         let mut records: Vec<(u64, PendingRecord)> = Vec::new();
-        let mut dropped = Vec::new();
         let mut vanished = Vec::new();
         for r in &redeliveries {
             match store.message(topic.id, r.seq)? {
@@ -106,10 +105,7 @@ impl EmbeddedBroker {
                     records.push((r.seq, r.pending.record()));
                     deliveries.push(delivery(consumer, topic, rec, r.seq, r.pending.attempt));
                 }
-                None => {
-                    dropped.push(r.seq);
-                    vanished.push((r.seq, r.pending.attempt));
-                }
+                None => vanished.push((r.seq, r.pending.attempt)),
             }
         }
 
@@ -163,19 +159,18 @@ impl EmbeddedBroker {
             }
         }
 
-        if records.is_empty() && dropped.is_empty() && new_cursor.is_none() {
+        if records.is_empty() && vanished.is_empty() && new_cursor.is_none() {
             return Ok(deliveries);
         }
         self.call(|reply| Op::Deliver {
             consumer: consumer.clone(),
             cursor: new_cursor,
-            leases: records,
-            dropped,
+            records,
+            leases,
+            vanished,
             reply,
         })
         .await?;
-        consumer.drop_vanished(&vanished);
-        consumer.add_leases(new_cursor.unwrap_or(0), &leases);
         Ok(deliveries)
     }
 

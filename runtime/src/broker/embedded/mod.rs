@@ -1,7 +1,10 @@
 //! The embedded broker: durable topics in the daemon's data directory, so
 //! one machine needs nothing else.
 //!
-//! - [`store`](self) (`store.rs`): the fjall keyspaces, keys and records.
+//! Open it with [`EmbeddedBroker::open`]; it implements [`Broker`]. Inside,
+//! one file per job (ARCHITECTURE.md has the keyspace layout and why fjall):
+//!
+//! - `store.rs`: the fjall keyspaces, keys and records.
 //! - `topic.rs` / `consumer.rs`: what is kept in memory: topic counters,
 //!   and per consumer a cursor, a pending set and lease/nak timers.
 //! - `commit.rs`: the single writer thread and its group commit.
@@ -13,7 +16,8 @@
 //! Every write (publish, settle, delivery bookkeeping, declarations) goes
 //! through the committer, so a `complete` is one atomic fjall batch holding
 //! the outputs and the removal of the pending entry: a kill -9 leaves both
-//! or neither.
+//! or neither. The data directory is locked (`broker.lock`) so only one
+//! process owns it; a second open fails with an error naming the directory.
 
 mod commit;
 mod consumer;
