@@ -41,7 +41,10 @@ fn handle(msg: Message) -> Outcome {
         work = black_box(work.wrapping_add(1));
     }
     let healed = sluice_sdk::config_parse::<bool>("heal_on_redrive")?.unwrap_or(false)
-        && msg.headers.iter().any(|(name, _)| name == "sluice-redrives");
+        && msg
+            .headers
+            .iter()
+            .any(|(name, _)| name == "sluice-redrives");
     if msg.payload.starts_with(prefix.as_bytes()) && msg.attempt < fail_until && !healed {
         return match sluice_sdk::config_parse::<u64>("retry_after_ms")? {
             Some(ms) => Err(HandlerError::retry_after(Duration::from_millis(ms))),
