@@ -10,6 +10,10 @@
 //! - **poison**: the `fail` plugin with 0% vs 1% of messages retried until
 //!   they are dead-lettered: the healthy messages' rate with poison over the
 //!   rate without. Target: ≥ 0.90.
+//! - **daemon backlog RSS**: the real `sluice run` binary with a stage that
+//!   holds its first message for a minute, while 1,000,000 messages of 64 B
+//!   are published through the admin API: the daemon's VmRSS at 100k, 500k
+//!   and 1M waiting. Target: under 150 MB and flat.
 
 #![allow(missing_docs)]
 
@@ -71,6 +75,9 @@ fn main() {
             &native,
             &wasm,
         );
+    }
+    if wants("daemon-rss") {
+        daemon_rss();
     }
     if wants("poison") {
         let fail = host.load(sluice_harness::plugin("fail")).expect("fail");
@@ -205,4 +212,87 @@ fn report(name: &str, a: &[f64], b: &[f64]) {
     }
     let (ma, mb) = (median(a), median(b));
     println!("| {name} | {ma:.0} | {mb:.0} | {:.2} |", mb / ma);
+}
+
+/// The daemon's resident memory while a backlog builds up.
+fn daemon_rss() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        "name: backlog\ntopics: [waiting, done]\nstages:\n  - name: slow\n    subscribe: waiting\n    plugin: {}\n    publish: [done]\n    timeout: 120s\n    config: {{ms: 60000}}\n",
+        sluice_harness::plugin("sleepy").display()
+    );
+    let file = dir.path().join("backlog.yaml");
+    std::fs::write(&file, yaml).expect("write pipeline");
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("run")
+        .arg(&file)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args(["--admin", "127.0.0.1:0"])
+        .env("SLUICE_LOG", "warn,sluice=info")
+        .env("SLUICE_CACHE_DIR", dir.path().join("cache"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sluice run");
+    let stderr = daemon.stderr.take().expect("stderr");
+    let mut admin = String::new();
+    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+        if let Some(rest) = line.split("admin on http://").nth(1) {
+            admin = rest.split(';').next().unwrap_or_default().to_owned();
+            break;
+        }
+    }
+    assert!(!admin.is_empty(), "the daemon did not start");
+    let rss = |pid: u32| -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let kib: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0.0);
+        kib / 1024.0
+    };
+    let http = reqwest::blocking::Client::new();
+    let payload = "a".repeat(64);
+    let chunk = 5_000;
+    let mut published = 0usize;
+    let started = Instant::now();
+    let mut rows = vec![("idle", rss(daemon.id()))];
+    for checkpoint in [100_000usize, 500_000, 1_000_000] {
+        while published < checkpoint {
+            let mut body = String::with_capacity(chunk * 100);
+            for i in published..published + chunk {
+                body.push_str(&format!("{{\"id\":\"b{i}\",\"payload\":\"{payload}\"}}\n"));
+            }
+            let response = http
+                .post(format!("http://{admin}/v1/topics/waiting/batch"))
+                .header("content-type", "application/x-ndjson")
+                .body(body)
+                .send()
+                .expect("publish");
+            assert!(response.status().is_success(), "{}", response.status());
+            published += chunk;
+        }
+        let label = match checkpoint {
+            100_000 => "100k",
+            500_000 => "500k",
+            _ => "1M",
+        };
+        rows.push((label, rss(daemon.id())));
+    }
+    let took = started.elapsed();
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let figures: Vec<String> = rows
+        .iter()
+        .map(|(l, mb)| format!("{l}: {mb:.0} MiB"))
+        .collect();
+    println!(
+        "| daemon VmRSS with a backlog (published at {:.0} msgs/s over HTTP) | {} | | |",
+        1_000_000.0 / took.as_secs_f64(),
+        figures.join(", ")
+    );
 }

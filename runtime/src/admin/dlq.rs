@@ -185,7 +185,7 @@ pub(super) async fn list(
         Err(err) => return Err(err.into()),
     };
     let mut entries = Vec::new();
-    let mut scan = Scan::new(stage);
+    let mut scan = Scan::snapshot(stage, &state).await?;
     'pages: while let Some(page) = scan.page(&state).await? {
         for stored in page {
             if entries.len() >= limit {
@@ -265,7 +265,7 @@ pub(super) async fn redrive(
         ..RedriveReport::default()
     };
     let mut last_publish: Option<Instant> = None;
-    let mut scan = Scan::new(stage);
+    let mut scan = Scan::snapshot(stage, &state).await?;
     'pages: while report.redriven < limit {
         let Some(page) = scan.page(&state).await? else {
             break;
@@ -372,7 +372,7 @@ pub(super) async fn purge(
     };
     let _exclusive = state.inner.dlq_lock.lock().await;
     let mut purged = 0u64;
-    let mut scan = Scan::new(stage);
+    let mut scan = Scan::snapshot(stage, &state).await?;
     while purged < limit {
         let Some(page) = scan.page(&state).await? else {
             break;
@@ -410,16 +410,42 @@ impl RedriveReport {
 struct Scan<'a> {
     stage: &'a StageEntry,
     next: u64,
+    /// The last seq to visit (inclusive).
+    until: u64,
 }
 
 impl<'a> Scan<'a> {
     fn new(stage: &'a StageEntry) -> Self {
-        Scan { stage, next: 1 }
+        Scan {
+            stage,
+            next: 1,
+            until: u64::MAX,
+        }
+    }
+
+    /// A scan of the entries that are in the DLQ now. A redrive uses it: a
+    /// redriven message that fails again lands back in the DLQ while the
+    /// redrive is still running, and must not be picked up by the same
+    /// redrive (that would loop until the rate limit or the attempts ran out).
+    async fn snapshot(stage: &'a StageEntry, state: &AdminState) -> Result<Self, ApiError> {
+        let until = match state.broker().topic_stats(&stage.dlq_topic).await {
+            Ok(stats) => stats.last_seq,
+            Err(BrokerError::UnknownTopic(_)) => 0,
+            Err(err) => return Err(err.into()),
+        };
+        Ok(Scan {
+            stage,
+            next: 1,
+            until,
+        })
     }
 
     /// The next page of this stage's entries (possibly empty when another
     /// stage's entries filled it); None at the end.
     async fn page(&mut self, state: &AdminState) -> Result<Option<Vec<Stored>>, ApiError> {
+        if self.next > self.until {
+            return Ok(None);
+        }
         let page = match state
             .broker()
             .read(&self.stage.dlq_topic, self.next, PAGE, Duration::ZERO)
@@ -434,9 +460,10 @@ impl<'a> Scan<'a> {
             return Ok(None);
         };
         self.next = last.seq + 1;
+        let until = self.until;
         Ok(Some(
             page.into_iter()
-                .filter(|s| belongs(&s.message, self.stage))
+                .filter(|s| s.seq <= until && belongs(&s.message, self.stage))
                 .collect(),
         ))
     }
