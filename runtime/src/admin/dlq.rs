@@ -415,14 +415,6 @@ struct Scan<'a> {
 }
 
 impl<'a> Scan<'a> {
-    fn new(stage: &'a StageEntry) -> Self {
-        Scan {
-            stage,
-            next: 1,
-            until: u64::MAX,
-        }
-    }
-
     /// A scan of the entries that are in the DLQ now. A redrive uses it: a
     /// redriven message that fails again lands back in the DLQ while the
     /// redrive is still running, and must not be picked up by the same
