@@ -238,14 +238,19 @@ fn daemon_rss() {
         .spawn()
         .expect("sluice run");
     let stderr = daemon.stderr.take().expect("stderr");
-    let mut admin = String::new();
-    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-        if let Some(rest) = line.split("admin on http://").nth(1) {
-            admin = rest.split(';').next().unwrap_or_default().to_owned();
-            break;
+    // Keep draining the daemon's log after the ready line: a full pipe would
+    // block its writes and stall it.
+    let (ready, started_rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("admin on http://").nth(1) {
+                let _ = ready.send(rest.split(';').next().unwrap_or_default().to_owned());
+            }
         }
-    }
-    assert!(!admin.is_empty(), "the daemon did not start");
+    });
+    let admin = started_rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the daemon did not start");
     let rss = |pid: u32| -> f64 {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         let kib: f64 = status
