@@ -11,6 +11,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
+use crate::failure::FailureKind;
+
 /// Labels of per-topic metrics.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TopicLabels {
@@ -177,11 +179,11 @@ impl Metrics {
         // Family has no iteration API; the engine's outcomes are a small
         // fixed set, so sum the known ones.
         let mut total = 0;
-        for outcome in OUTCOMES {
+        for outcome in outcomes() {
             let labels = OutcomeLabels {
                 pipeline: pipeline.to_owned(),
                 stage: stage.to_owned(),
-                outcome: (*outcome).to_owned(),
+                outcome: outcome.to_owned(),
             };
             if let Some(counter) = self.processed.get(&labels) {
                 total += counter.get();
@@ -199,18 +201,13 @@ impl Metrics {
     }
 }
 
-/// Every `outcome` label value the engine uses.
-pub const OUTCOMES: &[&str] = &[
-    "ok",
-    "skipped",
-    "dead-lettered",
-    "retry",
-    "rejected",
-    "trap",
-    "timeout",
-    "out-of-memory",
-    "output-too-large",
-    "undeclared-topic",
-    "claim-missing",
-    "publish-failed",
-];
+/// The `outcome` label values of a settled delivery that did not fail.
+pub const SETTLED_OUTCOMES: [&str; 3] = ["ok", "skipped", "dead-lettered"];
+
+/// Every `outcome` label value the engine uses: [`SETTLED_OUTCOMES`], then
+/// each failure kind's name (an attempt that failed and will be retried).
+pub fn outcomes() -> impl Iterator<Item = &'static str> {
+    SETTLED_OUTCOMES
+        .into_iter()
+        .chain(FailureKind::ALL.iter().map(|kind| kind.as_str()))
+}
