@@ -226,18 +226,20 @@ fn daemon_rss() {
     );
     let file = dir.path().join("backlog.yaml");
     std::fs::write(&file, yaml).expect("write pipeline");
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("run")
-        .arg(&file)
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .args(["--admin", "127.0.0.1:0"])
-        .env("SLUICE_LOG", "warn,sluice=info")
-        .env("SLUICE_CACHE_DIR", dir.path().join("cache"))
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("sluice run");
-    let stderr = daemon.stderr.take().expect("stderr");
+    let mut daemon = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("run")
+            .arg(&file)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--admin", "127.0.0.1:0"])
+            .env("SLUICE_LOG", "warn,sluice=info")
+            .env("SLUICE_CACHE_DIR", dir.path().join("cache"))
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sluice run"),
+    );
+    let stderr = daemon.0.stderr.take().expect("stderr");
     // Keep draining the daemon's log after the ready line: a full pipe would
     // block its writes and stall it.
     let (ready, started_rx) = std::sync::mpsc::channel::<String>();
@@ -265,7 +267,7 @@ fn daemon_rss() {
     let chunk = 5_000;
     let mut published = 0usize;
     let started = Instant::now();
-    let mut rows = vec![("idle", rss(daemon.id()))];
+    let mut rows = vec![("idle", rss(daemon.0.id()))];
     for checkpoint in [100_000usize, 500_000, 1_000_000] {
         while published < checkpoint {
             let mut body = String::with_capacity(chunk * 100);
@@ -286,11 +288,10 @@ fn daemon_rss() {
             500_000 => "500k",
             _ => "1M",
         };
-        rows.push((label, rss(daemon.id())));
+        rows.push((label, rss(daemon.0.id())));
     }
     let took = started.elapsed();
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    drop(daemon);
     let figures: Vec<String> = rows
         .iter()
         .map(|(l, mb)| format!("{l}: {mb:.0} MiB"))
@@ -300,4 +301,15 @@ fn daemon_rss() {
         1_000_000.0 / took.as_secs_f64(),
         figures.join(", ")
     );
+}
+
+/// Kills the daemon however the bench ends: a daemon left behind keeps its
+/// busy handler spinning and skews every later measurement on the machine.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
