@@ -20,8 +20,10 @@ use crate::broker::{Broker, BrokerError, Delivery, Message, now_millis};
 use crate::config::{Backoff, Stage};
 use crate::dlq::{self, Provenance};
 use crate::failure::{Failure, FailureKind};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, OutcomeLabels, StageLabels, TopicLabels};
 use crate::plugin::{Emit, Outcome};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
 
 /// What the caller does next with a delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +49,12 @@ pub(super) struct Settler {
     metrics: Arc<Metrics>,
     /// When each failing message first failed, by message id.
     first_failures: Mutex<HashMap<String, u64>>,
+    /// This stage's metric handles for the per-message path, looked up once
+    /// here rather than by building label strings for every message.
+    ok: Counter,
+    handler_duration: Histogram,
+    /// `sluice_messages_published_total` of each declared output topic.
+    published: Vec<(String, Counter)>,
 }
 
 impl Settler {
@@ -56,7 +64,39 @@ impl Settler {
         broker: Arc<dyn Broker>,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let stage_labels = StageLabels {
+            pipeline: pipeline.to_owned(),
+            stage: stage.name.clone(),
+        };
+        let ok = metrics
+            .processed
+            .get_or_create(&OutcomeLabels {
+                pipeline: pipeline.to_owned(),
+                stage: stage.name.clone(),
+                outcome: "ok".into(),
+            })
+            .clone();
+        let handler_duration = metrics
+            .handler_duration
+            .get_or_create(&stage_labels)
+            .clone();
+        let published = stage
+            .publish
+            .iter()
+            .map(|topic| {
+                let counter = metrics
+                    .published
+                    .get_or_create(&TopicLabels {
+                        topic: topic.clone(),
+                    })
+                    .clone();
+                (topic.clone(), counter)
+            })
+            .collect();
         Settler {
+            ok,
+            handler_duration,
+            published,
             pipeline: pipeline.to_owned(),
             stage: stage.name.clone(),
             dlq_topic: stage.dlq_topic(pipeline),
@@ -70,8 +110,7 @@ impl Settler {
 
     /// Records one handler call's duration.
     pub(super) fn observe(&self, elapsed: Duration) {
-        self.metrics
-            .observe_handler(&self.pipeline, &self.stage, elapsed.as_secs_f64());
+        self.handler_duration.observe(elapsed.as_secs_f64());
     }
 
     /// Acks a delivery this stage does not handle (a redrive for another stage).
@@ -132,9 +171,14 @@ impl Settler {
         }
         match self.broker.complete(&delivery.receipt, outputs).await {
             Ok(()) => {
-                self.count("ok");
+                self.ok.inc();
                 for (topic, n) in per_topic {
-                    self.metrics.count_published(&topic, n);
+                    match self.published.iter().find(|(t, _)| *t == topic) {
+                        Some((_, counter)) => {
+                            counter.inc_by(n);
+                        }
+                        None => self.metrics.count_published(&topic, n),
+                    }
                 }
                 self.forget_failure(&delivery.message.id);
                 Ok(())
