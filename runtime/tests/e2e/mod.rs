@@ -1,5 +1,6 @@
 //! End-to-end helpers: the real `sluice` binary as a daemon, driven over
-//! its admin API, with real plugins built from source.
+//! its admin API, with real plugins built from source, on either broker
+//! ([`Backend`]).
 
 #![allow(dead_code)]
 
@@ -11,6 +12,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use sluice_harness::nats::NatsServer;
 
 /// One compile cache for the whole test binary, as a daemon host has one.
 pub static CACHE: LazyLock<tempfile::TempDir> =
@@ -28,6 +30,43 @@ pub fn write_pipeline(dir: &Path, name: &str, yaml: &str) -> PathBuf {
     path
 }
 
+/// The broker a test's daemons run on.
+pub enum Backend {
+    /// The embedded broker, in each daemon's `--data-dir`.
+    Embedded,
+    /// A real nats-server of this test's own (killed on drop), passed as
+    /// `--broker nats://...`.
+    Nats(NatsServer),
+}
+
+impl Backend {
+    /// The embedded broker.
+    pub fn embedded() -> Backend {
+        Backend::Embedded
+    }
+
+    /// A fresh nats-server with JetStream for this test.
+    pub fn nats() -> Backend {
+        Backend::Nats(NatsServer::start().unwrap_or_else(|e| panic!("starting nats-server: {e:#}")))
+    }
+
+    /// The `--broker` value, `None` for the embedded broker.
+    pub fn broker_url(&self) -> Option<String> {
+        match self {
+            Backend::Embedded => None,
+            Backend::Nats(server) => Some(server.url()),
+        }
+    }
+
+    /// The nats-server, when there is one.
+    pub fn nats_server(&self) -> Option<&NatsServer> {
+        match self {
+            Backend::Embedded => None,
+            Backend::Nats(server) => Some(server),
+        }
+    }
+}
+
 /// A running `sluice run`.
 pub struct Daemon {
     child: Option<Child>,
@@ -42,6 +81,18 @@ impl Daemon {
     /// Starts `sluice run <files> --data-dir <data>` on a free port and waits
     /// until it is ready.
     pub fn start(files: &[&Path], data: &Path) -> Daemon {
+        Daemon::start_with_broker(None, files, data)
+    }
+
+    /// [`start`](Self::start) on `backend`: with `--broker <url>` on NATS.
+    pub fn start_on(backend: &Backend, files: &[&Path], data: &Path) -> Daemon {
+        Daemon::start_with_broker(backend.broker_url(), files, data)
+    }
+
+    /// [`start`](Self::start) with `--broker <broker>` when given (any URL
+    /// the daemon accepts, for example a cluster's seed list with
+    /// `?replicas=3`).
+    pub fn start_with_broker(broker: Option<String>, files: &[&Path], data: &Path) -> Daemon {
         let mut args: Vec<String> = vec!["run".into()];
         args.extend(files.iter().map(|f| f.display().to_string()));
         args.extend([
@@ -50,6 +101,9 @@ impl Daemon {
             "--admin".into(),
             "127.0.0.1:0".into(),
         ]);
+        if let Some(broker) = broker {
+            args.extend(["--broker".into(), broker]);
+        }
         let mut daemon = Daemon {
             child: None,
             args,
@@ -69,6 +123,9 @@ impl Daemon {
             .args(&self.args)
             .env("SLUICE_CACHE_DIR", CACHE.path())
             .env("SLUICE_LOG", "warn,sluice=info")
+            // The broker is chosen by `--broker` alone, never by the
+            // environment the tests happen to run in.
+            .env_remove("SLUICE_BROKER")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -94,6 +151,11 @@ impl Daemon {
             Ok(addr) => self.base = format!("http://{addr}"),
             Err(_) => panic!("daemon did not become ready; log:\n{}", self.log()),
         }
+    }
+
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// Everything the daemon wrote to stderr so far.
@@ -203,6 +265,16 @@ impl Daemon {
                 + 1;
             out.extend(messages);
         }
+    }
+
+    /// How many messages `topic` stores now (`GET /v1/topics/{topic}`):
+    /// cheap to poll, where [`read_all`](Self::read_all) reads everything.
+    pub fn depth(&self, topic: &str) -> usize {
+        let stats = self.get(&format!("/v1/topics/{topic}"));
+        let depth = stats["depth"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("topic stats without depth: {stats}"));
+        usize::try_from(depth).expect("depth fits")
     }
 
     /// `GET path` as JSON.

@@ -1,13 +1,20 @@
-//! Pipelines on the embedded broker, end to end: the real `sluice run`
-//! binary, real plugins, driven over the admin API, with kill -9 and
-//! SIGTERM. Every check is set-based, by message id.
+//! Pipelines end to end, on both brokers: the real `sluice run` binary,
+//! real plugins, driven over the admin API, with kill -9 and SIGTERM. Every
+//! check is set-based, by message id.
+//!
+//! Each test body takes a [`Backend`] and runs twice, as `embedded::<name>`
+//! (the daemon's own broker in its data directory) and `nats::<name>` (a
+//! fresh nats-server of the test's own, `--broker nats://...`), through the
+//! [`on_both_brokers!`] list at the end: the same assertions, so a
+//! behaviour that differs between the brokers fails one of the two. Where a
+//! test kills the daemon, on NATS the nats-server keeps running.
 
 mod e2e;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use e2e::{Daemon, Msg, counts, header, plugin, write_pipeline};
+use e2e::{Backend, Daemon, Msg, counts, header, plugin, write_pipeline};
 use serde_json::{Value, json};
 use sluice::engine::emit_id;
 
@@ -20,13 +27,12 @@ fn payloads(messages: &[Value]) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn orders_10k_every_input_is_routed_or_dead_lettered_exactly_once() {
+fn orders_10k_every_input_is_routed_or_dead_lettered_exactly_once(backend: &Backend) {
     sluice_harness::plugin("router");
     sluice_harness::plugin("uppercase");
     let data = tempfile::tempdir().expect("data dir");
     let orders = sluice_harness::repo_root().join("pipelines/orders.yaml");
-    let daemon = Daemon::start(&[&orders], data.path());
+    let daemon = Daemon::start_on(backend, &[&orders], data.path());
 
     let regions = ["eu", "us", "eu", "us", "eu", "us", "eu", "us", "eu", "mars"];
     let n = 10_000;
@@ -58,10 +64,7 @@ fn orders_10k_every_input_is_routed_or_dead_lettered_exactly_once() {
     let total = expect_eu.len() + expect_us.len() + expect_dlq.len();
     assert_eq!(total, n);
     daemon.wait_until("all 10k settled", LONG, |d| {
-        d.read_all("orders.eu.done").len()
-            + d.read_all("orders.us.done").len()
-            + d.read_all("orders.dlq").len()
-            >= total
+        d.depth("orders.eu.done") + d.depth("orders.us.done") + d.depth("orders.dlq") >= total
     });
     std::thread::sleep(Duration::from_millis(500));
 
@@ -111,8 +114,7 @@ fn orders_10k_every_input_is_routed_or_dead_lettered_exactly_once() {
     }
 }
 
-#[test]
-fn fan_out_gives_every_subscriber_every_message() {
+fn fan_out_gives_every_subscriber_every_message(backend: &Backend) {
     let dir = tempfile::tempdir().expect("dir");
     let yaml = format!(
         r#"
@@ -132,7 +134,7 @@ stages:
         stamp = plugin("stamp")
     );
     let file = write_pipeline(dir.path(), "fan", &yaml);
-    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    let daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
     let messages: Vec<Msg> = (0..500).map(|i| Msg::new(format!("f{i}"), "x")).collect();
     daemon.publish("in", &messages);
     daemon.wait_until("both branches", LONG, |d| {
@@ -166,15 +168,15 @@ stages:
     write_pipeline(dir, &format!("poison-{mode}"), &yaml)
 }
 
-fn poison_run(mode: &str, attempts: &str, kind: &str) {
+fn poison_run(backend: &Backend, mode: &str, attempts: &str, kind: &str) {
     let dir = tempfile::tempdir().expect("dir");
     let file = poison_pipeline(dir.path(), mode);
-    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    let daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
     let n = 3000;
     let messages: Vec<Msg> = (0..n).map(|i| Msg::new(format!("p{i}"), "x")).collect();
     daemon.publish("in", &messages);
     daemon.wait_until("all settled", LONG, |d| {
-        d.read_all("out").len() + d.read_all("poison.work.dlq").len() >= n
+        d.depth("out") + d.depth("poison.work.dlq") >= n
     });
     std::thread::sleep(Duration::from_millis(300));
     let out = daemon.read_all("out");
@@ -213,14 +215,12 @@ fn poison_run(mode: &str, attempts: &str, kind: &str) {
     }
 }
 
-#[test]
-fn poison_retries_land_in_the_dlq_after_exactly_max_attempts() {
-    poison_run("retry", "3", "retry");
+fn poison_retries_land_in_the_dlq_after_exactly_max_attempts(backend: &Backend) {
+    poison_run(backend, "retry", "3", "retry");
 }
 
-#[test]
-fn poison_rejects_land_in_the_dlq_at_once() {
-    poison_run("reject", "1", "rejected");
+fn poison_rejects_land_in_the_dlq_at_once(backend: &Backend) {
+    poison_run(backend, "reject", "1", "rejected");
 }
 
 fn stamp_pipeline(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
@@ -261,15 +261,14 @@ fn assert_exactly_once(out: &[Value], prefix: &str, n: usize) {
     assert_eq!(out.len(), n);
 }
 
-#[test]
-fn kill_9_five_times_loses_nothing_and_duplicates_nothing() {
+fn kill_9_five_times_loses_nothing_and_duplicates_nothing(backend: &Backend) {
     let dir = tempfile::tempdir().expect("dir");
     let file = stamp_pipeline(
         dir.path(),
         "    concurrency: 4\n    config: {sleep_ms: 1}\n",
     );
     let data = dir.path().join("data");
-    let mut daemon = Daemon::start(&[&file], &data);
+    let mut daemon = Daemon::start_on(backend, &[&file], &data);
     let n = 20_000;
     let messages: Vec<Msg> = (0..n)
         .map(|i| Msg::new(format!("c{i}"), format!("m{i}")))
@@ -281,11 +280,11 @@ fn kill_9_five_times_loses_nothing_and_duplicates_nothing() {
         std::thread::sleep(Duration::from_millis(
             300 + fastrand::u64(0..700) + round * 50,
         ));
-        seen_at_kill.push(daemon.read_all("out").len());
+        seen_at_kill.push(daemon.depth("out"));
         daemon.kill9();
         daemon.restart();
     }
-    daemon.wait_until("all 20k outputs", LONG, |d| d.read_all("out").len() >= n);
+    daemon.wait_until("all 20k outputs", LONG, |d| d.depth("out") >= n);
     std::thread::sleep(Duration::from_millis(500));
     let out = daemon.read_all("out");
     assert_exactly_once(&out, "c", n);
@@ -302,19 +301,18 @@ fn kill_9_five_times_loses_nothing_and_duplicates_nothing() {
     );
 }
 
-#[test]
-fn sigterm_under_load_drains_in_time_and_redelivers_nothing_done() {
+fn sigterm_under_load_drains_in_time_and_redelivers_nothing_done(backend: &Backend) {
     let dir = tempfile::tempdir().expect("dir");
     let file = stamp_pipeline(
         dir.path(),
         "    concurrency: 2\n    config: {sleep_ms: 20}\n",
     );
     let data = dir.path().join("data");
-    let mut daemon = Daemon::start(&[&file], &data);
+    let mut daemon = Daemon::start_on(backend, &[&file], &data);
     let n = 600;
     let messages: Vec<Msg> = (0..n).map(|i| Msg::new(format!("t{i}"), "x")).collect();
     daemon.publish("in", &messages);
-    daemon.wait_until("some progress", LONG, |d| d.read_all("out").len() >= 20);
+    daemon.wait_until("some progress", LONG, |d| d.depth("out") >= 20);
     let (status, took) = daemon.sigterm();
     assert!(
         status.success(),
@@ -325,7 +323,7 @@ fn sigterm_under_load_drains_in_time_and_redelivers_nothing_done() {
     assert!(took < Duration::from_secs(5 + 3), "took {took:?}");
     daemon.restart();
     let before_restart = daemon.read_all("out");
-    daemon.wait_until("all outputs", LONG, |d| d.read_all("out").len() >= n);
+    daemon.wait_until("all outputs", LONG, |d| d.depth("out") >= n);
     std::thread::sleep(Duration::from_millis(300));
     let out = daemon.read_all("out");
     assert_exactly_once(&out, "t", n);
@@ -342,14 +340,13 @@ fn sigterm_under_load_drains_in_time_and_redelivers_nothing_done() {
     );
 }
 
-#[test]
-fn a_handler_slower_than_ack_wait_is_not_redelivered() {
+fn a_handler_slower_than_ack_wait_is_not_redelivered(backend: &Backend) {
     let dir = tempfile::tempdir().expect("dir");
     let file = stamp_pipeline(
         dir.path(),
         "    concurrency: 3\n    ack_wait: 1s\n    timeout: 10s\n    config: {sleep_ms: 3000}\n",
     );
-    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    let daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
     let messages: Vec<Msg> = (0..3).map(|i| Msg::new(format!("s{i}"), "x")).collect();
     daemon.publish("in", &messages);
     daemon.wait_until("3 outputs", LONG, |d| d.read_all("out").len() >= 3);
@@ -363,14 +360,13 @@ fn a_handler_slower_than_ack_wait_is_not_redelivered() {
     );
 }
 
-#[test]
-fn per_key_ordering_serialises_keys_and_parallelises_across_them() {
+fn per_key_ordering_serialises_keys_and_parallelises_across_them(backend: &Backend) {
     let dir = tempfile::tempdir().expect("dir");
     let file = stamp_pipeline(
         dir.path(),
         "    concurrency: 4\n    ordering: {key: key}\n    retry: {max_attempts: 5}\n    config: {sleep_ms: 20, fail_until_attempt: 3, retry_after_ms: 1000}\n",
     );
-    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    let daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
     let keys = ["k0", "k1", "k2", "k3"];
     let mut messages = Vec::new();
     for i in 0..10 {
@@ -451,8 +447,7 @@ fn per_key_ordering_serialises_keys_and_parallelises_across_them() {
     assert_eq!(header(retried, "x-attempt"), Some("3"));
 }
 
-#[test]
-fn redrive_once_is_enough_and_a_message_that_fails_again_returns_to_the_dlq() {
+fn redrive_once_is_enough_and_a_message_that_fails_again_returns_to_the_dlq(backend: &Backend) {
     let dir = tempfile::tempdir().expect("dir");
     let stamp = plugin("stamp");
     let yaml = format!(
@@ -483,7 +478,7 @@ stages:
 "#
     );
     let file = write_pipeline(dir.path(), "rd", &yaml);
-    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    let daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
     let messages: Vec<Msg> = (0..10)
         .map(|i| {
             Msg::new(
@@ -570,12 +565,11 @@ stages:
     assert_eq!(daemon.read_all("out.c").len(), 6);
 }
 
-#[test]
-fn quickstart_shows_outputs_and_one_dead_letter() {
+fn quickstart_shows_outputs_and_one_dead_letter(backend: &Backend) {
     sluice_harness::plugin("uppercase");
     let data = tempfile::tempdir().expect("data dir");
     let quickstart = sluice_harness::repo_root().join("pipelines/quickstart.yaml");
-    let daemon = Daemon::start(&[&quickstart], data.path());
+    let daemon = Daemon::start_on(backend, &[&quickstart], data.path());
     daemon.publish(
         "greetings",
         &[Msg::new("g1", "hello"), Msg::new("g2", "sluice")],
@@ -588,3 +582,38 @@ fn quickstart_shows_outputs_and_one_dead_letter() {
         ["HELLO", "SLUICE"]
     );
 }
+
+/// Two `#[test]`s per body: `embedded::<name>` and `nats::<name>`.
+macro_rules! on_both_brokers {
+    ($($name:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(&super::Backend::embedded());
+                }
+            )*
+        }
+        mod nats {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(&super::Backend::nats());
+                }
+            )*
+        }
+    };
+}
+
+on_both_brokers!(
+    orders_10k_every_input_is_routed_or_dead_lettered_exactly_once,
+    fan_out_gives_every_subscriber_every_message,
+    poison_retries_land_in_the_dlq_after_exactly_max_attempts,
+    poison_rejects_land_in_the_dlq_at_once,
+    kill_9_five_times_loses_nothing_and_duplicates_nothing,
+    sigterm_under_load_drains_in_time_and_redelivers_nothing_done,
+    a_handler_slower_than_ack_wait_is_not_redelivered,
+    per_key_ordering_serialises_keys_and_parallelises_across_them,
+    redrive_once_is_enough_and_a_message_that_fails_again_returns_to_the_dlq,
+    quickstart_shows_outputs_and_one_dead_letter,
+);
