@@ -12,6 +12,7 @@
 //! drops. An entry without provenance cannot be routed back: it is skipped
 //! with a reason and stays in the DLQ, never dropped.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use axum::Json;
@@ -177,30 +178,7 @@ pub(super) async fn list(
 ) -> Result<Json<DlqList>, ApiError> {
     let Path((pipeline, stage)) = path?;
     let Query(query) = query?;
-    let stage = state.stage(&pipeline, &stage)?;
-    let limit = query.limit.unwrap_or(DEFAULT_LIST).clamp(1, MAX_LIST);
-    let depth = match state.broker().topic_stats(&stage.dlq_topic).await {
-        Ok(stats) => stats.depth,
-        Err(BrokerError::UnknownTopic(_)) => 0,
-        Err(err) => return Err(err.into()),
-    };
-    let mut entries = Vec::new();
-    let mut scan = Scan::snapshot(stage, &state).await?;
-    'pages: while let Some(page) = scan.page(&state).await? {
-        for stored in page {
-            if entries.len() >= limit {
-                break 'pages;
-            }
-            entries.push(summary(&stored));
-        }
-    }
-    Ok(Json(DlqList {
-        pipeline: stage.pipeline.clone(),
-        stage: stage.stage.clone(),
-        topic: stage.dlq_topic.clone(),
-        depth,
-        entries,
-    }))
+    Ok(Json(state.dlq_list(&pipeline, &stage, query.limit).await?))
 }
 
 /// `GET /v1/dlq/{pipeline}/{stage}/{seq}`.
@@ -209,35 +187,7 @@ pub(super) async fn show(
     path: Result<Path<(String, String, u64)>, PathRejection>,
 ) -> Result<Json<DlqEntryDetail>, ApiError> {
     let Path((pipeline, stage, seq)) = path?;
-    let stage = state.stage(&pipeline, &stage)?;
-    let found = match state
-        .broker()
-        .read(&stage.dlq_topic, seq, 1, Duration::ZERO)
-        .await
-    {
-        Ok(found) => found,
-        Err(BrokerError::UnknownTopic(_)) => Vec::new(),
-        Err(err) => return Err(err.into()),
-    };
-    let stored = found
-        .into_iter()
-        .find(|s| s.seq == seq && belongs(&s.message, stage))
-        .ok_or_else(|| {
-            ApiError::NotFound(format!(
-                "no entry with seq {seq} in the DLQ of {pipeline}/{}",
-                stage.stage
-            ))
-        })?;
-    let m = &stored.message;
-    let (payload, payload_base64) = payload_fields(&m.payload);
-    Ok(Json(DlqEntryDetail {
-        summary: summary(&stored),
-        topic: stage.dlq_topic.clone(),
-        headers: m.headers.clone(),
-        payload,
-        payload_base64,
-        published_at: m.published_at,
-    }))
+    Ok(Json(state.dlq_show(&pipeline, &stage, seq).await?))
 }
 
 /// `POST /v1/dlq/{pipeline}/{stage}/redrive`.
@@ -247,84 +197,274 @@ pub(super) async fn redrive(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<RedriveReport>, ApiError> {
     let Path((pipeline, stage)) = path?;
-    let stage = state.stage(&pipeline, &stage)?;
+    // The stage first, so an unknown one is a 404 whatever the body.
+    state.stage(&pipeline, &stage).await?;
     let request: RedriveRequest = json_body(body, state.body_limit)?;
-    let interval = match request.rate {
-        None => None,
-        Some(rate) if rate.is_finite() && rate > 0.0 => Some(Duration::from_secs_f64(1.0 / rate)),
-        Some(rate) => {
-            return Err(ApiError::BadRequest(format!(
-                "rate must be a positive number of messages per second, not {rate}"
-            )));
-        }
-    };
-    let limit = request.limit.unwrap_or(u64::MAX);
-    let _exclusive = state.inner.dlq_lock.lock().await;
-    let mut report = RedriveReport {
-        dry_run: request.dry_run,
-        ..RedriveReport::default()
-    };
-    let mut last_publish: Option<Instant> = None;
-    let mut scan = Scan::snapshot(stage, &state).await?;
-    'pages: while report.redriven < limit {
-        let Some(page) = scan.page(&state).await? else {
-            break;
+    Ok(Json(state.dlq_redrive(&pipeline, &stage, &request).await?))
+}
+
+/// `POST /v1/dlq/{pipeline}/{stage}/purge`.
+pub(super) async fn purge(
+    State(state): State<AdminState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<PurgeReport>, ApiError> {
+    let Path((pipeline, stage)) = path?;
+    state.stage(&pipeline, &stage).await?;
+    let request: PurgeRequest = json_body(body, state.body_limit)?;
+    Ok(Json(state.dlq_purge(&pipeline, &stage, &request).await?))
+}
+
+impl AdminState {
+    /// Up to `limit` (default 100, at most 1000) of a stage's DLQ entries,
+    /// oldest first: what `GET /v1/dlq/{pipeline}/{stage}` answers.
+    ///
+    /// # Errors
+    ///
+    /// The stage is unknown, or the broker failed.
+    pub async fn dlq_list(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        limit: Option<usize>,
+    ) -> Result<DlqList, ApiError> {
+        let stage = self.stage(pipeline, stage).await?;
+        let limit = limit.unwrap_or(DEFAULT_LIST).clamp(1, MAX_LIST);
+        let depth = match self.broker().topic_stats(&stage.dlq_topic).await {
+            Ok(stats) => stats.depth,
+            Err(BrokerError::UnknownTopic(_)) => 0,
+            Err(err) => return Err(err.into()),
         };
-        for stored in page {
-            if report.redriven >= limit {
-                break 'pages;
+        let mut entries = Vec::new();
+        let mut scan = Scan::snapshot(&stage, self).await?;
+        'pages: while let Some(page) = scan.page(self).await? {
+            for stored in page {
+                if entries.len() >= limit {
+                    break 'pages;
+                }
+                entries.push(summary(&stored));
             }
-            let entry = &stored.message;
-            let Some(provenance) = Provenance::read(entry) else {
-                report.skip(&stored, NO_PROVENANCE.into());
-                continue;
+        }
+        Ok(DlqList {
+            pipeline: stage.pipeline.clone(),
+            stage: stage.stage.clone(),
+            topic: stage.dlq_topic.clone(),
+            depth,
+            entries,
+        })
+    }
+
+    /// The stage's DLQ entry at `seq`, in full: what
+    /// `GET /v1/dlq/{pipeline}/{stage}/{seq}` answers.
+    ///
+    /// # Errors
+    ///
+    /// The stage is unknown, it has no entry at `seq`, or the broker failed.
+    pub async fn dlq_show(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        seq: u64,
+    ) -> Result<DlqEntryDetail, ApiError> {
+        let stage = self.stage(pipeline, stage).await?;
+        let found = match self
+            .broker()
+            .read(&stage.dlq_topic, seq, 1, Duration::ZERO)
+            .await
+        {
+            Ok(found) => found,
+            Err(BrokerError::UnknownTopic(_)) => Vec::new(),
+            Err(err) => return Err(err.into()),
+        };
+        let stored = found
+            .into_iter()
+            .find(|s| s.seq == seq && belongs(&s.message, &stage))
+            .ok_or_else(|| {
+                ApiError::NotFound(format!(
+                    "no entry with seq {seq} in the DLQ of {pipeline}/{}",
+                    stage.stage
+                ))
+            })?;
+        let m = &stored.message;
+        let (payload, payload_base64) = payload_fields(&m.payload);
+        Ok(DlqEntryDetail {
+            summary: summary(&stored),
+            topic: stage.dlq_topic.clone(),
+            headers: m.headers.clone(),
+            payload,
+            payload_base64,
+            published_at: m.published_at,
+        })
+    }
+
+    /// Publishes a stage's DLQ entries back to their source topics, oldest
+    /// first, each removed after its publish (see the module docs): what
+    /// `POST /v1/dlq/{pipeline}/{stage}/redrive` does.
+    ///
+    /// # Errors
+    ///
+    /// The stage is unknown, the rate is not positive, or the broker failed
+    /// (the entries redriven before stay redriven).
+    pub async fn dlq_redrive(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        request: &RedriveRequest,
+    ) -> Result<RedriveReport, ApiError> {
+        let stage = self.stage(pipeline, stage).await?;
+        let interval = match request.rate {
+            None => None,
+            Some(rate) if rate.is_finite() && rate > 0.0 => {
+                Some(Duration::from_secs_f64(1.0 / rate))
+            }
+            Some(rate) => {
+                return Err(ApiError::BadRequest(format!(
+                    "rate must be a positive number of messages per second, not {rate}"
+                )));
+            }
+        };
+        let limit = request.limit.unwrap_or(u64::MAX);
+        let _exclusive = self.inner.dlq_lock.lock().await;
+        let mut report = RedriveReport {
+            dry_run: request.dry_run,
+            ..RedriveReport::default()
+        };
+        let mut last_publish: Option<Instant> = None;
+        // Whether each source topic seen so far is one to publish to, so a
+        // state without pipelines asks the broker once per topic.
+        let mut sources: HashMap<String, bool> = HashMap::new();
+        let mut scan = Scan::snapshot(&stage, self).await?;
+        'pages: while report.redriven < limit {
+            let Some(page) = scan.page(self).await? else {
+                break;
             };
-            if state.topic(&provenance.source_topic).is_err() {
-                let reason = format!(
-                    "its source topic `{}` is not declared by the loaded pipelines",
-                    provenance.source_topic
-                );
-                report.skip(&stored, reason);
-                continue;
-            }
-            let message = dlq::redrive_message(entry, &provenance);
-            if !request.dry_run {
-                if let (Some(interval), Some(last)) = (interval, last_publish) {
-                    let wait = interval.saturating_sub(last.elapsed());
-                    tokio::select! {
-                        () = tokio::time::sleep(wait) => {}
-                        () = state.shutting_down() => {
-                            report.interrupted = true;
-                            break 'pages;
+            for stored in page {
+                if report.redriven >= limit {
+                    break 'pages;
+                }
+                let entry = &stored.message;
+                let Some(provenance) = Provenance::read(entry) else {
+                    report.skip(&stored, NO_PROVENANCE.into());
+                    continue;
+                };
+                let known = match sources.get(&provenance.source_topic) {
+                    Some(&known) => known,
+                    None => {
+                        let known = match self.topic(&provenance.source_topic).await {
+                            Ok(_) => true,
+                            Err(ApiError::UnknownTopic(_) | ApiError::NoSuchTopic(_)) => false,
+                            Err(err) => return Err(err),
+                        };
+                        sources.insert(provenance.source_topic.clone(), known);
+                        known
+                    }
+                };
+                if !known {
+                    let reason = if self.inner.open {
+                        format!(
+                            "its source topic `{}` does not exist on the broker",
+                            provenance.source_topic
+                        )
+                    } else {
+                        format!(
+                            "its source topic `{}` is not declared by the loaded pipelines",
+                            provenance.source_topic
+                        )
+                    };
+                    report.skip(&stored, reason);
+                    continue;
+                }
+                let message = dlq::redrive_message(entry, &provenance);
+                if !request.dry_run {
+                    if let (Some(interval), Some(last)) = (interval, last_publish) {
+                        let wait = interval.saturating_sub(last.elapsed());
+                        tokio::select! {
+                            () = tokio::time::sleep(wait) => {}
+                            () = self.shutting_down() => {
+                                report.interrupted = true;
+                                break 'pages;
+                            }
                         }
                     }
+                    last_publish = Some(Instant::now());
+                    publish_then_remove(self, &stage, &stored, message.clone())
+                        .await
+                        .inspect_err(|err| {
+                            tracing::warn!(
+                                "redrive of {}/{} stopped after {} messages: {err}",
+                                stage.pipeline,
+                                stage.stage,
+                                report.redriven
+                            );
+                        })?;
                 }
-                last_publish = Some(Instant::now());
-                publish_then_remove(&state, stage, &stored, message.clone())
-                    .await
-                    .inspect_err(|err| {
-                        tracing::warn!(
-                            "redrive of {}/{} stopped after {} messages: {err}",
-                            stage.pipeline,
-                            stage.stage,
-                            report.redriven
-                        );
-                    })?;
+                report.redriven += 1;
+                report.ids.push(message.id);
             }
-            report.redriven += 1;
-            report.ids.push(message.id);
         }
+        if !request.dry_run && (report.redriven > 0 || report.skipped > 0) {
+            tracing::info!(
+                redriven = report.redriven,
+                skipped = report.skipped,
+                "redrive from the DLQ of {}/{}",
+                stage.pipeline,
+                stage.stage,
+            );
+        }
+        Ok(report)
     }
-    if !request.dry_run && (report.redriven > 0 || report.skipped > 0) {
-        tracing::info!(
-            redriven = report.redriven,
-            skipped = report.skipped,
-            "redrive from the DLQ of {}/{}",
-            stage.pipeline,
-            stage.stage,
-        );
+
+    /// Deletes a stage's oldest `limit` DLQ entries, or all of them: what
+    /// `POST /v1/dlq/{pipeline}/{stage}/purge` does.
+    ///
+    /// # Errors
+    ///
+    /// The stage is unknown, the request says neither or both of `limit`
+    /// and `all`, or the broker failed.
+    pub async fn dlq_purge(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        request: &PurgeRequest,
+    ) -> Result<PurgeReport, ApiError> {
+        let stage = self.stage(pipeline, stage).await?;
+        let limit = match (request.limit, request.all) {
+            (Some(limit), false) => limit,
+            (None, true) => u64::MAX,
+            (Some(_), true) => {
+                return Err(ApiError::BadRequest("give limit or all, not both".into()));
+            }
+            (None, false) => {
+                return Err(ApiError::BadRequest(
+                    "say how much to purge: {\"limit\": N} for the oldest N entries, or {\"all\": true}"
+                        .into(),
+                ));
+            }
+        };
+        let _exclusive = self.inner.dlq_lock.lock().await;
+        let mut purged = 0u64;
+        let mut scan = Scan::snapshot(&stage, self).await?;
+        while purged < limit {
+            let Some(page) = scan.page(self).await? else {
+                break;
+            };
+            let room = usize::try_from(limit - purged).unwrap_or(usize::MAX);
+            let seqs: Vec<u64> = page.iter().take(room).map(|s| s.seq).collect();
+            if seqs.is_empty() {
+                continue;
+            }
+            purged += self.broker().remove(&stage.dlq_topic, &seqs).await?;
+        }
+        if purged > 0 {
+            tracing::info!(
+                purged,
+                "purge of the DLQ of {}/{}",
+                stage.pipeline,
+                stage.stage
+            );
+        }
+        Ok(PurgeReport { purged })
     }
-    Ok(Json(report))
 }
 
 /// Publishes one redriven message, then removes its DLQ entry: in that
@@ -346,53 +486,6 @@ async fn publish_then_remove(
         .remove(&stage.dlq_topic, &[stored.seq])
         .await?;
     Ok(())
-}
-
-/// `POST /v1/dlq/{pipeline}/{stage}/purge`.
-pub(super) async fn purge(
-    State(state): State<AdminState>,
-    path: Result<Path<(String, String)>, PathRejection>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<PurgeReport>, ApiError> {
-    let Path((pipeline, stage)) = path?;
-    let stage = state.stage(&pipeline, &stage)?;
-    let request: PurgeRequest = json_body(body, state.body_limit)?;
-    let limit = match (request.limit, request.all) {
-        (Some(limit), false) => limit,
-        (None, true) => u64::MAX,
-        (Some(_), true) => {
-            return Err(ApiError::BadRequest("give limit or all, not both".into()));
-        }
-        (None, false) => {
-            return Err(ApiError::BadRequest(
-                "say how much to purge: {\"limit\": N} for the oldest N entries, or {\"all\": true}"
-                    .into(),
-            ));
-        }
-    };
-    let _exclusive = state.inner.dlq_lock.lock().await;
-    let mut purged = 0u64;
-    let mut scan = Scan::snapshot(stage, &state).await?;
-    while purged < limit {
-        let Some(page) = scan.page(&state).await? else {
-            break;
-        };
-        let room = usize::try_from(limit - purged).unwrap_or(usize::MAX);
-        let seqs: Vec<u64> = page.iter().take(room).map(|s| s.seq).collect();
-        if seqs.is_empty() {
-            continue;
-        }
-        purged += state.broker().remove(&stage.dlq_topic, &seqs).await?;
-    }
-    if purged > 0 {
-        tracing::info!(
-            purged,
-            "purge of the DLQ of {}/{}",
-            stage.pipeline,
-            stage.stage
-        );
-    }
-    Ok(Json(PurgeReport { purged }))
 }
 
 impl RedriveReport {

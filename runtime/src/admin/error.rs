@@ -29,6 +29,22 @@ pub enum ApiError {
     /// `{pipeline}/{stage}` names no loaded stage.
     #[error("unknown stage `{0}`: no loaded pipeline has it")]
     UnknownStage(String),
+    /// Without pipelines: the broker has no topic by this name.
+    #[error(
+        "unknown topic `{0}`: the broker has no such topic (a daemon creates the topics of its pipelines when it starts)"
+    )]
+    NoSuchTopic(String),
+    /// Without pipelines: the broker has no DLQ topic for the stage under
+    /// the default name.
+    #[error(
+        "unknown stage `{stage}`: the broker has no dead-letter topic `{topic}` for it (a daemon creates it when it starts the stage)"
+    )]
+    NoDlqTopic {
+        /// `pipeline/stage`.
+        stage: String,
+        /// The default DLQ topic looked for.
+        topic: String,
+    },
     /// The addressed thing (a DLQ entry, an endpoint) does not exist.
     #[error("{0}")]
     NotFound(String),
@@ -67,9 +83,11 @@ impl ApiError {
     /// The HTTP status of this error.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::UnknownTopic(_) | ApiError::UnknownStage(_) | ApiError::NotFound(_) => {
-                StatusCode::NOT_FOUND
-            }
+            ApiError::UnknownTopic(_)
+            | ApiError::UnknownStage(_)
+            | ApiError::NoSuchTopic(_)
+            | ApiError::NoDlqTopic { .. }
+            | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -91,8 +109,8 @@ impl ApiError {
     /// The stable machine-readable name.
     pub fn code(&self) -> &'static str {
         match self {
-            ApiError::UnknownTopic(_) => "unknown_topic",
-            ApiError::UnknownStage(_) => "unknown_stage",
+            ApiError::UnknownTopic(_) | ApiError::NoSuchTopic(_) => "unknown_topic",
+            ApiError::UnknownStage(_) | ApiError::NoDlqTopic { .. } => "unknown_stage",
             ApiError::NotFound(_) => "not_found",
             ApiError::BadRequest(_) => "bad_request",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",

@@ -133,15 +133,15 @@ pub(super) async fn publish_one(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<PublishReceipt>), ApiError> {
     let Path(topic) = topic?;
-    let entry = state.topic(&topic)?;
+    let entry = state.topic(&topic).await?;
     let body = body.map_err(|r| ApiError::from_body(r, state.body_limit))?;
     if body.is_empty() {
         return Err(ApiError::BadRequest(
             "the request body is empty; it is the message payload".into(),
         ));
     }
-    let message = message_from_headers(&topic, entry, &headers, body)?;
-    check_backpressure(&state, &topic, entry).await?;
+    let message = message_from_headers(&topic, &entry, &headers, body)?;
+    check_backpressure(&state, &topic, &entry).await?;
     let acks = state.broker().publish(vec![message.clone()]).await?;
     let receipts = receipts(&state, &topic, &[message], &acks)?;
     let receipt = receipts
@@ -159,20 +159,56 @@ pub(super) async fn publish_batch(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<BatchReceipt>), ApiError> {
     let Path(topic) = topic?;
-    let entry = state.topic(&topic)?;
+    let entry = state.topic(&topic).await?;
     check_batch_content_type(&headers)?;
     let body = body.map_err(|r| ApiError::from_body(r, state.body_limit))?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::BadRequest("the batch body is not UTF-8 text".into()))?;
-    let mut messages = Vec::new();
+    let mut lines = Vec::new();
     for (index, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
         let parsed: BatchLine = serde_json::from_str(line)
             .map_err(|e| ApiError::BadRequest(format!("line {}: {e}", index + 1)))?;
-        let message = message_from_line(&topic, entry, parsed)
-            .map_err(|e| ApiError::BadRequest(format!("line {}: {e}", index + 1)))?;
+        lines.push((index + 1, parsed));
+    }
+    let receipt = publish_numbered(&state, &topic, &entry, lines).await?;
+    Ok((StatusCode::ACCEPTED, Json(receipt)))
+}
+
+impl AdminState {
+    /// Publishes `lines` to `topic` as one broker batch, after checking them
+    /// all (a bad line publishes nothing) and the topic's
+    /// `high_water_mark`: what `POST /v1/topics/{topic}/batch` does with its
+    /// JSON lines. A problem with the N-th line says `line N`.
+    ///
+    /// # Errors
+    ///
+    /// The topic is not accepted here, a line is invalid, the topic is full
+    /// ([`ApiError::Backpressure`]), or the broker failed.
+    pub async fn publish_lines(
+        &self,
+        topic: &str,
+        lines: Vec<BatchLine>,
+    ) -> Result<BatchReceipt, ApiError> {
+        let entry = self.topic(topic).await?;
+        let numbered = lines.into_iter().enumerate().map(|(i, l)| (i + 1, l));
+        publish_numbered(self, topic, &entry, numbered.collect()).await
+    }
+}
+
+/// Checks and publishes a batch of `(line number, line)`.
+async fn publish_numbered(
+    state: &AdminState,
+    topic: &str,
+    entry: &TopicEntry,
+    lines: Vec<(usize, BatchLine)>,
+) -> Result<BatchReceipt, ApiError> {
+    let mut messages = Vec::with_capacity(lines.len());
+    for (number, line) in lines {
+        let message = message_from_line(topic, entry, line)
+            .map_err(|e| ApiError::BadRequest(format!("line {number}: {e}")))?;
         messages.push(message);
     }
     if messages.is_empty() {
@@ -180,19 +216,16 @@ pub(super) async fn publish_batch(
             "the batch has no messages; send one JSON object per line".into(),
         ));
     }
-    check_backpressure(&state, &topic, entry).await?;
+    check_backpressure(state, topic, entry).await?;
     let acks = state.broker().publish(messages.clone()).await?;
-    let messages = receipts(&state, &topic, &messages, &acks)?;
+    let messages = receipts(state, topic, &messages, &acks)?;
     let duplicates = messages.iter().filter(|r| r.duplicate).count() as u64;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(BatchReceipt {
-            topic,
-            published: messages.len() as u64 - duplicates,
-            duplicates,
-            messages,
-        }),
-    ))
+    Ok(BatchReceipt {
+        topic: topic.to_owned(),
+        published: messages.len() as u64 - duplicates,
+        duplicates,
+        messages,
+    })
 }
 
 /// Pairs messages with their acks and counts the new ones.

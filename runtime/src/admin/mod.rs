@@ -14,6 +14,13 @@
 //!
 //! The API has no authentication: bind it to loopback (the default) or a
 //! private interface.
+//!
+//! Each endpoint is a thin HTTP wrapper around a method of [`AdminState`]
+//! (`publish_lines`, `topic_view`, `read_topic`, `dlq_list`, `dlq_show`,
+//! `dlq_redrive`, `dlq_purge`). The CLI calls those same methods in-process
+//! when it talks to NATS directly (`--broker nats://...`, no daemon), over a
+//! state made by [`AdminState::without_pipelines`], so ingest checks and
+//! redrive semantics live here only.
 
 mod dlq;
 mod error;
@@ -22,6 +29,7 @@ mod scrape;
 mod status;
 mod topics;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -29,8 +37,8 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 
-use crate::broker::{Broker, consumer_name};
-use crate::config::Pipeline;
+use crate::broker::{Broker, BrokerError, consumer_name};
+use crate::config::{Pipeline, default_dlq};
 use crate::metrics::Metrics;
 
 pub use dlq::{
@@ -75,6 +83,10 @@ struct Inner {
     /// Serialises redrives and purges, so two at once never handle the same
     /// entry twice.
     dlq_lock: tokio::sync::Mutex<()>,
+    /// No pipelines are loaded ([`AdminState::without_pipelines`]): every
+    /// topic the broker has is accepted, and a stage's DLQ topic is the
+    /// default one.
+    open: bool,
 }
 
 /// A topic ingest accepts.
@@ -137,17 +149,47 @@ impl AdminState {
             }
         }
         zero_series(&metrics, &topics, &stages);
+        Self::build(broker, metrics, pipelines, topics, stages, false)
+    }
+
+    /// State with no pipeline files, for the CLI talking to a broker
+    /// directly (no daemon): ingest and reads accept any topic the broker
+    /// has (one it does not have is [`ApiError::NoSuchTopic`]), with no
+    /// `high_water_mark` and `sluice-` headers allowed only on topics named
+    /// `*.dlq`; stage `p/s` has the default DLQ topic `p.s.dlq`
+    /// ([`ApiError::NoDlqTopic`] when the broker does not have it). Status
+    /// and `/metrics` have no stages to show.
+    pub fn without_pipelines(broker: Arc<dyn Broker>, metrics: Arc<Metrics>) -> Self {
+        Self::build(
+            broker,
+            metrics,
+            Vec::new(),
+            HashMap::new(),
+            Vec::new(),
+            true,
+        )
+    }
+
+    fn build(
+        broker: Arc<dyn Broker>,
+        metrics: Arc<Metrics>,
+        pipelines: impl Into<Arc<[Pipeline]>>,
+        topics: HashMap<String, TopicEntry>,
+        stages: Vec<StageEntry>,
+        open: bool,
+    ) -> Self {
         let rates = status::Rates::new(stages.len());
         AdminState {
             inner: Arc::new(Inner {
                 broker,
                 metrics,
-                pipelines,
+                pipelines: pipelines.into(),
                 topics,
                 stages,
                 rates,
                 shutdown: tokio::sync::watch::channel(false).0,
                 dlq_lock: tokio::sync::Mutex::new(()),
+                open,
             }),
             body_limit: DEFAULT_BODY_LIMIT,
         }
@@ -175,21 +217,55 @@ impl AdminState {
         &self.inner.pipelines
     }
 
-    /// The topic `name`, if ingest and reads accept it.
-    fn topic(&self, name: &str) -> Result<&TopicEntry, ApiError> {
-        self.inner
-            .topics
-            .get(name)
-            .ok_or_else(|| ApiError::UnknownTopic(name.to_owned()))
+    /// The topic `name`, if ingest and reads accept it: a loaded pipeline
+    /// declares it, or (without pipelines) the broker has it.
+    async fn topic(&self, name: &str) -> Result<Cow<'_, TopicEntry>, ApiError> {
+        if !self.inner.open {
+            return self
+                .inner
+                .topics
+                .get(name)
+                .map(Cow::Borrowed)
+                .ok_or_else(|| ApiError::UnknownTopic(name.to_owned()));
+        }
+        match self.broker().topic_stats(name).await {
+            Ok(_) => Ok(Cow::Owned(TopicEntry {
+                is_dlq: name.ends_with(".dlq"),
+                ..TopicEntry::default()
+            })),
+            Err(BrokerError::UnknownTopic(_)) => Err(ApiError::NoSuchTopic(name.to_owned())),
+            Err(err) => Err(err.into()),
+        }
     }
 
-    /// The stage `pipeline/stage`.
-    fn stage(&self, pipeline: &str, stage: &str) -> Result<&StageEntry, ApiError> {
-        self.inner
-            .stages
-            .iter()
-            .find(|s| s.pipeline == pipeline && s.stage == stage)
-            .ok_or_else(|| ApiError::UnknownStage(format!("{pipeline}/{stage}")))
+    /// The stage `pipeline/stage`: a loaded one, or (without pipelines) one
+    /// whose default DLQ topic the broker has.
+    async fn stage(&self, pipeline: &str, stage: &str) -> Result<Cow<'_, StageEntry>, ApiError> {
+        if !self.inner.open {
+            return self
+                .inner
+                .stages
+                .iter()
+                .find(|s| s.pipeline == pipeline && s.stage == stage)
+                .map(Cow::Borrowed)
+                .ok_or_else(|| ApiError::UnknownStage(format!("{pipeline}/{stage}")));
+        }
+        let dlq_topic = default_dlq(pipeline, stage);
+        match self.broker().topic_stats(&dlq_topic).await {
+            Ok(_) => Ok(Cow::Owned(StageEntry {
+                pipeline: pipeline.to_owned(),
+                stage: stage.to_owned(),
+                // Unknown without its pipeline; nothing here needs it.
+                topic: String::new(),
+                consumer: consumer_name(pipeline, stage),
+                dlq_topic,
+            })),
+            Err(BrokerError::UnknownTopic(_)) => Err(ApiError::NoDlqTopic {
+                stage: format!("{pipeline}/{stage}"),
+                topic: dlq_topic,
+            }),
+            Err(err) => Err(err.into()),
+        }
     }
 
     /// Resolves once the server has started shutting down.

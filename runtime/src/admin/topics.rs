@@ -141,14 +141,7 @@ pub(super) async fn list(
     names.sort();
     let mut views = Vec::with_capacity(names.len());
     for name in names {
-        let entry = state.topic(name)?;
-        let stats = state.broker().topic_stats(name).await?;
-        views.push(TopicView::of(
-            name,
-            stats,
-            entry.high_water_mark,
-            entry.is_dlq,
-        ));
+        views.push(state.topic_view(name).await?);
     }
     Ok(Json(views))
 }
@@ -159,14 +152,7 @@ pub(super) async fn stats(
     topic: Result<Path<String>, PathRejection>,
 ) -> Result<Json<TopicView>, ApiError> {
     let Path(topic) = topic?;
-    let entry = state.topic(&topic)?;
-    let stats = state.broker().topic_stats(&topic).await?;
-    Ok(Json(TopicView::of(
-        &topic,
-        stats,
-        entry.high_water_mark,
-        entry.is_dlq,
-    )))
+    Ok(Json(state.topic_view(&topic).await?))
 }
 
 /// `GET /v1/topics/{topic}/messages`.
@@ -177,32 +163,73 @@ pub(super) async fn read(
 ) -> Result<Json<ReadResponse>, ApiError> {
     let Path(topic) = topic?;
     let Query(query) = query?;
-    state.topic(&topic)?;
-    let broker = state.broker();
-    let from = match query.from {
-        Some(from) => from,
-        None => {
-            let stats = broker.topic_stats(&topic).await?;
-            if stats.first_seq > 0 {
-                stats.first_seq
-            } else {
-                stats.last_seq + 1
+    let wait = Duration::from_millis(query.wait_ms.unwrap_or(0));
+    Ok(Json(
+        state
+            .read_topic(&topic, query.from, query.max, wait)
+            .await?,
+    ))
+}
+
+impl AdminState {
+    /// A topic and its contents: what `GET /v1/topics/{topic}` answers.
+    ///
+    /// # Errors
+    ///
+    /// The topic is not accepted here, or the broker failed.
+    pub async fn topic_view(&self, topic: &str) -> Result<TopicView, ApiError> {
+        let entry = self.topic(topic).await?;
+        let stats = self.broker().topic_stats(topic).await?;
+        Ok(TopicView::of(
+            topic,
+            stats,
+            entry.high_water_mark,
+            entry.is_dlq,
+        ))
+    }
+
+    /// Up to `max` (default 100, at most 1000) stored messages of `topic`
+    /// from seq `from` (default: the oldest stored), waiting up to `wait`
+    /// (at most 30 s) for the first: what `GET /v1/topics/{topic}/messages`
+    /// answers. Ends early, empty, when the server starts shutting down.
+    ///
+    /// # Errors
+    ///
+    /// The topic is not accepted here, or the broker failed.
+    pub async fn read_topic(
+        &self,
+        topic: &str,
+        from: Option<u64>,
+        max: Option<usize>,
+        wait: Duration,
+    ) -> Result<ReadResponse, ApiError> {
+        self.topic(topic).await?;
+        let broker = self.broker();
+        let from = match from {
+            Some(from) => from,
+            None => {
+                let stats = broker.topic_stats(topic).await?;
+                if stats.first_seq > 0 {
+                    stats.first_seq
+                } else {
+                    stats.last_seq + 1
+                }
             }
-        }
-    };
-    let max = query.max.unwrap_or(DEFAULT_MAX).clamp(1, MAX_MAX);
-    let wait = Duration::from_millis(query.wait_ms.unwrap_or(0)).min(MAX_WAIT);
-    let stored = tokio::select! {
-        read = broker.read(&topic, from, max, wait) => read?,
-        // End a long-poll when the daemon stops, so it does not hold up the
-        // shutdown; the client sees an empty page and reconnects later.
-        () = state.shutting_down() => Vec::new(),
-    };
-    let last_seq = broker.topic_stats(&topic).await?.last_seq;
-    let next = stored.last().map_or(from, |s| s.seq + 1);
-    Ok(Json(ReadResponse {
-        messages: stored.iter().map(MessageView::of).collect(),
-        next,
-        last_seq,
-    }))
+        };
+        let max = max.unwrap_or(DEFAULT_MAX).clamp(1, MAX_MAX);
+        let wait = wait.min(MAX_WAIT);
+        let stored = tokio::select! {
+            read = broker.read(topic, from, max, wait) => read?,
+            // End a long-poll when the daemon stops, so it does not hold up the
+            // shutdown; the client sees an empty page and reconnects later.
+            () = self.shutting_down() => Vec::new(),
+        };
+        let last_seq = broker.topic_stats(topic).await?.last_seq;
+        let next = stored.last().map_or(from, |s| s.seq + 1);
+        Ok(ReadResponse {
+            messages: stored.iter().map(MessageView::of).collect(),
+            next,
+            last_seq,
+        })
+    }
 }

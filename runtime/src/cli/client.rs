@@ -1,19 +1,44 @@
-//! The admin API client behind `sluice publish`, `tail`, `dlq` and `status`:
-//! one way to find the daemon (`--admin`, `SLUICE_ADMIN`), one way to say it
-//! is not there, and one mapping of API errors to messages and exit codes.
+//! The client behind `sluice publish`, `tail`, `dlq` and `status`: one way
+//! to reach the broker, one way to say it is not there, and one mapping of
+//! errors to messages and exit codes.
+//!
+//! Two transports, one set of operations ([`Client`]):
+//!
+//! - **the daemon** (the default, and the only way to the embedded broker,
+//!   whose data directory its daemon holds locked): HTTP to the admin API at
+//!   `--admin`/`SLUICE_ADMIN`;
+//! - **NATS directly** (`--broker nats://...`/`SLUICE_BROKER`, no daemon
+//!   needed): the admin API's own operations ([`AdminState`]) called
+//!   in-process over a [`NatsBroker`], on a small single-threaded runtime.
+//!   So ingest checks, DLQ scans and redrive semantics are the daemon's,
+//!   not a copy of them. Without pipeline files any topic the broker has is
+//!   accepted and stage `p/s` has the DLQ topic `p.s.dlq`; `--pipelines`
+//!   loads files to know custom `dlq:` topics and high-water marks.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::blocking::{RequestBuilder, Response};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::admin::{DEFAULT_ADMIN, ErrorBody};
+use crate::admin::{
+    AdminState, ApiError, BatchLine, BatchReceipt, DEFAULT_ADMIN, DlqEntryDetail, DlqList,
+    ErrorBody, PurgeReport, PurgeRequest, ReadResponse, RedriveReport, RedriveRequest, StageStatus,
+    TopicView,
+};
+use crate::broker::BrokerError;
+use crate::broker::nats::{NatsBroker, NatsOptions};
+use crate::metrics::Metrics;
 
 /// How long a request may take unless the command says otherwise.
-pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long the CLI waits for a first connection to NATS.
+const NATS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How to reach the running daemon: one set of flags for every command that
 /// talks to it.
@@ -23,6 +48,27 @@ pub(crate) struct AdminArgs {
     /// --admin` listens on).
     #[arg(long, env = "SLUICE_ADMIN", value_name = "ADDR", default_value = DEFAULT_ADMIN)]
     admin: String,
+}
+
+/// How `publish`, `tail` and `dlq` reach the broker: through the daemon, or
+/// straight to NATS.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ConnectArgs {
+    #[command(flatten)]
+    admin: AdminArgs,
+    /// Go straight to NATS JetStream, with no daemon running:
+    /// `nats://[user:pass@|token@]host:port[,host:port...][?creds=FILE&tls_ca=FILE]`
+    /// (`tls://` requires TLS; secrets can come from SLUICE_NATS_CREDS, SLUICE_NATS_TOKEN,
+    /// SLUICE_NATS_USER/SLUICE_NATS_PASSWORD and SLUICE_NATS_TLS_CA). `embedded` (or no
+    /// --broker) goes through the running daemon's admin API (--admin): the embedded broker's
+    /// data directory is locked by its daemon, so it cannot be opened directly.
+    #[arg(long, env = "SLUICE_BROKER", value_name = "URL")]
+    broker: Option<String>,
+    /// With a NATS --broker: pipeline files (or directories) to take topics and stages from,
+    /// as the daemon does; needed for a stage whose `dlq:` names its own topic. Without them
+    /// any topic NATS has a stream for is accepted, and stage P/S's DLQ is topic `P.S.dlq`.
+    #[arg(long = "pipelines", value_name = "FILE|DIR")]
+    pipelines: Vec<PathBuf>,
 }
 
 /// Why a call to the daemon failed.
@@ -85,15 +131,282 @@ impl ClientError {
     }
 }
 
-/// A client of one daemon's admin API.
+/// The operations the CLI needs, over whichever transport was chosen.
 pub(crate) struct Client {
+    transport: Transport,
+}
+
+enum Transport {
+    Daemon(Http),
+    Direct(Direct),
+}
+
+impl Client {
+    /// A client over the transport `args` choose: NATS directly for a
+    /// `nats://` (or `tls://`) `--broker`, else the daemon.
+    pub(crate) fn connect(args: &ConnectArgs) -> Result<Self, ClientError> {
+        let broker = args.broker.as_deref().map(str::trim).unwrap_or_default();
+        let transport = if broker.is_empty() || broker == "embedded" {
+            if !args.pipelines.is_empty() {
+                return Err(ClientError::Usage(
+                    "--pipelines is only for --broker nats://...; the daemon knows its own pipelines"
+                        .into(),
+                ));
+            }
+            Transport::Daemon(Http::new(&args.admin)?)
+        } else if NatsOptions::is_nats_url(broker) {
+            Transport::Direct(Direct::connect(broker, &args.pipelines)?)
+        } else {
+            return Err(ClientError::Usage(format!(
+                "unknown broker `{broker}`; use a NATS URL such as nats://127.0.0.1:4222, or `embedded` to go through the running daemon"
+            )));
+        };
+        Ok(Client { transport })
+    }
+
+    /// A client of the daemon at `args`.
+    pub(crate) fn daemon(args: &AdminArgs) -> Result<Self, ClientError> {
+        Ok(Client {
+            transport: Transport::Daemon(Http::new(args)?),
+        })
+    }
+
+    /// Every stage's status (the daemon only: rates are sampled there).
+    pub(crate) fn status(&self) -> Result<Vec<StageStatus>, ClientError> {
+        match &self.transport {
+            Transport::Daemon(http) => http.get("/v1/status", DEFAULT_TIMEOUT),
+            Transport::Direct(_) => Err(ClientError::Usage(
+                "status needs a running daemon; point --admin at one".into(),
+            )),
+        }
+    }
+
+    /// Publishes one message (a batch of one line) to `topic`.
+    pub(crate) fn publish(
+        &self,
+        topic: &str,
+        line: BatchLine,
+    ) -> Result<BatchReceipt, ClientError> {
+        match &self.transport {
+            Transport::Daemon(http) => {
+                // One line of the batch endpoint rather than the raw-body
+                // endpoint: a JSON line carries any key, header or payload
+                // bytes, where HTTP headers cannot carry newlines or
+                // arbitrary bytes.
+                let mut body = serde_json::to_vec(&line)
+                    .map_err(|e| ClientError::Failed(format!("cannot encode the message: {e}")))?;
+                body.push(b'\n');
+                http.post_bytes(
+                    &format!("/v1/topics/{}/batch", segment(topic)),
+                    "application/x-ndjson",
+                    body,
+                )
+            }
+            Transport::Direct(direct) => direct.call(direct.state.publish_lines(topic, vec![line])),
+        }
+    }
+
+    /// A topic's stats.
+    pub(crate) fn topic(&self, topic: &str) -> Result<TopicView, ClientError> {
+        match &self.transport {
+            Transport::Daemon(http) => {
+                http.get(&format!("/v1/topics/{}", segment(topic)), DEFAULT_TIMEOUT)
+            }
+            Transport::Direct(direct) => direct.call(direct.state.topic_view(topic)),
+        }
+    }
+
+    /// Up to `max` messages of `topic` from `from` (default: the oldest
+    /// stored), waiting up to `wait` for the first.
+    pub(crate) fn read(
+        &self,
+        topic: &str,
+        from: Option<u64>,
+        max: u64,
+        wait: Duration,
+    ) -> Result<ReadResponse, ClientError> {
+        match &self.transport {
+            Transport::Daemon(http) => {
+                let mut path = format!(
+                    "/v1/topics/{}/messages?max={max}&wait_ms={}",
+                    segment(topic),
+                    wait.as_millis()
+                );
+                if let Some(from) = from {
+                    path.push_str(&format!("&from={from}"));
+                }
+                http.get(&path, wait + DEFAULT_TIMEOUT)
+            }
+            Transport::Direct(direct) => {
+                let max = usize::try_from(max).unwrap_or(usize::MAX);
+                direct.call(direct.state.read_topic(topic, from, Some(max), wait))
+            }
+        }
+    }
+
+    /// Up to `limit` of a stage's DLQ entries.
+    pub(crate) fn dlq_list(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        limit: u32,
+    ) -> Result<DlqList, ClientError> {
+        match &self.transport {
+            Transport::Daemon(http) => http.get(
+                &format!("{}?limit={limit}", dlq_path(pipeline, stage)),
+                DEFAULT_TIMEOUT,
+            ),
+            Transport::Direct(direct) => {
+                let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+                direct.call(direct.state.dlq_list(pipeline, stage, Some(limit)))
+            }
+        }
+    }
+
+    /// One DLQ entry in full.
+    pub(crate) fn dlq_show(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        seq: u64,
+    ) -> Result<DlqEntryDetail, ClientError> {
+        match &self.transport {
+            Transport::Daemon(http) => http.get(
+                &format!("{}/{seq}", dlq_path(pipeline, stage)),
+                DEFAULT_TIMEOUT,
+            ),
+            Transport::Direct(direct) => direct.call(direct.state.dlq_show(pipeline, stage, seq)),
+        }
+    }
+
+    /// Redrives a stage's DLQ entries.
+    pub(crate) fn dlq_redrive(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        request: &RedriveRequest,
+    ) -> Result<RedriveReport, ClientError> {
+        match &self.transport {
+            // A paced redrive takes as long as it takes.
+            Transport::Daemon(http) => http.post_json(
+                &format!("{}/redrive", dlq_path(pipeline, stage)),
+                request,
+                None,
+            ),
+            Transport::Direct(direct) => {
+                direct.call(direct.state.dlq_redrive(pipeline, stage, request))
+            }
+        }
+    }
+
+    /// Purges a stage's DLQ entries.
+    pub(crate) fn dlq_purge(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        request: &PurgeRequest,
+    ) -> Result<PurgeReport, ClientError> {
+        match &self.transport {
+            // Purging a large DLQ takes as long as it takes.
+            Transport::Daemon(http) => http.post_json(
+                &format!("{}/purge", dlq_path(pipeline, stage)),
+                request,
+                None,
+            ),
+            Transport::Direct(direct) => {
+                direct.call(direct.state.dlq_purge(pipeline, stage, request))
+            }
+        }
+    }
+}
+
+/// `/v1/dlq/{pipeline}/{stage}`, escaped.
+fn dlq_path(pipeline: &str, stage: &str) -> String {
+    format!("/v1/dlq/{}/{}", segment(pipeline), segment(stage))
+}
+
+/// NATS directly: the admin API's operations over a [`NatsBroker`], in
+/// this process.
+struct Direct {
+    // Dropped before the runtime its connection runs on.
+    state: AdminState,
+    runtime: tokio::runtime::Runtime,
+    /// The servers, for messages.
+    servers: String,
+}
+
+impl Direct {
+    /// Connects to the NATS broker at `url`, and loads `pipelines` if any.
+    fn connect(url: &str, pipelines: &[PathBuf]) -> Result<Self, ClientError> {
+        let options = NatsOptions::parse(url).map_err(|e| ClientError::Usage(e.to_string()))?;
+        let pipelines = if pipelines.is_empty() {
+            None
+        } else {
+            Some(crate::config::load(pipelines).map_err(|diagnostics| {
+                ClientError::Usage(format!(
+                    "the --pipelines files have problems:\n{diagnostics}"
+                ))
+            })?)
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ClientError::Failed(format!("cannot start the async runtime: {e}")))?;
+        let servers = options.describe();
+        let broker = runtime
+            .block_on(NatsBroker::connect(options, NATS_CONNECT_TIMEOUT))
+            .map_err(|e| ClientError::Failed(e.to_string()))?;
+        let metrics = Arc::new(Metrics::new());
+        let state = match pipelines {
+            Some(pipelines) => AdminState::new(broker, metrics, pipelines),
+            None => AdminState::without_pipelines(broker, metrics),
+        };
+        Ok(Direct {
+            state,
+            runtime,
+            servers,
+        })
+    }
+
+    /// Runs one operation to its end.
+    fn call<T>(
+        &self,
+        operation: impl Future<Output = Result<T, ApiError>>,
+    ) -> Result<T, ClientError> {
+        self.runtime
+            .block_on(operation)
+            .map_err(|err| self.error(err))
+    }
+
+    /// An operation's error as the daemon would have answered it; a topic
+    /// declared in `--pipelines` that NATS has no stream for is a wrong
+    /// input (exit 2) here, not a daemon still starting.
+    fn error(&self, err: ApiError) -> ClientError {
+        match err {
+            ApiError::Broker(BrokerError::UnknownTopic(topic)) => ClientError::Api {
+                status: reqwest::StatusCode::NOT_FOUND,
+                message: format!(
+                    "unknown topic `{topic}`: NATS at {} has no stream for it (a daemon creates the topics of its pipelines when it starts)",
+                    self.servers
+                ),
+            },
+            err => ClientError::Api {
+                status: err.status(),
+                message: err.to_string(),
+            },
+        }
+    }
+}
+
+/// A client of one daemon's admin API.
+struct Http {
     http: reqwest::blocking::Client,
     base: String,
 }
 
-impl Client {
+impl Http {
     /// A client for the daemon `args` names.
-    pub(crate) fn new(args: &AdminArgs) -> Result<Self, ClientError> {
+    fn new(args: &AdminArgs) -> Result<Self, ClientError> {
         let base = base_url(&args.admin)?;
         let http = reqwest::blocking::Client::builder()
             // The admin API is local or on a private network; a proxy from
@@ -104,21 +417,17 @@ impl Client {
             .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| ClientError::Failed(format!("cannot start the HTTP client: {e}")))?;
-        Ok(Client { http, base })
+        Ok(Http { http, base })
     }
 
     /// `GET path` (query included), decoded.
-    pub(crate) fn get<T: DeserializeOwned>(
-        &self,
-        path: &str,
-        timeout: Duration,
-    ) -> Result<T, ClientError> {
+    fn get<T: DeserializeOwned>(&self, path: &str, timeout: Duration) -> Result<T, ClientError> {
         self.send(self.http.get(self.url(path)).timeout(timeout))
     }
 
     /// `POST path` with a JSON body, decoded. `timeout` None waits as long
     /// as the daemon works (a paced redrive).
-    pub(crate) fn post_json<B: Serialize, T: DeserializeOwned>(
+    fn post_json<B: Serialize, T: DeserializeOwned>(
         &self,
         path: &str,
         body: &B,
@@ -132,7 +441,7 @@ impl Client {
     }
 
     /// `POST path` with a raw body of `content_type`, decoded.
-    pub(crate) fn post_bytes<T: DeserializeOwned>(
+    fn post_bytes<T: DeserializeOwned>(
         &self,
         path: &str,
         content_type: &str,
@@ -219,7 +528,7 @@ fn base_url(admin: &str) -> Result<String, ClientError> {
 }
 
 /// Percent-encodes one URL path segment (topic, pipeline and stage names).
-pub(crate) fn segment(text: &str) -> String {
+fn segment(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {

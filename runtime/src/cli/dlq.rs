@@ -1,16 +1,15 @@
 //! `sluice dlq list|show|redrive|purge <PIPELINE>/<STAGE>`: look into a
-//! stage's dead-letter topic and act on it through the running daemon.
+//! stage's dead-letter topic and act on it, through the running daemon or
+//! straight on NATS.
 
 use std::io::Write;
 use std::process::ExitCode;
 
 use serde::Serialize;
 
-use super::client::{AdminArgs, Client, ClientError, DEFAULT_TIMEOUT, segment};
+use super::client::{Client, ClientError, ConnectArgs};
 use super::table;
-use crate::admin::{
-    DlqEntryDetail, DlqList, PurgeReport, PurgeRequest, RedriveReport, RedriveRequest,
-};
+use crate::admin::{PurgeRequest, RedriveRequest};
 use crate::broker::now_millis;
 
 #[derive(Debug, clap::Subcommand)]
@@ -52,16 +51,6 @@ pub(crate) struct StageRef {
     stage: String,
 }
 
-impl StageRef {
-    fn path(&self) -> String {
-        format!(
-            "/v1/dlq/{}/{}",
-            segment(&self.pipeline),
-            segment(&self.stage)
-        )
-    }
-}
-
 impl std::fmt::Display for StageRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.pipeline, self.stage)
@@ -92,11 +81,11 @@ pub(crate) struct ListArgs {
     /// Show at most N entries.
     #[arg(long, value_name = "N", default_value_t = 100)]
     limit: u32,
-    /// Print the daemon's JSON instead of a table.
+    /// Print JSON (what the admin API answers) instead of a table.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
-    admin: AdminArgs,
+    connect: ConnectArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -107,7 +96,7 @@ pub(crate) struct ShowArgs {
     /// The entry's SEQ, as `dlq list` shows it.
     seq: u64,
     #[command(flatten)]
-    admin: AdminArgs,
+    connect: ConnectArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -124,11 +113,11 @@ pub(crate) struct RedriveArgs {
     /// Show what would be redriven without changing anything.
     #[arg(long)]
     dry_run: bool,
-    /// Print the daemon's JSON report instead of a summary.
+    /// Print the JSON report (what the admin API answers) instead of a summary.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
-    admin: AdminArgs,
+    connect: ConnectArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -144,7 +133,7 @@ pub(crate) struct PurgeArgs {
     #[arg(long)]
     all: bool,
     #[command(flatten)]
-    admin: AdminArgs,
+    connect: ConnectArgs,
 }
 
 pub(crate) fn run(command: Command) -> ExitCode {
@@ -161,11 +150,8 @@ pub(crate) fn run(command: Command) -> ExitCode {
 }
 
 fn list(args: &ListArgs) -> Result<(), ClientError> {
-    let client = Client::new(&args.admin)?;
-    let list: DlqList = client.get(
-        &format!("{}?limit={}", args.stage.path(), args.limit),
-        DEFAULT_TIMEOUT,
-    )?;
+    let client = Client::connect(&args.connect)?;
+    let list = client.dlq_list(&args.stage.pipeline, &args.stage.stage, args.limit)?;
     if args.json {
         return print_json(&list);
     }
@@ -216,11 +202,8 @@ fn list(args: &ListArgs) -> Result<(), ClientError> {
 }
 
 fn show(args: &ShowArgs) -> Result<(), ClientError> {
-    let client = Client::new(&args.admin)?;
-    let entry: DlqEntryDetail = client.get(
-        &format!("{}/{}", args.stage.path(), args.seq),
-        DEFAULT_TIMEOUT,
-    )?;
+    let client = Client::connect(&args.connect)?;
+    let entry = client.dlq_show(&args.stage.pipeline, &args.stage.stage, args.seq)?;
     print_json(&entry)
 }
 
@@ -232,15 +215,13 @@ fn redrive(args: &RedriveArgs) -> Result<(), ClientError> {
             "--rate must be a positive number of messages per second, not {rate}"
         )));
     }
-    let client = Client::new(&args.admin)?;
+    let client = Client::connect(&args.connect)?;
     let request = RedriveRequest {
         limit: args.limit,
         rate: args.rate,
         dry_run: args.dry_run,
     };
-    // A paced redrive takes as long as it takes.
-    let report: RedriveReport =
-        client.post_json(&format!("{}/redrive", args.stage.path()), &request, None)?;
+    let report = client.dlq_redrive(&args.stage.pipeline, &args.stage.stage, &request)?;
     if args.json {
         return print_json(&report);
     }
@@ -289,14 +270,12 @@ fn redrive(args: &RedriveArgs) -> Result<(), ClientError> {
 }
 
 fn purge(args: &PurgeArgs) -> Result<(), ClientError> {
-    let client = Client::new(&args.admin)?;
+    let client = Client::connect(&args.connect)?;
     let request = PurgeRequest {
         limit: args.limit,
         all: args.all,
     };
-    // Purging a large DLQ takes as long as it takes.
-    let report: PurgeReport =
-        client.post_json(&format!("{}/purge", args.stage.path()), &request, None)?;
+    let report = client.dlq_purge(&args.stage.pipeline, &args.stage.stage, &request)?;
     print_line(&format!(
         "purged {} entr{} from the DLQ of {}",
         report.purged,
@@ -331,7 +310,7 @@ mod tests {
     fn stage_refs() {
         let r = stage_ref("orders/route").expect("valid");
         assert_eq!(r.to_string(), "orders/route");
-        assert_eq!(r.path(), "/v1/dlq/orders/route");
+        assert_eq!((r.pipeline.as_str(), r.stage.as_str()), ("orders", "route"));
         for bad in ["orders", "/route", "orders/", "a/b/c"] {
             assert!(stage_ref(bad).is_err(), "{bad}");
         }

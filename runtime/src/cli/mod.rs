@@ -65,13 +65,14 @@ enum Command {
     /// Example: sluice schema > sluice.schema.json, then start a pipeline file with
     /// `# yaml-language-server: $schema=./sluice.schema.json`
     Schema,
-    /// Publish one message to a topic of the running daemon.
+    /// Publish one message to a topic, through the running daemon or straight to NATS.
     ///
     /// The payload comes from --data, --file PATH, or `-` (stdin). Prints what was stored as
     /// JSON: {"id", "topic", "seq", "duplicate"}. With --id the publish is idempotent: the
     /// same id again stores nothing and prints "duplicate":true. Exits 2 when the topic is
-    /// unknown or the payload empty, 1 when the daemon is unreachable or the topic is over
-    /// its high_water_mark (try again later).
+    /// unknown or the payload empty, 1 when the daemon (or NATS) is unreachable or the topic
+    /// is over its high_water_mark (try again later). With --broker nats://... no daemon is
+    /// needed; the embedded broker is only reachable through its daemon.
     ///
     /// Example: sluice publish orders --data '{"id":42}' --key customer-7 --header source=cli
     Publish(publish::Args),
@@ -80,15 +81,18 @@ enum Command {
     /// Each line is {"seq", "id", "topic", "key", "headers", "payload", "published_at"},
     /// with "payload_base64" instead of "payload" when the bytes are not UTF-8. Starts with
     /// new messages (--from-start: with the oldest stored) and follows until Ctrl-C, or
-    /// exits after --count messages. No stage's position moves.
+    /// exits after --count messages. No stage's position moves. Through the running daemon,
+    /// or with --broker nats://... straight from NATS, no daemon needed.
     ///
     /// Example: sluice tail orders.eu --from-start --count 10
     Tail(tail::Args),
     /// Inspect and act on a stage's dead-letter topic: list, show, redrive, purge.
     ///
-    /// A stage is named PIPELINE/STAGE, as in the pipeline file.
+    /// A stage is named PIPELINE/STAGE, as in the pipeline file. Through the running daemon,
+    /// or with --broker nats://... straight on NATS, no daemon needed (there a stage's DLQ is
+    /// topic PIPELINE.STAGE.dlq unless --pipelines gives the files that say otherwise).
     ///
-    /// Example: sluice dlq list orders/route
+    /// Example: sluice dlq list orders/route   (or with --broker nats://127.0.0.1:4222)
     #[command(subcommand)]
     Dlq(dlq::Command),
     /// One line per stage of the running daemon: rate, backlog, oldest age, in-flight, DLQ.
@@ -97,6 +101,9 @@ enum Command {
     /// for the stage; OLDEST the age of the oldest one it has not settled; IN-FLIGHT the
     /// deliveries it holds; DLQ its dead-letter count. A DEPTH that grows while RATE stays
     /// flat means the stage cannot keep up; an old OLDEST with IN-FLIGHT > 0 a stuck handler.
+    ///
+    /// Always asks a running daemon (--admin), whichever broker it runs on: the rates are
+    /// sampled there. It takes no --broker; on NATS, ask any of the daemons.
     ///
     /// Example: sluice status   (or sluice status --json for scripts)
     Status(status::Args),
@@ -119,7 +126,13 @@ enum PluginCommand {
 /// Parses the command line, runs the command and returns its exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    // The commands that talk to a broker print their own results; only
+    // warnings (a lost connection) are worth adding on stderr.
+    let quiet = matches!(
+        cli.command,
+        Command::Publish(_) | Command::Tail(_) | Command::Dlq(_) | Command::Status(_)
+    );
+    init_logging(if quiet { "warn" } else { "info" });
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::Plugin(PluginCommand::Test(args)) => plugin_test::run(args),
@@ -132,17 +145,17 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr; `SLUICE_LOG` (or `RUST_LOG`) sets the filter, `info` by
+/// Logs to stderr; `SLUICE_LOG` (or `RUST_LOG`) sets the filter, `level` by
 /// default with the storage engine's housekeeping quieted. Colours only on a
 /// terminal, so logs piped to a file or journald stay plain text.
-fn init_logging() {
+fn init_logging(level: &str) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = std::env::var("SLUICE_LOG")
         .ok()
         .or_else(|| std::env::var("RUST_LOG").ok())
         .and_then(|f| EnvFilter::try_new(f).ok())
-        .unwrap_or_else(|| EnvFilter::new("info,fjall=warn,lsm_tree=warn"));
+        .unwrap_or_else(|| EnvFilter::new(format!("{level},fjall=warn,lsm_tree=warn")));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -1,17 +1,19 @@
-//! `sluice publish`: put one message on a topic of the running daemon, as a
-//! producer would, and print what the broker stored.
+//! `sluice publish`: put one message on a topic, as a producer would,
+//! through the running daemon or straight to NATS, and print what the
+//! broker stored.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::args;
-use super::client::{AdminArgs, Client, ClientError, segment};
-use crate::admin::{BatchHeaders, BatchLine, BatchReceipt, check_id};
+use super::client::{Client, ClientError, ConnectArgs};
+use crate::admin::{BatchHeaders, BatchLine, check_id};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The topic: one a loaded pipeline declares (or a stage's DLQ topic).
+    /// The topic: one a loaded pipeline declares (or a stage's DLQ topic); with a NATS
+    /// --broker and no --pipelines, any topic NATS has a stream for.
     topic: String,
     /// `-`: read the payload from stdin.
     #[arg(value_name = "-", value_parser = stdin_marker, conflicts_with_all = ["data", "file"])]
@@ -33,7 +35,7 @@ pub(crate) struct Args {
     #[arg(long)]
     id: Option<String>,
     #[command(flatten)]
-    admin: AdminArgs,
+    connect: ConnectArgs,
 }
 
 fn stdin_marker(text: &str) -> Result<String, String> {
@@ -57,10 +59,7 @@ fn publish(args: Args) -> Result<(), ClientError> {
     if let Some(id) = &args.id {
         check_id(id).map_err(ClientError::Usage)?;
     }
-    let client = Client::new(&args.admin)?;
-    // One line of the batch endpoint rather than the raw-body endpoint: a
-    // JSON line carries any key, header or payload bytes, where HTTP
-    // headers cannot carry newlines or arbitrary bytes.
+    let client = Client::connect(&args.connect)?;
     let (text, base64) = crate::admin::payload_fields(&payload);
     let line = BatchLine {
         payload: text,
@@ -69,18 +68,11 @@ fn publish(args: Args) -> Result<(), ClientError> {
         headers: (!args.headers.is_empty()).then_some(BatchHeaders::Pairs(args.headers)),
         id: args.id,
     };
-    let mut body = serde_json::to_vec(&line)
-        .map_err(|e| ClientError::Failed(format!("cannot encode the message: {e}")))?;
-    body.push(b'\n');
-    let receipt: BatchReceipt = client.post_bytes(
-        &format!("/v1/topics/{}/batch", segment(&args.topic)),
-        "application/x-ndjson",
-        body,
-    )?;
+    let receipt = client.publish(&args.topic, line)?;
     let printed = receipt
         .messages
         .first()
-        .ok_or_else(|| ClientError::Failed("the daemon acknowledged no message".into()))?;
+        .ok_or_else(|| ClientError::Failed("the broker acknowledged no message".into()))?;
     let mut out = std::io::stdout().lock();
     serde_json::to_writer(&mut out, printed)
         .map_err(|e| ClientError::Failed(format!("cannot write output: {e}")))?;

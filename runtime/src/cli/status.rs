@@ -4,15 +4,19 @@
 
 use std::process::ExitCode;
 
-use super::client::{AdminArgs, Client, ClientError, DEFAULT_TIMEOUT};
+use super::client::{AdminArgs, Client, ClientError};
 use super::table;
-use crate::admin::StageStatus;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// Print the daemon's JSON (one object per stage) instead of a table.
     #[arg(long)]
     json: bool,
+    /// Not used: status always asks a running daemon, whose sampler the rates come from
+    /// (on NATS, any daemon of the cluster). Accepted so that `--broker nats://...` gets
+    /// that answer; SLUICE_BROKER is ignored here.
+    #[arg(long, value_name = "URL")]
+    broker: Option<String>,
     #[command(flatten)]
     admin: AdminArgs,
 }
@@ -25,8 +29,17 @@ pub(crate) fn run(args: Args) -> ExitCode {
 }
 
 fn status(args: &Args) -> Result<(), ClientError> {
-    let client = Client::new(&args.admin)?;
-    let stages: Vec<StageStatus> = client.get("/v1/status", DEFAULT_TIMEOUT)?;
+    // The URL may carry credentials; it is not echoed.
+    if args
+        .broker
+        .as_deref()
+        .is_some_and(|b| b.trim() != "embedded")
+    {
+        return Err(ClientError::Usage(
+            "status needs a running daemon, whichever broker it runs on (the rates are sampled there); drop --broker and point --admin at a daemon".into(),
+        ));
+    }
+    let stages = Client::daemon(&args.admin)?.status()?;
     let mut out = std::io::stdout().lock();
     let written = if args.json {
         serde_json::to_writer_pretty(&mut out, &stages)

@@ -5,17 +5,17 @@ use std::io::{ErrorKind, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use super::client::{AdminArgs, Client, ClientError, DEFAULT_TIMEOUT, segment};
-use crate::admin::{ReadResponse, TopicView};
+use super::client::{Client, ClientError, ConnectArgs};
 
-/// How long one long-poll waits on the daemon for new messages.
+/// How long one long-poll waits for new messages.
 const POLL: Duration = Duration::from_secs(25);
 /// Messages asked for per request.
 const PAGE: u64 = 500;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The topic: one a loaded pipeline declares, or a stage's DLQ topic.
+    /// The topic: one a loaded pipeline declares, or a stage's DLQ topic; with a NATS
+    /// --broker and no --pipelines, any topic NATS has a stream for.
     topic: String,
     /// Exit after printing N messages (otherwise follow until Ctrl-C).
     #[arg(long, value_name = "N")]
@@ -24,7 +24,7 @@ pub(crate) struct Args {
     #[arg(long)]
     from_start: bool,
     #[command(flatten)]
-    admin: AdminArgs,
+    connect: ConnectArgs,
 }
 
 pub(crate) fn run(args: Args) -> ExitCode {
@@ -38,28 +38,19 @@ fn tail(args: &Args) -> Result<(), ClientError> {
     if args.count == Some(0) {
         return Ok(());
     }
-    let client = Client::new(&args.admin)?;
-    let topic = segment(&args.topic);
-    // Where to start: the daemon picks the oldest stored message when
-    // `from` is absent; "only new ones" starts past the newest.
+    let client = Client::connect(&args.connect)?;
+    // Where to start: a read picks the oldest stored message when `from`
+    // is absent; "only new ones" starts past the newest.
     let mut from = if args.from_start {
         None
     } else {
-        let view: TopicView = client.get(&format!("/v1/topics/{topic}"), DEFAULT_TIMEOUT)?;
-        Some(view.last_seq + 1)
+        Some(client.topic(&args.topic)?.last_seq + 1)
     };
     let mut printed = 0u64;
     let mut out = std::io::stdout().lock();
     loop {
         let max = args.count.map_or(PAGE, |n| (n - printed).min(PAGE));
-        let mut path = format!(
-            "/v1/topics/{topic}/messages?max={max}&wait_ms={}",
-            POLL.as_millis()
-        );
-        if let Some(from) = from {
-            path.push_str(&format!("&from={from}"));
-        }
-        let page: ReadResponse = client.get(&path, POLL + DEFAULT_TIMEOUT)?;
+        let page = client.read(&args.topic, from, max, POLL)?;
         for message in &page.messages {
             let written = serde_json::to_writer(&mut out, message)
                 .map_err(std::io::Error::from)
