@@ -227,18 +227,16 @@ fn message(i: usize, topic: &str, payload: &Bytes) -> Message {
 async fn embedded_sample(sync: SyncMode) -> (f64, f64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let b = EmbeddedBroker::open(EmbeddedOptions::new(dir.path()).sync(sync)).expect("open");
-    b.ensure_topic(&TopicSpec {
-        name: "bench".into(),
-        retention: None,
-    })
-    .await
-    .expect("topic");
+    b.ensure_topic(&TopicSpec::new("bench"))
+        .await
+        .expect("topic");
     b.ensure_consumer(&ConsumerSpec {
         name: "bench.consume".into(),
         topic: "bench".into(),
         filter: Default::default(),
         ack_wait: Duration::from_secs(60),
         max_ack_pending: None,
+        max_deliver: None,
     })
     .await
     .expect("consumer");
@@ -428,18 +426,16 @@ fn rss_child() {
     rt.block_on(async {
         let dir = tempfile::tempdir().expect("tempdir");
         let b = EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("open");
-        b.ensure_topic(&TopicSpec {
-            name: "backlog".into(),
-            retention: None,
-        })
-        .await
-        .expect("topic");
+        b.ensure_topic(&TopicSpec::new("backlog"))
+            .await
+            .expect("topic");
         b.ensure_consumer(&ConsumerSpec {
             name: "backlog.idle".into(),
             topic: "backlog".into(),
             filter: Default::default(),
             ack_wait: Duration::from_secs(60),
             max_ack_pending: None,
+            max_deliver: None,
         })
         .await
         .expect("consumer");

@@ -133,10 +133,7 @@ async fn run_stage(n: usize, handler: impl Fn() -> Box<dyn StageHandler>) -> f64
         EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
     for name in ["in", "out", "s.s.dlq"] {
         broker
-            .ensure_topic(&TopicSpec {
-                name: name.into(),
-                retention: None,
-            })
+            .ensure_topic(&TopicSpec::new(name))
             .await
             .expect("topic");
     }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use crate::admin::{self, AdminState};
 use crate::broker::embedded::{EmbeddedBroker, EmbeddedOptions, SyncMode};
+use crate::broker::nats::{NatsBroker, NatsOptions};
 use crate::broker::{Broker, BrokerError, TopicSpec};
 use crate::config::{self, Diagnostics, Pipeline};
 use crate::engine::{Engine, StageHandler, StageSetup};
@@ -24,6 +25,9 @@ use crate::plugin::{HostConfig, HostError, LoadError, PluginHost};
 pub struct DaemonOptions {
     /// Pipeline files or directories.
     pub paths: Vec<PathBuf>,
+    /// The broker for every pipeline (`--broker`/`SLUICE_BROKER`): `embedded`
+    /// or a `nats://` URL. `None` takes the pipelines' own `broker:`.
+    pub broker: Option<String>,
     /// Where the embedded broker keeps its data.
     pub data_dir: PathBuf,
     /// The admin HTTP address.
@@ -72,6 +76,8 @@ pub enum DaemonError {
 pub struct Started {
     /// The admin address actually bound.
     pub admin: SocketAddr,
+    /// The broker, for people: `embedded (DIR, sync: MODE)` or the NATS servers.
+    pub broker: String,
     /// Pipelines and stage counts.
     pub pipelines: Vec<(String, usize)>,
 }
@@ -79,16 +85,7 @@ pub struct Started {
 /// Loads and checks every pipeline and its plugins; nothing else.
 pub fn load(opts: &DaemonOptions) -> Result<(Vec<Pipeline>, PluginHost), DaemonError> {
     let pipelines = config::load(&opts.paths).map_err(DaemonError::Config)?;
-    for pipeline in &pipelines {
-        if pipeline.broker != "embedded" {
-            return Err(DaemonError::Unsupported(format!(
-                "{}: pipeline `{}` uses broker `{}`, but this build runs pipelines on the embedded broker only (NATS JetStream support is the next milestone); use `broker: embedded`",
-                pipeline.source.display(),
-                pipeline.name,
-                pipeline.broker
-            )));
-        }
-    }
+    choose_broker(opts.broker.as_deref(), &pipelines)?;
     let workers: u32 = pipelines
         .iter()
         .flat_map(|p| &p.stages)
@@ -111,6 +108,7 @@ pub async fn run(
     ready: impl FnOnce(&Started),
 ) -> Result<(), DaemonError> {
     let (pipelines, host) = load(&opts)?;
+    let choice = choose_broker(opts.broker.as_deref(), &pipelines)?;
 
     let listener = tokio::net::TcpListener::bind(opts.admin)
         .await
@@ -123,11 +121,25 @@ pub async fn run(
         source,
     })?;
 
-    let embedded = EmbeddedBroker::open(EmbeddedOptions {
-        sync: opts.sync,
-        ..EmbeddedOptions::new(opts.data_dir.clone())
-    })?;
-    let broker: Arc<dyn Broker> = embedded;
+    let (broker, broker_label): (Arc<dyn Broker>, String) = match choice {
+        BrokerChoice::Embedded => {
+            let embedded = EmbeddedBroker::open(EmbeddedOptions {
+                sync: opts.sync,
+                ..EmbeddedOptions::new(opts.data_dir.clone())
+            })?;
+            let label = format!(
+                "embedded (data in {}, sync: {})",
+                opts.data_dir.display(),
+                opts.sync
+            );
+            (embedded, label)
+        }
+        BrokerChoice::Nats(options) => {
+            let nats = NatsBroker::connect(options, NATS_CONNECT_TIMEOUT).await?;
+            let label = format!("NATS JetStream at {}", nats.describe());
+            (nats, label)
+        }
+    };
     for spec in topic_specs(&pipelines) {
         broker.ensure_topic(&spec).await?;
     }
@@ -159,6 +171,7 @@ pub async fn run(
 
     ready(&Started {
         admin: admin_addr,
+        broker: broker_label,
         pipelines: pipelines
             .iter()
             .map(|p| (p.name.clone(), p.stages.len()))
@@ -179,26 +192,94 @@ pub async fn run(
     }
 }
 
-/// Every topic the pipelines declare, plus each stage's DLQ topic.
+/// How long start-up waits for a first connection to NATS.
+const NATS_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// The broker a daemon runs on.
+#[derive(Debug)]
+enum BrokerChoice {
+    Embedded,
+    Nats(NatsOptions),
+}
+
+/// The broker for these pipelines: `--broker`/`SLUICE_BROKER` if given
+/// (so the same files run on either broker unchanged), else the one their
+/// `broker:` fields agree on.
+fn choose_broker(flag: Option<&str>, pipelines: &[Pipeline]) -> Result<BrokerChoice, DaemonError> {
+    let url = match flag {
+        Some(url) => url.to_owned(),
+        None => {
+            let mut named: Vec<&Pipeline> = Vec::new();
+            for pipeline in pipelines {
+                if !named.iter().any(|p| p.broker == pipeline.broker) {
+                    named.push(pipeline);
+                }
+            }
+            if let [first, second, ..] = named.as_slice() {
+                return Err(DaemonError::Unsupported(format!(
+                    "one daemon runs on one broker, but `{}` ({}) uses `{}` and `{}` ({}) uses `{}`; run them in separate daemons, or pass --broker to choose one for all",
+                    first.name,
+                    first.source.display(),
+                    first.broker,
+                    second.name,
+                    second.source.display(),
+                    second.broker
+                )));
+            }
+            named
+                .first()
+                .map_or_else(crate::config::default_broker, |p| p.broker.clone())
+        }
+    };
+    if url == "embedded" {
+        return Ok(BrokerChoice::Embedded);
+    }
+    if NatsOptions::is_nats_url(&url) {
+        return NatsOptions::parse(&url)
+            .map(BrokerChoice::Nats)
+            .map_err(|e| DaemonError::Unsupported(e.to_string()));
+    }
+    Err(DaemonError::Unsupported(format!(
+        "unknown broker `{url}`; use `embedded` or a NATS URL such as `nats://127.0.0.1:4222`"
+    )))
+}
+
+/// Every topic the pipelines declare, plus each stage's DLQ topic. A topic
+/// is `subscribed` when some stage reads it, and its duplicate window covers
+/// the retry horizon of every stage publishing to it: a stage republishes
+/// its outputs (same ids) at most `ack_wait` after a crash, or one backoff
+/// after a failed completion, so twice the longer of the two is kept.
 fn topic_specs(pipelines: &[Pipeline]) -> Vec<TopicSpec> {
     let mut specs: Vec<TopicSpec> = Vec::new();
-    let mut add = |spec: TopicSpec| {
-        if !specs.iter().any(|s| s.name == spec.name) {
-            specs.push(spec);
+    let mut add = |name: String, retention: Option<std::time::Duration>| {
+        if !specs.iter().any(|s| s.name == name) {
+            specs.push(TopicSpec {
+                retention,
+                ..TopicSpec::new(name)
+            });
         }
     };
     for pipeline in pipelines {
         for topic in &pipeline.topics {
-            add(TopicSpec {
-                name: topic.name.clone(),
-                retention: topic.retention.map(|r| r.get()),
-            });
+            add(topic.name.clone(), topic.retention.map(|r| r.get()));
         }
         for stage in &pipeline.stages {
-            add(TopicSpec {
-                name: stage.dlq_topic(&pipeline.name),
-                retention: None,
-            });
+            add(stage.dlq_topic(&pipeline.name), None);
+        }
+    }
+    for pipeline in pipelines {
+        for stage in &pipeline.stages {
+            let horizon = stage.ack_wait.get().max(stage.retry.backoff.max.get()) * 2;
+            for spec in &mut specs {
+                if spec.name == stage.subscribe.topic {
+                    spec.subscribed = true;
+                }
+                if stage.publish.contains(&spec.name)
+                    || spec.name == stage.dlq_topic(&pipeline.name)
+                {
+                    spec.duplicate_window = spec.duplicate_window.max(Some(horizon));
+                }
+            }
         }
     }
     specs

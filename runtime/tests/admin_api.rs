@@ -181,19 +181,13 @@ async fn declare(broker: &dyn Broker, pipelines: &[Pipeline]) {
     for pipeline in pipelines {
         for topic in &pipeline.topics {
             broker
-                .ensure_topic(&TopicSpec {
-                    name: topic.name.clone(),
-                    retention: None,
-                })
+                .ensure_topic(&TopicSpec::new(topic.name.clone()))
                 .await
                 .expect("topic");
         }
         for stage in &pipeline.stages {
             broker
-                .ensure_topic(&TopicSpec {
-                    name: stage.dlq_topic(&pipeline.name),
-                    retention: None,
-                })
+                .ensure_topic(&TopicSpec::new(stage.dlq_topic(&pipeline.name)))
                 .await
                 .expect("dlq topic");
             broker
@@ -203,6 +197,7 @@ async fn declare(broker: &dyn Broker, pipelines: &[Pipeline]) {
                     filter: stage.subscribe.filter.clone(),
                     ack_wait: Duration::from_secs(60),
                     max_ack_pending: None,
+                    max_deliver: None,
                 })
                 .await
                 .expect("consumer");

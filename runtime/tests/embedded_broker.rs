@@ -25,10 +25,7 @@ fn open(dir: &Path, sync: SyncMode) -> Arc<EmbeddedBroker> {
 }
 
 fn topic(name: &str) -> TopicSpec {
-    TopicSpec {
-        name: name.into(),
-        retention: None,
-    }
+    TopicSpec::new(name)
 }
 
 fn consumer(name: &str, topic: &str, ack_wait: Duration) -> ConsumerSpec {
@@ -38,6 +35,7 @@ fn consumer(name: &str, topic: &str, ack_wait: Duration) -> ConsumerSpec {
         filter: BTreeMap::new(),
         ack_wait,
         max_ack_pending: None,
+        max_deliver: None,
     }
 }
 
@@ -467,8 +465,8 @@ async fn age_retention_removes_old_messages_and_their_leases() {
     let dir = tempfile::tempdir().expect("tempdir");
     let b = open(dir.path(), SyncMode::Os);
     b.ensure_topic(&TopicSpec {
-        name: "in".into(),
         retention: Some(Duration::from_millis(500)),
+        ..TopicSpec::new("in")
     })
     .await
     .expect("topic");

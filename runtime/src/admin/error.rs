@@ -99,7 +99,7 @@ impl ApiError {
                 BrokerError::UnknownTopic(_)
                 | BrokerError::UnknownConsumer(_)
                 | BrokerError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-                BrokerError::LeaseLost(_) | BrokerError::Storage(_) => {
+                BrokerError::LeaseLost(_) | BrokerError::Storage(_) | BrokerError::Provision(_) => {
                     StatusCode::INTERNAL_SERVER_ERROR
                 }
             },
@@ -120,7 +120,9 @@ impl ApiError {
             ApiError::Broker(err) => match err {
                 BrokerError::UnknownTopic(_) | BrokerError::UnknownConsumer(_) => "not_ready",
                 BrokerError::Unavailable(_) => "unavailable",
-                BrokerError::LeaseLost(_) | BrokerError::Storage(_) => "broker_error",
+                BrokerError::LeaseLost(_) | BrokerError::Storage(_) | BrokerError::Provision(_) => {
+                    "broker_error"
+                }
             },
         }
     }

@@ -2,7 +2,7 @@
 //! queue, and nothing more.
 //!
 //! Two implementations plug in here: [`embedded`] (durable, single node, the
-//! default) and, next, NATS JetStream. The trait is shaped by what both can
+//! default) and [`nats`] (JetStream, for several daemons). The trait is shaped by what both can
 //! honour:
 //!
 //! - **Consumers** are durable and named `<pipeline>.<stage>`. Each has its
@@ -20,6 +20,7 @@
 //!   replay.
 
 pub mod embedded;
+pub mod nats;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -105,6 +106,26 @@ pub struct TopicSpec {
     pub name: String,
     /// Messages older than this are removed even if unacked.
     pub retention: Option<Duration>,
+    /// Whether some stage subscribes to it. A subscribed topic drops a
+    /// message once every consumer has settled it; an unsubscribed one (an
+    /// output, a DLQ) keeps messages by age, for readers.
+    pub subscribed: bool,
+    /// How long a republished id must still be recognised as a duplicate:
+    /// at least the retry horizon of the stages publishing to it. `None`
+    /// leaves the broker's default.
+    pub duplicate_window: Option<Duration>,
+}
+
+impl TopicSpec {
+    /// A topic with default settings.
+    pub fn new(name: impl Into<String>) -> Self {
+        TopicSpec {
+            name: name.into(),
+            retention: None,
+            subscribed: false,
+            duplicate_window: None,
+        }
+    }
 }
 
 /// A durable consumer: one per stage.
@@ -121,6 +142,11 @@ pub struct ConsumerSpec {
     pub ack_wait: Duration,
     /// The most unsettled deliveries at once (None: no broker-side limit).
     pub max_ack_pending: Option<u32>,
+    /// The most deliveries of one message, after which the broker stops
+    /// redelivering it (None: no limit). The engine dead-letters a message
+    /// at `retry.max_attempts`, before this; the margin above it covers
+    /// deliveries lost to a crash or an expired lease, which count too.
+    pub max_deliver: Option<u32>,
 }
 
 impl ConsumerSpec {
@@ -195,6 +221,10 @@ pub enum BrokerError {
     /// The store failed (I/O, corruption); the operation did not happen.
     #[error("broker storage failed: {0}")]
     Storage(String),
+    /// A topic or consumer cannot be set up as declared (a name clash, a
+    /// setting the broker cannot change in place).
+    #[error("{0}")]
+    Provision(String),
 }
 
 /// The operations the engine, admin API and CLI use. See the module docs.

@@ -17,6 +17,14 @@ pub(crate) struct Args {
     /// Pipeline files, or directories of them (`*.yaml`, `*.yml`).
     #[arg(required = true, value_name = "FILE|DIR")]
     paths: Vec<PathBuf>,
+    /// The broker for every pipeline, overriding their `broker:` field:
+    /// `embedded`, or NATS JetStream as
+    /// `nats://[user:pass@|token@]host:port[,host:port...][?replicas=3&creds=FILE&tls_ca=FILE]`
+    /// (`tls://` requires TLS). Secrets can come from SLUICE_NATS_CREDS,
+    /// SLUICE_NATS_TOKEN, SLUICE_NATS_USER/SLUICE_NATS_PASSWORD and
+    /// SLUICE_NATS_TLS_CA instead.
+    #[arg(long, env = "SLUICE_BROKER", value_name = "URL")]
+    broker: Option<String>,
     /// Where the embedded broker keeps topics, cursors and leases. One daemon
     /// per directory: a second one is refused.
     #[arg(
@@ -58,6 +66,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
     };
     let opts = DaemonOptions {
         paths: args.paths,
+        broker: args.broker,
         data_dir: args.data_dir,
         admin: args.admin,
         sync: match args.sync {
@@ -77,8 +86,6 @@ pub(crate) fn run(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let data_dir = opts.data_dir.clone();
-    let sync = args.sync;
     let result = runtime.block_on(daemon::run(opts, shutdown_signal(), |started| {
         let names: Vec<String> = started
             .pipelines
@@ -91,14 +98,10 @@ pub(crate) fn run(args: Args) -> ExitCode {
             })
             .collect();
         eprintln!(
-            "sluice: running {}; admin on http://{}; data in {} (sync: {})",
+            "sluice: running {}; admin on http://{}; broker: {}",
             names.join(", "),
             started.admin,
-            data_dir.display(),
-            match sync {
-                SyncArg::Always => "always",
-                SyncArg::Os => "os",
-            }
+            started.broker
         );
     }));
     match result {

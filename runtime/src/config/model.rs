@@ -33,8 +33,9 @@ pub struct Pipeline {
     /// (`<pipeline>.<stage>.dlq`) and labels metrics.
     pub name: String,
     /// Where the topics live: `embedded` (the durable single-node broker built
-    /// into the daemon) or a `nats://host:port` URL for NATS JetStream.
-    /// Carried as written for now; the broker milestone gives it meaning.
+    /// into the daemon) or a `nats://host:port` URL for NATS JetStream
+    /// (see the README for its options). `sluice run --broker` overrides it,
+    /// so the same file runs on either.
     #[serde(default = "default_broker")]
     pub broker: String,
     /// The topics stages subscribe and publish to. Every topic a stage names

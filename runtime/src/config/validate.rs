@@ -8,6 +8,7 @@
 //! [`PluginHost`] is given — that each plugin file exists and is a Sluice
 //! plugin.
 
+use crate::broker::nats::NatsOptions;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -153,12 +154,15 @@ fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b))
 }
 
-/// Topic names: `[A-Za-z0-9_.-]+` (also valid NATS subject tokens).
+/// Topic names: `[A-Za-z0-9_-]+` tokens joined by single dots, so each is
+/// also a NATS subject as it is.
 fn valid_topic(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+    name.split('.').all(|token| {
+        !token.is_empty()
+            && token
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b))
+    })
 }
 
 fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
@@ -180,14 +184,31 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
         );
     }
 
+    if p.broker != "embedded" {
+        if NatsOptions::is_nats_url(&p.broker) {
+            if let Err(err) = NatsOptions::parse(&p.broker) {
+                report(&[K("broker")], err.to_string());
+            }
+        } else {
+            report(
+                &[K("broker")],
+                format!(
+                    "unknown broker `{}`; use `embedded` or a NATS URL such as \
+                     `nats://127.0.0.1:4222`",
+                    p.broker
+                ),
+            );
+        }
+    }
+
     let mut declared: HashMap<&str, usize> = HashMap::new();
     for (i, topic) in p.topics.iter().enumerate() {
         if !valid_topic(&topic.name) {
             report(
                 &[K("topics"), I(i)],
                 format!(
-                    "`{}` is not a valid topic name; use letters, digits, `_`, `-` and `.` \
-                     (e.g. `orders.eu`)",
+                    "`{}` is not a valid topic name; use letters, digits, `_` and `-`, in \
+                     parts joined by single dots (e.g. `orders.eu`)",
                     topic.name
                 ),
             );

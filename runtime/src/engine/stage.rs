@@ -44,9 +44,23 @@ impl StageSetup {
             filter: self.stage.subscribe.filter.clone(),
             ack_wait: self.stage.ack_wait.get(),
             max_ack_pending: self.stage.max_ack_pending,
+            max_deliver: Some(
+                self.stage
+                    .retry
+                    .max_attempts
+                    .get()
+                    .saturating_add(LOST_DELIVERY_MARGIN),
+            ),
         }
     }
 }
+
+/// Deliveries a broker may make beyond `retry.max_attempts` before it gives
+/// up on a message. The engine dead-letters at `max_attempts`; deliveries
+/// that end without a settle (a crash, an expired lease, a shutdown nak)
+/// count too, and this margin keeps such a message coming back so the
+/// engine can still settle it rather than the broker dropping it.
+pub const LOST_DELIVERY_MARGIN: u32 = 10;
 
 /// A fetched delivery and the in-flight permit it holds until settled.
 struct Job {
@@ -126,9 +140,18 @@ impl StageRunner {
                 permits = self.reserve() => permits,
                 _ = stop.changed() => break,
             };
+            let fetch = self.fetch(permits.len());
+            tokio::pin!(fetch);
             let fetched = tokio::select! {
-                fetched = self.fetch(permits.len()) => fetched,
-                _ = stop.changed() => break,
+                fetched = &mut fetch => fetched,
+                _ = stop.changed() => {
+                    // Dropping a fetch in flight could strand deliveries the
+                    // broker already leased (until `ack_wait`, holding them
+                    // from other daemons). It waits a second at most: let it
+                    // finish; `drain` hands back what it recorded.
+                    let _ = fetch.await;
+                    break;
+                }
             };
             match fetched {
                 Ok(deliveries) => {

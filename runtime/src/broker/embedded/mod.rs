@@ -60,6 +60,15 @@ pub enum SyncMode {
     Os,
 }
 
+impl std::fmt::Display for SyncMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SyncMode::Always => "always",
+            SyncMode::Os => "os",
+        })
+    }
+}
+
 /// How to open an [`EmbeddedBroker`].
 #[derive(Debug, Clone)]
 pub struct EmbeddedOptions {

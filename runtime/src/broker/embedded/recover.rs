@@ -108,6 +108,7 @@ pub(super) fn load(store: &Store) -> Result<Loaded, BrokerError> {
             filter: rec.filter,
             ack_wait: std::time::Duration::from_millis(rec.ack_wait_ms),
             max_ack_pending: rec.max_ack_pending,
+            max_deliver: None,
         };
         let state = ConsumerState {
             spec,

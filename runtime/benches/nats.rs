@@ -1,0 +1,301 @@
+//! A stage on NATS JetStream against a raw async-nats loop on the same
+//! server, side by side in one run (samples alternate A, B, A, B, ...;
+//! figures are medians).
+//!
+//! `cargo bench -p sluice --bench nats` (or `cargo xtask bench nats`).
+//!
+//! Both sides start from the same backlog of N messages of 64 B in a file
+//! stream and are timed until every message has been consumed, published to
+//! an output stream (each publish's PubAck awaited, with a `Nats-Msg-Id`)
+//! and acked, and the server has applied the acks:
+//!
+//! - **raw**: hand-written async-nats: pull a batch, publish every message
+//!   (pipelined, then await the PubAcks), ack every message. No handler.
+//! - **sluice**: the engine with [`NatsBroker`] and the `identity` wasm
+//!   plugin: fetch → valve → wasm handler → publish with a deterministic id
+//!   → ack, per message.
+//!
+//! Target: sluice ≥ 0.75 × raw.
+
+#![allow(missing_docs)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{
+    self,
+    consumer::{AckPolicy, PullConsumer},
+    context::PublishAckFuture,
+    stream::StorageType,
+};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::future::join_all;
+use sluice::broker::nats::{NatsBroker, NatsOptions, durable_name, stream_name};
+use sluice::broker::{Broker, ConsumerSpec, TopicSpec};
+use sluice::config::{HumanDuration, Stage};
+use sluice::engine::{Engine, StageHandler, StageSetup};
+use sluice::metrics::Metrics;
+use sluice::plugin::{HostConfig, PluginHost};
+use sluice_harness::nats::NatsServer;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const SAMPLES: usize = 5;
+const MESSAGES: usize = 20_000;
+const PAYLOAD: usize = 64;
+const FETCH: usize = 256;
+
+fn concurrency() -> u32 {
+    std::env::var("NATS_BENCH_CONCURRENCY")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(4)
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let server = NatsServer::start().expect("nats-server");
+    let url = server.url();
+    let host = PluginHost::new(HostConfig {
+        max_instances: 16,
+        ..HostConfig::default()
+    })
+    .expect("plugin host");
+    let identity = host
+        .load(sluice_harness::plugin("identity"))
+        .expect("identity plugin");
+    let concurrency = concurrency();
+    println!("| benchmark | A | B | ratio B/A |");
+    println!("|---|---|---|---|");
+    let (mut raw, mut staged) = (Vec::new(), Vec::new());
+    for sample in 0..SAMPLES {
+        raw.push(rt.block_on(raw_loop(&url, sample)));
+        let stage = stage(concurrency);
+        staged.push(rt.block_on(sluice_stage(&url, sample, &stage, || {
+            Box::new(identity.worker(stage.worker_settings())) as Box<dyn StageHandler>
+        })));
+    }
+    report(
+        &format!(
+            "consume → publish → ack on NATS, {MESSAGES} × {PAYLOAD} B (raw async-nats | sluice stage, wasm identity, concurrency {concurrency}), msgs/s"
+        ),
+        &raw,
+        &staged,
+    );
+    drop(server);
+}
+
+fn stage(concurrency: u32) -> Stage {
+    let yaml = format!(
+        "name: s\nsubscribe: in\nplugin: identity.wasm\npublish: [out]\nconcurrency: {concurrency}\n"
+    );
+    let mut stage: Stage = serde_saphyr::from_str(&yaml).expect("stage");
+    stage.ack_wait = HumanDuration::secs(30);
+    stage
+}
+
+/// Fills `subject` with the backlog.
+async fn preload(js: &jetstream::Context, subject: &str) {
+    let payload = Bytes::from(vec![b'x'; PAYLOAD]);
+    let mut acks: Vec<PublishAckFuture> = Vec::with_capacity(1000);
+    for i in 0..MESSAGES {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", format!("m{i}").as_str());
+        acks.push(
+            js.publish_with_headers(subject.to_owned(), headers, payload.clone())
+                .await
+                .expect("publish"),
+        );
+        if acks.len() == 1000 {
+            for ack in join_all(acks.drain(..).map(std::future::IntoFuture::into_future)).await {
+                ack.expect("publish ack");
+            }
+        }
+    }
+    for ack in join_all(acks.drain(..).map(std::future::IntoFuture::into_future)).await {
+        ack.expect("publish ack");
+    }
+}
+
+/// Waits until the server has applied every ack of `consumer`.
+async fn settled(consumer: &PullConsumer) {
+    loop {
+        let info = consumer.get_info().await.expect("consumer info");
+        if info.num_ack_pending == 0 && info.num_pending == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// The hand-written loop; returns msgs/s.
+async fn raw_loop(url: &str, sample: usize) -> f64 {
+    let client = async_nats::connect(url).await.expect("connect");
+    let js = jetstream::new(client.clone());
+    let (input, output) = (format!("raw{sample}.in"), format!("raw{sample}.out"));
+    for subject in [&input, &output] {
+        js.create_stream(jetstream::stream::Config {
+            name: subject.replace('.', "_"),
+            subjects: vec![subject.clone()],
+            storage: StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .expect("create stream");
+    }
+    let stream = js
+        .get_stream(input.replace('.', "_"))
+        .await
+        .expect("input stream");
+    let consumer: PullConsumer = stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some("raw".into()),
+            ack_policy: AckPolicy::Explicit,
+            max_ack_pending: -1,
+            ..Default::default()
+        })
+        .await
+        .expect("create consumer");
+    preload(&js, &input).await;
+
+    let started = Instant::now();
+    let mut done = 0;
+    while done < MESSAGES {
+        let mut batch = consumer
+            .batch()
+            .max_messages(FETCH)
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await
+            .expect("batch");
+        let mut messages = Vec::with_capacity(FETCH);
+        while let Some(message) = batch.next().await {
+            messages.push(message.expect("message"));
+        }
+        let mut acks = Vec::with_capacity(messages.len());
+        for message in &messages {
+            let id = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Nats-Msg-Id"))
+                .map(|v| format!("{}-out", v.as_str()))
+                .unwrap_or_default();
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Nats-Msg-Id", id.as_str());
+            acks.push(
+                js.publish_with_headers(output.clone(), headers, message.payload.clone())
+                    .await
+                    .expect("publish"),
+            );
+        }
+        for ack in join_all(acks.into_iter().map(std::future::IntoFuture::into_future)).await {
+            ack.expect("publish ack");
+        }
+        for message in &messages {
+            message.ack().await.expect("ack");
+        }
+        done += messages.len();
+    }
+    client.flush().await.expect("flush");
+    settled(&consumer).await;
+    let rate = MESSAGES as f64 / started.elapsed().as_secs_f64();
+    for subject in [&input, &output] {
+        js.delete_stream(subject.replace('.', "_"))
+            .await
+            .expect("delete stream");
+    }
+    rate
+}
+
+/// The engine over [`NatsBroker`]; returns msgs/s.
+async fn sluice_stage(
+    url: &str,
+    sample: usize,
+    stage: &Stage,
+    handler: impl Fn() -> Box<dyn StageHandler>,
+) -> f64 {
+    let broker = NatsBroker::connect(
+        NatsOptions::parse(url).expect("url"),
+        Duration::from_secs(10),
+    )
+    .await
+    .expect("connect");
+    let (input, output, dlq) = (
+        format!("s{sample}.in"),
+        format!("s{sample}.out"),
+        format!("s{sample}.dlq"),
+    );
+    broker
+        .ensure_topic(&TopicSpec {
+            subscribed: true,
+            ..TopicSpec::new(input.clone())
+        })
+        .await
+        .expect("topic");
+    for name in [&output, &dlq] {
+        broker
+            .ensure_topic(&TopicSpec::new(name.clone()))
+            .await
+            .expect("topic");
+    }
+    let mut stage = stage.clone();
+    stage.subscribe.topic.clone_from(&input);
+    stage.publish = vec![output.clone()];
+    stage.dlq = Some(dlq.clone());
+    let setup = StageSetup {
+        pipeline: format!("p{sample}"),
+        handlers: (0..stage.concurrency.get()).map(|_| handler()).collect(),
+        stage,
+        shutdown_timeout: Duration::from_secs(5),
+    };
+    // The consumer exists before the backlog: the input is an interest stream.
+    let spec: ConsumerSpec = setup.consumer();
+    broker.ensure_consumer(&spec).await.expect("consumer");
+    let js = jetstream::new(broker.client().clone());
+    preload(&js, &input).await;
+    let consumer: PullConsumer = js
+        .get_stream(stream_name(&input))
+        .await
+        .expect("stream")
+        .get_consumer(&durable_name(&spec.name))
+        .await
+        .expect("consumer");
+
+    let started = Instant::now();
+    let engine = Engine::start(broker.clone(), Arc::new(Metrics::new()), vec![setup])
+        .await
+        .expect("engine");
+    loop {
+        let out = broker.topic_stats(&output).await.expect("stats").last_seq;
+        if out >= MESSAGES as u64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    broker.flush().await.expect("flush");
+    settled(&consumer).await;
+    let rate = MESSAGES as f64 / started.elapsed().as_secs_f64();
+    engine.shutdown().await;
+    for topic in [&input, &output, &dlq] {
+        js.delete_stream(stream_name(topic))
+            .await
+            .expect("delete stream");
+    }
+    rate
+}
+
+fn median(samples: &[f64]) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
+fn report(name: &str, a: &[f64], b: &[f64]) {
+    let (ma, mb) = (median(a), median(b));
+    println!("| {name} | {ma:.0} | {mb:.0} | {:.2} |", mb / ma);
+}

@@ -1,0 +1,114 @@
+//! A Sluice [`Message`] as a plain NATS message: the payload is the body and
+//! the metadata travels in headers, so any NATS client can produce and read.
+//!
+//! | field | header |
+//! |---|---|
+//! | `id` | `Nats-Msg-Id` (the stream's duplicate-window key) |
+//! | `key` | `Sluice-Key` |
+//! | `published_at` | `Sluice-Published-At` (ms since the epoch), only when it carries an earlier time on (a redrive); otherwise the stream's timestamp |
+//! | `headers` | themselves |
+//!
+//! A message published without `Nats-Msg-Id` gets a stable id from its place
+//! in the stream, `<stream>:<seq>`, so its emits still have deterministic ids.
+
+use async_nats::HeaderMap;
+use bytes::Bytes;
+
+use crate::broker::Message;
+
+/// The header carrying a message's id; JetStream deduplicates on it.
+pub const MSG_ID: &str = "Nats-Msg-Id";
+/// The header carrying a message's ordering key.
+pub const KEY: &str = "Sluice-Key";
+/// The header carrying an original publish time.
+pub const PUBLISHED_AT: &str = "Sluice-Published-At";
+
+/// The headers to publish `message` with.
+pub fn headers(message: &Message) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    map.insert(MSG_ID, message.id.as_str());
+    if let Some(key) = &message.key {
+        map.insert(KEY, key.as_str());
+    }
+    if message.published_at != 0 {
+        map.insert(PUBLISHED_AT, message.published_at.to_string().as_str());
+    }
+    for (name, value) in &message.headers {
+        map.append(name.as_str(), value.as_str());
+    }
+    map
+}
+
+/// Rebuilds a message read from `stream` at `seq`. `stamped_at` is the
+/// stream's timestamp, in ms.
+pub fn message(
+    topic: &str,
+    stream: &str,
+    seq: u64,
+    headers: Option<&HeaderMap>,
+    payload: Bytes,
+    stamped_at: u64,
+) -> Message {
+    let mut id = None;
+    let mut key = None;
+    let mut published_at = None;
+    let mut rest = Vec::new();
+    if let Some(map) = headers {
+        for (name, values) in map.iter() {
+            let name: &str = name.as_ref();
+            for value in values {
+                let value = value.as_str();
+                match name {
+                    MSG_ID => id = Some(value.to_owned()),
+                    KEY => key = Some(value.to_owned()),
+                    PUBLISHED_AT => published_at = value.parse().ok(),
+                    // Server and client controls (`Nats-Expected-*`,
+                    // `Nats-Rollup`, ...) belong to one publish, not to the
+                    // message; copying them onward would break a re-publish.
+                    _ if name.starts_with("Nats-") => {}
+                    _ => rest.push((name.to_owned(), value.to_owned())),
+                }
+            }
+        }
+    }
+    // HeaderMap is a hash map; sort for a stable order.
+    rest.sort();
+    Message {
+        id: id.unwrap_or_else(|| format!("{stream}:{seq}")),
+        topic: topic.to_owned(),
+        key,
+        headers: rest,
+        payload,
+        published_at: published_at.unwrap_or(stamped_at),
+    }
+}
+
+/// Milliseconds since the epoch of a JetStream timestamp.
+pub fn millis(time: time::OffsetDateTime) -> u64 {
+    u64::try_from(time.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_through_headers() {
+        let mut m = Message::new("id-1", "orders.in", "body");
+        m.key = Some("k".into());
+        m.headers = vec![("a".into(), "1".into()), ("a".into(), "2".into())];
+        let h = headers(&m);
+        let back = message("orders.in", "S", 7, Some(&h), m.payload.clone(), 99);
+        assert_eq!(back.id, "id-1");
+        assert_eq!(back.key.as_deref(), Some("k"));
+        assert_eq!(back.headers, m.headers);
+        assert_eq!(back.published_at, 99);
+    }
+
+    #[test]
+    fn a_plain_nats_message_gets_a_stable_id() {
+        let back = message("t", "SLUICE_t", 42, None, Bytes::from_static(b"x"), 5);
+        assert_eq!(back.id, "SLUICE_t:42");
+        assert!(back.headers.is_empty());
+    }
+}

@@ -1,0 +1,520 @@
+//! The NATS JetStream broker: the same [`Broker`] trait over async-nats, so
+//! the same pipelines run on several daemons.
+//!
+//! - **One stream per topic** ([`naming`]), because topics are what pipelines
+//!   share: a topic may be published by one pipeline and read by another,
+//!   and its retention, duplicate window and high-water mark are its own.
+//! - **Retention.** A topic some stage subscribes to is an *interest* stream:
+//!   a message goes once every stage's consumer has acked (or termed) it,
+//!   as on the embedded broker. A topic nobody subscribes to (an output, a
+//!   DLQ) keeps *limits* retention, by age only, so `tail` and `dlq list`
+//!   can read it.
+//! - **One durable pull consumer per stage**, with the stage's `ack_wait`,
+//!   `max_ack_pending` (the cluster-wide valve) and `max_deliver` (see
+//!   [`ConsumerSpec::max_deliver`]). A header filter, which JetStream cannot
+//!   express, is applied here: a delivery that does not match is acked and
+//!   never reaches the engine.
+//! - **Settling** publishes JetStream's ack protocol (`+ACK`, `-NAK {delay}`,
+//!   `+WPI`, `+TRM`) to the delivery's reply subject, which the [`Receipt`]
+//!   carries. Outputs and DLQ copies are published and their `PubAck`s
+//!   awaited **before** the ack or term, each with `Nats-Msg-Id` set to its
+//!   deterministic id, so a republish after a crash falls in the stream's
+//!   duplicate window and is dropped.
+//! - **Provisioning** ([`provision`]) creates streams and consumers
+//!   idempotently and brings drifted settings back in line, saying what it
+//!   changed.
+
+mod codec;
+mod naming;
+mod options;
+mod provision;
+
+pub use codec::{KEY as KEY_HEADER, MSG_ID as MSG_ID_HEADER};
+pub use naming::{durable_name, stream_name};
+pub use options::{BadNatsUrl, DEFAULT_DUPLICATE_WINDOW, NatsOptions};
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, stream::Stream};
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::StreamExt;
+
+use super::{
+    Broker, BrokerError, ConsumerSpec, ConsumerStats, Delivery, Message, PublishAck, Receipt,
+    Stored, TopicSpec, TopicStats, now_millis,
+};
+
+/// A stage's consumer as this process knows it.
+struct ConsumerHandle {
+    name: Arc<str>,
+    spec: ConsumerSpec,
+    stream: Stream,
+    pull: PullConsumer,
+}
+
+/// A [`Broker`] on NATS JetStream. Cheap to share; one connection.
+pub struct NatsBroker {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    options: NatsOptions,
+    /// Streams by topic, looked up once.
+    streams: RwLock<HashMap<String, Stream>>,
+    /// Consumers by `<pipeline>.<stage>`, declared by [`Broker::ensure_consumer`].
+    consumers: RwLock<HashMap<String, Arc<ConsumerHandle>>>,
+}
+
+impl NatsBroker {
+    /// Connects. Returns once the first connection is up, or fails after
+    /// `timeout`; later losses are reconnected forever in the background.
+    pub async fn connect(
+        options: NatsOptions,
+        timeout: Duration,
+    ) -> Result<Arc<Self>, BrokerError> {
+        let unavailable = |why: String| {
+            BrokerError::Unavailable(format!("NATS at {}: {why}", options.describe()))
+        };
+        let addrs = options
+            .server_addrs()
+            .map_err(|e| unavailable(e.to_string()))?;
+        let connect = options
+            .connect_options()
+            .await
+            .map_err(|e| unavailable(e.to_string()))?
+            .event_callback(|event| async move {
+                match event {
+                    async_nats::Event::Connected => tracing::info!("NATS connected"),
+                    async_nats::Event::Disconnected => {
+                        tracing::warn!("NATS connection lost; reconnecting");
+                    }
+                    other => tracing::debug!(event = %other, "NATS event"),
+                }
+            });
+        let client = connect
+            .connect(addrs)
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        // `retry_on_initial_connect` returns at once; wait here for the
+        // first connection so a wrong address fails start-up clearly.
+        let deadline = Instant::now() + timeout;
+        while client.connection_state() != async_nats::connection::State::Connected {
+            if Instant::now() >= deadline {
+                return Err(unavailable(format!(
+                    "no connection within {timeout:?} (is nats-server running there, with JetStream enabled?)"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let js = jetstream::new(client.clone());
+        Ok(Arc::new(NatsBroker {
+            client,
+            js,
+            options,
+            streams: RwLock::new(HashMap::new()),
+            consumers: RwLock::new(HashMap::new()),
+        }))
+    }
+
+    /// The servers it talks to, for messages.
+    pub fn describe(&self) -> String {
+        self.options.describe()
+    }
+
+    /// The underlying client (for tests and benchmarks).
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// The stream of `topic`, from the cache or the server.
+    async fn stream(&self, topic: &str) -> Result<Stream, BrokerError> {
+        if let Some(stream) = read(&self.streams).get(topic) {
+            return Ok(stream.clone());
+        }
+        let stream = self
+            .js
+            .get_stream(naming::stream_name(topic))
+            .await
+            .map_err(|err| match err.kind() {
+                jetstream::context::GetStreamErrorKind::JetStream(e)
+                    if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
+                {
+                    BrokerError::UnknownTopic(topic.to_owned())
+                }
+                _ => unavailable(&err),
+            })?;
+        write(&self.streams).insert(topic.to_owned(), stream.clone());
+        Ok(stream)
+    }
+
+    /// The consumer `name`, as declared by this process or found on the server.
+    async fn consumer(&self, name: &str) -> Result<Arc<ConsumerHandle>, BrokerError> {
+        read(&self.consumers)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| BrokerError::UnknownConsumer(name.to_owned()))
+    }
+
+    /// Sends one ack-protocol message for a delivery.
+    async fn settle(&self, receipt: &Receipt, kind: AckKind) -> Result<(), BrokerError> {
+        if receipt.handle.is_empty() {
+            return Err(BrokerError::LeaseLost(format!(
+                "delivery {} has no reply subject",
+                receipt.seq
+            )));
+        }
+        self.client
+            .publish(receipt.handle.clone(), Bytes::from(kind))
+            .await
+            .map_err(|e| unavailable(&e))
+    }
+
+    /// Publishes messages and waits for every `PubAck`. The publishes are
+    /// pipelined: all are sent before the first ack is awaited.
+    async fn publish_all(&self, messages: Vec<Message>) -> Result<Vec<PublishAck>, BrokerError> {
+        let mut pending = Vec::with_capacity(messages.len());
+        for message in messages {
+            let headers = codec::headers(&message);
+            let topic = message.topic;
+            let future = self
+                .js
+                .publish_with_headers(topic.clone(), headers, message.payload)
+                .await
+                .map_err(|e| publish_error(&topic, &e))?;
+            pending.push((topic, future));
+        }
+        let mut acks = Vec::with_capacity(pending.len());
+        for (topic, future) in pending {
+            let ack = future.await.map_err(|e| publish_error(&topic, &e))?;
+            acks.push(PublishAck {
+                seq: ack.sequence,
+                duplicate: ack.duplicate,
+            });
+        }
+        Ok(acks)
+    }
+
+    /// Turns one pulled message into a delivery, or acks it here when the
+    /// stage's header filter does not want it.
+    async fn delivery(
+        &self,
+        handle: &ConsumerHandle,
+        message: jetstream::Message,
+    ) -> Result<Option<Delivery>, BrokerError> {
+        let info = message
+            .info()
+            .map_err(|e| BrokerError::Storage(format!("a delivery without metadata: {e}")))?;
+        let seq = info.stream_sequence;
+        let attempt = u32::try_from(info.delivered.max(1)).unwrap_or(u32::MAX);
+        let stamped = codec::millis(info.published);
+        let stream = info.stream.to_owned();
+        let handle_subject = message
+            .reply
+            .as_ref()
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        let message = codec::message(
+            &handle.spec.topic,
+            &stream,
+            seq,
+            message.headers.as_ref(),
+            message.payload.clone(),
+            stamped,
+        );
+        let receipt = Receipt {
+            consumer: handle.name.clone(),
+            seq,
+            attempt,
+            handle: handle_subject,
+        };
+        if !handle.spec.accepts(&message) {
+            self.settle(&receipt, AckKind::Ack).await?;
+            return Ok(None);
+        }
+        Ok(Some(Delivery {
+            message,
+            seq,
+            attempt,
+            receipt,
+        }))
+    }
+
+    /// Drains one pull request into `out`.
+    async fn drain(
+        &self,
+        handle: &ConsumerHandle,
+        mut batch: jetstream::consumer::pull::Batch,
+        out: &mut Vec<Delivery>,
+    ) -> Result<(), BrokerError> {
+        while let Some(next) = batch.next().await {
+            let message = next.map_err(|e| unavailable(&*e))?;
+            if let Some(delivery) = self.delivery(handle, message).await? {
+                out.push(delivery);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Broker for NatsBroker {
+    async fn ensure_topic(&self, spec: &TopicSpec) -> Result<(), BrokerError> {
+        let stream = provision::stream(&self.js, &self.options, spec).await?;
+        write(&self.streams).insert(spec.name.clone(), stream);
+        Ok(())
+    }
+
+    async fn ensure_consumer(&self, spec: &ConsumerSpec) -> Result<(), BrokerError> {
+        let stream = self.stream(&spec.topic).await?;
+        let pull = provision::consumer(&stream, spec).await?;
+        write(&self.consumers).insert(
+            spec.name.clone(),
+            Arc::new(ConsumerHandle {
+                name: spec.name.as_str().into(),
+                spec: spec.clone(),
+                stream,
+                pull,
+            }),
+        );
+        Ok(())
+    }
+
+    async fn publish(&self, messages: Vec<Message>) -> Result<Vec<PublishAck>, BrokerError> {
+        self.publish_all(messages).await
+    }
+
+    /// Takes what is ready at once (a `no_wait` pull of `max`); when nothing
+    /// is, long-polls for one message for up to `wait`, so a quiet stage
+    /// answers a new message within a round trip instead of a whole `wait`.
+    /// Every pull request is drained to its end, so no delivery is left
+    /// leased in a dropped inbox.
+    async fn fetch(
+        &self,
+        consumer: &str,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        let handle = self.consumer(consumer).await?;
+        let deadline = Instant::now() + wait;
+        let mut out = Vec::new();
+        if max == 0 {
+            return Ok(out);
+        }
+        loop {
+            let ready = handle
+                .pull
+                .fetch()
+                .max_messages(max - out.len())
+                .messages()
+                .await
+                .map_err(|e| unavailable(&e))?;
+            self.drain(&handle, ready, &mut out).await?;
+            if !out.is_empty() {
+                return Ok(out);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left < Duration::from_millis(10) {
+                return Ok(out);
+            }
+            let first = handle
+                .pull
+                .batch()
+                .max_messages(1)
+                .expires(left)
+                .messages()
+                .await
+                .map_err(|e| unavailable(&e))?;
+            self.drain(&handle, first, &mut out).await?;
+            if !out.is_empty() || Instant::now() >= deadline {
+                return Ok(out);
+            }
+        }
+    }
+
+    async fn ack(&self, receipt: &Receipt) -> Result<(), BrokerError> {
+        self.settle(receipt, AckKind::Ack).await
+    }
+
+    async fn complete(&self, receipt: &Receipt, outputs: Vec<Message>) -> Result<(), BrokerError> {
+        if !outputs.is_empty() {
+            self.publish_all(outputs).await?;
+        }
+        self.settle(receipt, AckKind::Ack).await
+    }
+
+    async fn nak(&self, receipt: &Receipt, delay: Duration) -> Result<(), BrokerError> {
+        let delay = (!delay.is_zero()).then_some(delay);
+        self.settle(receipt, AckKind::Nak(delay)).await
+    }
+
+    async fn in_progress(&self, receipt: &Receipt) -> Result<(), BrokerError> {
+        self.settle(receipt, AckKind::Progress).await
+    }
+
+    async fn term(&self, receipt: &Receipt) -> Result<(), BrokerError> {
+        self.settle(receipt, AckKind::Term).await
+    }
+
+    async fn dead_letter(&self, receipt: &Receipt, entry: Message) -> Result<(), BrokerError> {
+        // The DLQ copy is durable before the source is termed: a crash in
+        // between redelivers the source, and the copy's id dedups the rerun.
+        self.publish_all(vec![entry]).await?;
+        self.settle(receipt, AckKind::Term).await
+    }
+
+    async fn consumer_stats(&self, consumer: &str) -> Result<ConsumerStats, BrokerError> {
+        let handle = self.consumer(consumer).await?;
+        let info = handle.pull.get_info().await.map_err(|e| unavailable(&e))?;
+        let in_flight = u64::try_from(info.num_ack_pending).unwrap_or(u64::MAX);
+        let oldest_age = if info.num_pending + in_flight == 0 {
+            None
+        } else {
+            oldest_after(
+                &handle.stream,
+                &handle.spec.topic,
+                info.ack_floor.stream_sequence,
+            )
+            .await
+        };
+        Ok(ConsumerStats {
+            pending: info.num_pending,
+            in_flight,
+            oldest_age,
+        })
+    }
+
+    async fn topic_stats(&self, topic: &str) -> Result<TopicStats, BrokerError> {
+        let stream = self.stream(topic).await?;
+        let info = stream.get_info().await.map_err(|e| unavailable(&e))?;
+        let state = info.state;
+        let oldest_age = (state.messages > 0).then(|| {
+            Duration::from_millis(now_millis().saturating_sub(codec::millis(state.first_timestamp)))
+        });
+        Ok(TopicStats {
+            depth: state.messages,
+            first_seq: if state.messages > 0 {
+                state.first_sequence
+            } else {
+                0
+            },
+            last_seq: state.last_sequence,
+            oldest_age,
+        })
+    }
+
+    async fn read(
+        &self,
+        topic: &str,
+        from: u64,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Stored>, BrokerError> {
+        let stream = self.stream(topic).await?;
+        let name = naming::stream_name(topic);
+        let deadline = Instant::now() + wait;
+        let mut out = Vec::new();
+        let mut next = from.max(1);
+        loop {
+            while out.len() < max {
+                let got = stream
+                    .raw_message_builder()
+                    .sequence(next)
+                    .next_by_subject(topic.to_owned())
+                    .send()
+                    .await;
+                match got {
+                    Ok(raw) => {
+                        next = raw.sequence + 1;
+                        let message = codec::message(
+                            topic,
+                            &name,
+                            raw.sequence,
+                            Some(&raw.headers),
+                            raw.payload,
+                            codec::millis(raw.time),
+                        );
+                        out.push(Stored {
+                            seq: raw.sequence,
+                            message,
+                        });
+                    }
+                    Err(err) if is_no_message(&err) => break,
+                    Err(err) => return Err(unavailable(&err)),
+                }
+            }
+            if !out.is_empty() || Instant::now() >= deadline {
+                return Ok(out);
+            }
+            tokio::time::sleep(Duration::from_millis(100).min(wait)).await;
+        }
+    }
+
+    async fn remove(&self, topic: &str, seqs: &[u64]) -> Result<u64, BrokerError> {
+        let stream = self.stream(topic).await?;
+        let mut removed = 0;
+        for &seq in seqs {
+            match stream.delete_message(seq).await {
+                Ok(true) => removed += 1,
+                Ok(false) => {}
+                Err(err) => {
+                    if err.to_string().contains("no message found") {
+                        continue;
+                    }
+                    return Err(unavailable(&err));
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    async fn flush(&self) -> Result<(), BrokerError> {
+        self.client.flush().await.map_err(|e| unavailable(&e))
+    }
+}
+
+/// The age of the first message after `floor`, the consumer's ack floor.
+async fn oldest_after(stream: &Stream, topic: &str, floor: u64) -> Option<Duration> {
+    let raw = stream
+        .raw_message_builder()
+        .sequence(floor + 1)
+        .next_by_subject(topic.to_owned())
+        .send()
+        .await
+        .ok()?;
+    Some(Duration::from_millis(
+        now_millis().saturating_sub(codec::millis(raw.time)),
+    ))
+}
+
+/// Whether a get failed only because there is no such message.
+fn is_no_message(err: &impl std::fmt::Display) -> bool {
+    let text = err.to_string().to_ascii_lowercase();
+    text.contains("no message found") || text.contains("not found")
+}
+
+fn unavailable(err: &(impl std::fmt::Display + ?Sized)) -> BrokerError {
+    BrokerError::Unavailable(err.to_string())
+}
+
+/// A publish failure, in the caller's terms.
+fn publish_error(topic: &str, err: &jetstream::context::PublishError) -> BrokerError {
+    use jetstream::context::PublishErrorKind;
+    match err.kind() {
+        PublishErrorKind::StreamNotFound => BrokerError::UnknownTopic(topic.to_owned()),
+        PublishErrorKind::MaxPayloadExceeded => BrokerError::Storage(format!(
+            "publishing to `{topic}`: the payload is larger than the NATS server's max_payload"
+        )),
+        _ => BrokerError::Unavailable(format!("publishing to `{topic}`: {err}")),
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,266 @@
+//! Creates a topic's stream and a stage's consumer, idempotently, and puts
+//! drifted settings back: several daemons start with the same pipelines,
+//! and an operator who changes `ack_wait` in YAML expects it to take.
+//! What the server cannot change in place (a stream's retention, a
+//! consumer's ack policy) is refused with what to do about it.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{
+    self,
+    consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull},
+    stream::{self, RetentionPolicy, StorageType, Stream},
+};
+
+use super::{NatsOptions, naming};
+use crate::broker::{BrokerError, ConsumerSpec, TopicSpec};
+
+/// The stream config `spec` asks for.
+fn wanted_stream(options: &NatsOptions, spec: &TopicSpec) -> stream::Config {
+    let max_age = spec.retention.unwrap_or(Duration::ZERO);
+    let mut duplicate_window = spec
+        .duplicate_window
+        .unwrap_or(options.duplicate_window)
+        .max(options.duplicate_window);
+    if !max_age.is_zero() {
+        // JetStream refuses a window longer than the stream keeps messages.
+        duplicate_window = duplicate_window.min(max_age);
+    }
+    stream::Config {
+        name: naming::stream_name(&spec.name),
+        description: Some(format!("Sluice topic `{}`", spec.name)),
+        subjects: vec![spec.name.clone()],
+        retention: if spec.subscribed {
+            RetentionPolicy::Interest
+        } else {
+            RetentionPolicy::Limits
+        },
+        max_age,
+        duplicate_window,
+        num_replicas: options.replicas,
+        storage: StorageType::File,
+        allow_direct: true,
+        ..Default::default()
+    }
+}
+
+/// Ensures the stream of `spec` exists with the settings Sluice needs.
+pub(super) async fn stream(
+    js: &jetstream::Context,
+    options: &NatsOptions,
+    spec: &TopicSpec,
+) -> Result<Stream, BrokerError> {
+    if !naming::valid_subject(&spec.name) {
+        return Err(BrokerError::Provision(format!(
+            "topic `{}` is not a valid NATS subject (dot-separated tokens, none empty)",
+            spec.name
+        )));
+    }
+    let want = wanted_stream(options, spec);
+    let name = want.name.clone();
+    let refused = |what: &str, err: &dyn std::fmt::Display| {
+        BrokerError::Provision(format!(
+            "{what} stream `{name}` for topic `{}`: {err}",
+            spec.name
+        ))
+    };
+    let existing = match js.get_stream(&name).await {
+        Ok(stream) => stream,
+        Err(err) if is_not_found(&err) => match js.create_stream(want.clone()).await {
+            Ok(stream) => {
+                tracing::info!(stream = %name, topic = %spec.name, retention = ?want.retention, replicas = want.num_replicas, "created stream");
+                return Ok(stream);
+            }
+            // Another daemon created it first; check what it made.
+            Err(_) => js
+                .get_stream(&name)
+                .await
+                .map_err(|e| refused("cannot create", &e))?,
+        },
+        Err(err) => return Err(refused("cannot look up", &err)),
+    };
+    let have = existing.cached_info().config.clone();
+    if have.subjects != want.subjects {
+        return Err(BrokerError::Provision(format!(
+            "stream `{name}` already exists for subjects {:?}, not topic `{}`: two topics whose names differ only in `.` and `_` cannot share a NATS server, and a stream Sluice did not create is never taken over",
+            have.subjects, spec.name
+        )));
+    }
+    if have.retention != want.retention {
+        return Err(BrokerError::Provision(format!(
+            "stream `{name}` has {:?} retention but topic `{}` needs {:?} ({}); JetStream cannot change retention in place: drain the topic, then delete the stream (`nats stream rm {name}`) and restart so Sluice recreates it",
+            have.retention,
+            spec.name,
+            want.retention,
+            if spec.subscribed {
+                "a stage subscribes to it, so a message must go once every stage has acked it"
+            } else {
+                "no stage subscribes to it, so messages are kept by age for readers"
+            }
+        )));
+    }
+    let mut changes = Vec::new();
+    let mut update = have.clone();
+    if have.max_age != want.max_age {
+        changes.push(format!("max_age {:?} -> {:?}", have.max_age, want.max_age));
+        update.max_age = want.max_age;
+    }
+    if have.duplicate_window != want.duplicate_window {
+        changes.push(format!(
+            "duplicate_window {:?} -> {:?}",
+            have.duplicate_window, want.duplicate_window
+        ));
+        update.duplicate_window = want.duplicate_window;
+    }
+    if have.num_replicas != want.num_replicas {
+        changes.push(format!(
+            "replicas {} -> {}",
+            have.num_replicas, want.num_replicas
+        ));
+        update.num_replicas = want.num_replicas;
+    }
+    if !have.allow_direct {
+        changes.push("allow_direct false -> true".into());
+        update.allow_direct = true;
+    }
+    if changes.is_empty() {
+        return Ok(existing);
+    }
+    js.update_stream(update)
+        .await
+        .map_err(|e| refused(&format!("cannot update ({})", changes.join(", ")), &e))?;
+    tracing::info!(stream = %name, changes = %changes.join(", "), "updated drifted stream settings");
+    js.get_stream(&name)
+        .await
+        .map_err(|e| refused("cannot look up", &e))
+}
+
+/// The consumer config `spec` asks for.
+fn wanted_consumer(spec: &ConsumerSpec) -> pull::Config {
+    pull::Config {
+        durable_name: Some(naming::durable_name(&spec.name)),
+        description: Some(consumer_description(&spec.name)),
+        deliver_policy: DeliverPolicy::All,
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: spec.ack_wait,
+        max_deliver: spec.max_deliver.map_or(-1, i64::from),
+        filter_subject: spec.topic.clone(),
+        max_ack_pending: spec.max_ack_pending.map_or(-1, i64::from),
+        ..Default::default()
+    }
+}
+
+fn consumer_description(name: &str) -> String {
+    format!("Sluice stage `{name}`")
+}
+
+/// Ensures the durable consumer of `spec` exists with the stage's settings.
+pub(super) async fn consumer(
+    stream: &Stream,
+    spec: &ConsumerSpec,
+) -> Result<PullConsumer, BrokerError> {
+    let want = wanted_consumer(spec);
+    let durable = naming::durable_name(&spec.name);
+    let refused = |what: &str, err: &dyn std::fmt::Display| {
+        BrokerError::Provision(format!(
+            "{what} consumer `{durable}` for stage `{}`: {err}",
+            spec.name
+        ))
+    };
+    let existing: PullConsumer = match stream.get_consumer(&durable).await {
+        Ok(consumer) => consumer,
+        Err(err) if err.to_string().to_ascii_lowercase().contains("not found") => {
+            match stream.create_consumer(want.clone()).await {
+                Ok(consumer) => {
+                    tracing::info!(consumer = %durable, stage = %spec.name, "created consumer");
+                    return Ok(consumer);
+                }
+                Err(_) => stream
+                    .get_consumer(&durable)
+                    .await
+                    .map_err(|e| refused("cannot create", &e))?,
+            }
+        }
+        Err(err) => return Err(refused("cannot look up", &err)),
+    };
+    let have = existing.cached_info().config.clone();
+    if have.description != want.description {
+        return Err(refused(
+            "cannot use",
+            &format!(
+                "it belongs to {:?}; stage names that differ only in `.` and `_` cannot share a topic",
+                have.description.unwrap_or_default()
+            ),
+        ));
+    }
+    if have.ack_policy != AckPolicy::Explicit || have.deliver_policy != DeliverPolicy::All {
+        return Err(refused(
+            "cannot use",
+            &"its ack or deliver policy was changed by hand; delete it and restart",
+        ));
+    }
+    let mut update = pull::Config {
+        durable_name: have.durable_name.clone(),
+        name: have.name.clone(),
+        description: have.description.clone(),
+        deliver_policy: have.deliver_policy,
+        ack_policy: have.ack_policy,
+        ack_wait: have.ack_wait,
+        max_deliver: have.max_deliver,
+        filter_subject: have.filter_subject.clone(),
+        filter_subjects: have.filter_subjects.clone(),
+        max_ack_pending: have.max_ack_pending,
+        max_waiting: have.max_waiting,
+        ..Default::default()
+    };
+    let mut changes = Vec::new();
+    if have.ack_wait != want.ack_wait {
+        changes.push(format!(
+            "ack_wait {:?} -> {:?}",
+            have.ack_wait, want.ack_wait
+        ));
+        update.ack_wait = want.ack_wait;
+    }
+    if have.max_deliver != want.max_deliver {
+        changes.push(format!(
+            "max_deliver {} -> {}",
+            have.max_deliver, want.max_deliver
+        ));
+        update.max_deliver = want.max_deliver;
+    }
+    if have.max_ack_pending != want.max_ack_pending {
+        changes.push(format!(
+            "max_ack_pending {} -> {}",
+            have.max_ack_pending, want.max_ack_pending
+        ));
+        update.max_ack_pending = want.max_ack_pending;
+    }
+    if have.filter_subject != want.filter_subject || !have.filter_subjects.is_empty() {
+        changes.push(format!(
+            "filter_subject {:?} -> {:?}",
+            have.filter_subject, want.filter_subject
+        ));
+        update.filter_subject = want.filter_subject.clone();
+        update.filter_subjects = Vec::new();
+    }
+    if changes.is_empty() {
+        return Ok(existing);
+    }
+    stream
+        .update_consumer(update)
+        .await
+        .map_err(|e| refused(&format!("cannot update ({})", changes.join(", ")), &e))?;
+    tracing::info!(consumer = %durable, changes = %changes.join(", "), "updated drifted consumer settings");
+    stream
+        .get_consumer(&durable)
+        .await
+        .map_err(|e| refused("cannot look up", &e))
+}
+
+fn is_not_found(err: &jetstream::context::GetStreamError) -> bool {
+    matches!(
+        err.kind(),
+        jetstream::context::GetStreamErrorKind::JetStream(e)
+            if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+    )
+}
