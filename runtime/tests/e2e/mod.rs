@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod jetstream;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -36,7 +38,7 @@ pub enum Backend {
     Embedded,
     /// A real nats-server of this test's own (killed on drop), passed as
     /// `--broker nats://...`.
-    Nats(NatsServer),
+    Nats(Box<NatsServer>),
 }
 
 impl Backend {
@@ -47,7 +49,8 @@ impl Backend {
 
     /// A fresh nats-server with JetStream for this test.
     pub fn nats() -> Backend {
-        Backend::Nats(NatsServer::start().unwrap_or_else(|e| panic!("starting nats-server: {e:#}")))
+        let server = NatsServer::start().unwrap_or_else(|e| panic!("starting nats-server: {e:#}"));
+        Backend::Nats(Box::new(server))
     }
 
     /// The `--broker` value, `None` for the embedded broker.
