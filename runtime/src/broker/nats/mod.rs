@@ -301,32 +301,50 @@ impl Broker for NatsBroker {
         if max == 0 {
             return Ok(out);
         }
+        // async-nats gives a `no_wait` pull no client-side deadline: if the
+        // request or its answer is lost with a connection, it would wait
+        // forever, and the stage with it (the classic pull consumer stuck
+        // after a reconnect). Every pull here is bounded.
+        let guard = wait.max(Duration::from_secs(1)) + PULL_GRACE;
         loop {
-            let ready = handle
-                .pull
-                .fetch()
-                .max_messages(max - out.len())
-                .messages()
-                .await
-                .map_err(|e| unavailable(&e))?;
-            self.drain(&handle, ready, &mut out).await?;
+            let ready = async {
+                let batch = handle
+                    .pull
+                    .fetch()
+                    .max_messages(max - out.len())
+                    .messages()
+                    .await
+                    .map_err(|e| unavailable(&e))?;
+                self.drain(&handle, batch, &mut out).await
+            };
+            let result = bounded(guard, ready).await;
+            // Deliveries already taken are leased to us: hand them on even
+            // if the rest of the pull failed.
             if !out.is_empty() {
                 return Ok(out);
             }
+            result?;
             let left = deadline.saturating_duration_since(Instant::now());
             if left < Duration::from_millis(10) {
                 return Ok(out);
             }
-            let first = handle
-                .pull
-                .batch()
-                .max_messages(1)
-                .expires(left)
-                .messages()
-                .await
-                .map_err(|e| unavailable(&e))?;
-            self.drain(&handle, first, &mut out).await?;
-            if !out.is_empty() || Instant::now() >= deadline {
+            let first = async {
+                let batch = handle
+                    .pull
+                    .batch()
+                    .max_messages(1)
+                    .expires(left)
+                    .messages()
+                    .await
+                    .map_err(|e| unavailable(&e))?;
+                self.drain(&handle, batch, &mut out).await
+            };
+            let result = bounded(left + PULL_GRACE, first).await;
+            if !out.is_empty() {
+                return Ok(out);
+            }
+            result?;
+            if Instant::now() >= deadline {
                 return Ok(out);
             }
         }
@@ -471,6 +489,23 @@ impl Broker for NatsBroker {
     async fn flush(&self) -> Result<(), BrokerError> {
         self.client.flush().await.map_err(|e| unavailable(&e))
     }
+}
+
+/// How long past its own expiry a pull request may go unanswered before it
+/// counts as lost with the connection.
+const PULL_GRACE: Duration = Duration::from_secs(5);
+
+/// Runs a pull, failing as [`BrokerError::Unavailable`] if it takes longer
+/// than `limit`.
+async fn bounded(
+    limit: Duration,
+    pull: impl std::future::Future<Output = Result<(), BrokerError>>,
+) -> Result<(), BrokerError> {
+    tokio::time::timeout(limit, pull).await.unwrap_or_else(|_| {
+        Err(BrokerError::Unavailable(format!(
+            "a pull request got no answer within {limit:?}; the connection was probably lost"
+        )))
+    })
 }
 
 /// The age of the first message after `floor`, the consumer's ack floor.
