@@ -9,11 +9,15 @@
 //! an output stream (each publish's PubAck awaited, with a `Nats-Msg-Id`)
 //! and acked, and the server has applied the acks:
 //!
-//! - **raw**: hand-written async-nats: pull a batch, publish every message
-//!   (pipelined, then await the PubAcks), ack every message. No handler.
+//! - **raw**: hand-written async-nats, as a throughput-minded consumer would
+//!   write it: a pull `messages()` stream (batches of 256), and up to 256
+//!   messages at once each doing publish → await PubAck → ack. No handler.
 //! - **sluice**: the engine with [`NatsBroker`] and the `identity` wasm
 //!   plugin: fetch → valve → wasm handler → publish with a deterministic id
 //!   → ack, per message.
+//!
+//! Both run twice: on a server with `sync_interval: always` (an fsync per
+//! write, as the tests use) and on nats-server's default sync.
 //!
 //! Target: sluice ≥ 0.75 × raw.
 
@@ -46,6 +50,8 @@ const SAMPLES: usize = 5;
 const MESSAGES: usize = 20_000;
 const PAYLOAD: usize = 64;
 const FETCH: usize = 256;
+/// Messages the raw loop works on at once.
+const IN_FLIGHT: usize = 256;
 
 fn concurrency() -> u32 {
     std::env::var("NATS_BENCH_CONCURRENCY")
@@ -59,8 +65,6 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let server = NatsServer::start().expect("nats-server");
-    let url = server.url();
     let host = PluginHost::new(HostConfig {
         max_instances: 16,
         ..HostConfig::default()
@@ -72,22 +76,90 @@ fn main() {
     let concurrency = concurrency();
     println!("| benchmark | A | B | ratio B/A |");
     println!("|---|---|---|---|");
-    let (mut raw, mut staged) = (Vec::new(), Vec::new());
-    for sample in 0..SAMPLES {
-        raw.push(rt.block_on(raw_loop(&url, sample)));
-        let stage = stage(concurrency);
-        staged.push(rt.block_on(sluice_stage(&url, sample, &stage, || {
-            Box::new(identity.worker(stage.worker_settings())) as Box<dyn StageHandler>
-        })));
+    // Once on a server that fsyncs every write (as the tests' servers do,
+    // and as a durable deployment may), once on nats-server's default sync
+    // (every 2 min), where the runtime's own cost shows most.
+    for durable in [false, true] {
+        let server = if durable {
+            Server::Harness(NatsServer::start().expect("nats-server"))
+        } else {
+            Server::default_sync()
+        };
+        let url = server.url();
+        let (mut raw, mut staged) = (Vec::new(), Vec::new());
+        for sample in 0..SAMPLES {
+            raw.push(rt.block_on(raw_loop(&url, sample)));
+            let stage = stage(concurrency);
+            staged.push(rt.block_on(sluice_stage(&url, &stage, || {
+                Box::new(identity.worker(stage.worker_settings())) as Box<dyn StageHandler>
+            })));
+        }
+        report(
+            &format!(
+                "consume → publish → ack on NATS ({}), {MESSAGES} × {PAYLOAD} B (raw async-nats | sluice stage, wasm identity, concurrency {concurrency}), msgs/s",
+                if durable {
+                    "sync_interval: always"
+                } else {
+                    "default sync"
+                }
+            ),
+            &raw,
+            &staged,
+        );
     }
-    report(
-        &format!(
-            "consume → publish → ack on NATS, {MESSAGES} × {PAYLOAD} B (raw async-nats | sluice stage, wasm identity, concurrency {concurrency}), msgs/s"
-        ),
-        &raw,
-        &staged,
-    );
-    drop(server);
+}
+
+/// The server a comparison runs on.
+enum Server {
+    Harness(NatsServer),
+    /// The child, its port, and its store (removed on drop).
+    Spawned(
+        std::process::Child,
+        u16,
+        #[allow(dead_code)] tempfile::TempDir,
+    ),
+}
+
+impl Server {
+    /// nats-server 2.15 with JetStream and its default sync, on a free port.
+    fn default_sync() -> Server {
+        let store = tempfile::tempdir().expect("store dir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let child = std::process::Command::new(
+            sluice_harness::nats::nats_server_binary().expect("nats-server 2.15"),
+        )
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(store.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn nats-server");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "nats-server did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Server::Spawned(child, port, store)
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Server::Harness(server) => server.url(),
+            Server::Spawned(_, port, _) => format!("nats://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Server::Spawned(child, _, _) = self {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 fn stage(concurrency: u32) -> Stage {
@@ -164,21 +236,17 @@ async fn raw_loop(url: &str, sample: usize) -> f64 {
     preload(&js, &input).await;
 
     let started = Instant::now();
-    let mut done = 0;
-    while done < MESSAGES {
-        let mut batch = consumer
-            .batch()
-            .max_messages(FETCH)
-            .expires(Duration::from_secs(1))
-            .messages()
-            .await
-            .expect("batch");
-        let mut messages = Vec::with_capacity(FETCH);
-        while let Some(message) = batch.next().await {
-            messages.push(message.expect("message"));
-        }
-        let mut acks = Vec::with_capacity(messages.len());
-        for message in &messages {
+    let messages = consumer
+        .stream()
+        .max_messages_per_batch(FETCH)
+        .messages()
+        .await
+        .expect("messages");
+    let (js_ref, output_ref) = (&js, &output);
+    messages
+        .take(MESSAGES)
+        .for_each_concurrent(IN_FLIGHT, |message| async move {
+            let message = message.expect("message");
             let id = message
                 .headers
                 .as_ref()
@@ -187,20 +255,15 @@ async fn raw_loop(url: &str, sample: usize) -> f64 {
                 .unwrap_or_default();
             let mut headers = async_nats::HeaderMap::new();
             headers.insert("Nats-Msg-Id", id.as_str());
-            acks.push(
-                js.publish_with_headers(output.clone(), headers, message.payload.clone())
-                    .await
-                    .expect("publish"),
-            );
-        }
-        for ack in join_all(acks.into_iter().map(std::future::IntoFuture::into_future)).await {
-            ack.expect("publish ack");
-        }
-        for message in &messages {
+            js_ref
+                .publish_with_headers(output_ref.clone(), headers, message.payload.clone())
+                .await
+                .expect("publish")
+                .await
+                .expect("publish ack");
             message.ack().await.expect("ack");
-        }
-        done += messages.len();
-    }
+        })
+        .await;
     client.flush().await.expect("flush");
     settled(&consumer).await;
     let rate = MESSAGES as f64 / started.elapsed().as_secs_f64();
@@ -215,7 +278,6 @@ async fn raw_loop(url: &str, sample: usize) -> f64 {
 /// The engine over [`NatsBroker`]; returns msgs/s.
 async fn sluice_stage(
     url: &str,
-    sample: usize,
     stage: &Stage,
     handler: impl Fn() -> Box<dyn StageHandler>,
 ) -> f64 {
@@ -225,11 +287,9 @@ async fn sluice_stage(
     )
     .await
     .expect("connect");
-    let (input, output, dlq) = (
-        format!("s{sample}.in"),
-        format!("s{sample}.out"),
-        format!("s{sample}.dlq"),
-    );
+    // The names the stage (and its plugin's default output) were built
+    // with; each sample deletes its streams at the end.
+    let (input, output, dlq) = ("in".to_owned(), "out".to_owned(), "s.dlq".to_owned());
     broker
         .ensure_topic(&TopicSpec {
             subscribed: true,
@@ -244,11 +304,9 @@ async fn sluice_stage(
             .expect("topic");
     }
     let mut stage = stage.clone();
-    stage.subscribe.topic.clone_from(&input);
-    stage.publish = vec![output.clone()];
     stage.dlq = Some(dlq.clone());
     let setup = StageSetup {
-        pipeline: format!("p{sample}"),
+        pipeline: "p".into(),
         handlers: (0..stage.concurrency.get()).map(|_| handler()).collect(),
         stage,
         shutdown_timeout: Duration::from_secs(5),
