@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -33,6 +33,10 @@ pub(super) enum Next {
     /// Retry in place after this delay (ordered stages only).
     RetryAfter(Duration),
 }
+
+/// How long a settle (outputs + ack, or DLQ copy + term) is retried while
+/// the broker is unavailable before the attempt counts as failed.
+const BROKER_RETRY_BUDGET: Duration = Duration::from_secs(60);
 
 /// The most first-failure times remembered; beyond it the map is cleared
 /// (a DLQ entry then reports its last failure as its first).
@@ -169,7 +173,10 @@ impl Settler {
                 None => per_topic.push((output.topic.clone(), 1)),
             }
         }
-        match self.broker.complete(&delivery.receipt, outputs).await {
+        let result = self
+            .patiently(|| self.broker.complete(&delivery.receipt, outputs.clone()))
+            .await;
+        match result {
             Ok(()) => {
                 self.ok.inc();
                 for (topic, n) in per_topic {
@@ -258,7 +265,10 @@ impl Settler {
             dlq = %self.dlq_topic,
             "dead-lettering"
         );
-        match self.broker.dead_letter(&delivery.receipt, entry).await {
+        let result = self
+            .patiently(|| self.broker.dead_letter(&delivery.receipt, entry.clone()))
+            .await;
+        match result {
             Ok(()) => {
                 self.count("dead-lettered");
                 self.metrics.count_published(&self.dlq_topic, 1);
@@ -281,6 +291,33 @@ impl Settler {
                     tracing::warn!(seq = delivery.seq, error = %err, "nak failed; the lease will expire and the message come back");
                 }
                 Next::Done
+            }
+        }
+    }
+
+    /// Runs a settling broker call, retrying it while the broker is
+    /// unavailable (a lost connection, a stream electing a new leader) for
+    /// up to [`BROKER_RETRY_BUDGET`]. Retrying here re-runs neither the
+    /// handler nor uses up a delivery, so a broker hiccup does not push
+    /// healthy messages towards the DLQ. The lease is kept alive meanwhile
+    /// by the stage's heartbeat.
+    async fn patiently<F, Fut>(&self, call: F) -> Result<(), BrokerError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<(), BrokerError>>,
+    {
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match call().await {
+                Err(BrokerError::Unavailable(why))
+                    if started.elapsed() + pause < BROKER_RETRY_BUDGET =>
+                {
+                    tracing::warn!(%why, retry_in = ?pause, "the broker could not take a settle; retrying it");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+                other => return other,
             }
         }
     }

@@ -536,7 +536,11 @@ fn unavailable(err: &(impl std::fmt::Display + ?Sized)) -> BrokerError {
 fn publish_error(topic: &str, err: &jetstream::context::PublishError) -> BrokerError {
     use jetstream::context::PublishErrorKind;
     match err.kind() {
-        PublishErrorKind::StreamNotFound => BrokerError::UnknownTopic(topic.to_owned()),
+        // async-nats reports JetStream's "no responders" this way, which is
+        // also what a stream electing a new leader answers: transient.
+        PublishErrorKind::StreamNotFound => BrokerError::Unavailable(format!(
+            "no stream answered for `{topic}`: it is missing, or its leader is being elected"
+        )),
         PublishErrorKind::MaxPayloadExceeded => BrokerError::Storage(format!(
             "publishing to `{topic}`: the payload is larger than the NATS server's max_payload"
         )),
