@@ -574,13 +574,30 @@ fn quickstart_shows_outputs_and_one_dead_letter(backend: &Backend) {
         "greetings",
         &[Msg::new("g1", "hello"), Msg::new("g2", "sluice")],
     );
-    daemon.wait_until("outputs", LONG, |d| {
-        d.read_all("greetings.upper").len() == 2
+    // The demo's poison: not UTF-8, so the uppercase handler rejects it.
+    daemon.publish_bytes("greetings", "g3", &[0xff, 0xfe]);
+    daemon.wait_until("outputs and the dead letter", LONG, |d| {
+        d.read_all("greetings.upper").len() == 2 && d.read_all("quickstart.shout.dlq").len() == 1
     });
     assert_eq!(
         payloads(&daemon.read_all("greetings.upper")),
         ["HELLO", "SLUICE"]
     );
+    let dlq = daemon.read_all("quickstart.shout.dlq");
+    assert_eq!(dlq[0]["id"], "g3", "{dlq:?}");
+    let headers = &dlq[0]["headers"];
+    let header = |name: &str| {
+        headers
+            .as_array()
+            .and_then(|hs| hs.iter().find(|h| h[0] == name))
+            .map(|h| h[1].clone())
+    };
+    assert_eq!(
+        header("sluice-dlq-kind"),
+        Some("rejected".into()),
+        "{dlq:?}"
+    );
+    assert_eq!(header("sluice-dlq-attempts"), Some("1".into()), "{dlq:?}");
 }
 
 /// Two `#[test]`s per body: `embedded::<name>` and `nats::<name>`.
