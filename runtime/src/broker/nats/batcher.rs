@@ -1,0 +1,131 @@
+//! Puts settles on the wire in groups.
+//!
+//! Every stage task completes its own deliveries, one at a time, so left to
+//! themselves their publishes and acks reach the connection one by one: a
+//! write (and a server wake-up) per message. The batcher takes every
+//! completion queued while it worked on the last group, sends all their
+//! publishes back to back, and, in a task of its own so the next group goes
+//! out meanwhile, awaits each one's PubAcks and then sends its ack. The
+//! order per delivery is unchanged: its outputs are durable before its ack.
+
+use async_nats::jetstream::{self, AckKind, context::PublishAckFuture};
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{codec, publish_error, unavailable};
+use crate::broker::{BrokerError, Message};
+
+/// The most completions sent as one group.
+const MAX_GROUP: usize = 256;
+
+/// One delivery's settle: publish `outputs`, then send `then` to `handle`.
+struct Settle {
+    outputs: Vec<Message>,
+    handle: String,
+    then: AckKind,
+    done: oneshot::Sender<Result<(), BrokerError>>,
+}
+
+/// The sending side; cheap to share.
+pub(super) struct Batcher {
+    queue: mpsc::UnboundedSender<Settle>,
+}
+
+impl Batcher {
+    /// Starts the group loop on the current runtime.
+    pub(super) fn start(js: jetstream::Context, client: async_nats::Client) -> Batcher {
+        let (queue, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(js, client, rx));
+        Batcher { queue }
+    }
+
+    /// Publishes `outputs`, waits until each is stored, then sends `then`
+    /// to the delivery's reply subject `handle`.
+    pub(super) async fn settle(
+        &self,
+        outputs: Vec<Message>,
+        handle: String,
+        then: AckKind,
+    ) -> Result<(), BrokerError> {
+        let (done, result) = oneshot::channel();
+        let gone = || BrokerError::Unavailable("the NATS broker is shutting down".into());
+        self.queue
+            .send(Settle {
+                outputs,
+                handle,
+                then,
+                done,
+            })
+            .map_err(|_| gone())?;
+        result.await.map_err(|_| gone())?
+    }
+}
+
+/// A settle whose publishes are on their way.
+struct Sent {
+    handle: String,
+    then: AckKind,
+    done: oneshot::Sender<Result<(), BrokerError>>,
+    acks: Vec<(String, PublishAckFuture)>,
+    failed: Option<BrokerError>,
+}
+
+async fn run(
+    js: jetstream::Context,
+    client: async_nats::Client,
+    mut rx: mpsc::UnboundedReceiver<Settle>,
+) {
+    let mut group = Vec::with_capacity(MAX_GROUP);
+    while rx.recv_many(&mut group, MAX_GROUP).await > 0 {
+        let mut sent = Vec::with_capacity(group.len());
+        for settle in group.drain(..) {
+            let mut acks = Vec::with_capacity(settle.outputs.len());
+            let mut failed = None;
+            for message in settle.outputs {
+                let headers = codec::headers(&message);
+                match js
+                    .publish_with_headers(message.topic.clone(), headers, message.payload)
+                    .await
+                {
+                    Ok(ack) => acks.push((message.topic, ack)),
+                    Err(err) => {
+                        failed = Some(publish_error(&message.topic, &err));
+                        break;
+                    }
+                }
+            }
+            sent.push(Sent {
+                handle: settle.handle,
+                then: settle.then,
+                done: settle.done,
+                acks,
+                failed,
+            });
+        }
+        tokio::spawn(finish(client.clone(), sent));
+    }
+}
+
+/// Awaits each settle's PubAcks, then sends its ack (or reports why not).
+async fn finish(client: async_nats::Client, sent: Vec<Sent>) {
+    for settle in sent {
+        let mut result = match settle.failed {
+            Some(err) => Err(err),
+            None => Ok(()),
+        };
+        for (topic, ack) in settle.acks {
+            if let Err(err) = ack.await
+                && result.is_ok()
+            {
+                result = Err(publish_error(&topic, &err));
+            }
+        }
+        if result.is_ok() {
+            result = client
+                .publish(settle.handle, Bytes::from(settle.then))
+                .await
+                .map_err(|e| unavailable(&e));
+        }
+        let _ = settle.done.send(result);
+    }
+}
