@@ -50,6 +50,13 @@ const SAMPLES: usize = 5;
 const MESSAGES: usize = 20_000;
 const PAYLOAD: usize = 64;
 const FETCH: usize = 256;
+/// How often completion is checked. Each check is a JetStream API request
+/// the server answers, so checking much more often would load the server
+/// the two sides share.
+const POLL: Duration = Duration::from_millis(10);
+thread_local! {
+    static RAW_LIMITS: bool = std::env::var("NATS_BENCH_RAW_LIMITS").is_ok();
+}
 /// Messages the raw loop works on at once.
 const IN_FLIGHT: usize = 256;
 
@@ -79,32 +86,55 @@ fn main() {
     // Once on a server that fsyncs every write (as the tests' servers do,
     // and as a durable deployment may), once on nats-server's default sync
     // (every 2 min), where the runtime's own cost shows most.
-    for durable in [false, true] {
+    let modes: &[bool] = match std::env::var("NATS_BENCH_SYNC").as_deref() {
+        Ok("default") => &[false],
+        Ok("always") => &[true],
+        _ => &[false, true],
+    };
+    for &durable in modes {
         let server = if durable {
             Server::Harness(NatsServer::start().expect("nats-server"))
         } else {
             Server::default_sync()
         };
         let url = server.url();
-        let (mut raw, mut staged) = (Vec::new(), Vec::new());
+        let (mut raw, mut staged, mut native) = (Vec::new(), Vec::new(), Vec::new());
+        let only = std::env::var("NATS_BENCH_ONLY").unwrap_or_default();
         for sample in 0..SAMPLES {
-            raw.push(rt.block_on(raw_loop(&url, sample)));
+            if only == "sluice" {
+                raw.push(1.0);
+            } else {
+                raw.push(rt.block_on(raw_loop(&url, sample)));
+            }
+            if only == "raw" {
+                staged.push(1.0);
+                native.push(1.0);
+                continue;
+            }
             let stage = stage(concurrency);
             staged.push(rt.block_on(sluice_stage(&url, &stage, || {
                 Box::new(identity.worker(stage.worker_settings())) as Box<dyn StageHandler>
             })));
+            native.push(rt.block_on(sluice_stage(&url, &stage, || {
+                Box::new(NativeIdentity) as Box<dyn StageHandler>
+            })));
         }
+        let sync = if durable {
+            "sync_interval: always"
+        } else {
+            "default sync"
+        };
         report(
             &format!(
-                "consume → publish → ack on NATS ({}), {MESSAGES} × {PAYLOAD} B (raw async-nats | sluice stage, wasm identity, concurrency {concurrency}), msgs/s",
-                if durable {
-                    "sync_interval: always"
-                } else {
-                    "default sync"
-                }
+                "consume → publish → ack on NATS ({sync}), {MESSAGES} × {PAYLOAD} B (raw async-nats | sluice stage, wasm identity, concurrency {concurrency}), msgs/s"
             ),
             &raw,
             &staged,
+        );
+        report(
+            &format!("the same ({sync}) (raw async-nats | sluice stage, native identity), msgs/s"),
+            &raw,
+            &native,
         );
     }
 }
@@ -168,7 +198,25 @@ fn stage(concurrency: u32) -> Stage {
     );
     let mut stage: Stage = serde_saphyr::from_str(&yaml).expect("stage");
     stage.ack_wait = HumanDuration::secs(30);
+    stage.max_ack_pending = std::env::var("NATS_BENCH_MAX_ACK_PENDING")
+        .ok()
+        .and_then(|m| m.parse().ok());
     stage
+}
+
+/// The identity handler in native Rust, to show the wasm call's share.
+struct NativeIdentity;
+
+#[async_trait::async_trait]
+impl StageHandler for NativeIdentity {
+    async fn handle(&mut self, message: &sluice::plugin::Message) -> sluice::plugin::Outcome {
+        Ok(vec![sluice::plugin::Emit {
+            topic: "out".into(),
+            key: message.key.clone(),
+            headers: message.headers.clone(),
+            payload: message.payload.clone(),
+        }])
+    }
 }
 
 /// Fills `subject` with the backlog.
@@ -201,7 +249,7 @@ async fn settled(consumer: &PullConsumer) {
         if info.num_ack_pending == 0 && info.num_pending == 0 {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::time::sleep(POLL).await;
     }
 }
 
@@ -215,6 +263,13 @@ async fn raw_loop(url: &str, sample: usize) -> f64 {
             name: subject.replace('.', "_"),
             subjects: vec![subject.clone()],
             storage: StorageType::File,
+            // The same retention as Sluice gives a subscribed topic, so both
+            // sides make the server delete each input once it is acked.
+            retention: if *subject == input && !RAW_LIMITS.with(|l| *l) {
+                jetstream::stream::RetentionPolicy::Interest
+            } else {
+                jetstream::stream::RetentionPolicy::Limits
+            },
             ..Default::default()
         })
         .await
@@ -333,7 +388,7 @@ async fn sluice_stage(
         if out >= MESSAGES as u64 {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::time::sleep(POLL).await;
     }
     broker.flush().await.expect("flush");
     settled(&consumer).await;

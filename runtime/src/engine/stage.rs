@@ -180,16 +180,28 @@ impl StageRunner {
         heartbeat.abort();
     }
 
-    /// Waits for one in-flight permit, then takes as many more as are free,
-    /// up to one fetch's worth.
+    /// Waits for in-flight permits, then takes as many more as are free, up
+    /// to one fetch's worth. When every permit is taken (the stage is
+    /// saturated) it waits for a chunk of them rather than one: each fetch
+    /// is a broker round trip, and fetching one message per settled one
+    /// would spend the stage's time on round trips. The chunk is at most a
+    /// quarter of the in-flight limit, so the rest stays busy meanwhile.
     async fn reserve(&self) -> Vec<OwnedSemaphorePermit> {
         let want = self
             .batch
             .map_or(256, |(max, _)| max)
             .min(self.max_in_flight);
         let mut permits = Vec::with_capacity(want);
-        if let Ok(first) = self.inflight.clone().acquire_owned().await {
-            permits.push(first);
+        let chunk = if self.inflight.available_permits() == 0 {
+            (self.max_in_flight / 4).clamp(1, 32).min(want)
+        } else {
+            1
+        };
+        let chunk = u32::try_from(chunk).unwrap_or(1);
+        if let Ok(mut taken) = self.inflight.clone().acquire_many_owned(chunk).await {
+            while let Some(one) = taken.split(1) {
+                permits.push(one);
+            }
         }
         while permits.len() < want {
             match self.inflight.clone().try_acquire_owned() {
