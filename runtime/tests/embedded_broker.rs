@@ -938,9 +938,10 @@ async fn concurrent_workers_settle_everything_once() {
             }
         })
     };
-    // (consumer, id) -> finished; (consumer, id) -> last attempt seen.
+    // (consumer, id) -> finished; (consumer, id) -> attempts delivered.
     let finished: Arc<Mutex<HashMap<(String, String), u32>>> = Default::default();
-    let attempts: Arc<Mutex<HashMap<(String, String), u32>>> = Default::default();
+    let attempts: Arc<Mutex<HashMap<(String, String), std::collections::HashSet<u32>>>> =
+        Default::default();
     let mut workers = tokio::task::JoinSet::new();
     for name in ["p.s", "p.t"] {
         for w in 0..4u64 {
@@ -949,6 +950,7 @@ async fn concurrent_workers_settle_everything_once() {
             let attempts = attempts.clone();
             workers.spawn(async move {
                 let mut rng = w * 7919 + name.len() as u64;
+                let mut mine: HashMap<(String, String), u32> = HashMap::new();
                 loop {
                     let done = finished
                         .lock()
@@ -966,15 +968,28 @@ async fn concurrent_workers_settle_everything_once() {
                     for d in ds {
                         let key = (name.to_owned(), d.message.id.clone());
                         {
+                            // Every delivery gets a delivery count of its
+                            // own. (Comparing against the last one any
+                            // worker saw would race: another worker may
+                            // record a later delivery first when this one
+                            // is descheduled past the 300 ms lease.)
                             let mut a = attempts.lock().expect("lock");
-                            let last = a.entry(key.clone()).or_default();
+                            let seen = a.entry(key.clone()).or_default();
                             assert!(
-                                d.attempt > *last,
-                                "{key:?}: attempt {} after {last}",
+                                seen.insert(d.attempt),
+                                "{key:?}: attempt {} delivered twice",
                                 d.attempt
                             );
-                            *last = d.attempt;
                         }
+                        // Within one worker, deliveries come in order, so
+                        // the count can only grow.
+                        let last = mine.entry(key.clone()).or_default();
+                        assert!(
+                            d.attempt > *last,
+                            "{key:?}: attempt {} after {last} in one worker",
+                            d.attempt
+                        );
+                        *last = d.attempt;
                         rng = rng
                             .wrapping_mul(6364136223846793005)
                             .wrapping_add(1442695040888963407);
