@@ -940,8 +940,8 @@ async fn concurrent_workers_settle_everything_once() {
     };
     // (consumer, id) -> finished; (consumer, id) -> attempts delivered.
     let finished: Arc<Mutex<HashMap<(String, String), u32>>> = Default::default();
-    let attempts: Arc<Mutex<HashMap<(String, String), std::collections::HashSet<u32>>>> =
-        Default::default();
+    type Seen = HashMap<(String, String), std::collections::HashSet<u32>>;
+    let attempts: Arc<Mutex<Seen>> = Default::default();
     let mut workers = tokio::task::JoinSet::new();
     for name in ["p.s", "p.t"] {
         for w in 0..4u64 {

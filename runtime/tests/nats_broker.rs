@@ -1,0 +1,238 @@
+//! The NATS broker at the trait level, against a real nats-server 2.15:
+//! start-up provisioning (idempotent, drift fixed or refused clearly), the
+//! JetStream objects it makes, header filters, nak/term/dead-letter, and the
+//! plain-NATS shape of what it stores.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::PullConsumer, stream::RetentionPolicy};
+use sluice::broker::nats::{NatsBroker, NatsOptions, durable_name, stream_name};
+use sluice::broker::{Broker, BrokerError, ConsumerSpec, Message, TopicSpec};
+use sluice_harness::nats::NatsServer;
+
+const WAIT: Duration = Duration::from_secs(2);
+
+async fn connect(server: &NatsServer) -> std::sync::Arc<NatsBroker> {
+    NatsBroker::connect(
+        NatsOptions::parse(&server.url()).expect("url"),
+        Duration::from_secs(10),
+    )
+    .await
+    .expect("connect")
+}
+
+fn consumer(name: &str, topic: &str, ack_wait: Duration) -> ConsumerSpec {
+    ConsumerSpec {
+        name: name.into(),
+        topic: topic.into(),
+        filter: BTreeMap::new(),
+        ack_wait,
+        max_ack_pending: Some(100),
+        max_deliver: Some(13),
+    }
+}
+
+fn subscribed(name: &str) -> TopicSpec {
+    TopicSpec {
+        subscribed: true,
+        ..TopicSpec::new(name)
+    }
+}
+
+async fn server_consumer(b: &NatsBroker, topic: &str, name: &str) -> PullConsumer {
+    jetstream::new(b.client().clone())
+        .get_stream(stream_name(topic))
+        .await
+        .expect("stream")
+        .get_consumer(&durable_name(name))
+        .await
+        .expect("consumer")
+}
+
+#[tokio::test]
+async fn provisioning_is_idempotent_and_puts_drift_back() {
+    let server = NatsServer::start().expect("nats-server");
+    let b = connect(&server).await;
+    let spec = TopicSpec {
+        retention: Some(Duration::from_secs(3600)),
+        duplicate_window: Some(Duration::from_secs(300)),
+        ..subscribed("orders.in")
+    };
+    b.ensure_topic(&spec).await.expect("topic");
+    b.ensure_topic(&spec).await.expect("the same again");
+    b.ensure_consumer(&consumer(
+        "orders.route",
+        "orders.in",
+        Duration::from_secs(30),
+    ))
+    .await
+    .expect("consumer");
+
+    let js = jetstream::new(b.client().clone());
+    let mut stream = js.get_stream("SLUICE_orders_in").await.expect("stream");
+    let config = stream.info().await.expect("info").config.clone();
+    assert_eq!(config.subjects, ["orders.in"]);
+    assert_eq!(config.retention, RetentionPolicy::Interest);
+    assert_eq!(config.max_age, Duration::from_secs(3600));
+    assert_eq!(config.duplicate_window, Duration::from_secs(300));
+
+    let mut pull = server_consumer(&b, "orders.in", "orders.route").await;
+    let info = pull.info().await.expect("consumer info").clone();
+    assert_eq!(info.name, "orders_route");
+    assert_eq!(info.config.ack_wait, Duration::from_secs(30));
+    assert_eq!(info.config.max_deliver, 13);
+    assert_eq!(info.config.max_ack_pending, 100);
+    assert_eq!(info.config.filter_subject, "orders.in");
+
+    // An operator changes ack_wait and retention in YAML and restarts.
+    let b2 = connect(&server).await;
+    b2.ensure_topic(&TopicSpec {
+        retention: Some(Duration::from_secs(7200)),
+        ..spec.clone()
+    })
+    .await
+    .expect("drifted topic");
+    b2.ensure_consumer(&consumer(
+        "orders.route",
+        "orders.in",
+        Duration::from_secs(10),
+    ))
+    .await
+    .expect("drifted consumer");
+    let config = stream.info().await.expect("info").config.clone();
+    assert_eq!(config.max_age, Duration::from_secs(7200));
+    let info = pull.info().await.expect("consumer info").clone();
+    assert_eq!(info.config.ack_wait, Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn what_jetstream_cannot_change_is_refused_with_what_to_do() {
+    let server = NatsServer::start().expect("nats-server");
+    let b = connect(&server).await;
+    b.ensure_topic(&TopicSpec::new("events"))
+        .await
+        .expect("limits topic");
+    let err = b
+        .ensure_topic(&subscribed("events"))
+        .await
+        .expect_err("retention cannot change in place");
+    let text = err.to_string();
+    assert!(matches!(err, BrokerError::Provision(_)), "{err:?}");
+    assert!(
+        text.contains("retention") && text.contains("nats stream rm SLUICE_events"),
+        "{text}"
+    );
+
+    // Two topics that map to one stream name.
+    b.ensure_topic(&TopicSpec::new("a.b")).await.expect("a.b");
+    let err = b
+        .ensure_topic(&TopicSpec::new("a_b"))
+        .await
+        .expect_err("name clash");
+    assert!(err.to_string().contains("already exists"), "{err}");
+
+    let err = b
+        .ensure_topic(&TopicSpec::new("a..b"))
+        .await
+        .expect_err("not a subject");
+    assert!(err.to_string().contains("valid NATS subject"), "{err}");
+}
+
+#[tokio::test]
+async fn messages_are_plain_nats_messages_and_settle_as_asked() {
+    let server = NatsServer::start().expect("nats-server");
+    let b = connect(&server).await;
+    b.ensure_topic(&subscribed("in")).await.expect("in");
+    b.ensure_topic(&TopicSpec::new("in.dlq"))
+        .await
+        .expect("dlq");
+    let mut spec = consumer("p.s", "in", Duration::from_secs(30));
+    spec.filter = BTreeMap::from([("region".to_owned(), "eu".to_owned())]);
+    b.ensure_consumer(&spec).await.expect("consumer");
+
+    let mut eu = Message::new("m1", "in", "hello");
+    eu.key = Some("k1".into());
+    eu.headers = vec![("region".into(), "eu".into())];
+    let mut us = Message::new("m2", "in", "skip me");
+    us.headers = vec![("region".into(), "us".into())];
+    let acks = b.publish(vec![eu, us]).await.expect("publish");
+    assert_eq!((acks[0].seq, acks[0].duplicate), (1, false));
+    let again = b
+        .publish(vec![Message::new("m1", "in", "hello")])
+        .await
+        .expect("republish");
+    assert!(again[0].duplicate, "the duplicate window drops a republish");
+
+    // What an outside client sees: body = payload, the id and key in headers.
+    let raw = jetstream::new(b.client().clone())
+        .get_stream("SLUICE_in")
+        .await
+        .expect("stream")
+        .get_raw_message(1)
+        .await
+        .expect("raw");
+    assert_eq!(&raw.payload[..], b"hello");
+    assert_eq!(
+        raw.headers.get("Nats-Msg-Id").map(|v| v.as_str()),
+        Some("m1")
+    );
+    assert_eq!(
+        raw.headers.get("Sluice-Key").map(|v| v.as_str()),
+        Some("k1")
+    );
+
+    // The filter: only the eu message is delivered; the us one is acked
+    // unhandled, so nothing stays pending.
+    let first = b.fetch("p.s", 10, WAIT).await.expect("fetch");
+    assert_eq!(first.len(), 1, "{first:?}");
+    let d = &first[0];
+    assert_eq!((d.message.id.as_str(), d.attempt), ("m1", 1));
+    assert_eq!(d.message.key.as_deref(), Some("k1"));
+
+    // nak with a delay: back after it, as attempt 2.
+    b.nak(&d.receipt, Duration::from_millis(300))
+        .await
+        .expect("nak");
+    assert!(
+        b.fetch("p.s", 10, Duration::from_millis(100))
+            .await
+            .expect("fetch")
+            .is_empty()
+    );
+    let second = b.fetch("p.s", 10, WAIT).await.expect("fetch");
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].attempt, 2);
+
+    // Dead-letter: the copy is in the DLQ, the source is gone for good.
+    let mut entry = second[0].message.clone();
+    entry.topic = "in.dlq".into();
+    b.dead_letter(&second[0].receipt, entry)
+        .await
+        .expect("dead letter");
+    b.flush().await.expect("flush");
+    let dlq = b
+        .read("in.dlq", 0, 10, Duration::ZERO)
+        .await
+        .expect("read dlq");
+    assert_eq!(dlq.len(), 1);
+    assert_eq!(dlq[0].message.id, "m1");
+    assert!(
+        b.fetch("p.s", 10, Duration::from_millis(500))
+            .await
+            .expect("fetch")
+            .is_empty()
+    );
+    let mut stats = b.consumer_stats("p.s").await.expect("stats");
+    for _ in 0..50 {
+        if stats.in_flight == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        stats = b.consumer_stats("p.s").await.expect("stats");
+    }
+    assert_eq!((stats.pending, stats.in_flight), (0, 0), "{stats:?}");
+    // Interest retention: once the only consumer settled both, they are gone.
+    let topic = b.topic_stats("in").await.expect("topic stats");
+    assert_eq!(topic.depth, 0, "{topic:?}");
+}
