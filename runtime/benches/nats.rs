@@ -92,7 +92,9 @@ fn main() {
         _ => &[false, true],
     };
     for &durable in modes {
-        let server = if durable {
+        let server = if let Ok(url) = std::env::var("NATS_BENCH_URL") {
+            Server::External(url)
+        } else if durable {
             Server::Harness(NatsServer::start().expect("nats-server"))
         } else {
             Server::default_sync()
@@ -142,6 +144,8 @@ fn main() {
 /// The server a comparison runs on.
 enum Server {
     Harness(NatsServer),
+    /// One the caller runs (`NATS_BENCH_URL`), e.g. to read its /varz.
+    External(String),
     /// The child, its port, and its store (removed on drop).
     Spawned(
         std::process::Child,
@@ -179,6 +183,7 @@ impl Server {
         match self {
             Server::Harness(server) => server.url(),
             Server::Spawned(_, port, _) => format!("nats://127.0.0.1:{port}"),
+            Server::External(url) => url.clone(),
         }
     }
 }
