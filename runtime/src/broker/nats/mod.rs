@@ -103,17 +103,38 @@ impl NatsBroker {
         let addrs = options
             .server_addrs()
             .map_err(|e| unavailable(e.to_string()))?;
+        // Why connecting keeps failing (refused, authorization violation,
+        // TLS), so a start-up that gives up can say so.
+        let last_error: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+        let seen = last_error.clone();
         let connect = options
             .connect_options()
             .await
             .map_err(|e| unavailable(e.to_string()))?
-            .event_callback(|event| async move {
-                match event {
-                    async_nats::Event::Connected => tracing::info!("NATS connected"),
-                    async_nats::Event::Disconnected => {
-                        tracing::warn!("NATS connection lost; reconnecting");
+            .event_callback(move |event| {
+                let seen = seen.clone();
+                async move {
+                    match event {
+                        async_nats::Event::Connected => tracing::info!("NATS connected"),
+                        async_nats::Event::Disconnected => {
+                            tracing::warn!("NATS connection lost; reconnecting");
+                        }
+                        async_nats::Event::ClientError(err) => {
+                            tracing::debug!(error = %err, "NATS connect attempt failed");
+                            *seen
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                                Some(err.to_string());
+                        }
+                        async_nats::Event::ServerError(err) => {
+                            tracing::warn!(error = %err, "NATS server error");
+                            *seen
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                                Some(err.to_string());
+                        }
+                        other => tracing::debug!(event = %other, "NATS event"),
                     }
-                    other => tracing::debug!(event = %other, "NATS event"),
                 }
             });
         let client = connect
@@ -121,12 +142,18 @@ impl NatsBroker {
             .await
             .map_err(|e| unavailable(e.to_string()))?;
         // `retry_on_initial_connect` returns at once; wait here for the
-        // first connection so a wrong address fails start-up clearly.
+        // first connection so a wrong address or login fails start-up
+        // clearly.
         let deadline = Instant::now() + timeout;
         while client.connection_state() != async_nats::connection::State::Connected {
             if Instant::now() >= deadline {
+                let why = last_error
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone()
+                    .map_or_else(String::new, |e| format!(" (last error: {e})"));
                 return Err(unavailable(format!(
-                    "no connection within {timeout:?} (is nats-server running there, with JetStream enabled?)"
+                    "no connection within {timeout:?}{why}; is nats-server running there, with JetStream enabled, and do the credentials match?"
                 )));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
