@@ -36,12 +36,17 @@ enum Command {
     /// Run pipelines: the daemon.
     ///
     /// Checks every file and plugin first (exit 2 and nothing started if any is wrong),
-    /// then opens the embedded broker in --data-dir, serves the admin API on --admin and
-    /// runs every stage until SIGTERM or SIGINT. On shutdown it stops fetching, lets
-    /// in-flight messages finish within each pipeline's `shutdown_timeout`, returns the
-    /// rest to the queue and exits 0. Logs go to stderr (filter with SLUICE_LOG).
+    /// then opens the broker (the embedded one in --data-dir, or NATS JetStream with
+    /// --broker nats://...), creates the topics' streams and the stages' consumers,
+    /// serves the admin API on --admin and runs every stage until SIGTERM or SIGINT.
+    /// Several daemons on the same pipelines and NATS share the work. On shutdown it
+    /// stops fetching, lets in-flight messages finish within each pipeline's
+    /// `shutdown_timeout`, returns the rest to the queue and exits 0. Logs go to stderr
+    /// (filter with SLUICE_LOG).
     ///
     /// Example: sluice run pipelines/ --data-dir /var/lib/sluice --admin 127.0.0.1:7400
+    ///
+    /// Example: sluice run pipelines/ --broker nats://10.0.0.5:4222,10.0.0.6:4222?replicas=3
     Run(run::Args),
     /// Work with handler plugins (WebAssembly components).
     #[command(subcommand)]
