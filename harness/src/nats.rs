@@ -22,6 +22,7 @@
 //! ```
 
 mod cluster;
+mod flags;
 mod http;
 
 use std::collections::BTreeSet;
@@ -37,6 +38,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 pub use cluster::NatsCluster;
+pub use flags::FlagServer;
 
 /// The nats-server release line the tests are written against.
 const VERSION_PREFIX: &str = "2.15.";

@@ -41,7 +41,7 @@ use sluice::config::{HumanDuration, Stage};
 use sluice::engine::{Engine, StageHandler, StageSetup};
 use sluice::metrics::Metrics;
 use sluice::plugin::{HostConfig, PluginHost};
-use sluice_harness::nats::NatsServer;
+use sluice_harness::nats::{FlagServer, NatsServer};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -97,7 +97,7 @@ fn main() {
         } else if durable {
             Server::Harness(NatsServer::start().expect("nats-server"))
         } else {
-            Server::default_sync()
+            Server::DefaultSync(FlagServer::start(&[]).expect("nats-server"))
         };
         let url = server.url();
         let (mut raw, mut staged, mut native) = (Vec::new(), Vec::new(), Vec::new());
@@ -144,55 +144,18 @@ fn main() {
 /// The server a comparison runs on.
 enum Server {
     Harness(NatsServer),
+    /// nats-server's default sync: no config, flags only.
+    DefaultSync(FlagServer),
     /// One the caller runs (`NATS_BENCH_URL`), e.g. to read its /varz.
     External(String),
-    /// The child, its port, and its store (removed on drop).
-    Spawned(
-        std::process::Child,
-        u16,
-        #[allow(dead_code)] tempfile::TempDir,
-    ),
 }
 
 impl Server {
-    /// nats-server 2.15 with JetStream and its default sync, on a free port.
-    fn default_sync() -> Server {
-        let store = tempfile::tempdir().expect("store dir");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
-        let child = std::process::Command::new(
-            sluice_harness::nats::nats_server_binary().expect("nats-server 2.15"),
-        )
-        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-        .arg(store.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn nats-server");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "nats-server did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Server::Spawned(child, port, store)
-    }
-
     fn url(&self) -> String {
         match self {
             Server::Harness(server) => server.url(),
-            Server::Spawned(_, port, _) => format!("nats://127.0.0.1:{port}"),
+            Server::DefaultSync(server) => server.url(),
             Server::External(url) => url.clone(),
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Server::Spawned(child, _, _) = self {
-            let _ = child.kill();
-            let _ = child.wait();
         }
     }
 }

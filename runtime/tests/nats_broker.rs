@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer::PullConsumer, stream::RetentionPolicy};
 use sluice::broker::nats::{NatsBroker, NatsOptions, durable_name, stream_name};
 use sluice::broker::{Broker, BrokerError, ConsumerSpec, Message, TopicSpec};
-use sluice_harness::nats::NatsServer;
+use sluice_harness::nats::{FlagServer, NatsServer};
 
 const WAIT: Duration = Duration::from_secs(2);
 
@@ -237,54 +237,6 @@ async fn messages_are_plain_nats_messages_and_settle_as_asked() {
     assert_eq!(topic.depth, 0, "{topic:?}");
 }
 
-/// A nats-server 2.15 with JetStream and the given auth flags, on a free
-/// port; killed on drop.
-struct AuthServer {
-    child: std::process::Child,
-    port: u16,
-    _store: tempfile::TempDir,
-}
-
-impl AuthServer {
-    fn start(auth: &[&str]) -> AuthServer {
-        let store = tempfile::tempdir().expect("store");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
-        let child = std::process::Command::new(
-            sluice_harness::nats::nats_server_binary().expect("nats-server 2.15"),
-        )
-        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-        .arg(store.path())
-        .args(auth)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn nats-server");
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "nats-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        AuthServer {
-            child,
-            port,
-            _store: store,
-        }
-    }
-}
-
-impl Drop for AuthServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 async fn try_connect(url: &str) -> Result<std::sync::Arc<NatsBroker>, BrokerError> {
     NatsBroker::connect(
         NatsOptions::parse(url).expect("url"),
@@ -295,8 +247,8 @@ async fn try_connect(url: &str) -> Result<std::sync::Arc<NatsBroker>, BrokerErro
 
 #[tokio::test]
 async fn user_password_and_token_logins_work_and_a_wrong_one_says_why() {
-    let server = AuthServer::start(&["--user", "alice", "--pass", "s3cret"]);
-    let port = server.port;
+    let server = FlagServer::start(&["--user", "alice", "--pass", "s3cret"]).expect("nats-server");
+    let port = server.port();
     let b = try_connect(&format!("nats://alice:s3cret@127.0.0.1:{port}"))
         .await
         .expect("user and password");
@@ -331,15 +283,15 @@ async fn user_password_and_token_logins_work_and_a_wrong_one_says_why() {
     );
     drop(server);
 
-    let server = AuthServer::start(&["--auth", "t0ken"]);
-    let b = try_connect(&format!("nats://t0ken@127.0.0.1:{}", server.port))
+    let server = FlagServer::start(&["--auth", "t0ken"]).expect("nats-server");
+    let b = try_connect(&format!("nats://t0ken@127.0.0.1:{}", server.port()))
         .await
         .expect("token");
     b.ensure_topic(&TopicSpec::new("tokened"))
         .await
         .expect("JetStream works with a token");
     assert!(
-        try_connect(&format!("nats://nope@127.0.0.1:{}", server.port))
+        try_connect(&format!("nats://nope@127.0.0.1:{}", server.port()))
             .await
             .is_err(),
         "a wrong token is refused"
