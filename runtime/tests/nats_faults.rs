@@ -181,7 +181,10 @@ fn two_daemons_one_killed_three_times_lose_nothing_and_duplicate_nothing() {
     let consumer = wait_settled(&watcher, n, || logs(&[&survivor, &victim]));
     let out = watcher.read_all("out");
     assert_exactly_once(&out, "c", n);
-    assert_eq!(watcher.depth(&format!("{PIPELINE}.{STAGE}.dlq")), Some(0));
+    assert_eq!(
+        watcher.answered_depth(&format!("{PIPELINE}.{STAGE}.dlq")),
+        0
+    );
     assert!(
         at_kill.iter().all(|&d| d < n as u64),
         "a kill came after the end: {at_kill:?}"
@@ -283,7 +286,10 @@ fn nats_server_restart_mid_run_resumes_within_10s_and_loses_nothing() {
 
     let consumer = wait_settled(&watcher, n, || daemon.log());
     assert_exactly_once(&watcher.read_all("out"), "r", n);
-    assert_eq!(watcher.depth(&format!("{PIPELINE}.{STAGE}.dlq")), Some(0));
+    assert_eq!(
+        watcher.answered_depth(&format!("{PIPELINE}.{STAGE}.dlq")),
+        0
+    );
     // Not a count of re-invocations: the server restores its consumer state
     // from what it had written lazily before the SIGKILL, so this can even
     // be below `n`.
@@ -342,7 +348,10 @@ fn cluster_r3_survives_the_loss_of_a_node_and_loses_nothing() {
 
     let consumer = wait_settled(&watcher, n, || daemon.log());
     assert_exactly_once(&watcher.read_all("out"), "n", n);
-    assert_eq!(watcher.depth(&format!("{PIPELINE}.{STAGE}.dlq")), Some(0));
+    assert_eq!(
+        watcher.answered_depth(&format!("{PIPELINE}.{STAGE}.dlq")),
+        0
+    );
     assert!(
         !cluster.nodes()[index].is_running(),
         "the node stayed down throughout"

@@ -123,6 +123,23 @@ impl Watcher {
         })
     }
 
+    /// How many messages `topic`'s stream stores, asked until the server
+    /// answers: right after a node loss or a restart a stream's info can
+    /// fail for a while (a leader election), which is not a count of zero.
+    pub fn answered_depth(&self, topic: &str) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(depth) = self.depth(topic) {
+                return depth;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server did not report `{topic}`'s depth within 60s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// The replicas `topic`'s stream is configured with.
     pub fn replicas(&self, topic: &str) -> Option<usize> {
         self.rt.block_on(async {
