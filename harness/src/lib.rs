@@ -1,6 +1,7 @@
 //! Build support shared by the tests, the benchmarks and `cargo xtask`: builds
 //! the Wasm plugins in `plugins/` from source and says where they are; and,
-//! in [`nats`], real nats-server processes for end-to-end tests.
+//! in [`nats`], real nats-server processes for end-to-end tests, and in
+//! [`moto`], a real S3 API (moto's server).
 //!
 //! The plugins live in their own cargo workspace (`plugins/Cargo.toml`) and are
 //! compiled for `wasm32-wasip2`, so a plain `cargo test` never builds them.
@@ -24,6 +25,7 @@ use std::sync::OnceLock;
 
 use anyhow::{Context, bail};
 
+pub mod moto;
 pub mod nats;
 
 /// The Rust target every plugin is compiled for.
@@ -65,6 +67,7 @@ pub const PLUGINS: &[&str] = &[
     "chatty",
     "short-batch",
     "stamp",
+    "digest",
 ];
 
 /// The repository root (the directory of the root `Cargo.toml`), so paths work

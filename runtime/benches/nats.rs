@@ -348,7 +348,7 @@ async fn sluice_stage(
         .expect("consumer");
 
     let started = Instant::now();
-    let engine = Engine::start(broker.clone(), Arc::new(Metrics::new()), vec![setup])
+    let engine = Engine::start(broker.clone(), Arc::new(Metrics::new()), None, vec![setup])
         .await
         .expect("engine");
     loop {

@@ -10,6 +10,10 @@
 //! - **poison**: the `fail` plugin with 0% vs 1% of messages retried until
 //!   they are dead-lettered: the healthy messages' rate with poison over the
 //!   rate without. Target: ≥ 0.90.
+//! - **dedup**: the same `uppercase` stage without and with `dedup: {key:
+//!   id, payload_hash: true}` (every message new: a begin and a COMPLETED
+//!   record per message). Target: dedup on costs at most 1.3× the time per
+//!   message, i.e. a rate ratio ≥ 0.77.
 //! - **daemon backlog RSS**: the real `sluice run` binary with a stage that
 //!   holds its first message for a minute, while 1,000,000 messages of 64 B
 //!   are published through the admin API: the daemon's VmRSS at 100k, 500k
@@ -76,6 +80,33 @@ fn main() {
             &wasm,
         );
     }
+    if wants("dedup") {
+        let uppercase = host
+            .load(sluice_harness::plugin("uppercase"))
+            .expect("uppercase");
+        let plain = stage("uppercase", &[]);
+        let mut deduplicated = plain.clone();
+        deduplicated.dedup = Some(sluice::config::Dedup {
+            key: sluice::config::DedupKey::Id,
+            ttl: HumanDuration::secs(3600),
+            payload_hash: true,
+            missing_key: sluice::config::MissingKey::Reject,
+        });
+        let (mut off, mut on) = (Vec::new(), Vec::new());
+        for _ in 0..SAMPLES {
+            for (stage, out) in [(&plain, &mut off), (&deduplicated, &mut on)] {
+                let settings = stage.worker_settings();
+                out.push(rt.block_on(run_stage_as(MESSAGES, stage.clone(), || {
+                    Box::new(uppercase.worker(settings.clone())) as Box<dyn StageHandler>
+                })));
+            }
+        }
+        report(
+            "uppercase stage, msgs/s, dedup off | on (key: id, payload_hash)",
+            &off,
+            &on,
+        );
+    }
     if wants("daemon-rss") {
         daemon_rss();
     }
@@ -128,6 +159,11 @@ fn stage(plugin: &str, config: &[(&str, &str)]) -> Stage {
 /// Publishes `n` messages, runs one stage over them until each is an output
 /// or a dead letter, and returns the rate of outputs, in msgs/s.
 async fn run_stage(n: usize, handler: impl Fn() -> Box<dyn StageHandler>) -> f64 {
+    run_stage_as(n, stage("uppercase", &[]), handler).await
+}
+
+/// [`run_stage`] with the stage's settings given.
+async fn run_stage_as(n: usize, stage: Stage, handler: impl Fn() -> Box<dyn StageHandler>) -> f64 {
     let dir = tempfile::tempdir().expect("dir");
     let broker: Arc<dyn Broker> =
         EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
@@ -145,7 +181,6 @@ async fn run_stage(n: usize, handler: impl Fn() -> Box<dyn StageHandler>) -> f64
             .collect();
         broker.publish(batch).await.expect("publish");
     }
-    let stage = stage("uppercase", &[]);
     let setup = StageSetup {
         pipeline: "s".into(),
         handlers: (0..CONCURRENCY).map(|_| handler()).collect(),
@@ -153,7 +188,7 @@ async fn run_stage(n: usize, handler: impl Fn() -> Box<dyn StageHandler>) -> f64
         shutdown_timeout: Duration::from_secs(5),
     };
     let started = Instant::now();
-    let engine = Engine::start(broker.clone(), Arc::new(Metrics::new()), vec![setup])
+    let engine = Engine::start(broker.clone(), Arc::new(Metrics::new()), None, vec![setup])
         .await
         .expect("engine");
     // Done when every input is an output or a dead letter. The rate is the

@@ -15,6 +15,7 @@ use crate::admin::{self, AdminState};
 use crate::broker::embedded::{EmbeddedBroker, EmbeddedOptions, SyncMode};
 use crate::broker::nats::{NatsBroker, NatsOptions};
 use crate::broker::{Broker, BrokerError, TopicSpec};
+use crate::claim::{ClaimingBroker, Claims};
 use crate::config::{self, Diagnostics, Pipeline};
 use crate::engine::{Engine, StageHandler, StageSetup};
 use crate::metrics::Metrics;
@@ -69,6 +70,9 @@ pub enum DaemonError {
     /// The admin server failed.
     #[error("admin server failed: {0}")]
     Admin(std::io::Error),
+    /// A claim store could not be opened.
+    #[error(transparent)]
+    Claim(#[from] crate::claim::ClaimError),
 }
 
 /// What a successful start looks like, for the ready line and tests.
@@ -143,6 +147,14 @@ pub async fn run(
     for spec in topic_specs(&pipelines) {
         broker.ensure_topic(&spec).await?;
     }
+    let metrics = Arc::new(Metrics::new());
+    // With a claim check anywhere, every publish (ingest, emits, dead
+    // letters, redrives) goes through the decorator that offloads.
+    let claims = Claims::from_pipelines(&pipelines)?.map(|c| Arc::new(c.with_metrics(&metrics)));
+    let broker: Arc<dyn Broker> = match &claims {
+        Some(claims) => Arc::new(ClaimingBroker::new(broker, claims.clone())),
+        None => broker,
+    };
 
     let mut setups = Vec::new();
     for pipeline in &pipelines {
@@ -159,8 +171,18 @@ pub async fn run(
             });
         }
     }
-    let metrics = Arc::new(Metrics::new());
-    let engine = Engine::start(broker.clone(), metrics.clone(), setups).await?;
+    let engine = Engine::start(broker.clone(), metrics.clone(), claims.clone(), setups).await?;
+    let (stop_sweeper, sweeper_stopped) = tokio::sync::watch::channel(false);
+    let sweeper = claims.clone().map(|claims| {
+        let (topics, dlqs) = claim_topics(&claims, &pipelines);
+        tokio::spawn(crate::claim::sweeper(
+            claims,
+            broker.clone(),
+            topics,
+            dlqs,
+            sweeper_stopped,
+        ))
+    });
 
     let pipelines: Arc<[Pipeline]> = pipelines.into();
     let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -181,6 +203,10 @@ pub async fn run(
     shutdown.await;
     tracing::info!("shutting down: draining stages");
     engine.shutdown().await;
+    let _ = stop_sweeper.send(true);
+    if let Some(sweeper) = sweeper {
+        let _ = sweeper.await;
+    }
     let _ = stop_admin.send(());
     let admin_result = admin_task.await;
     broker.flush().await?;
@@ -190,6 +216,24 @@ pub async fn run(
         Ok(Err(err)) => Err(DaemonError::Admin(err)),
         Err(err) => Err(DaemonError::Admin(std::io::Error::other(err))),
     }
+}
+
+/// The topics the claim sweeper reads for references: the claim-checked
+/// ones that are not dead-letter topics, and every stage's DLQ topic.
+fn claim_topics(claims: &Claims, pipelines: &[Pipeline]) -> (Vec<String>, Vec<String>) {
+    let mut dlqs: Vec<String> = pipelines
+        .iter()
+        .flat_map(|p| p.stages.iter().map(|s| s.dlq_topic(&p.name)))
+        .collect();
+    dlqs.sort();
+    dlqs.dedup();
+    let mut topics: Vec<String> = claims
+        .policies()
+        .map(|(t, _)| t.to_owned())
+        .filter(|t| !dlqs.contains(t))
+        .collect();
+    topics.sort();
+    (topics, dlqs)
 }
 
 /// How long start-up waits for a first connection to NATS.

@@ -29,11 +29,13 @@ pub enum FailureKind {
     ClaimMissing,
     /// Publishing the outputs or settling the delivery failed at the broker.
     PublishFailed,
+    /// The dedup key was already handled with a different payload.
+    DedupConflict,
 }
 
 impl FailureKind {
     /// Every kind, in a stable order (for metrics and docs).
-    pub const ALL: [FailureKind; 9] = [
+    pub const ALL: [FailureKind; 10] = [
         FailureKind::Retry,
         FailureKind::Rejected,
         FailureKind::Trap,
@@ -43,6 +45,7 @@ impl FailureKind {
         FailureKind::UndeclaredTopic,
         FailureKind::ClaimMissing,
         FailureKind::PublishFailed,
+        FailureKind::DedupConflict,
     ];
 
     /// The fixed name used in logs, headers, metrics and the CLI.
@@ -57,6 +60,7 @@ impl FailureKind {
             FailureKind::UndeclaredTopic => "undeclared-topic",
             FailureKind::ClaimMissing => "claim-missing",
             FailureKind::PublishFailed => "publish-failed",
+            FailureKind::DedupConflict => "dedup-conflict",
         }
     }
 
@@ -70,9 +74,10 @@ impl FailureKind {
             | FailureKind::OutOfMemory
             | FailureKind::ClaimMissing
             | FailureKind::PublishFailed => true,
-            FailureKind::Rejected | FailureKind::OutputTooLarge | FailureKind::UndeclaredTopic => {
-                false
-            }
+            FailureKind::Rejected
+            | FailureKind::OutputTooLarge
+            | FailureKind::UndeclaredTopic
+            | FailureKind::DedupConflict => false,
         }
     }
 }
@@ -132,7 +137,8 @@ mod tests {
                 "output-too-large",
                 "undeclared-topic",
                 "claim-missing",
-                "publish-failed"
+                "publish-failed",
+                "dedup-conflict"
             ]
         );
     }

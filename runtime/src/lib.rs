@@ -5,6 +5,8 @@
 //! - [`plugin`]: the wasmtime host that loads and runs handler plugins.
 //! - [`failure`]: the fixed names of the ways an attempt can fail.
 //! - [`broker`]: the queue seam and the embedded durable broker.
+//! - [`claim`]: the claim check: large payloads in an object store.
+//! - [`dedup`]: handler-level idempotency records (IN_PROGRESS, COMPLETED).
 //! - [`dlq`]: dead-letter provenance and redrive.
 //! - [`engine`]: the stage runner: fetch, valve, lanes, invoke, settle.
 //! - [`metrics`]: the Prometheus metrics.
@@ -14,9 +16,11 @@
 
 pub mod admin;
 pub mod broker;
+pub mod claim;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod dedup;
 pub mod dlq;
 pub mod engine;
 pub mod failure;

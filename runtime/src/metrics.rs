@@ -44,7 +44,7 @@ pub struct OutcomeLabels {
 /// Labels of claim-check byte counters.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DirectionLabels {
-    /// `offload` or `resolve`.
+    /// `put` (offloaded to a claim store) or `get` (resolved from one).
     pub direction: String,
 }
 
@@ -201,8 +201,9 @@ impl Metrics {
     }
 }
 
-/// The `outcome` label values of a settled delivery that did not fail.
-pub const SETTLED_OUTCOMES: [&str; 3] = ["ok", "skipped", "dead-lettered"];
+/// The `outcome` label values of a settled delivery that did not fail
+/// (`duplicate`: a dedup key already handled, so the handler did not run).
+pub const SETTLED_OUTCOMES: [&str; 4] = ["ok", "duplicate", "skipped", "dead-lettered"];
 
 /// Every `outcome` label value the engine uses: [`SETTLED_OUTCOMES`], then
 /// each failure kind's name (an attempt that failed and will be retried).

@@ -457,6 +457,11 @@ async fn ingest_answers_429_at_the_high_water_mark() {
     );
     let body: Value = response.json().await.expect("JSON");
     assert_eq!(body["code"], "backpressure");
+    assert_eq!(
+        d.depth("limited").await,
+        2,
+        "the refused message was not enqueued"
+    );
     // The batch endpoint applies the same limit.
     let response = d
         .http
@@ -483,6 +488,7 @@ async fn a_body_over_the_limit_gets_a_json_413() {
     assert_eq!(response.status(), 413);
     let body: Value = response.json().await.expect("JSON");
     assert_eq!(body["code"], "payload_too_large");
+    assert_eq!(d.depth("orders").await, 0, "nothing was enqueued");
     assert_eq!(
         d.post("/v1/topics/orders/messages", vec![b'x'; 1000])
             .await

@@ -1047,3 +1047,69 @@ async fn concurrent_workers_settle_everything_once() {
     assert_eq!(completed, 2 * N);
     assert!(!outputs.is_empty());
 }
+
+/// The embedded dedup store: a key is taken once, busy while held, done
+/// (the record committed with the outputs and the ack) once completed, and
+/// new again after its TTL; a released key can be taken again; records
+/// survive a restart.
+#[tokio::test]
+async fn dedup_records_take_complete_release_expire_and_survive_a_restart() {
+    use sluice::dedup::{Begin, BeginRequest, DedupStore};
+
+    let dir = tempfile::tempdir().expect("dir");
+    let request = |key: &str, ttl: Duration| BeginRequest {
+        scope: "p.s".into(),
+        key: key.into(),
+        digest: sluice::dedup::key_digest(key),
+        hash: None,
+        lease: LONG,
+        ttl,
+    };
+    {
+        let b = setup(dir.path(), SyncMode::Always, LONG).await;
+        b.ensure_topic(&topic("out")).await.expect("out");
+        publish_ids(&b, "in", &["m1"]).await;
+        let delivery = b.fetch("p.s", 1, ARRIVE).await.expect("fetch").remove(0);
+
+        let Begin::Run(ticket) = b.begin(request("k1", LONG)).await.expect("begin") else {
+            panic!("a new key is taken")
+        };
+        assert!(matches!(
+            b.begin(request("k1", LONG)).await.expect("begin"),
+            Begin::Busy(_)
+        ));
+        DedupStore::complete(&*b, &ticket, &delivery.receipt, vec![msg("o1", "out")])
+            .await
+            .expect("complete");
+        // Outputs and ack went with the record.
+        assert_eq!(b.topic_stats("out").await.expect("stats").depth, 1);
+        assert!(b.fetch("p.s", 1, QUIET).await.expect("fetch").is_empty());
+
+        // A released key is free again; one that expires is new again.
+        let Begin::Run(held) = b.begin(request("k2", LONG)).await.expect("begin") else {
+            panic!("k2 is new")
+        };
+        b.release(&held).await.expect("release");
+        assert!(matches!(
+            b.begin(request("k2", LONG)).await.expect("begin"),
+            Begin::Run(_)
+        ));
+        assert!(matches!(
+            b.begin(request("k3", Duration::from_millis(1)))
+                .await
+                .expect("begin"),
+            Begin::Run(_)
+        ));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(matches!(
+            b.begin(request("k3", LONG)).await.expect("begin"),
+            Begin::Run(_)
+        ));
+    }
+    let b = open(dir.path(), SyncMode::Always);
+    match b.begin(request("k1", LONG)).await.expect("begin") {
+        // The outputs committed with the record, so it does not repeat them.
+        Begin::Done { outputs, .. } => assert_eq!(outputs, None),
+        other => panic!("k1 is done after a restart: {other:?}"),
+    }
+}

@@ -9,6 +9,7 @@
 //! behaviour that differs between the brokers fails one of the two. Where a
 //! test kills the daemon, on NATS the nats-server keeps running.
 
+#[macro_use]
 mod e2e;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -598,28 +599,6 @@ fn quickstart_shows_outputs_and_one_dead_letter(backend: &Backend) {
         "{dlq:?}"
     );
     assert_eq!(header("sluice-dlq-attempts"), Some("1".into()), "{dlq:?}");
-}
-
-/// Two `#[test]`s per body: `embedded::<name>` and `nats::<name>`.
-macro_rules! on_both_brokers {
-    ($($name:ident),* $(,)?) => {
-        mod embedded {
-            $(
-                #[test]
-                fn $name() {
-                    super::$name(&super::Backend::embedded());
-                }
-            )*
-        }
-        mod nats {
-            $(
-                #[test]
-                fn $name() {
-                    super::$name(&super::Backend::nats());
-                }
-            )*
-        }
-    };
 }
 
 on_both_brokers!(

@@ -102,6 +102,7 @@ impl ApiError {
                 BrokerError::LeaseLost(_) | BrokerError::Storage(_) | BrokerError::Provision(_) => {
                     StatusCode::INTERNAL_SERVER_ERROR
                 }
+                BrokerError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             },
         }
     }
@@ -123,6 +124,7 @@ impl ApiError {
                 BrokerError::LeaseLost(_) | BrokerError::Storage(_) | BrokerError::Provision(_) => {
                     "broker_error"
                 }
+                BrokerError::PayloadTooLarge(_) => "payload_too_large",
             },
         }
     }

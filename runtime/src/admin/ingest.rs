@@ -26,11 +26,12 @@ use crate::broker::{BrokerError, Message, PublishAck, new_message_id};
 pub const MAX_ID_BYTES: usize = 256;
 
 /// Request header carrying the message key.
-const KEY_HEADER: &str = "sluice-key";
+pub const KEY_HEADER: &str = "sluice-key";
 /// Request header carrying the message id.
-const ID_HEADER: &str = "idempotency-key";
-/// Prefix of request headers that become message headers.
-const HEADER_PREFIX: &str = "sluice-header-";
+pub const ID_HEADER: &str = "idempotency-key";
+/// Prefix of request headers that become message headers (lowercase, as
+/// HTTP header names arrive).
+pub const HEADER_PREFIX: &str = "sluice-header-";
 /// Message headers with this prefix are the runtime's own (DLQ provenance,
 /// redrive targeting); producers may set them only on dead-letter topics.
 const RESERVED_PREFIX: &str = "sluice-";
@@ -130,11 +131,11 @@ pub(super) async fn publish_one(
     State(state): State<AdminState>,
     topic: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: axum::body::Body,
 ) -> Result<(StatusCode, Json<PublishReceipt>), ApiError> {
     let Path(topic) = topic?;
     let entry = state.topic(&topic).await?;
-    let body = body.map_err(|r| ApiError::from_body(r, state.body_limit))?;
+    let body = read_payload(&state, &topic, &entry, body).await?;
     if body.is_empty() {
         return Err(ApiError::BadRequest(
             "the request body is empty; it is the message payload".into(),
@@ -142,13 +143,61 @@ pub(super) async fn publish_one(
     }
     let message = message_from_headers(&topic, &entry, &headers, body)?;
     check_backpressure(&state, &topic, &entry).await?;
-    let acks = state.broker().publish(vec![message.clone()]).await?;
-    let receipts = receipts(&state, &topic, &[message], &acks)?;
+    // Keep no reference to the payload past the publish: a consumer may
+    // already be handling (and holding) it before this request returns.
+    let published = Message {
+        payload: Bytes::new(),
+        ..message.clone()
+    };
+    let acks = state.broker().publish(vec![message]).await?;
+    let receipts = receipts(&state, &topic, &[published], &acks)?;
     let receipt = receipts
         .into_iter()
         .next()
         .ok_or_else(|| missing_ack(&topic))?;
     Ok((StatusCode::ACCEPTED, Json(receipt)))
+}
+
+/// Reads a single message's body up to the topic's limit: its claim
+/// check's `max_payload`, else the admin body limit. A larger body is
+/// refused with 413 before it is read (by its Content-Length) or as soon
+/// as it passes the limit.
+async fn read_payload(
+    state: &AdminState,
+    topic: &str,
+    entry: &TopicEntry,
+    body: axum::body::Body,
+) -> Result<Bytes, ApiError> {
+    use http_body_util::BodyExt;
+    let limit = entry.max_payload.map_or(state.body_limit, |max| {
+        usize::try_from(max).unwrap_or(usize::MAX)
+    });
+    let too_large = || match entry.max_payload {
+        Some(max) => ApiError::Broker(BrokerError::PayloadTooLarge(format!(
+            "the payload is larger than the `max_payload` of topic `{topic}` ({max} bytes)"
+        ))),
+        None => ApiError::PayloadTooLarge(limit),
+    };
+    let hint = http_body::Body::size_hint(&body);
+    if usize::try_from(hint.lower()).map_or(true, |lower| lower > limit) {
+        return Err(too_large());
+    }
+    // One buffer of the announced size, each chunk copied in and freed: a
+    // large payload costs its size once, not chunks + a collected copy.
+    let expected = hint.exact().and_then(|n| usize::try_from(n).ok());
+    let mut buf = bytes::BytesMut::with_capacity(expected.unwrap_or(0).min(limit));
+    let mut body = body;
+    while let Some(frame) = body.frame().await {
+        let frame = frame
+            .map_err(|e| ApiError::BadRequest(format!("cannot read the request body: {e}")))?;
+        if let Ok(chunk) = frame.into_data() {
+            if buf.len() + chunk.len() > limit {
+                return Err(too_large());
+            }
+            buf.extend_from_slice(&chunk);
+        }
+    }
+    Ok(buf.freeze())
 }
 
 /// `POST /v1/topics/{topic}/batch`.
@@ -161,7 +210,7 @@ pub(super) async fn publish_batch(
     let Path(topic) = topic?;
     let entry = state.topic(&topic).await?;
     check_batch_content_type(&headers)?;
-    let body = body.map_err(|r| ApiError::from_body(r, state.body_limit))?;
+    let body = body.map_err(|r| ApiError::from_body(r, state.request_limit()))?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::BadRequest("the batch body is not UTF-8 text".into()))?;
     let mut lines = Vec::new();
@@ -344,6 +393,7 @@ fn message_from_headers(
         }
     }
     check_reserved(entry, &message_headers).map_err(ApiError::BadRequest)?;
+    check_portable(key.as_deref(), &message_headers).map_err(ApiError::BadRequest)?;
     Ok(Message {
         id,
         topic: topic.to_owned(),
@@ -383,6 +433,7 @@ fn message_from_line(topic: &str, entry: &TopicEntry, line: BatchLine) -> Result
         return Err("a header has an empty name".into());
     }
     check_reserved(entry, &headers)?;
+    check_portable(line.key.as_deref(), &headers)?;
     Ok(Message {
         id,
         topic: topic.to_owned(),
@@ -391,6 +442,31 @@ fn message_from_line(topic: &str, entry: &TopicEntry, line: BatchLine) -> Result
         payload,
         published_at: 0,
     })
+}
+
+/// A key and headers every broker can carry, so a pipeline behaves the same
+/// on NATS as on the embedded broker: NATS puts them in message headers,
+/// whose names are printable ASCII without `:` and whose values cannot hold
+/// a line break.
+fn check_portable(key: Option<&str>, headers: &[(String, String)]) -> Result<(), String> {
+    let breaks = |text: &str| text.contains(['\r', '\n']);
+    if key.is_some_and(breaks) {
+        return Err("the key contains a line break".into());
+    }
+    for (name, value) in headers {
+        if !name.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
+            return Err(format!(
+                "header name `{}` must be printable ASCII without spaces or `:`",
+                name.escape_debug()
+            ));
+        }
+        if breaks(value) {
+            return Err(format!(
+                "the value of header `{name}` contains a line break"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Producers may not set the runtime's own headers, except on a dead-letter
@@ -446,6 +522,17 @@ mod tests {
             ..BatchLine::default()
         };
         assert!(message_from_line("t", &entry, both).is_err());
+    }
+
+    #[test]
+    fn keys_and_headers_must_travel_on_every_broker() {
+        let h = |n: &str, v: &str| vec![(n.to_owned(), v.to_owned())];
+        assert!(check_portable(Some("k 1\t"), &h("Trace-Id", "a b\tc")).is_ok());
+        assert!(check_portable(Some("a\nb"), &[]).is_err());
+        assert!(check_portable(None, &h("trace", "a\r\nb")).is_err());
+        for name in ["a b", "a:b", "caf\u{e9}", "a\nb"] {
+            assert!(check_portable(None, &h(name, "v")).is_err(), "{name:?}");
+        }
     }
 
     #[test]

@@ -46,7 +46,10 @@ pub use dlq::{
     SkippedEntry,
 };
 pub use error::{ApiError, ErrorBody};
-pub use ingest::{BatchHeaders, BatchLine, BatchReceipt, MAX_ID_BYTES, PublishReceipt, check_id};
+pub use ingest::{
+    BatchHeaders, BatchLine, BatchReceipt, HEADER_PREFIX, ID_HEADER, KEY_HEADER, MAX_ID_BYTES,
+    PublishReceipt, check_id,
+};
 pub use status::StageStatus;
 pub use topics::{MessageView, ReadResponse, TopicView, payload_fields};
 
@@ -98,6 +101,9 @@ struct TopicEntry {
     subscribers: Vec<String>,
     /// Whether it is some stage's dead-letter topic.
     is_dlq: bool,
+    /// Its claim check's `max_payload`, when it has one: the largest body
+    /// ingest takes for it (else the admin body limit).
+    max_payload: Option<u64>,
 }
 
 /// A stage, with the names the broker knows it by.
@@ -146,6 +152,11 @@ impl AdminState {
                     consumer,
                     dlq_topic,
                 });
+            }
+        }
+        for (topic, check) in crate::claim::topic_checks(&pipelines) {
+            if let Some(entry) = topics.get_mut(&topic) {
+                entry.max_payload = Some(check.max_payload.bytes());
             }
         }
         zero_series(&metrics, &topics, &stages);
@@ -200,6 +211,22 @@ impl AdminState {
     pub fn with_body_limit(mut self, bytes: usize) -> Self {
         self.body_limit = bytes;
         self
+    }
+
+    /// The largest request body read at all: the body limit, or more when
+    /// a claim-checked topic takes payloads up to a larger `max_payload`
+    /// (a batch line carries one in base64, 4/3 of it, plus JSON).
+    fn request_limit(&self) -> usize {
+        let largest_claim = self
+            .inner
+            .topics
+            .values()
+            .filter_map(|t| t.max_payload)
+            .max()
+            .map_or(0, |max| {
+                usize::try_from(max / 3 * 4 + (64 << 10)).unwrap_or(usize::MAX)
+            });
+        self.body_limit.max(largest_claim)
     }
 
     /// The broker the API reads and publishes through.
@@ -302,7 +329,7 @@ fn zero_series(metrics: &Metrics, topics: &HashMap<String, TopicEntry>, stages: 
                 stage: stage.stage.clone(),
             });
     }
-    for direction in ["offload", "resolve"] {
+    for direction in ["put", "get"] {
         let _ = metrics
             .claim_bytes
             .get_or_create(&crate::metrics::DirectionLabels {
@@ -314,7 +341,7 @@ fn zero_series(metrics: &Metrics, topics: &HashMap<String, TopicEntry>, stages: 
 /// The admin API's routes over `state`. [`serve`] uses it; an embedder can
 /// nest it into its own router.
 pub fn router(state: AdminState) -> Router {
-    let limit = state.body_limit;
+    let limit = state.request_limit();
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(scrape::metrics))

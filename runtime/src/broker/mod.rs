@@ -225,6 +225,10 @@ pub enum BrokerError {
     /// setting the broker cannot change in place).
     #[error("{0}")]
     Provision(String),
+    /// A payload is larger than its topic accepts (the claim check's
+    /// `max_payload`); nothing was published.
+    #[error("{0}")]
+    PayloadTooLarge(String),
 }
 
 /// The operations the engine, admin API and CLI use. See the module docs.
@@ -292,6 +296,13 @@ pub trait Broker: Send + Sync + 'static {
     /// Removes the given messages from a topic (DLQ redrive and purge).
     /// Returns how many were there.
     async fn remove(&self, topic: &str, seqs: &[u64]) -> Result<u64, BrokerError>;
+
+    /// This broker's store for stage dedup records (see [`crate::dedup`]),
+    /// if it keeps them. A wrapper must hand out its inner broker's, wrapped
+    /// the same way, so completions go through it too.
+    fn dedup_store(self: Arc<Self>) -> Option<Arc<dyn crate::dedup::DedupStore>> {
+        None
+    }
 
     /// Makes everything done so far durable (for shutdown).
     async fn flush(&self) -> Result<(), BrokerError>;

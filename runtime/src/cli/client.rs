@@ -22,13 +22,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::blocking::{RequestBuilder, Response};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::admin::{
-    AdminState, ApiError, BatchLine, BatchReceipt, DEFAULT_ADMIN, DlqEntryDetail, DlqList,
-    ErrorBody, PurgeReport, PurgeRequest, ReadResponse, RedriveReport, RedriveRequest, StageStatus,
-    TopicView,
+    AdminState, ApiError, BatchHeaders, BatchLine, BatchReceipt, DEFAULT_ADMIN, DlqEntryDetail,
+    DlqList, ErrorBody, HEADER_PREFIX, ID_HEADER, KEY_HEADER, PublishReceipt, PurgeReport,
+    PurgeRequest, ReadResponse, RedriveReport, RedriveRequest, StageStatus, TopicView,
 };
 use crate::broker::BrokerError;
 use crate::broker::nats::{NatsBroker, NatsOptions};
@@ -181,29 +182,51 @@ impl Client {
         }
     }
 
-    /// Publishes one message (a batch of one line) to `topic`.
+    /// Publishes one message to `topic`.
+    ///
+    /// To a daemon it goes as `POST /v1/topics/{topic}/messages`: the
+    /// payload is the raw body (no base64 growth, so the body limit is the
+    /// payload limit), the id is the `Idempotency-Key`, the key and headers
+    /// are `Sluice-Key` and `Sluice-Header-*`. When HTTP headers cannot
+    /// carry the message exactly (a header name with capitals, which HTTP
+    /// lowercases; a repeated name; a value with control characters, edge
+    /// spaces or non-ASCII text) it goes as one JSON line of
+    /// `/v1/topics/{topic}/batch` instead, which carries anything.
     pub(crate) fn publish(
         &self,
         topic: &str,
-        line: BatchLine,
-    ) -> Result<BatchReceipt, ClientError> {
-        match &self.transport {
+        message: Outgoing,
+    ) -> Result<PublishReceipt, ClientError> {
+        let receipt: BatchReceipt = match &self.transport {
             Transport::Daemon(http) => {
-                // One line of the batch endpoint rather than the raw-body
-                // endpoint: a JSON line carries any key, header or payload
-                // bytes, where HTTP headers cannot carry newlines or
-                // arbitrary bytes.
-                let mut body = serde_json::to_vec(&line)
+                if let Some(headers) = message.request_headers() {
+                    return http.send(
+                        http.http
+                            .post(http.url(&format!("/v1/topics/{}/messages", segment(topic))))
+                            .headers(headers)
+                            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+                            .body(message.payload)
+                            .timeout(DEFAULT_TIMEOUT),
+                    );
+                }
+                let mut body = serde_json::to_vec(&message.into_line())
                     .map_err(|e| ClientError::Failed(format!("cannot encode the message: {e}")))?;
                 body.push(b'\n');
                 http.post_bytes(
                     &format!("/v1/topics/{}/batch", segment(topic)),
                     "application/x-ndjson",
                     body,
-                )
+                )?
             }
-            Transport::Direct(direct) => direct.call(direct.state.publish_lines(topic, vec![line])),
-        }
+            Transport::Direct(direct) => {
+                direct.call(direct.state.publish_lines(topic, vec![message.into_line()]))?
+            }
+        };
+        receipt
+            .messages
+            .into_iter()
+            .next()
+            .ok_or_else(|| ClientError::Failed("the broker acknowledged no message".into()))
     }
 
     /// A topic's stats.
@@ -358,7 +381,12 @@ impl Direct {
             .map_err(|e| ClientError::Failed(e.to_string()))?;
         let metrics = Arc::new(Metrics::new());
         let state = match pipelines {
-            Some(pipelines) => AdminState::new(broker, metrics, pipelines),
+            Some(pipelines) => {
+                // The pipelines' claim checks apply to publishes from here too.
+                let broker = crate::claim::wrap_broker(broker, &pipelines)
+                    .map_err(|e| ClientError::Failed(e.to_string()))?;
+                AdminState::new(broker, metrics, pipelines)
+            }
             None => AdminState::without_pipelines(broker, metrics),
         };
         Ok(Direct {
@@ -395,6 +423,75 @@ impl Direct {
                 message: err.to_string(),
             },
         }
+    }
+}
+
+/// One message for [`Client::publish`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Outgoing {
+    /// The payload bytes.
+    pub(crate) payload: Vec<u8>,
+    /// The message key.
+    pub(crate) key: Option<String>,
+    /// Message headers, in order.
+    pub(crate) headers: Vec<(String, String)>,
+    /// The message id (idempotency key); the daemon picks one when absent.
+    pub(crate) id: Option<String>,
+}
+
+impl Outgoing {
+    /// As one line of the batch endpoint.
+    fn into_line(self) -> BatchLine {
+        let (payload, payload_base64) = crate::admin::payload_fields(&self.payload);
+        BatchLine {
+            payload,
+            payload_base64,
+            key: self.key,
+            headers: (!self.headers.is_empty()).then_some(BatchHeaders::Pairs(self.headers)),
+            id: self.id,
+        }
+    }
+
+    /// The request headers of a single-message POST that carry this
+    /// message's id, key and headers exactly, or None when HTTP headers
+    /// cannot.
+    fn request_headers(&self) -> Option<HeaderMap> {
+        // HTTP trims edge whitespace and may mangle bytes outside visible
+        // ASCII; the server would see something else.
+        fn value(text: &str) -> Option<HeaderValue> {
+            let exact = !text.is_empty()
+                && text.bytes().all(|b| b == b' ' || b.is_ascii_graphic())
+                && !text.starts_with(' ')
+                && !text.ends_with(' ');
+            exact.then(|| HeaderValue::from_str(text).ok()).flatten()
+        }
+        // HTTP lowercases names: only names that are lowercase already come
+        // through as they were given.
+        fn name(text: &str) -> Option<HeaderName> {
+            let exact = !text.is_empty()
+                && text
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
+            exact
+                .then(|| HeaderName::from_bytes(format!("{HEADER_PREFIX}{text}").as_bytes()).ok())
+                .flatten()
+        }
+        let mut map = HeaderMap::new();
+        if let Some(id) = &self.id {
+            map.insert(HeaderName::from_static(ID_HEADER), value(id)?);
+        }
+        if let Some(key) = &self.key {
+            map.insert(HeaderName::from_static(KEY_HEADER), value(key)?);
+        }
+        for (n, v) in &self.headers {
+            let n = name(n)?;
+            // A repeated name would come back grouped, not in order.
+            if map.contains_key(&n) {
+                return None;
+            }
+            map.insert(n, value(v)?);
+        }
+        Some(map)
     }
 }
 
@@ -554,6 +651,32 @@ mod tests {
         assert!(base_url("https://h:1").is_err());
         assert!(base_url("nats://h:1").is_err());
         assert!(base_url(" ").is_err());
+    }
+
+    #[test]
+    fn a_message_goes_as_http_headers_only_when_they_carry_it_exactly() {
+        let plain = Outgoing {
+            payload: b"x".to_vec(),
+            key: Some("cust-7".into()),
+            headers: vec![("trace".into(), "a b".into()), ("x-1".into(), "2".into())],
+            id: Some("order-1".into()),
+        };
+        let map = plain.request_headers().expect("plain headers fit");
+        assert_eq!(map.get("idempotency-key").expect("id"), "order-1");
+        assert_eq!(map.get("sluice-key").expect("key"), "cust-7");
+        assert_eq!(map.get("sluice-header-trace").expect("header"), "a b");
+        assert_eq!(map.len(), 4);
+        let with = |f: fn(&mut Outgoing)| {
+            let mut m = plain.clone();
+            f(&mut m);
+            m.request_headers()
+        };
+        assert!(with(|m| m.headers[0].0 = "Trace".into()).is_none());
+        assert!(with(|m| m.headers[1].0 = "trace".into()).is_none());
+        assert!(with(|m| m.headers[0].1 = "two\nlines".into()).is_none());
+        assert!(with(|m| m.key = Some(" edge".into())).is_none());
+        assert!(with(|m| m.id = Some("caf\u{e9}".into())).is_none());
+        assert!(with(|m| m.key = None).is_some());
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `sluice publish`: put one message on a topic, as a producer would,
-//! through the running daemon or straight to NATS, and print what the
+//! through the running daemon's ingest API (`POST
+//! /v1/topics/{topic}/messages`) or straight to NATS, and print what the
 //! broker stored.
 
 use std::io::{Read, Write};
@@ -7,8 +8,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::args;
-use super::client::{Client, ClientError, ConnectArgs};
-use crate::admin::{BatchHeaders, BatchLine, check_id};
+use super::client::{Client, ClientError, ConnectArgs, Outgoing};
+use crate::admin::check_id;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -30,8 +31,9 @@ pub(crate) struct Args {
     /// A message header, NAME=VALUE (repeatable).
     #[arg(long = "header", value_name = "NAME=VALUE", value_parser = args::key_value)]
     headers: Vec<(String, String)>,
-    /// The message id, which makes the publish idempotent: publishing the same id again
-    /// stores nothing new and prints `"duplicate":true`. A fresh id when absent.
+    /// The message id, sent as the Idempotency-Key, which makes the publish idempotent:
+    /// publishing the same id again within the broker's duplicate window stores nothing new
+    /// and prints `"duplicate":true`. A fresh id when absent.
     #[arg(long)]
     id: Option<String>,
     #[command(flatten)]
@@ -60,21 +62,17 @@ fn publish(args: Args) -> Result<(), ClientError> {
         check_id(id).map_err(ClientError::Usage)?;
     }
     let client = Client::connect(&args.connect)?;
-    let (text, base64) = crate::admin::payload_fields(&payload);
-    let line = BatchLine {
-        payload: text,
-        payload_base64: base64,
-        key: args.key,
-        headers: (!args.headers.is_empty()).then_some(BatchHeaders::Pairs(args.headers)),
-        id: args.id,
-    };
-    let receipt = client.publish(&args.topic, line)?;
-    let printed = receipt
-        .messages
-        .first()
-        .ok_or_else(|| ClientError::Failed("the broker acknowledged no message".into()))?;
+    let receipt = client.publish(
+        &args.topic,
+        Outgoing {
+            payload,
+            key: args.key,
+            headers: args.headers,
+            id: args.id,
+        },
+    )?;
     let mut out = std::io::stdout().lock();
-    serde_json::to_writer(&mut out, printed)
+    serde_json::to_writer(&mut out, &receipt)
         .map_err(|e| ClientError::Failed(format!("cannot write output: {e}")))?;
     writeln!(out).map_err(|e| ClientError::Failed(format!("cannot write output: {e}")))
 }

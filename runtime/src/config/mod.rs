@@ -7,7 +7,8 @@
 //! loads each stage's plugin. [`Stage::worker_settings`] turns a stage into
 //! the plugin host's settings.
 //!
-//! - `model`: the structs, which are the configuration reference;
+//! - `model`: the structs, which are the configuration reference (with
+//!   `dedup`, a stage's `dedup:` block);
 //! - `units`: durations (`30s`) and sizes (`64MiB`);
 //! - `parse`: bytes -> positioned tree -> typed model, under limits;
 //! - `tree`: the positioned tree and a serde `Deserializer` over it;
@@ -15,6 +16,8 @@
 //! - `validate`: loading many files and the checks across values;
 //! - `diagnostic`: what is reported.
 
+mod claim;
+mod dedup;
 mod diagnostic;
 mod interpolate;
 mod model;
@@ -23,6 +26,10 @@ mod tree;
 mod units;
 mod validate;
 
+pub use claim::{
+    ClaimCheck, StoreUrl, default_claim_retention, default_claim_threshold, default_max_payload,
+};
+pub use dedup::{Dedup, DedupKey, MissingKey, default_dedup_ttl};
 pub use diagnostic::{Diagnostic, Diagnostics};
 pub use interpolate::interpolate;
 pub use model::*;

@@ -54,6 +54,11 @@ pub struct Pipeline {
     /// before it naks the rest and exits.
     #[serde(default = "default_shutdown_timeout")]
     pub shutdown_timeout: HumanDuration,
+    /// Large payloads go to an object store and the broker carries a
+    /// reference: applies to every topic of this pipeline (and its
+    /// dead-letter topics) unless a topic sets its own. Off when absent.
+    #[serde(default)]
+    pub claim_check: Option<super::ClaimCheck>,
     /// The file this pipeline was read from (set by the loader).
     #[serde(skip)]
     pub source: PathBuf,
@@ -84,6 +89,9 @@ pub struct Topic {
     /// has acked them. Kept until acked by all when absent.
     #[serde(default)]
     pub retention: Option<HumanDuration>,
+    /// This topic's claim check, replacing the pipeline's `claim_check`.
+    #[serde(default)]
+    pub claim_check: Option<super::ClaimCheck>,
 }
 
 impl From<String> for Topic {
@@ -92,6 +100,7 @@ impl From<String> for Topic {
             name,
             high_water_mark: None,
             retention: None,
+            claim_check: None,
         }
     }
 }
@@ -156,6 +165,10 @@ pub struct Stage {
     /// `concurrency` when absent.
     #[serde(default)]
     pub max_ack_pending: Option<u32>,
+    /// Handler-level idempotency: handle each dedup key once per `ttl`.
+    /// Off when absent.
+    #[serde(default)]
+    pub dedup: Option<super::Dedup>,
 }
 
 /// 1.

@@ -63,6 +63,7 @@ pub fn load_with(
             Ok(mut doc) => {
                 doc.pipeline.source = file.clone();
                 resolve_plugins(&mut doc.pipeline, file);
+                super::claim::resolve_paths(&mut doc.pipeline, file);
                 docs.push(doc);
             }
             Err(problems) => {
@@ -76,6 +77,7 @@ pub fn load_with(
         check_pipeline(doc, &mut diagnostics);
     }
     check_unique_pipelines(&docs, &mut diagnostics);
+    super::claim::check_shared_topics(&docs, &mut diagnostics);
     if let Some(host) = host {
         diagnostics.extend(check_plugins(&docs, host));
     }
@@ -252,6 +254,8 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
         report(&[K("stages")], "a pipeline needs at least one stage".into());
     }
 
+    super::claim::check_pipeline(p, &mut report);
+
     let mut stage_names: HashMap<&str, usize> = HashMap::new();
     for (i, stage) in p.stages.iter().enumerate() {
         let s = |rest: &[Seg<'static>]| -> Vec<Seg<'static>> {
@@ -405,6 +409,24 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
                 &s(&[K("max_ack_pending")]),
                 "`max_ack_pending` must be at least 1 (leave it out for no limit)".into(),
             );
+        }
+        if let Some(dedup) = &stage.dedup {
+            if dedup.ttl.get().is_zero() {
+                report(
+                    &s(&[K("dedup"), K("ttl")]),
+                    "`ttl` must be longer than 0s (leave `dedup:` out for no dedup)".into(),
+                );
+            }
+            if stage.batch.is_some() {
+                report(
+                    &s(&[K("dedup")]),
+                    format!(
+                        "stage `{}` has both `dedup:` and `batch:`; dedup works per message, \
+                         so use one or the other",
+                        stage.name
+                    ),
+                );
+            }
         }
     }
 }

@@ -1,10 +1,12 @@
 //! The stage runner: for each stage, fetch → valve → ordering lane →
-//! invoke → settle.
+//! resolve claim → dedup → invoke → settle.
 //!
 //! - `stage`: the fetch loop, the concurrency valve, per-key lanes, the
 //!   lease heartbeat and graceful drain;
 //! - `settle`: DESIGN's outcome table (complete, nak with backoff,
 //!   dead-letter with provenance);
+//! - `dedup`: the dedup step (run, wait for the key's holder, or settle
+//!   as a duplicate);
 //! - `backoff`: exponential backoff with jitter;
 //! - `ids`: deterministic output ids;
 //! - `handler`: what a worker slot is (a plugin worker, or native code).
@@ -13,6 +15,7 @@
 //! embedded broker and on NATS.
 
 mod backoff;
+mod dedup;
 mod handler;
 mod ids;
 mod settle;
@@ -30,6 +33,7 @@ pub use ids::emit_id;
 pub use stage::StageSetup;
 
 use crate::broker::{Broker, BrokerError};
+use crate::claim::Claims;
 use crate::metrics::Metrics;
 
 /// Running stages. Dropping it without [`Engine::shutdown`] aborts nothing:
@@ -40,19 +44,26 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Declares each stage's consumer and starts its loop.
+    /// Declares each stage's consumer and starts its loop. `claims`
+    /// resolves claim-check references before a handler runs (a reference
+    /// with no `claims` is `claim-missing`); publishing through a
+    /// [`ClaimingBroker`](crate::claim::ClaimingBroker) offloads outputs.
     pub async fn start(
         broker: Arc<dyn Broker>,
         metrics: Arc<Metrics>,
+        claims: Option<Arc<Claims>>,
         setups: Vec<StageSetup>,
     ) -> Result<Engine, BrokerError> {
+        let mut dedup_stores = Vec::with_capacity(setups.len());
         for setup in &setups {
             broker.ensure_consumer(&setup.consumer()).await?;
+            dedup_stores.push(dedup_store(&broker, setup).await?);
         }
         let (stop, stopped) = watch::channel(false);
         let stages = setups
             .into_iter()
-            .map(|setup| {
+            .zip(dedup_stores)
+            .map(|(setup, dedup)| {
                 let span = tracing::info_span!(
                     "stage",
                     pipeline = %setup.pipeline,
@@ -62,6 +73,8 @@ impl Engine {
                     setup,
                     broker.clone(),
                     metrics.clone(),
+                    claims.clone(),
+                    dedup,
                 ));
                 tokio::spawn(runner.run(stopped.clone()).instrument(span))
             })
@@ -79,4 +92,24 @@ impl Engine {
             }
         }
     }
+}
+
+/// The dedup store of a stage with `dedup:`, prepared for its records.
+async fn dedup_store(
+    broker: &Arc<dyn Broker>,
+    setup: &StageSetup,
+) -> Result<Option<Arc<dyn crate::dedup::DedupStore>>, BrokerError> {
+    let Some(dedup) = &setup.stage.dedup else {
+        return Ok(None);
+    };
+    let store = broker.clone().dedup_store().ok_or_else(|| {
+        BrokerError::Provision(format!(
+            "stage `{}` of pipeline `{}` has `dedup:`, but this broker keeps no dedup records",
+            setup.stage.name, setup.pipeline
+        ))
+    })?;
+    store
+        .ensure_scope(&setup.consumer().name, dedup.ttl.get())
+        .await?;
+    Ok(Some(store))
 }

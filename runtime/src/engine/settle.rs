@@ -3,7 +3,8 @@
 //!
 //! | outcome | action |
 //! |---|---|
-//! | `ok(emits)` | publish the emits with deterministic ids and ack, in one `complete` |
+//! | `ok(emits)` | publish the emits with deterministic ids and ack, in one `complete` (with dedup: and record the key COMPLETED) |
+//! | dedup: the key was already handled | republish its recorded outputs (same ids) and ack: outcome `duplicate` |
 //! | retryable failure, attempts left | nak with backoff (or retry in place, for ordered stages) |
 //! | retryable failure, attempts used up | dead-letter with provenance |
 //! | permanent failure (`rejected`, `output-too-large`, `undeclared-topic`) | dead-letter now |
@@ -18,6 +19,7 @@ use bytes::Bytes;
 use super::{backoff, ids};
 use crate::broker::{Broker, BrokerError, Delivery, Message, now_millis};
 use crate::config::{Backoff, Stage};
+use crate::dedup::{DedupStore, REPUBLISH_WITHIN, Ticket};
 use crate::dlq::{self, Provenance};
 use crate::failure::{Failure, FailureKind};
 use crate::metrics::{Metrics, OutcomeLabels, StageLabels, TopicLabels};
@@ -59,6 +61,8 @@ pub(super) struct Settler {
     handler_duration: Histogram,
     /// `sluice_messages_published_total` of each declared output topic.
     published: Vec<(String, Counter)>,
+    /// The stage's dedup store, when it deduplicates.
+    dedup: Option<Arc<dyn DedupStore>>,
 }
 
 impl Settler {
@@ -109,7 +113,14 @@ impl Settler {
             broker,
             metrics,
             first_failures: Mutex::new(HashMap::new()),
+            dedup: None,
         }
+    }
+
+    /// Completes deduplicated deliveries through `store`.
+    pub(super) fn with_dedup(mut self, store: Arc<dyn DedupStore>) -> Self {
+        self.dedup = Some(store);
+        self
     }
 
     /// Records one handler call's duration.
@@ -128,25 +139,81 @@ impl Settler {
     }
 
     /// Applies the outcome table to one attempt (`attempt` is 1-based).
+    /// `ticket` holds the message's dedup key, if the stage deduplicates:
+    /// a success records it COMPLETED, a failure gives it back.
     pub(super) async fn settle(
         &self,
         delivery: &Delivery,
         attempt: u32,
         outcome: Outcome,
         retry_in_place: bool,
+        ticket: Option<&Ticket>,
     ) -> Next {
         let failure = match outcome {
-            Ok(emits) => match self.complete(delivery, emits).await {
+            Ok(emits) => match self.complete(delivery, emits, ticket).await {
                 Ok(()) => return Next::Done,
                 Err(failure) => failure,
             },
             Err(failure) => failure,
         };
+        if let (Some(ticket), Some(store)) = (ticket, &self.dedup)
+            && let Err(err) = store.release(ticket).await
+        {
+            // Not lost: the key's lease runs out and the retry takes it.
+            tracing::warn!(seq = delivery.seq, error = %err, "could not release a dedup key; its retry waits for the lease to end");
+        }
         self.fail(delivery, attempt, failure, retry_in_place).await
     }
 
-    /// Publishes the emits and acks, as one broker step.
-    async fn complete(&self, delivery: &Delivery, emits: Vec<Emit>) -> Result<(), Failure> {
+    /// Settles a delivery whose dedup key was already handled: republishes
+    /// the recorded outputs (with their original ids, so the broker's
+    /// duplicate window drops those that arrived) while the record is
+    /// recent enough for that window to recognise them, and acks.
+    pub(super) async fn duplicate(
+        &self,
+        delivery: &Delivery,
+        attempt: u32,
+        outputs: Option<Vec<Message>>,
+        completed_at: u64,
+        retry_in_place: bool,
+    ) -> Next {
+        let age = Duration::from_millis(now_millis().saturating_sub(completed_at));
+        let outputs = outputs
+            .filter(|_| age < REPUBLISH_WITHIN)
+            .unwrap_or_default();
+        let result = self
+            .patiently(|| self.broker.complete(&delivery.receipt, outputs.clone()))
+            .await;
+        match result {
+            Ok(()) | Err(BrokerError::LeaseLost(_)) => {
+                self.count("duplicate");
+                self.forget_failure(&delivery.message.id);
+                Next::Done
+            }
+            Err(err) => {
+                let failure = Failure::new(
+                    FailureKind::PublishFailed,
+                    format!("settling a duplicate failed: {err}"),
+                );
+                self.fail(delivery, attempt, failure, retry_in_place).await
+            }
+        }
+    }
+
+    /// Publishes the emits and acks, as one broker step (with the dedup
+    /// record, when there is a ticket).
+    async fn complete(
+        &self,
+        delivery: &Delivery,
+        emits: Vec<Emit>,
+        ticket: Option<&Ticket>,
+    ) -> Result<(), Failure> {
+        // Output ids derive from the input's id; under dedup from its key,
+        // so that if a crash strands a key between the outputs and the
+        // record, and a copy of the message under another id runs the
+        // handler again, its outputs still carry the same ids and the
+        // broker's duplicate window drops them.
+        let basis = ticket.map_or(delivery.message.id.as_str(), |t| t.key.as_str());
         let outputs: Vec<Message> = emits
             .into_iter()
             .enumerate()
@@ -158,7 +225,7 @@ impl Settler {
                 (index, emit)
             })
             .map(|(index, emit)| Message {
-                id: ids::emit_id(&self.pipeline, &self.stage, &delivery.message.id, index),
+                id: ids::emit_id(&self.pipeline, &self.stage, basis, index),
                 topic: emit.topic,
                 key: emit.key,
                 headers: emit.headers,
@@ -173,9 +240,16 @@ impl Settler {
                 None => per_topic.push((output.topic.clone(), 1)),
             }
         }
-        let result = self
-            .patiently(|| self.broker.complete(&delivery.receipt, outputs.clone()))
-            .await;
+        let result = match (ticket, &self.dedup) {
+            (Some(ticket), Some(store)) => {
+                self.patiently(|| store.complete(ticket, &delivery.receipt, outputs.clone()))
+                    .await
+            }
+            _ => {
+                self.patiently(|| self.broker.complete(&delivery.receipt, outputs.clone()))
+                    .await
+            }
+        };
         match result {
             Ok(()) => {
                 self.ok.inc();

@@ -1,4 +1,5 @@
-//! One stage at work: fetch → valve → ordering lane → invoke → settle.
+//! One stage at work: fetch → valve → ordering lane → resolve claim →
+//! invoke → settle.
 //!
 //! The fetch loop holds one in-flight permit per unsettled delivery, so a
 //! stage never holds more than its in-flight limit however fast its topic
@@ -15,10 +16,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
+use super::dedup::{DedupGate, Gate};
 use super::handler::StageHandler;
 use super::settle::{Next, Settler};
 use crate::broker::{Broker, BrokerError, ConsumerSpec, Delivery, Receipt, consumer_name};
+use crate::claim::{self, ClaimError, Claims};
 use crate::config::{OrderingKey, Stage};
+use crate::dedup::DedupStore;
 use crate::dlq;
 use crate::metrics::Metrics;
 use crate::plugin::Message as PluginMessage;
@@ -62,6 +66,14 @@ impl StageSetup {
 /// engine can still settle it rather than the broker dropping it.
 pub const LOST_DELIVERY_MARGIN: u32 = 10;
 
+/// A delivery whose dedup key is held elsewhere asks again after this
+/// pause, doubling up to [`DEDUP_POLL_MAX`] (and never past the holder's
+/// lease): a twin in flight here finishes within milliseconds, a crashed
+/// holder's lease takes seconds.
+const DEDUP_POLL_MIN: Duration = Duration::from_millis(5);
+/// The longest pause between asks.
+const DEDUP_POLL_MAX: Duration = Duration::from_secs(1);
+
 /// A fetched delivery and the in-flight permit it holds until settled.
 struct Job {
     delivery: Delivery,
@@ -88,6 +100,10 @@ pub(super) struct StageRunner {
     leases: Mutex<HashMap<u64, Receipt>>,
     /// Per-key queues of deliveries waiting behind a running one.
     lanes: Mutex<HashMap<String, VecDeque<Job>>>,
+    /// Resolves claim-check references (None: no claim check configured).
+    claims: Option<Arc<Claims>>,
+    /// The dedup step (None: the stage does not deduplicate).
+    dedup: Option<DedupGate>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -95,7 +111,13 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl StageRunner {
-    pub(super) fn new(setup: StageSetup, broker: Arc<dyn Broker>, metrics: Arc<Metrics>) -> Self {
+    pub(super) fn new(
+        setup: StageSetup,
+        broker: Arc<dyn Broker>,
+        metrics: Arc<Metrics>,
+        claims: Option<Arc<Claims>>,
+        dedup: Option<Arc<dyn DedupStore>>,
+    ) -> Self {
         let stage = &setup.stage;
         let concurrency = setup.handlers.len().max(1);
         let batch = stage.batch.as_ref().map(|b| {
@@ -109,8 +131,17 @@ impl StageRunner {
             Some(limit) => usize::try_from(limit).unwrap_or(usize::MAX).max(per_call),
             None => (concurrency * per_call * 2).max(64),
         };
+        let mut settler = Settler::new(&setup.pipeline, stage, broker.clone(), metrics);
+        let dedup = match (dedup, &stage.dedup) {
+            (Some(store), Some(config)) => {
+                settler = settler.with_dedup(store.clone());
+                Some(DedupGate::new(&setup.pipeline, stage, config, store))
+            }
+            _ => None,
+        };
         StageRunner {
-            settler: Settler::new(&setup.pipeline, stage, broker.clone(), metrics),
+            settler,
+            dedup,
             consumer: consumer_name(&setup.pipeline, &stage.name).into(),
             ack_wait: stage.ack_wait.get(),
             target: format!("{}/{}", setup.pipeline, stage.name),
@@ -123,6 +154,7 @@ impl StageRunner {
             pool: Mutex::new(setup.handlers),
             leases: Mutex::new(HashMap::new()),
             lanes: Mutex::new(HashMap::new()),
+            claims,
             broker,
         }
     }
@@ -277,7 +309,13 @@ impl StageRunner {
             let Some(key) = self.lane_key(&job.delivery.message) else {
                 // Take the worker slot here, in fetch order, so a stage with
                 // concurrency 1 handles unkeyed messages in publish order.
-                let slot = self.valve.clone().acquire_owned().await.ok();
+                // A dedup stage takes it after the dedup check instead (see
+                // `process`): a duplicate never needs one, and the check
+                // must not hold the handlers up.
+                let slot = match self.dedup {
+                    None => self.valve.clone().acquire_owned().await.ok(),
+                    Some(_) => None,
+                };
                 let runner = self.clone();
                 tasks
                     .spawn(async move { runner.process(job, false, slot).await }.in_current_span());
@@ -330,31 +368,62 @@ impl StageRunner {
     ) {
         let delivery = &job.delivery;
         let mut attempt = delivery.attempt;
+        let mut busy_pause = DEDUP_POLL_MIN;
         loop {
-            let message = to_plugin_message(delivery, attempt);
-            let outcome = {
-                let _slot = match slot.take() {
-                    Some(slot) => Some(slot),
-                    None => self.valve.clone().acquire_owned().await.ok(),
-                };
-                let mut handler = self.take_handler();
-                let started = Instant::now();
-                let outcome = match handler.as_mut() {
-                    Some(handler) => handler.handle(&message).await,
-                    None => Err(crate::Failure::new(
-                        crate::FailureKind::Trap,
-                        "no worker slot free (engine bug)",
-                    )),
-                };
-                self.settler.observe(started.elapsed());
-                if let Some(handler) = handler {
-                    lock(&self.pool).push(handler);
+            let (outcome, ticket) = {
+                // A claim reference is resolved under the valve, so at most
+                // `concurrency` claim payloads are in memory at once. An
+                // inline message of a dedup stage takes its slot only once
+                // the dedup check says it runs.
+                let mut _slot = slot.take();
+                if _slot.is_none()
+                    && (self.dedup.is_none() || claim::is_reference(&delivery.message))
+                {
+                    _slot = self.valve.clone().acquire_owned().await.ok();
                 }
-                outcome
+                match self.resolve(delivery, attempt).await {
+                    Err(failure) => (Err(failure), None),
+                    Ok(message) => match self.gate(&message).await {
+                        Gate::Run(ticket) => {
+                            if _slot.is_none() {
+                                _slot = self.valve.clone().acquire_owned().await.ok();
+                            }
+                            (self.invoke(&message).await, ticket)
+                        }
+                        Gate::Wait(pause) => {
+                            // Same attempt, later: the key's holder (here
+                            // or in another daemon) is still at work. The
+                            // worker slot is free meanwhile, the lease kept.
+                            drop(_slot);
+                            tokio::time::sleep(pause.min(busy_pause)).await;
+                            busy_pause = (busy_pause * 2).min(DEDUP_POLL_MAX);
+                            continue;
+                        }
+                        Gate::Duplicate {
+                            outputs,
+                            completed_at,
+                        } => {
+                            drop(_slot);
+                            match self
+                                .settler
+                                .duplicate(delivery, attempt, outputs, completed_at, retry_in_place)
+                                .await
+                            {
+                                Next::Done => break,
+                                Next::RetryAfter(delay) => {
+                                    tokio::time::sleep(delay).await;
+                                    attempt = attempt.saturating_add(1);
+                                    continue;
+                                }
+                            }
+                        }
+                        Gate::Fail(failure) => (Err(failure), None),
+                    },
+                }
             };
             match self
                 .settler
-                .settle(delivery, attempt, outcome, retry_in_place)
+                .settle(delivery, attempt, outcome, retry_in_place, ticket.as_ref())
                 .await
             {
                 Next::Done => break,
@@ -369,15 +438,29 @@ impl StageRunner {
 
     /// Hands a batch to one worker slot and settles each item on its own.
     async fn process_batch(&self, jobs: Vec<Job>) {
-        let messages: Vec<PluginMessage> = jobs
-            .iter()
-            .map(|job| to_plugin_message(&job.delivery, job.delivery.attempt))
-            .collect();
         let outcomes = {
             let _slot = self.valve.acquire().await;
+            // Items whose claim cannot be resolved fail alone; the rest
+            // go to the handler as one batch.
+            let mut resolved = Vec::with_capacity(jobs.len());
+            for job in &jobs {
+                resolved.push(self.resolve(&job.delivery, job.delivery.attempt).await);
+            }
+            let mut failed: Vec<Option<crate::Failure>> = Vec::with_capacity(jobs.len());
+            let mut messages: Vec<PluginMessage> = Vec::with_capacity(jobs.len());
+            for item in resolved {
+                match item {
+                    Ok(message) => {
+                        messages.push(message);
+                        failed.push(None);
+                    }
+                    Err(failure) => failed.push(Some(failure)),
+                }
+            }
             let mut handler = self.take_handler();
             let started = Instant::now();
-            let outcomes = match handler.as_mut() {
+            let handled = match handler.as_mut() {
+                Some(_) if messages.is_empty() => Vec::new(),
                 Some(handler) => handler.handle_batch(&messages).await,
                 None => vec![
                     Err(crate::Failure::new(
@@ -391,14 +474,26 @@ impl StageRunner {
             if let Some(handler) = handler {
                 lock(&self.pool).push(handler);
             }
-            outcomes
+            let mut handled = handled.into_iter();
+            failed
+                .into_iter()
+                .map(|failure| match failure {
+                    Some(failure) => Err(failure),
+                    None => handled.next().unwrap_or_else(|| {
+                        Err(crate::Failure::new(
+                            crate::FailureKind::Trap,
+                            "no outcome returned",
+                        ))
+                    }),
+                })
+                .collect::<Vec<_>>()
         };
         for (job, outcome) in jobs.iter().zip(outcomes) {
             let delivery = &job.delivery;
             // Batch items are naked for their retries: holding a whole
             // batch back for one item would stall the rest.
             self.settler
-                .settle(delivery, delivery.attempt, outcome, false)
+                .settle(delivery, delivery.attempt, outcome, false, None)
                 .await;
             self.forget(delivery.seq);
         }
@@ -406,6 +501,32 @@ impl StageRunner {
 
     fn take_handler(&self) -> Option<Box<dyn StageHandler>> {
         lock(&self.pool).pop()
+    }
+
+    /// Calls a free handler with `message` (the caller holds a worker slot).
+    async fn invoke(&self, message: &PluginMessage) -> crate::plugin::Outcome {
+        let mut handler = self.take_handler();
+        let started = Instant::now();
+        let outcome = match handler.as_mut() {
+            Some(handler) => handler.handle(message).await,
+            None => Err(crate::Failure::new(
+                crate::FailureKind::Trap,
+                "no worker slot free (engine bug)",
+            )),
+        };
+        self.settler.observe(started.elapsed());
+        if let Some(handler) = handler {
+            lock(&self.pool).push(handler);
+        }
+        outcome
+    }
+
+    /// The dedup step: whether `message` runs, waits, or is a duplicate.
+    async fn gate(&self, message: &PluginMessage) -> Gate {
+        match &self.dedup {
+            Some(gate) => gate.check(message).await,
+            None => Gate::Run(None),
+        }
     }
 
     fn forget(&self, seq: u64) {
@@ -468,16 +589,57 @@ impl StageRunner {
     }
 }
 
-/// The plugin's view of a delivery.
-fn to_plugin_message(delivery: &Delivery, attempt: u32) -> PluginMessage {
-    let message = &delivery.message;
-    PluginMessage {
-        id: message.id.clone(),
-        topic: message.topic.clone(),
-        key: message.key.clone(),
-        headers: message.headers.clone(),
-        payload: message.payload.to_vec(),
-        attempt,
-        published_at: message.published_at,
+impl StageRunner {
+    /// The plugin's view of a delivery, with a claim-check reference
+    /// resolved: the payload read from its store (checked against the
+    /// reference's size and hash) and the `sluice-claim*` headers removed,
+    /// so the handler sees the message as it was published. The delivery
+    /// itself keeps the reference: a dead letter carries the reference, not
+    /// the payload.
+    ///
+    /// The plugin's `Message` owns a `Vec<u8>`; a payload read from a store
+    /// becomes it without a copy when its buffer is not shared (the usual
+    /// case), an inline one is copied once.
+    async fn resolve(
+        &self,
+        delivery: &Delivery,
+        attempt: u32,
+    ) -> Result<PluginMessage, crate::Failure> {
+        let message = &delivery.message;
+        let mut headers = message.headers.clone();
+        let payload = if claim::is_reference(message) {
+            let resolved = match &self.claims {
+                Some(claims) => claims.resolve(message).await,
+                None => Err(ClaimError::Missing(
+                    "the message is a claim-check reference, but this daemon has no \
+                     `claim_check` configured"
+                        .into(),
+                )),
+            };
+            match resolved {
+                Ok(Some(payload)) => {
+                    claim::strip_claim_headers(&mut headers);
+                    Vec::from(payload)
+                }
+                Ok(None) => message.payload.to_vec(),
+                Err(err) => {
+                    return Err(crate::Failure::new(
+                        crate::FailureKind::ClaimMissing,
+                        err.to_string(),
+                    ));
+                }
+            }
+        } else {
+            message.payload.to_vec()
+        };
+        Ok(PluginMessage {
+            id: message.id.clone(),
+            topic: message.topic.clone(),
+            key: message.key.clone(),
+            headers,
+            payload,
+            attempt,
+            published_at: message.published_at,
+        })
     }
 }

@@ -16,6 +16,31 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sluice_harness::nats::NatsServer;
 
+/// Two `#[test]`s per body: `embedded::<name>` and `nats::<name>`. Each
+/// body is a `fn(&Backend)` at the root of the test file, which has
+/// `Backend` in scope.
+#[allow(unused_macros)]
+macro_rules! on_both_brokers {
+    ($($name:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(&super::Backend::embedded());
+                }
+            )*
+        }
+        mod nats {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(&super::Backend::nats());
+                }
+            )*
+        }
+    };
+}
+
 /// One compile cache for the whole test binary, as a daemon host has one.
 pub static CACHE: LazyLock<tempfile::TempDir> =
     LazyLock::new(|| tempfile::tempdir().expect("a cache dir"));
@@ -74,6 +99,7 @@ impl Backend {
 pub struct Daemon {
     child: Option<Child>,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     /// `http://127.0.0.1:PORT`.
     pub base: String,
     log: Arc<Mutex<String>>,
@@ -96,6 +122,17 @@ impl Daemon {
     /// the daemon accepts, for example a cluster's seed list with
     /// `?replicas=3`).
     pub fn start_with_broker(broker: Option<String>, files: &[&Path], data: &Path) -> Daemon {
+        Daemon::start_with_env(broker, files, data, Vec::new())
+    }
+
+    /// [`start_with_broker`](Self::start_with_broker) with extra environment
+    /// variables for the daemon (say, AWS credentials for an S3 claim store).
+    pub fn start_with_env(
+        broker: Option<String>,
+        files: &[&Path],
+        data: &Path,
+        env: Vec<(String, String)>,
+    ) -> Daemon {
         let mut args: Vec<String> = vec!["run".into()];
         args.extend(files.iter().map(|f| f.display().to_string()));
         args.extend([
@@ -110,6 +147,7 @@ impl Daemon {
         let mut daemon = Daemon {
             child: None,
             args,
+            env,
             base: String::new(),
             log: Arc::default(),
             http: reqwest::blocking::Client::builder()
@@ -129,6 +167,7 @@ impl Daemon {
             // The broker is chosen by `--broker` alone, never by the
             // environment the tests happen to run in.
             .env_remove("SLUICE_BROKER")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -156,6 +195,11 @@ impl Daemon {
         }
     }
 
+    /// The admin API's base URL, `http://127.0.0.1:PORT`.
+    pub fn admin_url(&self) -> &str {
+        &self.base
+    }
+
     /// The process id while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
@@ -171,6 +215,25 @@ impl Daemon {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+
+    /// Waits up to `limit` for the daemon to exit on its own (a crash
+    /// hook); returns its exit status.
+    pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let started = Instant::now();
+        let child = self.child.as_mut().expect("running");
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                return status;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "the daemon did not exit within {limit:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
@@ -369,4 +432,39 @@ pub fn counts<'a>(values: impl IntoIterator<Item = &'a str>) -> BTreeMap<&'a str
         *map.entry(v).or_insert(0) += 1;
     }
     map
+}
+
+/// Announces a `POST` body of `len` bytes to `base` + `path` but sends
+/// none, and returns the status and the raw response. A body over the
+/// limit is refused by its Content-Length before it is read; sending it
+/// all could end in a broken pipe instead of the answer, since the server
+/// stops reading once it has answered.
+pub fn announce(base: &str, path: &str, len: usize) -> (u16, String) {
+    use std::io::{Read, Write};
+    let addr = base.trim_start_matches("http://").to_owned();
+    let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send headers");
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, raw)
+}
+
+/// The JSON body of a raw HTTP response, or `Null`.
+pub fn raw_json_body(raw: &str) -> Value {
+    raw.split_once("\r\n\r\n")
+        .and_then(|(_, body)| serde_json::from_str(body).ok())
+        .unwrap_or(Value::Null)
 }

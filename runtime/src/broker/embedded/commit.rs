@@ -28,6 +28,7 @@ use super::store::{
 use super::topic::{Topic, TopicState};
 use super::{Shared, SyncMode};
 use crate::broker::{BrokerError, Message, PublishAck, now_millis};
+use crate::dedup::Ticket;
 
 /// Most ops folded into one group, so one group's latency stays bounded.
 const MAX_GROUP_OPS: usize = 4096;
@@ -56,6 +57,9 @@ pub(super) enum Op {
         seq: u64,
         /// What to publish with it.
         outputs: Vec<Message>,
+        /// The stage dedup record to mark COMPLETED with it (its key and
+        /// the holder's ticket).
+        record: Option<(Vec<u8>, Ticket)>,
         /// Done.
         reply: Reply<()>,
     },
@@ -490,11 +494,18 @@ fn process(shared: &Shared, ops: &mut Vec<Op>) {
                 consumer,
                 seq,
                 outputs,
+                record,
                 reply,
             } => {
-                let result = group
-                    .resolve(&outputs)
-                    .and_then(|topics| group.publish(&outputs, &topics));
+                let result = match record {
+                    Some((key, ticket)) => group.complete_record(key, &ticket),
+                    None => Ok(()),
+                }
+                .and_then(|()| {
+                    group
+                        .resolve(&outputs)
+                        .and_then(|topics| group.publish(&outputs, &topics))
+                });
                 match result {
                     Ok(_) => {
                         group

@@ -22,6 +22,7 @@
 mod commit;
 mod consumer;
 mod fetch;
+mod idempotency;
 mod recover;
 mod retention;
 mod store;
@@ -121,6 +122,10 @@ pub(super) struct Shared {
     sync: SyncMode,
     /// The duplicate window in ms (0: off).
     dedup_window_ms: u64,
+    /// Stage dedup keys held by a running handler in this process.
+    holds: idempotency::Holds,
+    /// Where the next sweep of expired dedup records starts.
+    dedup_sweep: idempotency::SweepCursor,
 }
 
 impl Shared {
@@ -227,6 +232,8 @@ impl EmbeddedBroker {
             next_ids: Mutex::new((loaded.next_topic_id, loaded.next_consumer_id)),
             sync: options.sync,
             dedup_window_ms: millis(options.dedup_window),
+            holds: idempotency::Holds::default(),
+            dedup_sweep: idempotency::SweepCursor::default(),
         });
         let (tx, rx) = mpsc::channel();
         let committer = std::thread::Builder::new()
@@ -262,6 +269,17 @@ impl EmbeddedBroker {
 
     /// Publishes `outputs` and settles `receipt`, atomically.
     async fn settle(&self, receipt: &Receipt, outputs: Vec<Message>) -> Result<(), BrokerError> {
+        self.settle_with(receipt, outputs, None).await
+    }
+
+    /// A settle that also marks a stage dedup record COMPLETED, in the
+    /// same batch.
+    async fn settle_with(
+        &self,
+        receipt: &Receipt,
+        outputs: Vec<Message>,
+        record: Option<(Vec<u8>, crate::dedup::Ticket)>,
+    ) -> Result<(), BrokerError> {
         let consumer = self.shared.consumer(&receipt.consumer)?;
         for m in &outputs {
             self.shared.topic(&m.topic)?;
@@ -274,6 +292,7 @@ impl EmbeddedBroker {
                 consumer: consumer.clone(),
                 seq: receipt.seq,
                 outputs,
+                record,
                 reply,
             })
             .await;
@@ -485,6 +504,10 @@ impl Broker for EmbeddedBroker {
         let topic = self.shared.topic(topic)?;
         let seqs = seqs.to_vec();
         self.call(|reply| Op::Remove { topic, seqs, reply }).await
+    }
+
+    fn dedup_store(self: Arc<Self>) -> Option<Arc<dyn crate::dedup::DedupStore>> {
+        Some(self)
     }
 
     async fn flush(&self) -> Result<(), BrokerError> {

@@ -9,6 +9,7 @@
 //!   published longer ago than that, settled or not, with the pending
 //!   entries that pointed at them.
 //! - **Duplicate window.** Entries older than the window leave the index.
+//! - **Stage dedup records** past their TTL are removed.
 //!
 //! A topic with no consumers (a DLQ) keeps everything until `remove` or
 //! its age retention.
@@ -71,6 +72,7 @@ pub(super) fn maintain(shared: &Shared) -> Result<(), BrokerError> {
             budget -= 1;
         }
     }
+    super::idempotency::sweep(&mut group)?;
     if group.batch.is_empty() {
         return Ok(());
     }

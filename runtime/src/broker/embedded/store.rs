@@ -10,6 +10,7 @@
 //! | `pending` | consumer id (u32 BE) + seq (u64 BE) | [`PendingRecord`] |
 //! | `dedup` | topic id (u32 BE) + message id | [`DedupRecord`] |
 //! | `dedup_expiry` | published ms (u64 BE) + topic id + message id | empty |
+//! | `idempotency` | consumer name + 0 + SHA-256 of the dedup key | [`crate::dedup::Record`] (COMPLETED) |
 //!
 //! Big-endian integers make byte order equal numeric order, so a topic's
 //! messages and a consumer's pending entries are contiguous ranges, and the
@@ -64,6 +65,8 @@ pub(super) struct Store {
     pub dedup: Keyspace,
     /// The duplicate window in time order, for expiry.
     pub dedup_expiry: Keyspace,
+    /// Stage dedup records (COMPLETED) by (consumer, key).
+    pub idempotency: Keyspace,
 }
 
 impl Store {
@@ -85,6 +88,21 @@ impl Store {
             })
             .map_err(|e| storage(format!("opening keyspace {name}"), e))
         };
+        // A keyspace read mostly by point lookups of absent keys: bloom
+        // filters (and indexes) pinned in memory.
+        let probed = |name: &str, memtable: u64| {
+            db.keyspace(name, || {
+                KeyspaceCreateOptions::default()
+                    .max_memtable_size(memtable)
+                    .manual_journal_persist(true)
+                    .filter_policy(FilterPolicy::all(FilterPolicyEntry::Bloom(
+                        BloomConstructionPolicy::BitsPerKey(10.0),
+                    )))
+                    .filter_block_pinning_policy(PinningPolicy::all(true))
+                    .index_block_pinning_policy(PinningPolicy::all(true))
+            })
+            .map_err(|e| storage(format!("opening keyspace {name}"), e))
+        };
         Ok(Store {
             messages: ks("messages", MESSAGES_MEMTABLE_BYTES)?,
             topics: ks("topics", SMALL_MEMTABLE_BYTES)?,
@@ -96,19 +114,11 @@ impl Store {
             // filters must stay in memory (pinned, ~1.2 B per id) or each
             // probe reloads a filter block through the small cache (this
             // took 1M publishes from 4 s to 25 s before it was pinned).
-            dedup: db
-                .keyspace("dedup", || {
-                    KeyspaceCreateOptions::default()
-                        .max_memtable_size(DEDUP_MEMTABLE_BYTES)
-                        .manual_journal_persist(true)
-                        .filter_policy(FilterPolicy::all(FilterPolicyEntry::Bloom(
-                            BloomConstructionPolicy::BitsPerKey(10.0),
-                        )))
-                        .filter_block_pinning_policy(PinningPolicy::all(true))
-                        .index_block_pinning_policy(PinningPolicy::all(true))
-                })
-                .map_err(|e| storage("opening keyspace dedup", e))?,
+            dedup: probed("dedup", DEDUP_MEMTABLE_BYTES)?,
             dedup_expiry: ks("dedup_expiry", DEDUP_MEMTABLE_BYTES)?,
+            // Likewise, a stage's dedup check probes for a key that is
+            // usually not there.
+            idempotency: probed("idempotency", SMALL_MEMTABLE_BYTES)?,
             db,
         })
     }
@@ -265,6 +275,16 @@ pub(super) fn dedup_key(topic_id: u32, id: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(4 + id.len());
     k.extend_from_slice(&topic_id.to_be_bytes());
     k.extend_from_slice(id.as_bytes());
+    k
+}
+
+/// Key of a stage dedup record: the scope (consumer name), a 0 byte, and
+/// the digest of the dedup key (keys can be long; the digest is not).
+pub(super) fn idempotency_key(scope: &str, digest: &[u8; 32]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(scope.len() + 33);
+    k.extend_from_slice(scope.as_bytes());
+    k.push(0);
+    k.extend_from_slice(digest);
     k
 }
 

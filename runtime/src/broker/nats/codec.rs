@@ -39,6 +39,20 @@ pub fn headers(message: &Message) -> HeaderMap {
     map
 }
 
+/// The bytes `headers` take on the wire (`NATS/1.0\r\n`, each
+/// `name: value\r\n`, a blank line), which count against the server's
+/// max_payload together with the body.
+pub fn wire_len(headers: &HeaderMap) -> usize {
+    let mut len = b"NATS/1.0\r\n\r\n".len();
+    for (name, values) in headers.iter() {
+        let name: &str = name.as_ref();
+        for value in values {
+            len += name.len() + b": \r\n".len() + value.as_str().len();
+        }
+    }
+    len
+}
+
 /// Rebuilds a message read from `stream` at `seq`. `stamped_at` is the
 /// stream's timestamp, in ms.
 pub fn message(
@@ -103,6 +117,14 @@ mod tests {
         assert_eq!(back.key.as_deref(), Some("k"));
         assert_eq!(back.headers, m.headers);
         assert_eq!(back.published_at, 99);
+    }
+
+    #[test]
+    fn wire_len_counts_the_header_block_as_sent() {
+        let mut m = Message::new("a", "t", "body");
+        m.headers = vec![("x".into(), "1".into()), ("x".into(), "22".into())];
+        // "NATS/1.0\r\n" + "Nats-Msg-Id: a\r\n" + "x: 1\r\n" + "x: 22\r\n" + "\r\n"
+        assert_eq!(wire_len(&headers(&m)), 10 + 16 + 6 + 7 + 2);
     }
 
     #[test]

@@ -26,6 +26,7 @@
 
 mod batcher;
 mod codec;
+mod dedup;
 mod naming;
 mod options;
 mod provision;
@@ -88,6 +89,8 @@ pub struct NatsBroker {
     consumers: RwLock<HashMap<String, Arc<ConsumerHandle>>>,
     /// Completions and dead letters, put on the wire in groups.
     batcher: batcher::Batcher,
+    /// Stage dedup buckets by consumer name, looked up once.
+    dedup_buckets: RwLock<HashMap<String, jetstream::kv::Store>>,
 }
 
 impl NatsBroker {
@@ -167,6 +170,7 @@ impl NatsBroker {
             options,
             streams: RwLock::new(HashMap::new()),
             consumers: RwLock::new(HashMap::new()),
+            dedup_buckets: RwLock::new(HashMap::new()),
         }))
     }
 
@@ -220,9 +224,25 @@ impl NatsBroker {
     /// Publishes messages and waits for every `PubAck`. The publishes are
     /// pipelined: all are sent before the first ack is awaited.
     async fn publish_all(&self, messages: Vec<Message>) -> Result<Vec<PublishAck>, BrokerError> {
-        let mut pending = Vec::with_capacity(messages.len());
-        for message in messages {
-            let headers = codec::headers(&message);
+        let prepared: Vec<_> = messages
+            .into_iter()
+            .map(|m| (codec::headers(&m), m))
+            .collect();
+        // The client refuses a message over the server's max_payload only
+        // as it sends it: check them all first, so a batch with one message
+        // too large publishes none rather than those before it.
+        let max = self.client.max_payload();
+        for (headers, message) in &prepared {
+            let size = codec::wire_len(headers) + message.payload.len();
+            if max > 0 && size > max {
+                return Err(BrokerError::PayloadTooLarge(format!(
+                    "publishing to `{}`: message `{}` is {size} bytes with its headers, over the NATS server's max_payload of {max}; configure a claim_check for large payloads",
+                    message.topic, message.id
+                )));
+            }
+        }
+        let mut pending = Vec::with_capacity(prepared.len());
+        for (headers, message) in prepared {
             let topic = message.topic;
             let future = self
                 .js
@@ -600,6 +620,10 @@ impl Broker for NatsBroker {
         Ok(removed)
     }
 
+    fn dedup_store(self: Arc<Self>) -> Option<Arc<dyn crate::dedup::DedupStore>> {
+        Some(self)
+    }
+
     async fn flush(&self) -> Result<(), BrokerError> {
         self.client.flush().await.map_err(|e| unavailable(&e))
     }
@@ -653,8 +677,10 @@ fn publish_error(topic: &str, err: &jetstream::context::PublishError) -> BrokerE
         PublishErrorKind::StreamNotFound => BrokerError::Unavailable(format!(
             "no stream answered for `{topic}`: it is missing, or its leader is being elected"
         )),
-        PublishErrorKind::MaxPayloadExceeded => BrokerError::Storage(format!(
-            "publishing to `{topic}`: the payload is larger than the NATS server's max_payload"
+        // Refused by the client before anything is sent: the caller's input
+        // is too large (413 on the ingest API), not a broker failure.
+        PublishErrorKind::MaxPayloadExceeded => BrokerError::PayloadTooLarge(format!(
+            "publishing to `{topic}`: the message is larger than the NATS server's max_payload; configure a claim_check for large payloads"
         )),
         _ => BrokerError::Unavailable(format!("publishing to `{topic}`: {err}")),
     }
