@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use e2e::jetstream::{ConsumerState, Stored, Watcher};
 use e2e::{Daemon, Msg, plugin, write_pipeline};
-use sluice::engine::emit_id;
+use sluice::engine::{DEFAULT_IN_FLIGHT, emit_id};
 use sluice_harness::nats::{NatsCluster, NatsServer};
 
 /// Long enough for anything that is merely slow on a loaded 2-core machine.
@@ -227,8 +227,8 @@ fn two_daemons_one_killed_three_times_lose_nothing_and_duplicate_nothing() {
 /// after it was sent at the latest. "Progress" must be more outputs than
 /// the daemon can have had in flight at the kill (those may finish from
 /// before it): with `max_ack_pending` unset the stage holds at most
-/// max(2 x concurrency, 64) = 64 deliveries, so the 65th new output needs
-/// a pull after the restart.
+/// max(2 x concurrency, DEFAULT_IN_FLIGHT) deliveries, so one more new
+/// output than that needs a pull after the restart.
 ///
 /// `max_ack_pending` is deliberately unset: JetStream does not write a
 /// consumer's acks to disk before it answers, so after a SIGKILL the
@@ -240,7 +240,7 @@ fn nats_server_restart_mid_run_resumes_within_10s_and_loses_nothing() {
     let _serial = serial();
     let mut server = NatsServer::start().expect("nats-server");
     let dir = tempfile::tempdir().expect("dir");
-    let in_flight_bound = 64;
+    let in_flight_bound = DEFAULT_IN_FLIGHT as u64;
     let file = pipeline(
         dir.path(),
         "    concurrency: 4\n    config: {sleep_ms: 2}\n",

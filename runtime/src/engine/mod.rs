@@ -30,7 +30,7 @@ use tracing::Instrument;
 pub use backoff::delay as backoff_delay;
 pub use handler::StageHandler;
 pub use ids::emit_id;
-pub use stage::StageSetup;
+pub use stage::{DEFAULT_IN_FLIGHT, IN_FLIGHT_BYTES, StageSetup};
 
 use crate::broker::{Broker, BrokerError};
 use crate::claim::Claims;

@@ -1,14 +1,17 @@
 //! One stage at work: fetch → valve → ordering lane → resolve claim →
 //! invoke → settle.
 //!
-//! The fetch loop holds one in-flight permit per unsettled delivery, so a
-//! stage never holds more than its in-flight limit however fast its topic
-//! fills (backpressure stays in the broker, on disk). Handlers run under the
+//! The fetch loop holds one in-flight permit per unsettled delivery, and
+//! its bytes from the stage's byte budget, so a stage never holds more than
+//! its in-flight limit, nor (give or take one fetch) more than
+//! [`IN_FLIGHT_BYTES`] of messages, however fast its topic fills
+//! (backpressure stays in the broker, on disk). Handlers run under the
 //! concurrency valve: `concurrency` worker slots, one call each. Every
 //! unsettled lease is in `leases`, which the heartbeat extends and shutdown
 //! naks.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -66,6 +69,21 @@ impl StageSetup {
 /// engine can still settle it rather than the broker dropping it.
 pub const LOST_DELIVERY_MARGIN: u32 = 10;
 
+/// Deliveries a stage holds at once unless `max_ack_pending` says otherwise
+/// (or its concurrency and batch size need more). A deep window is what
+/// lets a fast stage work in bursts: on NATS, 64 held 0.6 of a raw
+/// async-nats loop's rate and 512 held 0.8-1.0 (BENCHMARKS.md), because
+/// each round trip then carries many messages. [`IN_FLIGHT_BYTES`] keeps the
+/// memory that costs bounded when messages are large.
+pub const DEFAULT_IN_FLIGHT: usize = 512;
+
+/// Bytes of messages (payload, headers, id, key) a stage holds at once,
+/// fetched and not yet settled. A delivery waits in the fetch loop for its
+/// share; the next fetch asks for no more than the free share fits at the
+/// recent message size. A claim-check reference counts as its few bytes:
+/// its payload is loaded only under a worker slot.
+pub const IN_FLIGHT_BYTES: usize = 64 << 20;
+
 /// A delivery whose dedup key is held elsewhere asks again after this
 /// pause, doubling up to [`DEDUP_POLL_MAX`] (and never past the holder's
 /// lease): a twin in flight here finishes within milliseconds, a crashed
@@ -74,10 +92,12 @@ const DEDUP_POLL_MIN: Duration = Duration::from_millis(5);
 /// The longest pause between asks.
 const DEDUP_POLL_MAX: Duration = Duration::from_secs(1);
 
-/// A fetched delivery and the in-flight permit it holds until settled.
+/// A fetched delivery and the in-flight permits (one, and its bytes) it
+/// holds until settled.
 struct Job {
     delivery: Delivery,
     _permit: OwnedSemaphorePermit,
+    _bytes: OwnedSemaphorePermit,
 }
 
 /// Shared state of a running stage.
@@ -94,6 +114,10 @@ pub(super) struct StageRunner {
     max_in_flight: usize,
     /// Unsettled deliveries.
     inflight: Arc<Semaphore>,
+    /// The byte budget of unsettled deliveries ([`IN_FLIGHT_BYTES`]).
+    inflight_bytes: Arc<Semaphore>,
+    /// The size a fetch assumes per message: the recent largest, decaying.
+    typical_size: AtomicUsize,
     /// The concurrency valve: free worker slots.
     valve: Arc<Semaphore>,
     pool: Mutex<Vec<Box<dyn StageHandler>>>,
@@ -129,7 +153,7 @@ impl StageRunner {
         let per_call = batch.map_or(1, |(max, _)| max);
         let max_in_flight = match stage.max_ack_pending {
             Some(limit) => usize::try_from(limit).unwrap_or(usize::MAX).max(per_call),
-            None => (concurrency * per_call * 2).max(64),
+            None => (concurrency * per_call * 2).max(DEFAULT_IN_FLIGHT),
         };
         let mut settler = Settler::new(&setup.pipeline, stage, broker.clone(), metrics);
         let dedup = match (dedup, &stage.dedup) {
@@ -150,6 +174,9 @@ impl StageRunner {
             shutdown_timeout: setup.shutdown_timeout,
             max_in_flight,
             inflight: Arc::new(Semaphore::new(max_in_flight)),
+            inflight_bytes: Arc::new(Semaphore::new(IN_FLIGHT_BYTES)),
+            // Unknown yet: the first fetches are small until sizes are seen.
+            typical_size: AtomicUsize::new(IN_FLIGHT_BYTES / 16),
             valve: Arc::new(Semaphore::new(concurrency)),
             pool: Mutex::new(setup.handlers),
             leases: Mutex::new(HashMap::new()),
@@ -188,15 +215,41 @@ impl StageRunner {
             match fetched {
                 Ok(deliveries) => {
                     fetch_errors = 0;
-                    let jobs: Vec<Job> = deliveries
-                        .into_iter()
-                        .zip(permits)
-                        .map(|(delivery, permit)| Job {
+                    self.learn_sizes(&deliveries);
+                    let mut jobs = Vec::with_capacity(deliveries.len());
+                    let mut stopped = false;
+                    for (delivery, permit) in deliveries.into_iter().zip(permits) {
+                        let need = footprint(&delivery);
+                        let bytes = match self.inflight_bytes.clone().try_acquire_many_owned(need) {
+                            Ok(bytes) => bytes,
+                            Err(_) => {
+                                // Over the byte budget: start what is held
+                                // (it frees bytes as it settles), then wait.
+                                self.dispatch(std::mem::take(&mut jobs), &mut tasks).await;
+                                let wait = self.inflight_bytes.clone().acquire_many_owned(need);
+                                tokio::select! {
+                                    bytes = wait => match bytes {
+                                        Ok(bytes) => bytes,
+                                        Err(_) => break,
+                                    },
+                                    // The rest stays leased; `drain` naks it.
+                                    _ = stop.changed() => {
+                                        stopped = true;
+                                        break;
+                                    }
+                                }
+                            }
+                        };
+                        jobs.push(Job {
                             delivery,
                             _permit: permit,
-                        })
-                        .collect();
+                            _bytes: bytes,
+                        });
+                    }
                     self.dispatch(jobs, &mut tasks).await;
+                    if stopped {
+                        break;
+                    }
                 }
                 Err(err) => {
                     fetch_errors = fetch_errors.saturating_add(1);
@@ -241,7 +294,24 @@ impl StageRunner {
                 Err(_) => break,
             }
         }
+        // As many as the free byte budget fits at the recent message size
+        // (at least one: a message larger than the budget still runs).
+        let typical = self.typical_size.load(Ordering::Relaxed).max(1);
+        let fits = (self.inflight_bytes.available_permits() / typical).max(1);
+        permits.truncate(fits);
         permits
+    }
+
+    /// Updates the size a fetch assumes per message: the largest just
+    /// fetched, or half the previous figure, whichever is larger, so a
+    /// run of large messages shrinks fetches at once and small ones
+    /// grow them back within a few fetches.
+    fn learn_sizes(&self, deliveries: &[Delivery]) {
+        if let Some(largest) = deliveries.iter().map(|d| footprint(d) as usize).max() {
+            let before = self.typical_size.load(Ordering::Relaxed);
+            self.typical_size
+                .store(largest.max(before / 2), Ordering::Relaxed);
+        }
     }
 
     /// Fetches up to `max` deliveries and records their leases. A batch
@@ -587,6 +657,22 @@ impl StageRunner {
             tracing::debug!(seq = receipt.seq, error = %err, "nak on shutdown failed; the lease will expire instead");
         }
     }
+}
+
+/// What a delivery counts against the byte budget: what it holds in
+/// memory, capped at the budget so that one larger message still runs
+/// (alone).
+fn footprint(delivery: &Delivery) -> u32 {
+    let message = &delivery.message;
+    let bytes = message.payload.len()
+        + message.id.len()
+        + message.key.as_ref().map_or(0, String::len)
+        + message
+            .headers
+            .iter()
+            .map(|(name, value)| name.len() + value.len())
+            .sum::<usize>();
+    u32::try_from(bytes.min(IN_FLIGHT_BYTES)).unwrap_or(u32::MAX)
 }
 
 impl StageRunner {
