@@ -3,7 +3,9 @@
 //!
 //! - an emit with a header NATS cannot carry (a line break in its value):
 //!   dead-lettered as `rejected` naming the header, on both brokers alike,
-//!   and the daemon goes on settling (async-nats would panic on it).
+//!   and the daemon goes on settling (async-nats would panic on it);
+//! - a reject reason of several lines, which becomes the dead letter's
+//!   `sluice-dlq-error` header: joined on one line, on both brokers.
 
 #[macro_use]
 mod e2e;
@@ -103,4 +105,46 @@ stages:
     assert_no_panic(&daemon);
 }
 
-on_both_brokers!(an_emit_with_a_header_nats_cannot_carry_is_dead_lettered);
+/// A handler's reject reason goes into the dead letter's
+/// `sluice-dlq-error` header, so a reason of several lines must still make
+/// a header NATS can carry: its lines are joined on one, on both brokers.
+fn a_reject_reason_of_several_lines_is_dead_lettered_on_one_line(backend: &Backend) {
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        r#"name: why
+topics: [in]
+stages:
+  - name: reject
+    subscribe: in
+    plugin: {fail}
+    config: {{mode: reject, reason: "first line\nsecond line\r\nthird line"}}
+"#,
+        fail = plugin("fail")
+    );
+    let file = write_pipeline(dir.path(), "why", &yaml);
+    let daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
+
+    daemon.publish_bytes("in", "m-1", b"first");
+    let entry = the_dead_letter(&daemon, "why.reject.dlq");
+    assert_eq!(
+        header(&entry, "sluice-dlq-kind"),
+        Some("rejected"),
+        "{entry}"
+    );
+    assert_eq!(
+        header(&entry, "sluice-dlq-error"),
+        Some("first line / second line / third line"),
+        "{entry}"
+    );
+    // And the daemon goes on dead-lettering.
+    daemon.publish_bytes("in", "m-2", b"second");
+    daemon.wait_until("the second dead letter", LONG, |d| {
+        d.depth("why.reject.dlq") >= 2
+    });
+    assert_no_panic(&daemon);
+}
+
+on_both_brokers!(
+    an_emit_with_a_header_nats_cannot_carry_is_dead_lettered,
+    a_reject_reason_of_several_lines_is_dead_lettered_on_one_line,
+);
