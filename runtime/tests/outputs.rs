@@ -5,7 +5,10 @@
 //!   dead-lettered as `rejected` naming the header, on both brokers alike,
 //!   and the daemon goes on settling (async-nats would panic on it);
 //! - a reject reason of several lines, which becomes the dead letter's
-//!   `sluice-dlq-error` header: joined on one line, on both brokers.
+//!   `sluice-dlq-error` header: joined on one line, on both brokers;
+//! - an emit over the NATS server's `max_payload`, without a claim check:
+//!   dead-lettered on its first attempt as `output-too-large`, since no
+//!   retry can make it fit; the same above a claim check's `max_payload`.
 
 #[macro_use]
 mod e2e;
@@ -16,6 +19,8 @@ use e2e::{Backend, Daemon, header, plugin, write_pipeline};
 use serde_json::Value;
 
 const LONG: Duration = Duration::from_secs(120);
+/// What `bigout` emits: twice the NATS server's default `max_payload`.
+const TWO_MIB: usize = 2 << 20;
 
 /// The value of metric `name` summed over the series of stage `stage`.
 fn stage_metric(daemon: &Daemon, name: &str, stage: &str) -> u64 {
@@ -148,3 +153,94 @@ on_both_brokers!(
     an_emit_with_a_header_nats_cannot_carry_is_dead_lettered,
     a_reject_reason_of_several_lines_is_dead_lettered_on_one_line,
 );
+
+/// `bigout` emits 2 MiB to a topic without a claim check; the NATS server
+/// takes at most 1 MiB (its default `max_payload`). That can never
+/// succeed, so the message is dead-lettered on its first attempt.
+#[test]
+fn an_emit_over_the_nats_max_payload_is_dead_lettered_at_once() {
+    let backend = Backend::nats();
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        r#"name: big
+topics: [in, out]
+stages:
+  - name: emit
+    subscribe: in
+    plugin: {bigout}
+    publish: [out]
+    config: {{mode: bytes, bytes: {TWO_MIB}}}
+    retry: {{max_attempts: 3, backoff: {{initial: 50ms, max: 100ms}}}}
+"#,
+        bigout = plugin("bigout")
+    );
+    let file = write_pipeline(dir.path(), "big", &yaml);
+    let daemon = Daemon::start_on(&backend, &[&file], &dir.path().join("data"));
+
+    daemon.publish_bytes("in", "m-1", b"go");
+    let entry = the_dead_letter(&daemon, "big.emit.dlq");
+    assert_eq!(
+        header(&entry, "sluice-dlq-kind"),
+        Some("output-too-large"),
+        "{entry}"
+    );
+    assert_eq!(header(&entry, "sluice-dlq-attempts"), Some("1"), "{entry}");
+    let error = header(&entry, "sluice-dlq-error").unwrap_or_default();
+    assert!(error.contains(&TWO_MIB.to_string()), "the size: {error}");
+    // The limit by name: the NATS broker's refusal of a completion's
+    // output does not carry the server's number (see `publish_error` in
+    // `broker/nats/mod.rs`), and the settler has no other way to know it.
+    assert!(error.contains("max_payload"), "the limit: {error}");
+    assert!(error.contains("claim_check"), "the remedy: {error}");
+    assert_eq!(daemon.depth("out"), 0);
+    assert_eq!(
+        stage_metric(&daemon, "sluice_handler_duration_seconds_count", "emit"),
+        1,
+        "the handler must not be retried"
+    );
+    assert_no_panic(&daemon);
+}
+
+/// The same above a claim check's `max_payload`, which the claim check
+/// refuses before any broker sees the message.
+#[test]
+fn an_emit_over_the_claim_check_max_payload_is_dead_lettered_at_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        r#"name: capped
+claim_check: {{store: file://claims, threshold: 256KiB, max_payload: 1MiB}}
+topics: [in, out]
+stages:
+  - name: emit
+    subscribe: in
+    plugin: {bigout}
+    publish: [out]
+    config: {{mode: bytes, bytes: {TWO_MIB}}}
+    retry: {{max_attempts: 3, backoff: {{initial: 50ms, max: 100ms}}}}
+"#,
+        bigout = plugin("bigout")
+    );
+    let file = write_pipeline(dir.path(), "capped", &yaml);
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+
+    daemon.publish_bytes("in", "m-1", b"go");
+    let entry = the_dead_letter(&daemon, "capped.emit.dlq");
+    assert_eq!(
+        header(&entry, "sluice-dlq-kind"),
+        Some("output-too-large"),
+        "{entry}"
+    );
+    assert_eq!(header(&entry, "sluice-dlq-attempts"), Some("1"), "{entry}");
+    let error = header(&entry, "sluice-dlq-error").unwrap_or_default();
+    assert!(
+        error.contains(&TWO_MIB.to_string()) && error.contains(&(1u32 << 20).to_string()),
+        "the size and the limit: {error}"
+    );
+    assert!(error.contains("max_payload"), "{error}");
+    assert_eq!(daemon.depth("out"), 0);
+    assert_eq!(
+        stage_metric(&daemon, "sluice_handler_duration_seconds_count", "emit"),
+        1,
+        "the handler must not be retried"
+    );
+}
