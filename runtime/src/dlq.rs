@@ -21,7 +21,7 @@ pub const ORIGINAL_ID: &str = "sluice-dlq-original-id";
 pub const ATTEMPTS: &str = "sluice-dlq-attempts";
 /// Header with the failure kind of the last attempt (`crate::FailureKind` names).
 pub const KIND: &str = "sluice-dlq-kind";
-/// Header with the last error's message.
+/// Header with the last error's message, on one line (see [`Provenance::stamp`]).
 pub const ERROR: &str = "sluice-dlq-error";
 /// Header with the first failure time, in ms since the Unix epoch.
 pub const FIRST_FAILURE: &str = "sluice-dlq-first-failure";
@@ -75,7 +75,11 @@ pub struct Provenance {
 }
 
 impl Provenance {
-    /// Appends the provenance headers to `message`.
+    /// Appends the provenance headers to `message`. The error goes on one
+    /// line, its lines joined with ` / `: it can be a handler's reject
+    /// reason, text of any shape, and a header value with a line break is
+    /// one NATS cannot carry (async-nats panics on it), so a multi-line
+    /// reason would otherwise never reach the DLQ on NATS.
     pub fn stamp(&self, message: &mut Message) {
         let h = &mut message.headers;
         h.push((PIPELINE.into(), self.pipeline.clone()));
@@ -85,7 +89,7 @@ impl Provenance {
         h.push((ORIGINAL_ID.into(), self.original_id.clone()));
         h.push((ATTEMPTS.into(), self.attempts.to_string()));
         h.push((KIND.into(), self.kind.clone()));
-        h.push((ERROR.into(), self.error.clone()));
+        h.push((ERROR.into(), one_line(&self.error)));
         h.push((FIRST_FAILURE.into(), self.first_failure.to_string()));
         h.push((LAST_FAILURE.into(), self.last_failure.to_string()));
     }
@@ -106,6 +110,18 @@ impl Provenance {
             last_failure: num(LAST_FAILURE)?,
         })
     }
+}
+
+/// `text` with its line breaks replaced: non-blank lines joined by ` / `.
+fn one_line(text: &str) -> String {
+    if !text.contains(['\r', '\n']) {
+        return text.to_owned();
+    }
+    text.split(['\r', '\n'])
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(" / ")
 }
 
 /// The message a redrive publishes back to the source topic for `entry`:
@@ -173,6 +189,19 @@ mod tests {
         let mut m = Message::new("m1", "orders.route.dlq", "x");
         provenance().stamp(&mut m);
         assert_eq!(Provenance::read(&m), Some(provenance()));
+    }
+
+    #[test]
+    fn the_error_header_is_one_line() {
+        let mut m = Message::new("m1", "orders.route.dlq", "x");
+        let multi = Provenance {
+            error: "first\nsecond\r\n\n  third \r".into(),
+            ..provenance()
+        };
+        multi.stamp(&mut m);
+        assert_eq!(m.header(ERROR), Some("first / second / third"));
+        assert_eq!(crate::broker::check_portable(None, &m.headers), Ok(()));
+        assert_eq!(one_line(" kept as is "), " kept as is ");
     }
 
     #[test]

@@ -13,7 +13,9 @@ use std::time::Duration;
 pub enum FailureKind {
     /// The handler asked for a retry.
     Retry,
-    /// The handler rejected the message as permanently unprocessable.
+    /// The handler rejected the message as permanently unprocessable, or
+    /// emitted a key or header that no broker can carry (a line break in a
+    /// value, say): the handler would do the same again, so no retry helps.
     Rejected,
     /// The handler trapped (panic, unreachable, stack overflow, bad contract use).
     Trap,

@@ -1,17 +1,24 @@
-//! The claim check end to end: the real `sluice run` binary on the embedded
-//! broker, real plugins (`digest` reports the SHA-256 of what its handler
-//! received), a `file://` store and a real S3 API (moto's server).
+//! The claim check end to end: the real `sluice run` binary, real plugins
+//! (`digest` reports the SHA-256 of what its handler received), a `file://`
+//! store and a real S3 API (moto's server), on the embedded broker and on a
+//! real nats-server.
 //!
-//! - a 50 MiB payload through the ingest API: the broker holds a reference,
-//!   the handler gets every byte, a large output is offloaded too, and the
-//!   daemon's RSS (sampled every 20 ms) stays under 4x the payload;
-//! - the same against S3;
-//! - an object deleted before consumption: retried, then dead-lettered as
-//!   `claim-missing`, the dead letter keeping the reference;
+//! - a 50 MiB payload through the ingest API (embedded broker): the broker
+//!   holds a reference, the handler gets every byte, a large output is
+//!   offloaded too, and the daemon's RSS (sampled every 20 ms) stays under 4x
+//!   the payload; the same against S3;
+//! - a few MiB the same way on both brokers: on NATS, above the server's
+//!   1 MiB `max_payload`, the stream holds an empty body and the reference;
+//! - an object deleted while its reference waits in the DLQ (a store's
+//!   lifecycle rule outliving a dead letter): its redrive is retried, then
+//!   dead-lettered as `claim-missing`, the dead letter keeping the
+//!   reference; on both brokers with a `file://` store, and against S3;
 //! - above `max_payload`: 413 with a JSON error, and a clear error from
-//!   `sluice publish`; nothing enqueued;
-//! - the sweeper: old unreferenced objects go, referenced ones stay.
+//!   `sluice publish`; nothing enqueued (both brokers);
+//! - the sweeper: old unreferenced objects go, referenced ones stay (both
+//!   brokers).
 
+#[macro_use]
 mod e2e;
 
 use std::path::{Path, PathBuf};
@@ -20,8 +27,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use e2e::{Daemon, header, plugin, write_pipeline};
-use serde_json::Value;
+use e2e::{Backend, Daemon, header, plugin, write_pipeline};
+use serde_json::{Value, json};
 use sluice::claim::{CLAIM_HEADER, CLAIM_SHA256_HEADER, CLAIM_SIZE_HEADER, sha256_hex};
 use sluice_harness::moto::MotoServer;
 
@@ -161,7 +168,7 @@ fn dir_size(dir: &Path) -> u64 {
     total
 }
 
-/// The pipeline of the 50 MiB tests: `in` is digested (the handler's view:
+/// The pipeline of the round-trip tests: `in` is digested (the handler's view:
 /// hash + length, and its first MiB echoed back, which is above the
 /// threshold), `parked` has no stage, so what the broker stores stays to
 /// be read.
@@ -185,11 +192,11 @@ stages:
     write_pipeline(dir, "big", &yaml)
 }
 
-/// Publishes 50 MiB to `parked` and to `in` and checks what the broker
-/// holds and what the handler saw. Returns the references of the parked
-/// input and of the echoed output.
-fn fifty_mib_round_trip(daemon: &Daemon) -> (String, String) {
-    let payload = noise(BIG, 42);
+/// Publishes `len` bytes to `parked` and to `in` and checks what the
+/// broker holds and what the handler saw. Returns the references of the
+/// parked input and of the echoed output.
+fn round_trip(daemon: &Daemon, len: usize) -> (String, String) {
+    let payload = noise(len, 42);
     let sha = sha256_hex(&payload);
     let echo_sha = sha256_hex(&payload[..ECHO]);
 
@@ -197,7 +204,7 @@ fn fifty_mib_round_trip(daemon: &Daemon) -> (String, String) {
     assert_eq!(status, 202, "{body}");
     let parked = daemon.read_all("parked");
     assert_eq!(parked.len(), 1);
-    let parked_ref = assert_reference(&parked[0], BIG, &sha);
+    let parked_ref = assert_reference(&parked[0], len, &sha);
 
     let (status, body) = post(daemon, "in", "big-1", payload);
     assert_eq!(status, 202, "{body}");
@@ -207,8 +214,8 @@ fn fifty_mib_round_trip(daemon: &Daemon) -> (String, String) {
     let digest = part(&out, "digest");
     assert_eq!(
         digest["payload"].as_str(),
-        Some(format!("{sha} {BIG}").as_str()),
-        "the handler must receive all {BIG} bytes intact"
+        Some(format!("{sha} {len}").as_str()),
+        "the handler must receive all {len} bytes intact"
     );
     // The handler saw the message as published: no claim headers.
     let seen = header(&digest, "x-input-headers").unwrap_or_default();
@@ -232,7 +239,7 @@ fn fifty_mib_through_ingest_with_a_file_store_in_bounded_memory() {
     let idle = vm_rss(pid).expect("VmRSS");
     let sampler = RssSampler::start(pid);
 
-    let (parked_ref, echo_ref) = fifty_mib_round_trip(&daemon);
+    let (parked_ref, echo_ref) = round_trip(&daemon, BIG);
     let peak = sampler.peak();
     drop(sampler);
 
@@ -292,10 +299,9 @@ fn fifty_mib_through_ingest_with_a_file_store_in_bounded_memory() {
     );
 }
 
-/// Reads an object straight from the S3 server, with a signed request.
-fn s3_get(s3: &MotoServer, bucket: &str, key: &str) -> Vec<u8> {
-    use object_store::ObjectStoreExt;
-    let store = object_store::aws::AmazonS3Builder::new()
+/// A client of the S3 server's `bucket`, signing as the daemon does.
+fn s3_client(s3: &MotoServer, bucket: &str) -> object_store::aws::AmazonS3 {
+    object_store::aws::AmazonS3Builder::new()
         .with_bucket_name(bucket)
         .with_endpoint(s3.endpoint())
         .with_allow_http(true)
@@ -303,12 +309,23 @@ fn s3_get(s3: &MotoServer, bucket: &str, key: &str) -> Vec<u8> {
         .with_access_key_id(sluice_harness::moto::ACCESS_KEY_ID)
         .with_secret_access_key(sluice_harness::moto::SECRET_ACCESS_KEY)
         .build()
-        .expect("an S3 client");
-    let runtime = tokio::runtime::Builder::new_current_thread()
+        .expect("an S3 client")
+}
+
+/// Runs `future` to its end, from a test's thread.
+fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .expect("runtime");
-    runtime.block_on(async {
+        .expect("runtime")
+        .block_on(future)
+}
+
+/// Reads an object straight from the S3 server, with a signed request.
+fn s3_get(s3: &MotoServer, bucket: &str, key: &str) -> Vec<u8> {
+    use object_store::ObjectStoreExt;
+    let store = s3_client(s3, bucket);
+    block_on(async {
         let path = object_store::path::Path::from(key);
         let got = store
             .get(&path)
@@ -316,6 +333,86 @@ fn s3_get(s3: &MotoServer, bucket: &str, key: &str) -> Vec<u8> {
             .unwrap_or_else(|e| panic!("GET {key}: {e}"));
         got.bytes().await.expect("the object's bytes").to_vec()
     })
+}
+
+/// Deletes an object straight from the S3 server, after checking it is
+/// there (S3 answers a DELETE of a missing key with success too).
+fn s3_delete(s3: &MotoServer, bucket: &str, key: &str) {
+    use object_store::ObjectStoreExt;
+    let store = s3_client(s3, bucket);
+    block_on(async {
+        let path = object_store::path::Path::from(key);
+        store
+            .head(&path)
+            .await
+            .unwrap_or_else(|e| panic!("HEAD {key} before deleting it: {e}"));
+        store
+            .delete(&path)
+            .await
+            .unwrap_or_else(|e| panic!("DELETE {key}: {e}"));
+        assert!(
+            matches!(
+                store.head(&path).await,
+                Err(object_store::Error::NotFound { .. })
+            ),
+            "{key} is still there"
+        );
+    });
+}
+
+/// Where a test's claim objects go.
+enum Store {
+    /// `file://claims`, next to the pipeline file.
+    File,
+    /// `s3://claims/sluice` on a moto server of the test's own.
+    S3(MotoServer),
+}
+
+impl Store {
+    /// A moto server with a `claims` bucket.
+    fn s3() -> Store {
+        let s3 = MotoServer::start().unwrap_or_else(|e| panic!("starting moto: {e:#}"));
+        s3.create_bucket("claims").expect("bucket");
+        Store::S3(s3)
+    }
+
+    /// A `claim_check:` block for this store, with `settings` added
+    /// (`threshold: 1KiB`, ...).
+    fn claim_check(&self, settings: &str) -> String {
+        match self {
+            Store::File => format!("{{store: file://claims, {settings}}}"),
+            Store::S3(s3) => format!(
+                "{{store: s3://claims/sluice, endpoint: \"{}\", allow_http: true, {settings}}}",
+                s3.endpoint()
+            ),
+        }
+    }
+
+    /// What the daemon needs in its environment to reach the store.
+    fn env(&self) -> Vec<(String, String)> {
+        match self {
+            Store::File => Vec::new(),
+            Store::S3(s3) => s3.env(),
+        }
+    }
+
+    /// Deletes the object `reference` points to.
+    fn delete(&self, reference: &str) {
+        match self {
+            Store::File => {
+                let path = reference
+                    .strip_prefix("file://")
+                    .unwrap_or_else(|| panic!("not a file reference: {reference}"));
+                std::fs::remove_file(path).expect("delete the object");
+            }
+            Store::S3(s3) => {
+                let key = reference
+                    .strip_prefix("s3://claims/")
+                    .unwrap_or_else(|| panic!("not in the bucket: {reference}"));
+                s3_delete(s3, "claims", key);
+            }
+        }
+    }
 }
 
 #[test]
@@ -331,7 +428,7 @@ fn fifty_mib_through_ingest_with_an_s3_store() {
         ),
     );
     let daemon = Daemon::start_with_env(None, &[&file], &dir.path().join("data"), s3.env());
-    let (parked_ref, echo_ref) = fifty_mib_round_trip(&daemon);
+    let (parked_ref, echo_ref) = round_trip(&daemon, BIG);
     let payload = noise(BIG, 42);
     for (reference, expected) in [(&parked_ref, &payload[..]), (&echo_ref, &payload[..ECHO])] {
         let key = reference
@@ -344,72 +441,132 @@ fn fifty_mib_through_ingest_with_an_s3_store() {
     }
 }
 
-#[test]
-fn a_deleted_object_is_retried_then_dead_lettered_as_claim_missing() {
+/// A file:// store, a few MiB through ingest, on both brokers: on NATS
+/// the payload and the echoed 1 MiB output are both above the server's
+/// 1 MiB `max_payload`, so they only get through as references. The
+/// stream itself (read by a plain NATS client, not the daemon) holds an
+/// empty body with the reference headers.
+fn a_payload_over_the_threshold_travels_as_a_reference(backend: &Backend) {
+    const LEN: usize = 3 << 20;
     let dir = tempfile::tempdir().expect("dir");
-    let data = dir.path().join("data");
-    let claim = "claim_check: {store: file://claims, threshold: 1KiB}";
-    // First without a consumer, so the reference waits in the broker.
-    let parked = write_pipeline(
+    let file = big_pipeline(
         dir.path(),
-        "missing",
-        &format!(
-            "name: missing\n{claim}\ntopics: [in, out]\nstages:\n  - {{name: other, subscribe: out, plugin: {}}}\n",
-            plugin("digest")
-        ),
+        "{store: file://claims, threshold: 256KiB, max_payload: 64MiB}",
     );
-    let payload = noise(64 << 10, 7);
-    let reference = {
-        let daemon = Daemon::start(&[&parked], &data);
-        let (status, body) = post(&daemon, "in", "gone-1", payload.clone());
-        assert_eq!(status, 202, "{body}");
-        let stored = daemon.read_all("in");
-        assert_reference(&stored[0], payload.len(), &sha256_hex(&payload))
-    };
-    let object = reference.strip_prefix("file://").expect("a file reference");
-    std::fs::remove_file(object).expect("delete the object");
+    let daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
+    let (parked_ref, echo_ref) = round_trip(&daemon, LEN);
 
-    // Now with the consumer: three attempts, then the DLQ.
-    let consuming = write_pipeline(
+    let payload = noise(LEN, 42);
+    for (reference, expected) in [(&parked_ref, &payload[..]), (&echo_ref, &payload[..ECHO])] {
+        let path = reference
+            .strip_prefix("file://")
+            .unwrap_or_else(|| panic!("not a file reference: {reference}"));
+        let object = std::fs::read(path).expect("the object");
+        assert_eq!(object.len(), expected.len());
+        assert_eq!(sha256_hex(&object), sha256_hex(expected));
+    }
+
+    if let Some(server) = backend.nats_server() {
+        let watcher = e2e::jetstream::Watcher::connect(&server.url());
+        for (topic, reference, len) in [("parked", &parked_ref, LEN), ("out", &echo_ref, ECHO)] {
+            let stored = watcher.read_all(topic);
+            let message = stored
+                .iter()
+                .find(|m| m.header(CLAIM_HEADER) == Some(reference.as_str()))
+                .unwrap_or_else(|| panic!("`{topic}` holds no message with {reference}"));
+            assert!(
+                message.payload.is_empty(),
+                "a {} byte body",
+                message.payload.len()
+            );
+            assert_eq!(
+                message.header(CLAIM_SIZE_HEADER),
+                Some(len.to_string().as_str())
+            );
+            assert!(message.header(CLAIM_SHA256_HEADER).is_some());
+        }
+    }
+}
+
+/// A dead letter outlives its object (an S3 lifecycle rule shorter than
+/// the DLQ's retention, a hand-cleaned directory): the stage rejects the
+/// message while its object is there, the object is deleted, and the
+/// entry is redriven. The redrive's reference resolves to nothing: retried
+/// (`claim-missing` may be a store not yet consistent), then dead-lettered
+/// again as `claim-missing`, keeping the reference. The handler never runs
+/// on the redrive: a claim is resolved before it.
+///
+/// (Deleting before the first delivery would need the topic to hold the
+/// message with no stage consuming it yet, then a stage: on NATS that
+/// turns `in` from an unsubscribed topic into a subscribed one, whose
+/// stream retention JetStream cannot change in place.)
+fn claim_missing(backend: &Backend, store: &Store) {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = write_pipeline(
         dir.path(),
         "missing",
         &format!(
             r#"name: missing
-{claim}
-topics: [in, out]
+claim_check: {claim}
+topics: [in]
 stages:
-  - name: digest
+  - name: check
     subscribe: in
-    plugin: {digest}
-    publish: [out]
+    plugin: {fail}
+    config: {{mode: reject, reason: first pass}}
     retry: {{max_attempts: 3, backoff: {{initial: 50ms, max: 100ms}}}}
 "#,
-            digest = plugin("digest")
+            claim = store.claim_check("threshold: 1KiB"),
+            fail = plugin("fail")
         ),
     );
-    let daemon = Daemon::start(&[&consuming], &data);
-    daemon.wait_until("dead-lettered", LONG, |d| {
-        d.depth("missing.digest.dlq") >= 1
+    let daemon = Daemon::start_with_env(
+        backend.broker_url(),
+        &[&file],
+        &dir.path().join("data"),
+        store.env(),
+    );
+    let dlq = "missing.check.dlq";
+    let payload = noise(64 << 10, 7);
+    let sha = sha256_hex(&payload);
+    let (status, body) = post(&daemon, "in", "gone-1", payload.clone());
+    assert_eq!(status, 202, "{body}");
+
+    daemon.wait_until("rejected", LONG, |d| d.depth(dlq) >= 1);
+    let first = daemon.read_all(dlq);
+    assert_eq!(first.len(), 1, "{first:#?}");
+    assert_eq!(header(&first[0], "sluice-dlq-kind"), Some("rejected"));
+    let reference = assert_reference(&first[0], payload.len(), &sha);
+    store.delete(&reference);
+
+    let redrive = daemon.post("/v1/dlq/missing/check/redrive", json!({}));
+    assert_eq!(redrive["redriven"], 1, "{redrive}");
+    daemon.wait_until("dead-lettered as claim-missing", LONG, |d| {
+        d.read_all(dlq)
+            .iter()
+            .any(|e| header(e, "sluice-dlq-kind") == Some("claim-missing"))
     });
-    let entries = daemon.read_all("missing.digest.dlq");
-    assert_eq!(entries.len(), 1);
+    let entries = daemon.read_all(dlq);
+    assert_eq!(entries.len(), 1, "the redriven entry left: {entries:#?}");
     let entry = &entries[0];
-    assert_eq!(
-        header(entry, "sluice-dlq-kind"),
-        Some("claim-missing"),
-        "{entry}"
-    );
     assert_eq!(header(entry, "sluice-dlq-attempts"), Some("3"), "{entry}");
+    assert_eq!(header(entry, "sluice-redrives"), Some("1"), "{entry}");
+    let error = header(entry, "sluice-dlq-error").unwrap_or_default();
+    assert!(error.contains(&reference), "{error}");
     // The dead letter keeps the reference, not a payload.
-    assert_eq!(
-        assert_reference(entry, payload.len(), &sha256_hex(&payload)),
-        reference
-    );
-    assert_eq!(daemon.depth("out"), 0);
+    assert_eq!(assert_reference(entry, payload.len(), &sha), reference);
+}
+
+fn a_deleted_object_is_retried_then_dead_lettered_as_claim_missing(backend: &Backend) {
+    claim_missing(backend, &Store::File);
 }
 
 #[test]
-fn payloads_above_max_payload_are_refused_and_nothing_is_enqueued() {
+fn a_deleted_s3_object_is_retried_then_dead_lettered_as_claim_missing() {
+    claim_missing(&Backend::embedded(), &Store::s3());
+}
+
+fn payloads_above_max_payload_are_refused_and_nothing_is_enqueued(backend: &Backend) {
     let dir = tempfile::tempdir().expect("dir");
     let file = write_pipeline(
         dir.path(),
@@ -427,7 +584,7 @@ stages:
             digest = plugin("digest")
         ),
     );
-    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    let daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
 
     // The HTTP API: 413 with a JSON error.
     let (status, body) = post_announced(&daemon, "capped", 2 << 20);
@@ -505,8 +662,7 @@ fn age(path: &Path, by: Duration) {
         .expect("set mtime");
 }
 
-#[test]
-fn the_sweeper_removes_old_unreferenced_objects_and_keeps_referenced_ones() {
+fn the_sweeper_removes_old_unreferenced_objects_and_keeps_referenced_ones(backend: &Backend) {
     let dir = tempfile::tempdir().expect("dir");
     // Retention 2s: objects are "old" once their mtime is 2 s back, and the
     // sweeper runs every second. Ages are set by hand below, so nothing
@@ -527,7 +683,7 @@ stages:
             fail = plugin("fail")
         ),
     );
-    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    let daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
     let (status, body) = post(&daemon, "pending", "p-1", noise(8 << 10, 1));
     assert_eq!(status, 202, "{body}");
     let (status, body) = post(&daemon, "in", "d-1", noise(8 << 10, 2));
@@ -564,3 +720,10 @@ stages:
     }
     assert_eq!(files(&claims).len(), 2, "{:?}", files(&claims));
 }
+
+on_both_brokers!(
+    a_payload_over_the_threshold_travels_as_a_reference,
+    a_deleted_object_is_retried_then_dead_lettered_as_claim_missing,
+    payloads_above_max_payload_are_refused_and_nothing_is_enqueued,
+    the_sweeper_removes_old_unreferenced_objects_and_keeps_referenced_ones,
+);

@@ -18,9 +18,15 @@
 //!   the outputs and the ack one transaction, and a broker that cannot (NATS)
 //!   publishes with deterministic ids that its duplicate window drops on a
 //!   replay.
+//! - **Keys and headers** are ones NATS headers can carry ([`check_portable`]),
+//!   checked where they enter a pipeline, so a pipeline that runs on one
+//!   broker runs on the other.
 
 pub mod embedded;
 pub mod nats;
+mod portable;
+
+pub use portable::{Unportable, check_portable};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -8,7 +8,8 @@
 //! | retryable failure, attempts left | nak with backoff (or retry in place, for ordered stages) |
 //! | retryable failure, attempts used up | dead-letter with provenance |
 //! | permanent failure (`rejected`, `output-too-large`, `undeclared-topic`) | dead-letter now |
-//! | the broker refuses the outputs | `publish-failed`: retry like any retryable failure |
+//! | the broker refuses an output as too large | `output-too-large`: dead-letter now |
+//! | the broker refuses the outputs otherwise | `publish-failed`: retry like any retryable failure |
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -270,6 +271,13 @@ impl Settler {
                 tracing::warn!(seq = delivery.seq, %why, "lease lost before completing; outputs discarded");
                 Ok(())
             }
+            // The broker refuses the same output on every attempt: retrying
+            // would only run the handler `max_attempts` times to end in the
+            // DLQ anyway, reported as a publish failure, which it is not.
+            Err(BrokerError::PayloadTooLarge(why)) => Err(Failure::new(
+                FailureKind::OutputTooLarge,
+                too_large(&outputs, &why),
+            )),
             Err(err) => Err(Failure::new(
                 FailureKind::PublishFailed,
                 format!("publishing outputs failed: {err}"),
@@ -410,4 +418,30 @@ impl Settler {
             map.clear();
         }
     }
+}
+
+/// Why outputs the broker refused as too large are dead-lettered: the
+/// broker's own words (which name its limit), the size of the largest
+/// output if they do not give it, and the remedy if they do not name it.
+fn too_large(outputs: &[Message], why: &str) -> String {
+    let largest = outputs
+        .iter()
+        .max_by_key(|m| m.payload.len())
+        .filter(|m| !why.contains(&m.payload.len().to_string()))
+        .map(|m| {
+            format!(
+                "its largest emit, to `{}`, has a payload of {} bytes; ",
+                m.topic,
+                m.payload.len()
+            )
+        })
+        .unwrap_or_default();
+    let remedy = if why.contains("claim_check") {
+        ""
+    } else {
+        "; payloads this large need a claim_check whose max_payload fits them"
+    };
+    format!(
+        "the handler's output is too large for the broker, so no retry can succeed: {largest}{why}{remedy}"
+    )
 }

@@ -13,6 +13,7 @@ use wasmtime::{Store, Trap};
 use super::bindings::{HandlerError, batch, single};
 use super::sandbox::{DeadlineExceeded, MemoryLimitExceeded, StoreState};
 use super::{Emit, Message, Plugin, Pre, World};
+use crate::broker::check_portable;
 use crate::failure::{Failure, FailureKind};
 
 /// The limits one call runs under. Set per stage.
@@ -264,7 +265,8 @@ impl Worker {
             .ok_or_else(|| wasmtime::Error::msg("instance vanished"))
     }
 
-    /// Resolves the default topic, then enforces declared topics and caps.
+    /// Resolves the default topic, then enforces declared topics, caps and
+    /// keys and headers every broker can carry.
     fn check_emits(&self, mut emits: Vec<Emit>) -> Outcome {
         let limits = &self.settings.limits;
         if emits.len() > limits.max_emits {
@@ -315,6 +317,19 @@ impl Worker {
                     ));
                 }
                 Outputs::Declared(_) => {}
+            }
+            // Checked here, on every broker, not left to the NATS client
+            // (which panics on a line break in a header): the same handler
+            // output then fails the same way wherever the pipeline runs.
+            // Permanent, like a reject: the handler would emit it again.
+            if let Err(err) = check_portable(emit.key.as_deref(), &emit.headers) {
+                return Err(Failure::new(
+                    FailureKind::Rejected,
+                    format!(
+                        "handler emitted a message to `{}` that NATS cannot carry: {err}",
+                        emit.topic
+                    ),
+                ));
             }
         }
         Ok(emits)

@@ -17,6 +17,9 @@
 //!   stage's backoff);
 //! * `heal_on_redrive` (default false): a redriven message (one with a
 //!   `sluice-redrives` header) never fails, as if the bug had been fixed.
+//! * `extra_header` and `extra_value` (default: none): one more header on
+//!   every output, taken as it is, so a test can emit a header no broker
+//!   can carry (a value with a line break, a name with a space).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -56,6 +59,9 @@ fn handle(msg: Message) -> Outcome {
     headers.push(("x-attempt".into(), msg.attempt.to_string()));
     headers.push(("x-start-us".into(), start.to_string()));
     headers.push(("x-end-us".into(), now_us().to_string()));
+    if let Some(name) = sluice_sdk::config("extra_header") {
+        headers.push((name, sluice_sdk::config_or("extra_value", "")));
+    }
     Ok(vec![
         Emit::to_default(msg.payload)
             .with_key(msg.key)
