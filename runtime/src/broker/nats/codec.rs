@@ -33,10 +33,22 @@ pub fn headers(message: &Message) -> HeaderMap {
     if message.published_at != 0 {
         map.insert(PUBLISHED_AT, message.published_at.to_string().as_str());
     }
+    // `Nats-*` headers are controls of one publish (`Nats-Msg-Id`,
+    // `Nats-Expected-*`, `Nats-Rollup`, ...): the id is set above, and one
+    // a handler copied or made up must not steer the server (a rollup
+    // would purge the topic). `message` drops them on the way in too.
     for (name, value) in &message.headers {
-        map.append(name.as_str(), value.as_str());
+        if !is_control(name) {
+            map.append(name.as_str(), value.as_str());
+        }
     }
     map
+}
+
+/// Whether `name` is a NATS control header (`Nats-` in any case).
+fn is_control(name: &str) -> bool {
+    name.get(..5)
+        .is_some_and(|prefix| prefix.eq_ignore_ascii_case("nats-"))
 }
 
 /// The bytes `headers` take on the wire (`NATS/1.0\r\n`, each
@@ -79,7 +91,7 @@ pub fn message(
                     // Server and client controls (`Nats-Expected-*`,
                     // `Nats-Rollup`, ...) belong to one publish, not to the
                     // message; copying them onward would break a re-publish.
-                    _ if name.starts_with("Nats-") => {}
+                    _ if is_control(name) => {}
                     _ => rest.push((name.to_owned(), value.to_owned())),
                 }
             }
@@ -125,6 +137,21 @@ mod tests {
         m.headers = vec![("x".into(), "1".into()), ("x".into(), "22".into())];
         // "NATS/1.0\r\n" + "Nats-Msg-Id: a\r\n" + "x: 1\r\n" + "x: 22\r\n" + "\r\n"
         assert_eq!(wire_len(&headers(&m)), 10 + 16 + 6 + 7 + 2);
+    }
+
+    #[test]
+    fn control_headers_never_travel_onward() {
+        let mut m = Message::new("id-1", "t", "body");
+        m.headers = vec![
+            ("Nats-Rollup".into(), "sub".into()),
+            ("nats-msg-id".into(), "other".into()),
+            ("Natsy".into(), "kept".into()),
+        ];
+        let h = headers(&m);
+        assert_eq!(h.get("Nats-Msg-Id").map(|v| v.as_str()), Some("id-1"));
+        assert!(h.get("Nats-Rollup").is_none());
+        assert!(h.get("nats-msg-id").is_none());
+        assert_eq!(h.get("Natsy").map(|v| v.as_str()), Some("kept"));
     }
 
     #[test]

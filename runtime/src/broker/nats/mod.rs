@@ -680,7 +680,7 @@ fn publish_error(topic: &str, err: &jetstream::context::PublishError) -> BrokerE
         // Refused by the client before anything is sent: the caller's input
         // is too large (413 on the ingest API), not a broker failure.
         PublishErrorKind::MaxPayloadExceeded => BrokerError::PayloadTooLarge(format!(
-            "publishing to `{topic}`: the message is larger than the NATS server's max_payload; configure a claim_check for large payloads"
+            "publishing to `{topic}`: the message is larger than the NATS server's max_payload ({err}); configure a claim_check for large payloads"
         )),
         _ => BrokerError::Unavailable(format!("publishing to `{topic}`: {err}")),
     }
