@@ -60,6 +60,14 @@ thread_local! {
 /// Messages the raw loop works on at once.
 const IN_FLIGHT: usize = 256;
 
+/// `NATS_BENCH_SAMPLES`, for quick looks while profiling.
+fn samples() -> usize {
+    std::env::var("NATS_BENCH_SAMPLES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(SAMPLES)
+}
+
 fn concurrency() -> u32 {
     std::env::var("NATS_BENCH_CONCURRENCY")
         .ok()
@@ -102,8 +110,8 @@ fn main() {
         let url = server.url();
         let (mut raw, mut staged, mut native) = (Vec::new(), Vec::new(), Vec::new());
         let only = std::env::var("NATS_BENCH_ONLY").unwrap_or_default();
-        for sample in 0..SAMPLES {
-            if only == "sluice" {
+        for sample in 0..samples() {
+            if only != "raw" && !only.is_empty() {
                 raw.push(1.0);
             } else {
                 raw.push(rt.block_on(raw_loop(&url, sample)));
@@ -114,12 +122,20 @@ fn main() {
                 continue;
             }
             let stage = stage(concurrency);
-            staged.push(rt.block_on(sluice_stage(&url, &stage, || {
-                Box::new(identity.worker(stage.worker_settings())) as Box<dyn StageHandler>
-            })));
-            native.push(rt.block_on(sluice_stage(&url, &stage, || {
-                Box::new(NativeIdentity) as Box<dyn StageHandler>
-            })));
+            if only == "native" {
+                staged.push(1.0);
+            } else {
+                staged.push(rt.block_on(sluice_stage(&url, &stage, || {
+                    Box::new(identity.worker(stage.worker_settings())) as Box<dyn StageHandler>
+                })));
+            }
+            if only == "wasm" {
+                native.push(1.0);
+            } else {
+                native.push(rt.block_on(sluice_stage(&url, &stage, || {
+                    Box::new(NativeIdentity) as Box<dyn StageHandler>
+                })));
+            }
         }
         let sync = if durable {
             "sync_interval: always"
