@@ -251,15 +251,19 @@ impl NatsBroker {
                 .map_err(|e| publish_error(&topic, &e))?;
             pending.push((topic, future));
         }
-        let mut acks = Vec::with_capacity(pending.len());
-        for (topic, future) in pending {
+        // Awaited together: each await starts its own timeout, so one by
+        // one a batch whose PubAcks died with the connection would take a
+        // timeout per message to fail.
+        futures_util::future::join_all(pending.into_iter().map(|(topic, future)| async move {
             let ack = future.await.map_err(|e| publish_error(&topic, &e))?;
-            acks.push(PublishAck {
+            Ok(PublishAck {
                 seq: ack.sequence,
                 duplicate: ack.duplicate,
-            });
-        }
-        Ok(acks)
+            })
+        }))
+        .await
+        .into_iter()
+        .collect()
     }
 
     /// Turns one pulled message into a delivery, or acks it here when the
