@@ -262,6 +262,14 @@ impl Daemon {
 
     /// Publishes messages through the batch ingest endpoint.
     pub fn publish(&self, topic: &str, messages: &[Msg]) {
+        if let Err(err) = self.try_publish(topic, messages) {
+            panic!("{err}");
+        }
+    }
+
+    /// [`publish`](Self::publish), saying why it failed instead of
+    /// panicking: for a daemon that may die while it is being fed.
+    pub fn try_publish(&self, topic: &str, messages: &[Msg]) -> Result<(), String> {
         for chunk in messages.chunks(1000) {
             let body: String = chunk
                 .iter()
@@ -279,14 +287,16 @@ impl Daemon {
                 .header("content-type", "application/x-ndjson")
                 .body(body)
                 .send()
-                .expect("publish");
+                .map_err(|e| format!("publish: {e}"))?;
             let status = response.status();
-            assert!(
-                status.is_success(),
-                "publish: {status}: {}",
-                response.text().unwrap_or_default()
-            );
+            if !status.is_success() {
+                return Err(format!(
+                    "publish: {status}: {}",
+                    response.text().unwrap_or_default()
+                ));
+            }
         }
+        Ok(())
     }
 
     /// Publishes one message with raw bytes as its body.
