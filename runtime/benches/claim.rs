@@ -8,9 +8,9 @@
 //! Sides (all on one `file://` store in a temporary directory):
 //!
 //! - **claim round trip**: publish through [`ClaimingBroker`] over the
-//!   embedded broker (sha256, durable write: fsync of the file and its
+//!   embedded broker (BLAKE3 hash, durable write: fsync of the file and its
 //!   directory, then the reference published with the broker's own fsync),
-//!   fetch the reference, resolve it (read + size and sha256 check), ack;
+//!   fetch the reference, resolve it (read + size and hash check), ack;
 //! - **claim offload + resolve**: the same claim-check work without the
 //!   broker (`Claims::offload` + `Claims::resolve`);
 //! - **direct put + get**: `LocalFileSystem::put` + `get` (no fsync);

@@ -28,8 +28,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use e2e::{Backend, Daemon, header, plugin, write_pipeline};
-use serde_json::{Value, json};
-use sluice::claim::{CLAIM_HEADER, CLAIM_SHA256_HEADER, CLAIM_SIZE_HEADER, sha256_hex};
+use serde_json::Value;
+use sluice::claim::{
+    CLAIM_DIGEST_HEADER, CLAIM_HEADER, CLAIM_SIZE_HEADER, claim_digest, sha256_hex,
+};
 use sluice_harness::moto::MotoServer;
 
 const LONG: Duration = Duration::from_secs(300);
@@ -142,14 +144,17 @@ fn part(messages: &[Value], part: &str) -> Value {
 }
 
 /// Asserts that `message` is a reference (empty body, the three headers)
-/// to a payload of `len` bytes with SHA-256 `sha`, and returns the reference.
-fn assert_reference(message: &Value, len: usize, sha: &str) -> String {
+/// to `payload`, and returns the reference.
+fn assert_reference(message: &Value, payload: &[u8]) -> String {
     assert_eq!(message["payload"].as_str(), Some(""), "{message}");
     assert_eq!(
         header(message, CLAIM_SIZE_HEADER),
-        Some(len.to_string().as_str())
+        Some(payload.len().to_string().as_str())
     );
-    assert_eq!(header(message, CLAIM_SHA256_HEADER), Some(sha));
+    assert_eq!(
+        header(message, CLAIM_DIGEST_HEADER),
+        Some(claim_digest(payload).as_str())
+    );
     header(message, CLAIM_HEADER)
         .expect("a claim reference")
         .to_owned()
@@ -198,15 +203,14 @@ stages:
 fn round_trip(daemon: &Daemon, len: usize) -> (String, String) {
     let payload = noise(len, 42);
     let sha = sha256_hex(&payload);
-    let echo_sha = sha256_hex(&payload[..ECHO]);
 
     let (status, body) = post(daemon, "parked", "parked-1", payload.clone());
     assert_eq!(status, 202, "{body}");
     let parked = daemon.read_all("parked");
     assert_eq!(parked.len(), 1);
-    let parked_ref = assert_reference(&parked[0], len, &sha);
+    let parked_ref = assert_reference(&parked[0], &payload);
 
-    let (status, body) = post(daemon, "in", "big-1", payload);
+    let (status, body) = post(daemon, "in", "big-1", payload.clone());
     assert_eq!(status, 202, "{body}");
     daemon.wait_until("both outputs", LONG, |d| d.depth("out") >= 2);
     let out = daemon.read_all("out");
@@ -220,7 +224,7 @@ fn round_trip(daemon: &Daemon, len: usize) -> (String, String) {
     // The handler saw the message as published: no claim headers.
     let seen = header(&digest, "x-input-headers").unwrap_or_default();
     assert!(!seen.contains("sluice-claim"), "handler saw {seen:?}");
-    let echo_ref = assert_reference(&part(&out, "echo"), ECHO, &echo_sha);
+    let echo_ref = assert_reference(&part(&out, "echo"), &payload[..ECHO]);
     (parked_ref, echo_ref)
 }
 
@@ -483,23 +487,21 @@ fn a_payload_over_the_threshold_travels_as_a_reference(backend: &Backend) {
                 message.header(CLAIM_SIZE_HEADER),
                 Some(len.to_string().as_str())
             );
-            assert!(message.header(CLAIM_SHA256_HEADER).is_some());
+            assert!(message.header(CLAIM_DIGEST_HEADER).is_some());
         }
     }
 }
 
-/// A dead letter outlives its object (an S3 lifecycle rule shorter than
-/// the DLQ's retention, a hand-cleaned directory): the stage rejects the
-/// message while its object is there, the object is deleted, and the
-/// entry is redriven. The redrive's reference resolves to nothing: retried
-/// (`claim-missing` may be a store not yet consistent), then dead-lettered
-/// again as `claim-missing`, keeping the reference. The handler never runs
-/// on the redrive: a claim is resolved before it.
+/// A claim object deleted after its message was published and before the
+/// stage consumes it: the message is retried (`claim-missing` may be a
+/// store not yet consistent), then dead-lettered as `claim-missing`,
+/// keeping the reference. The handler never sees it: a claim is resolved
+/// before the handler runs.
 ///
-/// (Deleting before the first delivery would need the topic to hold the
-/// message with no stage consuming it yet, then a stage: on NATS that
-/// turns `in` from an unsubscribed topic into a subscribed one, whose
-/// stream retention JetStream cannot change in place.)
+/// The stage (one worker) is kept busy by a first message that takes 3 s,
+/// so the second, offloaded one waits its turn while its object is
+/// deleted. It may already be fetched meanwhile: a reference is resolved
+/// only once a worker slot is free for it.
 fn claim_missing(backend: &Backend, store: &Store) {
     let dir = tempfile::tempdir().expect("dir");
     let file = write_pipeline(
@@ -508,16 +510,18 @@ fn claim_missing(backend: &Backend, store: &Store) {
         &format!(
             r#"name: missing
 claim_check: {claim}
-topics: [in]
+topics: [in, out]
 stages:
   - name: check
     subscribe: in
-    plugin: {fail}
-    config: {{mode: reject, reason: first pass}}
+    plugin: {sleepy}
+    concurrency: 1
+    config: {{ms: 3000}}
+    publish: [out]
     retry: {{max_attempts: 3, backoff: {{initial: 50ms, max: 100ms}}}}
 "#,
             claim = store.claim_check("threshold: 1KiB"),
-            fail = plugin("fail")
+            sleepy = plugin("sleepy")
         ),
     );
     let daemon = Daemon::start_with_env(
@@ -527,34 +531,47 @@ stages:
         store.env(),
     );
     let dlq = "missing.check.dlq";
+    let (status, body) = post(&daemon, "in", "blocker", b"inline".to_vec());
+    assert_eq!(status, 202, "{body}");
+    daemon.wait_until("the blocker taken", LONG, |d| {
+        d.get("/v1/status")[0]["in_flight"].as_u64() >= Some(1)
+    });
+
     let payload = noise(64 << 10, 7);
-    let sha = sha256_hex(&payload);
     let (status, body) = post(&daemon, "in", "gone-1", payload.clone());
     assert_eq!(status, 202, "{body}");
-
-    daemon.wait_until("rejected", LONG, |d| d.depth(dlq) >= 1);
-    let first = daemon.read_all(dlq);
-    assert_eq!(first.len(), 1, "{first:#?}");
-    assert_eq!(header(&first[0], "sluice-dlq-kind"), Some("rejected"));
-    let reference = assert_reference(&first[0], payload.len(), &sha);
+    let stored = daemon.read_all("in");
+    let queued = stored
+        .iter()
+        .find(|m| m["id"] == "gone-1")
+        .unwrap_or_else(|| panic!("gone-1 is not in `in`: {stored:#?}"));
+    let reference = assert_reference(queued, &payload);
     store.delete(&reference);
+    assert_eq!(
+        daemon.depth("out"),
+        0,
+        "the blocker finished before the object was deleted; the test proves nothing"
+    );
 
-    let redrive = daemon.post("/v1/dlq/missing/check/redrive", json!({}));
-    assert_eq!(redrive["redriven"], 1, "{redrive}");
     daemon.wait_until("dead-lettered as claim-missing", LONG, |d| {
-        d.read_all(dlq)
-            .iter()
-            .any(|e| header(e, "sluice-dlq-kind") == Some("claim-missing"))
+        d.depth(dlq) >= 1
     });
     let entries = daemon.read_all(dlq);
-    assert_eq!(entries.len(), 1, "the redriven entry left: {entries:#?}");
+    assert_eq!(entries.len(), 1, "{entries:#?}");
     let entry = &entries[0];
+    assert_eq!(
+        header(entry, "sluice-dlq-kind"),
+        Some("claim-missing"),
+        "{entry}"
+    );
     assert_eq!(header(entry, "sluice-dlq-attempts"), Some("3"), "{entry}");
-    assert_eq!(header(entry, "sluice-redrives"), Some("1"), "{entry}");
     let error = header(entry, "sluice-dlq-error").unwrap_or_default();
     assert!(error.contains(&reference), "{error}");
     // The dead letter keeps the reference, not a payload.
-    assert_eq!(assert_reference(entry, payload.len(), &sha), reference);
+    assert_eq!(assert_reference(entry, &payload), reference);
+    // Only the blocker reached the handler and its output.
+    daemon.wait_until("the blocker's output", LONG, |d| d.depth("out") >= 1);
+    assert_eq!(daemon.depth("out"), 1);
 }
 
 fn a_deleted_object_is_retried_then_dead_lettered_as_claim_missing(backend: &Backend) {
@@ -636,7 +653,7 @@ stages:
     );
     let stored = daemon.read_all("capped");
     assert_eq!(stored.len(), 1);
-    assert_reference(&stored[0], payload.len(), &sha256_hex(&payload));
+    assert_reference(&stored[0], &payload);
 }
 
 /// Every regular file below `dir`.
