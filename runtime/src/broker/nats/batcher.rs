@@ -5,7 +5,7 @@
 //! write (and a server wake-up) per message. The batcher takes every
 //! completion queued while it worked on the last group, sends all their
 //! publishes back to back, and, in a task of its own so the next group goes
-//! out meanwhile, awaits each one's PubAcks and then sends its ack. The
+//! out meanwhile, awaits the group's PubAcks and then sends each ack. The
 //! order per delivery is unchanged: its outputs are durable before its ack.
 
 use async_nats::jetstream::{self, AckKind, context::PublishAckFuture};
