@@ -154,15 +154,16 @@ on_both_brokers!(
     a_reject_reason_of_several_lines_is_dead_lettered_on_one_line,
 );
 
-/// `bigout` emits 2 MiB to a topic without a claim check; the NATS server
-/// takes at most 1 MiB (its default `max_payload`). That can never
-/// succeed, so the message is dead-lettered on its first attempt.
-#[test]
-fn an_emit_over_the_nats_max_payload_is_dead_lettered_at_once() {
-    let backend = Backend::nats();
+/// `bigout` emits 2 MiB through a limit of 1 MiB (`claim`: the pipeline's
+/// `claim_check:` line, or none). That can never succeed, so the message
+/// is dead-lettered on its first attempt as `output-too-large`, with a
+/// reason naming the size, the limit and the remedy, and the handler is
+/// not run again.
+fn an_emit_over_a_limit_is_dead_lettered_at_once(backend: &Backend, claim: &str) {
     let dir = tempfile::tempdir().expect("dir");
     let yaml = format!(
         r#"name: big
+{claim}
 topics: [in, out]
 stages:
   - name: emit
@@ -175,7 +176,7 @@ stages:
         bigout = plugin("bigout")
     );
     let file = write_pipeline(dir.path(), "big", &yaml);
-    let daemon = Daemon::start_on(&backend, &[&file], &dir.path().join("data"));
+    let daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
 
     daemon.publish_bytes("in", "m-1", b"go");
     let entry = the_dead_letter(&daemon, "big.emit.dlq");
@@ -187,10 +188,11 @@ stages:
     assert_eq!(header(&entry, "sluice-dlq-attempts"), Some("1"), "{entry}");
     let error = header(&entry, "sluice-dlq-error").unwrap_or_default();
     assert!(error.contains(&TWO_MIB.to_string()), "the size: {error}");
-    // The limit by name: the NATS broker's refusal of a completion's
-    // output does not carry the server's number (see `publish_error` in
-    // `broker/nats/mod.rs`), and the settler has no other way to know it.
-    assert!(error.contains("max_payload"), "the limit: {error}");
+    assert!(
+        error.contains(&(1u32 << 20).to_string()),
+        "the limit: {error}"
+    );
+    assert!(error.contains("max_payload"), "the limit's name: {error}");
     assert!(error.contains("claim_check"), "the remedy: {error}");
     assert_eq!(daemon.depth("out"), 0);
     assert_eq!(
@@ -201,46 +203,19 @@ stages:
     assert_no_panic(&daemon);
 }
 
-/// The same above a claim check's `max_payload`, which the claim check
-/// refuses before any broker sees the message.
+/// Without a claim check, on NATS: the server takes at most 1 MiB (its
+/// default `max_payload`).
+#[test]
+fn an_emit_over_the_nats_max_payload_is_dead_lettered_at_once() {
+    an_emit_over_a_limit_is_dead_lettered_at_once(&Backend::nats(), "");
+}
+
+/// Above a claim check's `max_payload`, which the claim check refuses
+/// before any broker sees the message.
 #[test]
 fn an_emit_over_the_claim_check_max_payload_is_dead_lettered_at_once() {
-    let dir = tempfile::tempdir().expect("dir");
-    let yaml = format!(
-        r#"name: capped
-claim_check: {{store: file://claims, threshold: 256KiB, max_payload: 1MiB}}
-topics: [in, out]
-stages:
-  - name: emit
-    subscribe: in
-    plugin: {bigout}
-    publish: [out]
-    config: {{mode: bytes, bytes: {TWO_MIB}}}
-    retry: {{max_attempts: 3, backoff: {{initial: 50ms, max: 100ms}}}}
-"#,
-        bigout = plugin("bigout")
-    );
-    let file = write_pipeline(dir.path(), "capped", &yaml);
-    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
-
-    daemon.publish_bytes("in", "m-1", b"go");
-    let entry = the_dead_letter(&daemon, "capped.emit.dlq");
-    assert_eq!(
-        header(&entry, "sluice-dlq-kind"),
-        Some("output-too-large"),
-        "{entry}"
-    );
-    assert_eq!(header(&entry, "sluice-dlq-attempts"), Some("1"), "{entry}");
-    let error = header(&entry, "sluice-dlq-error").unwrap_or_default();
-    assert!(
-        error.contains(&TWO_MIB.to_string()) && error.contains(&(1u32 << 20).to_string()),
-        "the size and the limit: {error}"
-    );
-    assert!(error.contains("max_payload"), "{error}");
-    assert_eq!(daemon.depth("out"), 0);
-    assert_eq!(
-        stage_metric(&daemon, "sluice_handler_duration_seconds_count", "emit"),
-        1,
-        "the handler must not be retried"
+    an_emit_over_a_limit_is_dead_lettered_at_once(
+        &Backend::embedded(),
+        "claim_check: {store: file://claims, threshold: 256KiB, max_payload: 1MiB}",
     );
 }
