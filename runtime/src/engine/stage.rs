@@ -97,7 +97,8 @@ const DEDUP_POLL_MAX: Duration = Duration::from_secs(1);
 struct Job {
     delivery: Delivery,
     _permit: OwnedSemaphorePermit,
-    _bytes: OwnedSemaphorePermit,
+    /// `None` only if the budget's semaphore were closed, which it never is.
+    _bytes: Option<OwnedSemaphorePermit>,
 }
 
 /// Shared state of a running stage.
@@ -215,39 +216,7 @@ impl StageRunner {
             match fetched {
                 Ok(deliveries) => {
                     fetch_errors = 0;
-                    self.learn_sizes(&deliveries);
-                    let mut jobs = Vec::with_capacity(deliveries.len());
-                    let mut stopped = false;
-                    for (delivery, permit) in deliveries.into_iter().zip(permits) {
-                        let need = footprint(&delivery);
-                        let bytes = match self.inflight_bytes.clone().try_acquire_many_owned(need) {
-                            Ok(bytes) => bytes,
-                            Err(_) => {
-                                // Over the byte budget: start what is held
-                                // (it frees bytes as it settles), then wait.
-                                self.dispatch(std::mem::take(&mut jobs), &mut tasks).await;
-                                let wait = self.inflight_bytes.clone().acquire_many_owned(need);
-                                tokio::select! {
-                                    bytes = wait => match bytes {
-                                        Ok(bytes) => bytes,
-                                        Err(_) => break,
-                                    },
-                                    // The rest stays leased; `drain` naks it.
-                                    _ = stop.changed() => {
-                                        stopped = true;
-                                        break;
-                                    }
-                                }
-                            }
-                        };
-                        jobs.push(Job {
-                            delivery,
-                            _permit: permit,
-                            _bytes: bytes,
-                        });
-                    }
-                    self.dispatch(jobs, &mut tasks).await;
-                    if stopped {
+                    if !self.admit(deliveries, permits, &mut tasks, &mut stop).await {
                         break;
                     }
                 }
@@ -300,6 +269,42 @@ impl StageRunner {
         let fits = (self.inflight_bytes.available_permits() / typical).max(1);
         permits.truncate(fits);
         permits
+    }
+
+    /// Takes each fetched delivery's bytes from the budget and dispatches
+    /// it. Returns false if `stop` turned true while it waited for bytes:
+    /// what it had not dispatched stays leased, and `drain` naks it.
+    async fn admit(
+        self: &Arc<Self>,
+        deliveries: Vec<Delivery>,
+        permits: Vec<OwnedSemaphorePermit>,
+        tasks: &mut JoinSet<()>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> bool {
+        self.learn_sizes(&deliveries);
+        let mut jobs = Vec::with_capacity(deliveries.len());
+        for (delivery, permit) in deliveries.into_iter().zip(permits) {
+            let need = footprint(&delivery);
+            let bytes = match self.inflight_bytes.clone().try_acquire_many_owned(need) {
+                Ok(bytes) => Some(bytes),
+                Err(_) => {
+                    // Over the budget: start what is held (it frees bytes
+                    // as it settles), then wait.
+                    self.dispatch(std::mem::take(&mut jobs), tasks).await;
+                    tokio::select! {
+                        bytes = self.inflight_bytes.clone().acquire_many_owned(need) => bytes.ok(),
+                        _ = stop.changed() => return false,
+                    }
+                }
+            };
+            jobs.push(Job {
+                delivery,
+                _permit: permit,
+                _bytes: bytes,
+            });
+        }
+        self.dispatch(jobs, tasks).await;
+        true
     }
 
     /// Updates the size a fetch assumes per message: the largest just
