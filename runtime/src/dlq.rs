@@ -89,7 +89,7 @@ impl Provenance {
         h.push((ORIGINAL_ID.into(), self.original_id.clone()));
         h.push((ATTEMPTS.into(), self.attempts.to_string()));
         h.push((KIND.into(), self.kind.clone()));
-        h.push((ERROR.into(), one_line(&self.error)));
+        h.push((ERROR.into(), capped(one_line(&self.error))));
         h.push((FIRST_FAILURE.into(), self.first_failure.to_string()));
         h.push((LAST_FAILURE.into(), self.last_failure.to_string()));
     }
@@ -110,6 +110,25 @@ impl Provenance {
             last_failure: num(LAST_FAILURE)?,
         })
     }
+}
+
+/// The most bytes of error text a dead letter carries; a longer message
+/// (a handler's reject reason can be anything) is cut, marked with `…`.
+/// It bounds the provenance headers, which must fit beside the message
+/// under a broker's size limit.
+pub const ERROR_MAX: usize = 1024;
+
+/// `text`, cut to at most [`ERROR_MAX`] bytes at a character boundary.
+fn capped(mut text: String) -> String {
+    if text.len() > ERROR_MAX {
+        let mut end = ERROR_MAX - '…'.len_utf8();
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
 }
 
 /// `text` with its line breaks replaced: non-blank lines joined by ` / `.
@@ -189,6 +208,20 @@ mod tests {
         let mut m = Message::new("m1", "orders.route.dlq", "x");
         provenance().stamp(&mut m);
         assert_eq!(Provenance::read(&m), Some(provenance()));
+    }
+
+    #[test]
+    fn the_error_header_is_capped() {
+        let mut m = Message::new("m1", "orders.route.dlq", "x");
+        let long = Provenance {
+            error: "é".repeat(2000),
+            ..provenance()
+        };
+        long.stamp(&mut m);
+        let error = m.header(ERROR).expect("error header");
+        assert!(error.len() <= ERROR_MAX, "{}", error.len());
+        assert!(error.ends_with('…'));
+        assert_eq!(capped("short".into()), "short");
     }
 
     #[test]

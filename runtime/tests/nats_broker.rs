@@ -297,3 +297,62 @@ async fn user_password_and_token_logins_work_and_a_wrong_one_says_why() {
         "a wrong token is refused"
     );
 }
+
+/// A message must leave `DEAD_LETTER_HEADROOM` free under the server's
+/// max_payload, so that its dead letter (plus provenance headers, the
+/// error capped at `ERROR_MAX`) always fits: one that does not is refused
+/// before anything is sent, and the largest one allowed can be
+/// dead-lettered with a long error.
+#[tokio::test]
+async fn a_message_near_max_payload_is_refused_so_its_dead_letter_always_fits() {
+    use sluice::broker::nats::DEAD_LETTER_HEADROOM;
+    use sluice::dlq::Provenance;
+    let server = NatsServer::start().expect("nats-server");
+    let b = connect(&server).await;
+    b.ensure_topic(&subscribed("in")).await.expect("in");
+    b.ensure_topic(&TopicSpec::new("in.dlq"))
+        .await
+        .expect("dlq");
+    b.ensure_consumer(&consumer("p.s", "in", Duration::from_secs(30)))
+        .await
+        .expect("consumer");
+    let max = b.client().max_payload();
+    // "NATS/1.0\r\n\r\n" + "Nats-Msg-Id: big\r\n": the headers of a plain message.
+    let overhead = 12 + "Nats-Msg-Id: big\r\n".len();
+
+    let near = Message::new("near", "in", vec![b'n'; max - DEAD_LETTER_HEADROOM / 2]);
+    match b.publish(vec![near]).await {
+        Err(BrokerError::PayloadTooLarge(why)) => {
+            assert!(why.contains("dead letter"), "{why}");
+            assert!(why.contains(&max.to_string()), "{why}");
+        }
+        other => panic!("a message inside the headroom must be refused: {other:?}"),
+    }
+
+    let largest = vec![b'b'; max - DEAD_LETTER_HEADROOM - overhead];
+    b.publish(vec![Message::new("big", "in", largest.clone())])
+        .await
+        .expect("the largest allowed message");
+    let got = b.fetch("p.s", 1, WAIT).await.expect("fetch");
+    assert_eq!(got.len(), 1);
+    let mut entry = got[0].message.clone();
+    entry.topic = "in.dlq".into();
+    Provenance {
+        pipeline: "p".into(),
+        stage: "s".into(),
+        source_topic: "in".into(),
+        source_seq: got[0].seq,
+        original_id: "big".into(),
+        attempts: 5,
+        kind: "rejected".into(),
+        error: "a long reason ".repeat(500),
+        first_failure: 1,
+        last_failure: 2,
+    }
+    .stamp(&mut entry);
+    b.dead_letter(&got[0].receipt, entry)
+        .await
+        .expect("its dead letter fits");
+    let dlq = b.read("in.dlq", 0, 1, WAIT).await.expect("read dlq");
+    assert_eq!(dlq[0].message.payload.len(), largest.len());
+}

@@ -51,10 +51,31 @@ fn is_control(name: &str) -> bool {
         .is_some_and(|prefix| prefix.eq_ignore_ascii_case("nats-"))
 }
 
+/// The bytes `message` takes on the wire with the headers [`headers`]
+/// gives it (`NATS/1.0\r\n`, each `name: value\r\n`, a blank line, the
+/// body): what counts against the server's max_payload. Computed without
+/// building the header map.
+pub fn wire_size(message: &Message) -> usize {
+    let line = |name: &str, value: usize| name.len() + b": \r\n".len() + value;
+    let mut len = b"NATS/1.0\r\n\r\n".len() + line(MSG_ID, message.id.len());
+    if let Some(key) = &message.key {
+        len += line(KEY, key.len());
+    }
+    if message.published_at != 0 {
+        len += line(PUBLISHED_AT, message.published_at.to_string().len());
+    }
+    for (name, value) in &message.headers {
+        if !is_control(name) {
+            len += line(name, value.len());
+        }
+    }
+    len + message.payload.len()
+}
+
 /// The bytes `headers` take on the wire (`NATS/1.0\r\n`, each
-/// `name: value\r\n`, a blank line), which count against the server's
-/// max_payload together with the body.
-pub fn wire_len(headers: &HeaderMap) -> usize {
+/// `name: value\r\n`, a blank line).
+#[cfg(test)]
+fn wire_len(headers: &HeaderMap) -> usize {
     let mut len = b"NATS/1.0\r\n\r\n".len();
     for (name, values) in headers.iter() {
         let name: &str = name.as_ref();
@@ -137,6 +158,15 @@ mod tests {
         m.headers = vec![("x".into(), "1".into()), ("x".into(), "22".into())];
         // "NATS/1.0\r\n" + "Nats-Msg-Id: a\r\n" + "x: 1\r\n" + "x: 22\r\n" + "\r\n"
         assert_eq!(wire_len(&headers(&m)), 10 + 16 + 6 + 7 + 2);
+    }
+
+    #[test]
+    fn wire_size_is_what_the_headers_and_body_take() {
+        let mut m = Message::new("id-1", "t", "body");
+        m.key = Some("k".into());
+        m.published_at = 1_700_000_000_000;
+        m.headers = vec![("a".into(), "1".into()), ("Nats-Rollup".into(), "x".into())];
+        assert_eq!(wire_size(&m), wire_len(&headers(&m)) + 4);
     }
 
     #[test]

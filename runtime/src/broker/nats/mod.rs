@@ -221,26 +221,48 @@ impl NatsBroker {
             .map_err(|e| unavailable(&e))
     }
 
-    /// Publishes messages and waits for every `PubAck`. The publishes are
-    /// pipelined: all are sent before the first ack is awaited.
-    async fn publish_all(&self, messages: Vec<Message>) -> Result<Vec<PublishAck>, BrokerError> {
-        let prepared: Vec<_> = messages
-            .into_iter()
-            .map(|m| (codec::headers(&m), m))
-            .collect();
-        // The client refuses a message over the server's max_payload only
-        // as it sends it: check them all first, so a batch with one message
-        // too large publishes none rather than those before it.
+    /// Refuses any of `messages` that is too large to publish, before
+    /// anything is sent, so a batch with one such message publishes none
+    /// (the client would refuse it only as it sends it). A message must
+    /// leave [`DEAD_LETTER_HEADROOM`] free under the server's max_payload;
+    /// a dead letter (`headroom: false`) may use it.
+    fn check_sizes(&self, messages: &[Message], headroom: bool) -> Result<(), BrokerError> {
         let max = self.client.max_payload();
-        for (headers, message) in &prepared {
-            let size = codec::wire_len(headers) + message.payload.len();
-            if max > 0 && size > max {
+        if max == 0 {
+            return Ok(());
+        }
+        let limit = if headroom {
+            max.saturating_sub(DEAD_LETTER_HEADROOM)
+        } else {
+            max
+        };
+        for message in messages {
+            let size = codec::wire_size(message);
+            if size > limit {
+                let room = if headroom {
+                    format!(
+                        " less the {DEAD_LETTER_HEADROOM} bytes kept free for its dead letter's provenance headers"
+                    )
+                } else {
+                    String::new()
+                };
                 return Err(BrokerError::PayloadTooLarge(format!(
-                    "publishing to `{}`: message `{}` is {size} bytes with its headers, over the NATS server's max_payload of {max}; configure a claim_check for large payloads",
+                    "publishing to `{}`: message `{}` is {size} bytes with its headers, over the NATS server's max_payload of {max}{room}; configure a claim_check for large payloads",
                     message.topic, message.id
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// Publishes messages and waits for every `PubAck`. The publishes are
+    /// pipelined: all are sent before the first ack is awaited.
+    async fn publish_all(&self, messages: Vec<Message>) -> Result<Vec<PublishAck>, BrokerError> {
+        self.check_sizes(&messages, true)?;
+        let prepared: Vec<_> = messages
+            .into_iter()
+            .map(|m| (codec::headers(&m), m))
+            .collect();
         let mut pending = Vec::with_capacity(prepared.len());
         for (headers, message) in prepared {
             let topic = message.topic;
@@ -493,6 +515,7 @@ impl Broker for NatsBroker {
         if outputs.is_empty() {
             return self.settle(receipt, AckKind::Ack).await;
         }
+        self.check_sizes(&outputs, true)?;
         self.batcher
             .settle(outputs, live_handle(receipt)?, AckKind::Ack)
             .await
@@ -514,8 +537,10 @@ impl Broker for NatsBroker {
     async fn dead_letter(&self, receipt: &Receipt, entry: Message) -> Result<(), BrokerError> {
         // The DLQ copy is durable before the source is termed: a crash in
         // between redelivers the source, and the copy's id dedups the rerun.
+        let entry = vec![entry];
+        self.check_sizes(&entry, false)?;
         self.batcher
-            .settle(vec![entry], live_handle(receipt)?, AckKind::Term)
+            .settle(entry, live_handle(receipt)?, AckKind::Term)
             .await
     }
 
@@ -632,6 +657,13 @@ impl Broker for NatsBroker {
         self.client.flush().await.map_err(|e| unavailable(&e))
     }
 }
+
+/// Bytes a message published to NATS leaves free under the server's
+/// max_payload, so that its dead letter (the message plus the provenance
+/// headers, whose error text is capped at [`crate::dlq::ERROR_MAX`]) still
+/// fits: otherwise a message near the limit could never be dead-lettered
+/// and would be redelivered until JetStream's `max_deliver` gave up on it.
+pub const DEAD_LETTER_HEADROOM: usize = 4 << 10;
 
 /// How long past its own expiry a pull request may go unanswered before it
 /// counts as lost with the connection.
