@@ -101,28 +101,25 @@ pub(super) async fn stream(
     }
     let mut changes = Vec::new();
     let mut update = have.clone();
-    if have.max_age != want.max_age {
-        changes.push(format!("max_age {:?} -> {:?}", have.max_age, want.max_age));
-        update.max_age = want.max_age;
-    }
-    if have.duplicate_window != want.duplicate_window {
-        changes.push(format!(
-            "duplicate_window {:?} -> {:?}",
-            have.duplicate_window, want.duplicate_window
-        ));
-        update.duplicate_window = want.duplicate_window;
-    }
-    if have.num_replicas != want.num_replicas {
-        changes.push(format!(
-            "replicas {} -> {}",
-            have.num_replicas, want.num_replicas
-        ));
-        update.num_replicas = want.num_replicas;
-    }
-    if !have.allow_direct {
-        changes.push("allow_direct false -> true".into());
-        update.allow_direct = true;
-    }
+    put_back(&mut changes, "max_age", &mut update.max_age, &want.max_age);
+    put_back(
+        &mut changes,
+        "duplicate_window",
+        &mut update.duplicate_window,
+        &want.duplicate_window,
+    );
+    put_back(
+        &mut changes,
+        "replicas",
+        &mut update.num_replicas,
+        &want.num_replicas,
+    );
+    put_back(
+        &mut changes,
+        "allow_direct",
+        &mut update.allow_direct,
+        &want.allow_direct,
+    );
     if changes.is_empty() {
         return Ok(existing);
     }
@@ -214,27 +211,24 @@ pub(super) async fn consumer(
         ..Default::default()
     };
     let mut changes = Vec::new();
-    if have.ack_wait != want.ack_wait {
-        changes.push(format!(
-            "ack_wait {:?} -> {:?}",
-            have.ack_wait, want.ack_wait
-        ));
-        update.ack_wait = want.ack_wait;
-    }
-    if have.max_deliver != want.max_deliver {
-        changes.push(format!(
-            "max_deliver {} -> {}",
-            have.max_deliver, want.max_deliver
-        ));
-        update.max_deliver = want.max_deliver;
-    }
-    if have.max_ack_pending != want.max_ack_pending {
-        changes.push(format!(
-            "max_ack_pending {} -> {}",
-            have.max_ack_pending, want.max_ack_pending
-        ));
-        update.max_ack_pending = want.max_ack_pending;
-    }
+    put_back(
+        &mut changes,
+        "ack_wait",
+        &mut update.ack_wait,
+        &want.ack_wait,
+    );
+    put_back(
+        &mut changes,
+        "max_deliver",
+        &mut update.max_deliver,
+        &want.max_deliver,
+    );
+    put_back(
+        &mut changes,
+        "max_ack_pending",
+        &mut update.max_ack_pending,
+        &want.max_ack_pending,
+    );
     if have.filter_subject != want.filter_subject || !have.filter_subjects.is_empty() {
         changes.push(format!(
             "filter_subject {:?} -> {:?}",
@@ -255,6 +249,20 @@ pub(super) async fn consumer(
         .get_consumer(&durable)
         .await
         .map_err(|e| refused("cannot look up", &e))
+}
+
+/// Puts a drifted setting back: `field` (the server's value, in the
+/// update being built) becomes `want`, and the change is noted for the log.
+fn put_back<T: PartialEq + Clone + std::fmt::Debug>(
+    changes: &mut Vec<String>,
+    name: &str,
+    field: &mut T,
+    want: &T,
+) {
+    if field != want {
+        changes.push(format!("{name} {field:?} -> {want:?}"));
+        field.clone_from(want);
+    }
 }
 
 fn is_not_found(err: &jetstream::context::GetStreamError) -> bool {
