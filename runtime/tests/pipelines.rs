@@ -614,13 +614,15 @@ on_both_brokers!(
     quickstart_shows_outputs_and_one_dead_letter,
 );
 
-/// Large messages meet the stage's byte budget before its count limit: with
-/// 3 MiB messages arriving faster than a 300 ms handler takes them, the
-/// stage holds about `IN_FLIGHT_BYTES` / 3 MiB of them (plus the one the
-/// fetch loop waits with), not the `DEFAULT_IN_FLIGHT` its count limit
-/// would allow; the rest waits in the broker, and every message is still
-/// processed. The budget is the engine's, the same on both brokers; this
-/// runs on the embedded one, whose messages may be this large.
+/// Large messages meet the stage's byte budget before its count limit:
+/// with a backlog of 3 MiB messages and a 300 ms handler, the stage holds
+/// about `IN_FLIGHT_BYTES` / 3 MiB of them (plus the one the fetch loop
+/// waits with), not the `DEFAULT_IN_FLIGHT` its count limit would allow;
+/// the rest waits in the broker, and every message is still processed.
+/// The budget is the engine's, the same on both brokers; this runs on the
+/// embedded one, whose messages may be this large, and whose topic keeps
+/// what was published before any stage subscribed, so the whole backlog
+/// is there before the stage starts, however fast this machine publishes.
 #[test]
 fn large_messages_are_held_within_the_byte_budget() {
     use sluice::engine::{DEFAULT_IN_FLIGHT, IN_FLIGHT_BYTES};
@@ -632,35 +634,39 @@ fn large_messages_are_held_within_the_byte_budget() {
         "the count limit must not be what binds"
     );
     let dir = tempfile::tempdir().expect("dir");
-    let file = write_pipeline(
-        dir.path(),
-        "big",
-        &format!(
-            "name: big\ntopics: [in, out]\nstages:\n  - name: slow\n    subscribe: in\n    plugin: {}\n    concurrency: 1\n    config: {{ms: 300}}\n    publish: [out]\n",
-            plugin("sleepy")
-        ),
-    );
-    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
-    let payload = vec![b'b'; SIZE];
-    let held = std::sync::atomic::AtomicUsize::new(0);
-    // Four producers, so the backlog grows faster than the stage drains it,
-    // and a sampler of what the stage holds meanwhile.
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            while daemon.depth("out") < n {
-                held.fetch_max(in_flight(&daemon), std::sync::atomic::Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(50));
+    let data = dir.path().join("data");
+    let pipeline = |stage: &str, topic: &str| {
+        write_pipeline(
+            dir.path(),
+            "big",
+            &format!(
+                "name: big\ntopics: [in, out, idle]\nstages:\n  - name: {stage}\n    subscribe: {topic}\n    plugin: {}\n    concurrency: 1\n    config: {{ms: 300}}\n    publish: [out]\n",
+                plugin("sleepy")
+            ),
+        )
+    };
+    // The backlog first, while the stage reads another topic.
+    {
+        let daemon = Daemon::start(&[&pipeline("parked", "idle")], &data);
+        let payload = vec![b'b'; SIZE];
+        std::thread::scope(|s| {
+            for producer in 0..4 {
+                let (daemon, payload) = (&daemon, &payload);
+                s.spawn(move || {
+                    for i in (producer..n).step_by(4) {
+                        daemon.publish_bytes("in", &format!("big-{i}"), payload);
+                    }
+                });
             }
         });
-        for producer in 0..4 {
-            let (daemon, payload) = (&daemon, &payload);
-            s.spawn(move || {
-                for i in (producer..n).step_by(4) {
-                    daemon.publish_bytes("in", &format!("big-{i}"), payload);
-                }
-            });
-        }
-    });
+        assert_eq!(daemon.depth("in"), n);
+    }
+    let daemon = Daemon::start(&[&pipeline("slow", "in")], &data);
+    let held = std::sync::atomic::AtomicUsize::new(0);
+    while daemon.depth("out") < n {
+        held.fetch_max(in_flight(&daemon), std::sync::atomic::Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let held = held.into_inner();
     eprintln!("{n} messages of {SIZE} B: at most {held} held at once (budget fits {fit})");
     assert!(
