@@ -696,33 +696,15 @@ fn sluice_publish_goes_through_the_ingest_api(backend: &Backend) {
     // What the daemon refuses comes back as its error, exit 2: an empty id;
     // a line break in a header value, which NATS headers cannot carry (so
     // it is refused on both brokers).
-    let out = sluice(
-        &daemon,
-        &["publish", "side", "--data", "x", "--id", ""],
-        None,
-    );
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = sluice(
-        &daemon,
-        &["publish", "side", "--data", "x", "--header", "note=a\nb"],
-        None,
-    );
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("line break"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let refused = |args: &[&str]| {
+        let out = sluice(&daemon, args, None);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        stderr
+    };
+    refused(&["publish", "side", "--data", "x", "--id", ""]);
+    let stderr = refused(&["publish", "side", "--data", "x", "--header", "note=a\nb"]);
+    assert!(stderr.contains("line break"), "{stderr}");
     let out = sluice(&daemon, &["publish", "nope", "--data", "x"], None);
     assert_eq!(out.status.code(), Some(2));
     assert!(

@@ -139,17 +139,24 @@ async fn what_jetstream_cannot_change_is_refused_with_what_to_do() {
     assert!(err.to_string().contains("valid NATS subject"), "{err}");
 }
 
-#[tokio::test]
-async fn messages_are_plain_nats_messages_and_settle_as_asked() {
-    let server = NatsServer::start().expect("nats-server");
-    let b = connect(&server).await;
+/// A broker on `server` with topic `in` (subscribed), its DLQ topic
+/// `in.dlq`, and the stage consumer `spec` on `in`.
+async fn stage_with_dlq(server: &NatsServer, spec: &ConsumerSpec) -> std::sync::Arc<NatsBroker> {
+    let b = connect(server).await;
     b.ensure_topic(&subscribed("in")).await.expect("in");
     b.ensure_topic(&TopicSpec::new("in.dlq"))
         .await
         .expect("dlq");
+    b.ensure_consumer(spec).await.expect("consumer");
+    b
+}
+
+#[tokio::test]
+async fn messages_are_plain_nats_messages_and_settle_as_asked() {
+    let server = NatsServer::start().expect("nats-server");
     let mut spec = consumer("p.s", "in", Duration::from_secs(30));
     spec.filter = BTreeMap::from([("region".to_owned(), "eu".to_owned())]);
-    b.ensure_consumer(&spec).await.expect("consumer");
+    let b = stage_with_dlq(&server, &spec).await;
 
     let mut eu = Message::new("m1", "in", "hello");
     eu.key = Some("k1".into());
@@ -308,14 +315,7 @@ async fn a_message_near_max_payload_is_refused_so_its_dead_letter_always_fits() 
     use sluice::broker::nats::DEAD_LETTER_HEADROOM;
     use sluice::dlq::Provenance;
     let server = NatsServer::start().expect("nats-server");
-    let b = connect(&server).await;
-    b.ensure_topic(&subscribed("in")).await.expect("in");
-    b.ensure_topic(&TopicSpec::new("in.dlq"))
-        .await
-        .expect("dlq");
-    b.ensure_consumer(&consumer("p.s", "in", Duration::from_secs(30)))
-        .await
-        .expect("consumer");
+    let b = stage_with_dlq(&server, &consumer("p.s", "in", Duration::from_secs(30))).await;
     let max = b.client().max_payload();
     // "NATS/1.0\r\n\r\n" + "Nats-Msg-Id: big\r\n": the headers of a plain message.
     let overhead = 12 + "Nats-Msg-Id: big\r\n".len();
