@@ -312,7 +312,9 @@ fn cluster_r3_survives_the_loss_of_a_node_and_loses_nothing() {
     let dir = tempfile::tempdir().expect("dir");
     let file = pipeline(
         dir.path(),
-        "    concurrency: 4\n    ack_wait: 5s\n    config: {sleep_ms: 2}\n",
+        // 5 ms a message (at most ~800/s with 4 workers), so the run goes
+        // on for seconds after the kill, however fast the stage fetches.
+        "    concurrency: 4\n    ack_wait: 5s\n    config: {sleep_ms: 5}\n",
     );
     let broker = format!("{}?replicas=3", cluster.urls());
     let daemon = Daemon::start_with_broker(Some(broker), &[&file], &dir.path().join("data"));
@@ -333,6 +335,8 @@ fn cluster_r3_survives_the_loss_of_a_node_and_loses_nothing() {
         .expect("the daemon is connected to one of the nodes");
     let leader = watcher.consumer_leader("in", CONSUMER);
     let name = cluster.nodes()[index].name().to_owned();
+    let before_kill = watcher.depth("out").unwrap_or_default();
+    assert!(before_kill < n as u64, "it finished before the kill");
     cluster.kill_node(index).expect("kill a node");
     let after_kill = loop {
         if let Some(depth) = watcher.depth("out") {
@@ -340,7 +344,6 @@ fn cluster_r3_survives_the_loss_of_a_node_and_loses_nothing() {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert!(after_kill < n as u64, "it finished before the kill");
     eprintln!(
         "killed node {index} ({name}, the daemon's server; the consumer's leader was {leader:?}) \
          with `out` at {after_kill} of {n}"
