@@ -8,6 +8,7 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
+use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
@@ -50,7 +51,7 @@ impl ClaimStore {
                 let root = dir.canonicalize().map_err(|e| {
                     ClaimError::Store(format!("claim directory {}: {e}", dir.display()))
                 })?;
-                let store = object_store::local::LocalFileSystem::new_with_prefix(&root)
+                let store = LocalFileSystem::new_with_prefix(&root)
                     .map_err(|e| ClaimError::Store(e.to_string()))?;
                 Ok(ClaimStore {
                     url: StoreUrl::File(root.clone()).to_string(),
@@ -214,8 +215,18 @@ impl ClaimStore {
     }
 }
 
-/// Writes `<root>/<key>` durably: temp file, fsync, rename, fsync of the
-/// directory (and of `root` when the key's directory is new).
+/// How much is written before the kernel is asked to start putting it on
+/// disk (see [`start_writeback`]).
+const WRITE_CHUNK: usize = 1 << 20;
+
+/// Writes `<root>/<key>` durably: temp file, fdatasync, rename, fsync of
+/// the directory (and of `root` when the key's directory is new).
+///
+/// The file is written a chunk at a time, each chunk handed to the disk
+/// as soon as it is in the page cache, so that by the time of the
+/// fdatasync most of the payload is already on its way: the wait for the
+/// disk overlaps the copying instead of following it (for 10 MB, about
+/// 5 ms against 9 ms on this project's machines; BENCHMARKS.md).
 fn durable_write(root: &FsPath, key: &str, payload: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let target = root.join(key);
@@ -231,8 +242,14 @@ fn durable_write(root: &FsPath, key: &str, payload: &[u8]) -> std::io::Result<()
     let staged = dir.join(format!(".{name}.tmp"));
     let result = (|| {
         let mut file = std::fs::File::create(&staged)?;
-        file.write_all(payload)?;
-        file.sync_all()?;
+        let mut offset = 0;
+        for chunk in payload.chunks(WRITE_CHUNK) {
+            file.write_all(chunk)?;
+            start_writeback(&file, offset, chunk.len());
+            offset += chunk.len() as u64;
+        }
+        // fdatasync also writes the size, the metadata the data needs.
+        file.sync_data()?;
         drop(file);
         std::fs::rename(&staged, &target)?;
         sync_dir(dir)
@@ -246,3 +263,26 @@ fn durable_write(root: &FsPath, key: &str, payload: &[u8]) -> std::io::Result<()
 fn sync_dir(dir: &FsPath) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
+
+/// Asks the kernel to start writing `len` bytes of `file` at `offset` to
+/// disk, without waiting for them. Only a head start: durability comes
+/// from the fdatasync after, which also reports any write error, so this
+/// one's result is not needed.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn start_writeback(file: &std::fs::File, offset: u64, len: usize) {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return;
+    };
+    // SAFETY: sync_file_range takes a file descriptor and plain integers
+    // and touches no memory of ours; the descriptor stays open for the
+    // call, borrowed from `file`.
+    let _ = unsafe {
+        libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE)
+    };
+}
+
+/// Elsewhere the fdatasync alone does the work.
+#[cfg(not(target_os = "linux"))]
+fn start_writeback(_file: &std::fs::File, _offset: u64, _len: usize) {}
