@@ -289,7 +289,8 @@ fn choose_broker(flag: Option<&str>, pipelines: &[Pipeline]) -> Result<BrokerCho
 }
 
 /// Every topic the pipelines declare, plus each stage's DLQ topic. A topic
-/// is `subscribed` when some stage reads it, and its duplicate window covers
+/// is `subscribed` when some stage reads it, takes `dead_letters` when it
+/// is some stage's DLQ, and its duplicate window covers
 /// the retry horizon of every stage publishing to it: a stage republishes
 /// its outputs (same ids) at most `ack_wait` after a crash, or one backoff
 /// after a failed completion, so twice the longer of the two is kept.
@@ -318,13 +319,44 @@ fn topic_specs(pipelines: &[Pipeline]) -> Vec<TopicSpec> {
                 if spec.name == stage.subscribe.topic {
                     spec.subscribed = true;
                 }
-                if stage.publish.contains(&spec.name)
-                    || spec.name == stage.dlq_topic(&pipeline.name)
-                {
+                let dlq = spec.name == stage.dlq_topic(&pipeline.name);
+                spec.dead_letters |= dlq;
+                if stage.publish.contains(&spec.name) || dlq {
                     spec.duplicate_window = spec.duplicate_window.max(Some(horizon));
                 }
             }
         }
     }
     specs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_specs_mark_what_is_read_and_what_takes_dead_letters() {
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("shop.yaml");
+        std::fs::write(
+            &file,
+            "name: shop\ntopics: [in, out]\nstages:\n\
+             \x20 - {name: a, subscribe: in, publish: [out], plugin: x.wasm}\n\
+             \x20 - {name: redo, subscribe: shop.a.dlq, plugin: x.wasm}\n",
+        )
+        .expect("write");
+        let pipelines = crate::config::load(&[file]).expect("a valid pipeline");
+        let specs = topic_specs(&pipelines);
+        let spec = |name: &str| {
+            specs
+                .iter()
+                .find(|s| s.name == name)
+                .unwrap_or_else(|| panic!("no spec for {name}: {specs:?}"))
+        };
+        let flags = |name: &str| (spec(name).subscribed, spec(name).dead_letters);
+        assert_eq!(flags("in"), (true, false));
+        assert_eq!(flags("out"), (false, false));
+        assert_eq!(flags("shop.a.dlq"), (true, true));
+        assert_eq!(flags("shop.redo.dlq"), (false, true));
+    }
 }

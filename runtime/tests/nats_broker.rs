@@ -308,8 +308,9 @@ async fn user_password_and_token_logins_work_and_a_wrong_one_says_why() {
 /// A message must leave `DEAD_LETTER_HEADROOM` free under the server's
 /// max_payload, so that its dead letter (plus provenance headers, the
 /// error capped at `ERROR_MAX`) always fits: one that does not is refused
-/// before anything is sent, and the largest one allowed can be
-/// dead-lettered with a long error.
+/// before anything is sent, an outside producer's is refused by the
+/// server (the stream's max_msg_size, which counts headers too), and the
+/// largest one allowed can be dead-lettered with a long error.
 #[tokio::test]
 async fn a_message_near_max_payload_is_refused_so_its_dead_letter_always_fits() {
     use sluice::broker::nats::DEAD_LETTER_HEADROOM;
@@ -328,6 +329,41 @@ async fn a_message_near_max_payload_is_refused_so_its_dead_letter_always_fits() 
         }
         other => panic!("a message inside the headroom must be refused: {other:?}"),
     }
+
+    // An outside producer, publishing to the subject with a plain client.
+    let outside = jetstream::new(b.client().clone());
+    let limit = max - DEAD_LETTER_HEADROOM;
+    let mut padded = async_nats::HeaderMap::new();
+    padded.insert("padding", "p".repeat(200).as_str());
+    for (what, headers, body) in [
+        (
+            "a body inside the headroom",
+            None,
+            max - DEAD_LETTER_HEADROOM / 2,
+        ),
+        (
+            "a body that fits, with headers that do not",
+            Some(padded),
+            limit - 100,
+        ),
+    ] {
+        let ack = match headers {
+            Some(headers) => {
+                outside
+                    .publish_with_headers("in", headers, vec![b'o'; body].into())
+                    .await
+            }
+            None => outside.publish("in", vec![b'o'; body].into()).await,
+        }
+        .expect("the server takes the publish");
+        let err = ack.await.expect_err(what);
+        assert!(err.to_string().contains("maximum"), "{what}: {err}");
+    }
+    assert_eq!(
+        b.topic_stats("in").await.expect("stats").depth,
+        0,
+        "the stream took a message over its limit"
+    );
 
     let largest = vec![b'b'; max - DEAD_LETTER_HEADROOM - overhead];
     b.publish(vec![Message::new("big", "in", largest.clone())])

@@ -120,6 +120,10 @@ pub struct TopicSpec {
     /// at least the retry horizon of the stages publishing to it. `None`
     /// leaves the broker's default.
     pub duplicate_window: Option<Duration>,
+    /// Whether some stage dead-letters into it. A dead letter carries
+    /// provenance headers on top of its source message, so a broker with
+    /// a size limit lets it use the room it keeps free on other topics.
+    pub dead_letters: bool,
 }
 
 impl TopicSpec {
@@ -130,6 +134,7 @@ impl TopicSpec {
             retention: None,
             subscribed: false,
             duplicate_window: None,
+            dead_letters: false,
         }
     }
 }

@@ -434,7 +434,8 @@ impl NatsBroker {
 #[async_trait]
 impl Broker for NatsBroker {
     async fn ensure_topic(&self, spec: &TopicSpec) -> Result<(), BrokerError> {
-        let stream = provision::stream(&self.js, &self.options, spec).await?;
+        let stream =
+            provision::stream(&self.js, &self.options, spec, self.client.max_payload()).await?;
         write(&self.streams).insert(spec.name.clone(), stream);
         Ok(())
     }

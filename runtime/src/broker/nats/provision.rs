@@ -12,11 +12,12 @@ use async_nats::jetstream::{
     stream::{self, RetentionPolicy, StorageType, Stream},
 };
 
-use super::{NatsOptions, naming};
+use super::{DEAD_LETTER_HEADROOM, NatsOptions, naming};
 use crate::broker::{BrokerError, ConsumerSpec, TopicSpec};
 
-/// The stream config `spec` asks for.
-fn wanted_stream(options: &NatsOptions, spec: &TopicSpec) -> stream::Config {
+/// The stream config `spec` asks for, on a server whose max_payload is
+/// `max_payload` (0: unknown).
+fn wanted_stream(options: &NatsOptions, spec: &TopicSpec, max_payload: usize) -> stream::Config {
     let max_age = spec.retention.unwrap_or(Duration::ZERO);
     let mut duplicate_window = spec
         .duplicate_window
@@ -40,7 +41,28 @@ fn wanted_stream(options: &NatsOptions, spec: &TopicSpec) -> stream::Config {
         num_replicas: options.replicas,
         storage: StorageType::File,
         allow_direct: true,
+        max_message_size: max_message_size(spec, max_payload),
         ..Default::default()
+    }
+}
+
+/// The largest message a topic's stream takes (headers and body, as the
+/// server counts them), -1 for no limit of its own.
+///
+/// A stage's source must leave [`DEAD_LETTER_HEADROOM`] free under the
+/// server's max_payload, so that the message's dead letter, which adds
+/// provenance headers, can always be published. Sluice's own publishes
+/// are checked against that before they are sent; the stream's limit
+/// makes the server hold an outside producer to it too, with an error on
+/// its publish, rather than take a message that could never be
+/// dead-lettered. Topics no stage reads (outputs) and DLQs, read by a
+/// stage or not, take up to the server's max_payload.
+fn max_message_size(spec: &TopicSpec, max_payload: usize) -> i32 {
+    match max_payload.checked_sub(DEAD_LETTER_HEADROOM) {
+        Some(limit) if spec.subscribed && !spec.dead_letters && limit > 0 => {
+            i32::try_from(limit).unwrap_or(-1)
+        }
+        _ => -1,
     }
 }
 
@@ -49,6 +71,7 @@ pub(super) async fn stream(
     js: &jetstream::Context,
     options: &NatsOptions,
     spec: &TopicSpec,
+    max_payload: usize,
 ) -> Result<Stream, BrokerError> {
     if !naming::valid_subject(&spec.name) {
         return Err(BrokerError::Provision(format!(
@@ -56,7 +79,7 @@ pub(super) async fn stream(
             spec.name
         )));
     }
-    let want = wanted_stream(options, spec);
+    let want = wanted_stream(options, spec, max_payload);
     let name = want.name.clone();
     let refused = |what: &str, err: &dyn std::fmt::Display| {
         BrokerError::Provision(format!(
@@ -119,6 +142,12 @@ pub(super) async fn stream(
         "allow_direct",
         &mut update.allow_direct,
         &want.allow_direct,
+    );
+    put_back(
+        &mut changes,
+        "max_msg_size",
+        &mut update.max_message_size,
+        &want.max_message_size,
     );
     if changes.is_empty() {
         return Ok(existing);
@@ -271,4 +300,30 @@ fn is_not_found(err: &jetstream::context::GetStreamError) -> bool {
         jetstream::context::GetStreamErrorKind::JetStream(e)
             if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_stage_source_that_is_not_a_dlq_keeps_the_headroom_free() {
+        let max = 1 << 20;
+        let limit = i32::try_from(max - DEAD_LETTER_HEADROOM).expect("fits");
+        let spec = |subscribed, dead_letters| TopicSpec {
+            subscribed,
+            dead_letters,
+            ..TopicSpec::new("t")
+        };
+        assert_eq!(max_message_size(&spec(true, false), max), limit);
+        assert_eq!(max_message_size(&spec(false, false), max), -1);
+        assert_eq!(max_message_size(&spec(true, true), max), -1);
+        assert_eq!(max_message_size(&spec(false, true), max), -1);
+        // A server that did not say (0), or one too small to keep any.
+        assert_eq!(max_message_size(&spec(true, false), 0), -1);
+        assert_eq!(
+            max_message_size(&spec(true, false), DEAD_LETTER_HEADROOM),
+            -1
+        );
+    }
 }
