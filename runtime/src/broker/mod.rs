@@ -266,6 +266,21 @@ pub trait Broker: Send + Sync + 'static {
         consumer: &str,
         max: usize,
         wait: Duration,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        self.fetch_within(consumer, max, usize::MAX, wait).await
+    }
+
+    /// [`Broker::fetch`], stopping short of a new message that would take
+    /// the payloads fetched past `max_bytes`, but always taking one if
+    /// one is ready: a stage's byte budget then holds to within one
+    /// message however much message sizes jump between fetches.
+    /// (Redeliveries are counted, not held back.)
+    async fn fetch_within(
+        &self,
+        consumer: &str,
+        max: usize,
+        max_bytes: usize,
+        wait: Duration,
     ) -> Result<Vec<Delivery>, BrokerError>;
 
     /// Acks without outputs.

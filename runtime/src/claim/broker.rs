@@ -72,13 +72,16 @@ impl Broker for ClaimingBroker {
         self.inner.publish(messages).await
     }
 
-    async fn fetch(
+    async fn fetch_within(
         &self,
         consumer: &str,
         max: usize,
+        max_bytes: usize,
         wait: Duration,
     ) -> Result<Vec<Delivery>, BrokerError> {
-        self.inner.fetch(consumer, max, wait).await
+        self.inner
+            .fetch_within(consumer, max, max_bytes, wait)
+            .await
     }
 
     async fn ack(&self, receipt: &Receipt) -> Result<(), BrokerError> {

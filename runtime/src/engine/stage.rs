@@ -319,29 +319,32 @@ impl StageRunner {
         }
     }
 
-    /// Fetches up to `max` deliveries and records their leases. A batch
-    /// stage keeps fetching until the batch is full or its wait is over.
+    /// Fetches up to `max` deliveries, within the free byte budget (or one
+    /// larger message), and records their leases. A batch stage keeps
+    /// fetching until the batch is full, the budget is, or its wait is over.
     async fn fetch(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
+        let budget = self.inflight_bytes.available_permits();
         let mut out = match self.batch {
             None => {
                 self.broker
-                    .fetch(&self.consumer, max, Duration::from_secs(1))
+                    .fetch_within(&self.consumer, max, budget, Duration::from_secs(1))
                     .await?
             }
             Some((_, wait)) => {
                 let mut out = self
                     .broker
-                    .fetch(&self.consumer, max, Duration::from_secs(1))
+                    .fetch_within(&self.consumer, max, budget, Duration::from_secs(1))
                     .await?;
                 let deadline = Instant::now() + wait;
                 while !out.is_empty() && out.len() < max {
                     let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
+                    let held: usize = out.iter().map(|d| d.message.payload.len()).sum();
+                    if left.is_zero() || held >= budget {
                         break;
                     }
                     let more = self
                         .broker
-                        .fetch(&self.consumer, max - out.len(), left)
+                        .fetch_within(&self.consumer, max - out.len(), budget - held, left)
                         .await?;
                     if more.is_empty() {
                         break;

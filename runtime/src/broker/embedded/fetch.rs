@@ -48,6 +48,7 @@ impl EmbeddedBroker {
         &self,
         consumer: &Arc<Consumer>,
         max: usize,
+        max_bytes: usize,
         wait: Duration,
     ) -> Result<Vec<Delivery>, BrokerError> {
         if max == 0 {
@@ -62,7 +63,7 @@ impl EmbeddedBroker {
             settled.as_mut().enable();
             let out = {
                 let _one_fetch_at_a_time = consumer.fetch_lock.lock().await;
-                self.fetch_once(consumer, max).await?
+                self.fetch_once(consumer, max, max_bytes).await?
             };
             let now = Instant::now();
             if !out.is_empty() || now >= deadline {
@@ -85,11 +86,13 @@ impl EmbeddedBroker {
         }
     }
 
-    /// One pass: due redeliveries, then new messages.
+    /// One pass: due redeliveries, then new messages while their payloads
+    /// fit in what `max_bytes` leaves (the first one always).
     async fn fetch_once(
         &self,
         consumer: &Arc<Consumer>,
         max: usize,
+        max_bytes: usize,
     ) -> Result<Vec<Delivery>, BrokerError> {
         let store = &self.shared.store;
         let topic = &consumer.topic;
@@ -99,10 +102,12 @@ impl EmbeddedBroker {
         let mut deliveries = Vec::with_capacity(max.min(1024));
         let mut records: Vec<(u64, PendingRecord)> = Vec::new();
         let mut vanished = Vec::new();
+        let mut bytes = 0usize;
         for r in &redeliveries {
             match store.message(topic.id, r.seq)? {
                 Some(rec) => {
                     records.push((r.seq, r.pending.record()));
+                    bytes = bytes.saturating_add(rec.payload.len());
                     deliveries.push(delivery(consumer, topic, rec, r.seq, r.pending.attempt));
                 }
                 None => vanished.push((r.seq, r.pending.attempt)),
@@ -131,9 +136,19 @@ impl EmbeddedBroker {
                         .map_err(|e| storage("reading messages", e))?;
                     let seq = key_seq(&k)?;
                     let rec: MessageRecord = decode(&v)?;
-                    scanned += 1;
                     let m = message(topic, rec);
-                    if spec.accepts(&m) {
+                    let accepted = spec.accepts(&m);
+                    if accepted
+                        && !deliveries.is_empty()
+                        && bytes.saturating_add(m.payload.len()) > max_bytes
+                    {
+                        // Left for the next fetch, cursor and all.
+                        next = seq;
+                        break;
+                    }
+                    scanned += 1;
+                    if accepted {
+                        bytes = bytes.saturating_add(m.payload.len());
                         let p = Pending {
                             attempt: 1,
                             due: lease_until,

@@ -431,14 +431,15 @@ impl Broker for EmbeddedBroker {
         self.call(|reply| Op::Publish { messages, reply }).await
     }
 
-    async fn fetch(
+    async fn fetch_within(
         &self,
         consumer: &str,
         max: usize,
+        max_bytes: usize,
         wait: Duration,
     ) -> Result<Vec<Delivery>, BrokerError> {
         let consumer = self.shared.consumer(consumer)?;
-        self.fetch_for(&consumer, max, wait).await
+        self.fetch_for(&consumer, max, max_bytes, wait).await
     }
 
     async fn ack(&self, receipt: &Receipt) -> Result<(), BrokerError> {

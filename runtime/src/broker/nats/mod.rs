@@ -72,8 +72,10 @@ struct Puller {
 
 /// What a pull request asks for.
 enum Pull {
-    /// Up to this many, answered at once (404 when there are none).
-    Ready(usize),
+    /// Up to this many, answered at once (404 when there are none), and
+    /// (when given) no more payload bytes than this: the server stops
+    /// before a message that does not fit, even the first (409).
+    Ready(usize, Option<usize>),
     /// One message, waiting up to this long for it.
     First(Duration),
 }
@@ -368,9 +370,14 @@ impl NatsBroker {
         out: &mut Vec<Delivery>,
     ) -> Result<(), BrokerError> {
         let (batch, body, limit) = match pull {
-            Pull::Ready(batch) => (
+            Pull::Ready(batch, max_bytes) => (
                 batch,
-                format!(r#"{{"batch":{batch},"no_wait":true}}"#),
+                match max_bytes {
+                    Some(bytes) => {
+                        format!(r#"{{"batch":{batch},"max_bytes":{bytes},"no_wait":true}}"#)
+                    }
+                    None => format!(r#"{{"batch":{batch},"no_wait":true}}"#),
+                },
                 PULL_GRACE,
             ),
             Pull::First(wait) => (
@@ -460,14 +467,17 @@ impl Broker for NatsBroker {
         self.publish_all(messages).await
     }
 
-    /// Takes what is ready at once (a `no_wait` pull of `max`); when nothing
-    /// is, long-polls for one message for up to `wait`, so a quiet stage
-    /// answers a new message within a round trip instead of a whole `wait`.
-    /// Every pull request is bounded in time (see [`NatsBroker::pull`]).
-    async fn fetch(
+    /// Takes what is ready at once (a `no_wait` pull of `max`, with
+    /// `max_bytes`); when nothing is (or the first ready message is larger
+    /// than `max_bytes`), long-polls for one message, whatever its size,
+    /// for up to `wait`, so a quiet stage answers a new message within a
+    /// round trip instead of a whole `wait`. Every pull request is bounded
+    /// in time (see [`NatsBroker::pull`]).
+    async fn fetch_within(
         &self,
         consumer: &str,
         max: usize,
+        max_bytes: usize,
         wait: Duration,
     ) -> Result<Vec<Delivery>, BrokerError> {
         let handle = self.consumer(consumer).await?;
@@ -483,7 +493,15 @@ impl Broker for NatsBroker {
         let deadline = Instant::now() + wait;
         loop {
             let result = self
-                .pull(&handle, puller, Pull::Ready(max - out.len()), &mut out)
+                .pull(
+                    &handle,
+                    puller,
+                    Pull::Ready(
+                        max - out.len(),
+                        (max_bytes < usize::MAX).then_some(max_bytes),
+                    ),
+                    &mut out,
+                )
                 .await;
             // Deliveries already taken are leased to us: hand them on even
             // if the rest of the pull failed.
