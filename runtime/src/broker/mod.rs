@@ -270,11 +270,10 @@ pub trait Broker: Send + Sync + 'static {
         self.fetch_within(consumer, max, usize::MAX, wait).await
     }
 
-    /// [`Broker::fetch`], stopping short of a new message that would take
+    /// [`Broker::fetch`], stopping short of a delivery that would take
     /// the payloads fetched past `max_bytes`, but always taking one if
     /// one is ready: a stage's byte budget then holds to within one
     /// message however much message sizes jump between fetches.
-    /// (Redeliveries are counted, not held back.)
     async fn fetch_within(
         &self,
         consumer: &str,

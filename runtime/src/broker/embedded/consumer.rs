@@ -19,7 +19,7 @@ use super::topic::Topic;
 use crate::broker::{BrokerError, ConsumerSpec, Receipt};
 
 /// One delivered, unsettled message.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Pending {
     /// The attempt of the current (or last) delivery.
     pub attempt: u32,
@@ -90,6 +90,8 @@ pub(super) struct Redelivery {
     pub seq: u64,
     /// The new attempt.
     pub pending: Pending,
+    /// The entry as it was before it was taken, for [`Consumer::untake`].
+    pub previous: Pending,
 }
 
 impl Consumer {
@@ -159,10 +161,32 @@ impl Consumer {
             }
             st.pending.insert(seq, next);
             st.timers.push(Reverse((lease, seq)));
-            out.push(Redelivery { seq, pending: next });
+            out.push(Redelivery {
+                seq,
+                pending: next,
+                previous: entry,
+            });
         }
         st.timers.extend(deferred);
         (out, allowance)
+    }
+
+    /// Puts back redeliveries [`Consumer::take_due`] handed out that the
+    /// fetch did not deliver (they did not fit its byte limit): due as
+    /// they were, with their attempt count, and not counted as leased if
+    /// they were not. One changed meanwhile is left as it is now.
+    pub fn untake(&self, taken: &[Redelivery]) {
+        let mut st = self.state();
+        for r in taken {
+            if st.pending.get(&r.seq) != Some(&r.pending) {
+                continue;
+            }
+            if !r.previous.leased {
+                st.leased = st.leased.saturating_sub(1);
+            }
+            st.pending.insert(r.seq, r.previous);
+            st.timers.push(Reverse((r.previous.due, r.seq)));
+        }
     }
 
     /// How many new leases max_ack_pending permits now.

@@ -86,8 +86,8 @@ impl EmbeddedBroker {
         }
     }
 
-    /// One pass: due redeliveries, then new messages while their payloads
-    /// fit in what `max_bytes` leaves (the first one always).
+    /// One pass: due redeliveries, then new messages, while their payloads
+    /// fit in `max_bytes` (the first one always).
     async fn fetch_once(
         &self,
         consumer: &Arc<Consumer>,
@@ -103,9 +103,17 @@ impl EmbeddedBroker {
         let mut records: Vec<(u64, PendingRecord)> = Vec::new();
         let mut vanished = Vec::new();
         let mut bytes = 0usize;
-        for r in &redeliveries {
+        let mut over_budget = false;
+        for (i, r) in redeliveries.iter().enumerate() {
             match store.message(topic.id, r.seq)? {
                 Some(rec) => {
+                    if !deliveries.is_empty() && bytes.saturating_add(rec.payload.len()) > max_bytes
+                    {
+                        // This one and the rest wait for the next fetch.
+                        consumer.untake(&redeliveries[i..]);
+                        over_budget = true;
+                        break;
+                    }
                     records.push((r.seq, r.pending.record()));
                     bytes = bytes.saturating_add(rec.payload.len());
                     deliveries.push(delivery(consumer, topic, rec, r.seq, r.pending.attempt));
@@ -114,7 +122,11 @@ impl EmbeddedBroker {
             }
         }
 
-        let want = (max - redeliveries.len()).min(usize::try_from(allowance).unwrap_or(usize::MAX));
+        let want = if over_budget {
+            0
+        } else {
+            (max - redeliveries.len()).min(usize::try_from(allowance).unwrap_or(usize::MAX))
+        };
         let mut new_cursor = None;
         let mut leases = Vec::new();
         if want > 0 {
