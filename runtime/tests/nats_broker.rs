@@ -76,6 +76,13 @@ async fn provisioning_is_idempotent_and_puts_drift_back() {
     assert_eq!(config.retention, RetentionPolicy::Interest);
     assert_eq!(config.max_age, Duration::from_secs(3600));
     assert_eq!(config.duplicate_window, Duration::from_secs(300));
+    // A stage reads it: the server holds every producer to the headroom.
+    let limit = b.client().max_payload() - sluice::broker::nats::DEAD_LETTER_HEADROOM;
+    assert_eq!(
+        usize::try_from(config.max_message_size).ok(),
+        Some(limit),
+        "max_msg_size"
+    );
 
     let mut pull = server_consumer(&b, "orders.in", "orders.route").await;
     let info = pull.info().await.expect("consumer info").clone();
@@ -104,6 +111,25 @@ async fn provisioning_is_idempotent_and_puts_drift_back() {
     assert_eq!(config.max_age, Duration::from_secs(7200));
     let info = pull.info().await.expect("consumer info").clone();
     assert_eq!(info.config.ack_wait, Duration::from_secs(10));
+
+    // A stream made before streams carried the limit gets it on start.
+    let mut unlimited = config.clone();
+    unlimited.max_message_size = -1;
+    js.update_stream(unlimited).await.expect("lift the limit");
+    let lifted = stream.info().await.expect("info").config.max_message_size;
+    assert_eq!(lifted, -1, "the limit was lifted");
+    b2.ensure_topic(&TopicSpec {
+        retention: Some(Duration::from_secs(7200)),
+        ..spec.clone()
+    })
+    .await
+    .expect("the limit put back");
+    let config = stream.info().await.expect("info").config.clone();
+    assert_eq!(
+        usize::try_from(config.max_message_size).ok(),
+        Some(limit),
+        "max_msg_size put back"
+    );
 }
 
 #[tokio::test]
