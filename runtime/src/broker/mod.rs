@@ -75,6 +75,19 @@ impl Message {
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
     }
+
+    /// The bytes it holds in memory: payload, id, key and headers. What a
+    /// stage's byte budget and a fetch's `max_bytes` count.
+    pub fn size(&self) -> usize {
+        self.payload.len()
+            + self.id.len()
+            + self.key.as_ref().map_or(0, String::len)
+            + self
+                .headers
+                .iter()
+                .map(|(name, value)| name.len() + value.len())
+                .sum::<usize>()
+    }
 }
 
 /// One delivery of a message to a consumer.
@@ -271,7 +284,8 @@ pub trait Broker: Send + Sync + 'static {
     }
 
     /// [`Broker::fetch`], stopping short of a delivery that would take
-    /// the payloads fetched past `max_bytes`, but always taking one if
+    /// the messages fetched past `max_bytes` ([`Message::size`]; on NATS
+    /// the server's own count, headers and body), but always taking one if
     /// one is ready: a stage's byte budget then holds to within one
     /// message however much message sizes jump between fetches.
     async fn fetch_within(

@@ -338,7 +338,7 @@ impl StageRunner {
                 let deadline = Instant::now() + wait;
                 while !out.is_empty() && out.len() < max {
                     let left = deadline.saturating_duration_since(Instant::now());
-                    let held: usize = out.iter().map(|d| d.message.payload.len()).sum();
+                    let held: usize = out.iter().map(|d| d.message.size()).sum();
                     if left.is_zero() || held >= budget {
                         break;
                     }
@@ -671,15 +671,7 @@ impl StageRunner {
 /// memory, capped at the budget so that one larger message still runs
 /// (alone).
 fn footprint(delivery: &Delivery) -> u32 {
-    let message = &delivery.message;
-    let bytes = message.payload.len()
-        + message.id.len()
-        + message.key.as_ref().map_or(0, String::len)
-        + message
-            .headers
-            .iter()
-            .map(|(name, value)| name.len() + value.len())
-            .sum::<usize>();
+    let bytes = delivery.message.size();
     u32::try_from(bytes.min(IN_FLIGHT_BYTES)).unwrap_or(u32::MAX)
 }
 

@@ -86,8 +86,8 @@ impl EmbeddedBroker {
         }
     }
 
-    /// One pass: due redeliveries, then new messages, while their payloads
-    /// fit in `max_bytes` (the first one always).
+    /// One pass: due redeliveries, then new messages, while they fit in
+    /// `max_bytes` (the first one always).
     async fn fetch_once(
         &self,
         consumer: &Arc<Consumer>,
@@ -107,16 +107,17 @@ impl EmbeddedBroker {
         for (i, r) in redeliveries.iter().enumerate() {
             match store.message(topic.id, r.seq)? {
                 Some(rec) => {
-                    if !deliveries.is_empty() && bytes.saturating_add(rec.payload.len()) > max_bytes
-                    {
+                    let d = delivery(consumer, topic, rec, r.seq, r.pending.attempt);
+                    let size = d.message.size();
+                    if !deliveries.is_empty() && bytes.saturating_add(size) > max_bytes {
                         // This one and the rest wait for the next fetch.
                         consumer.untake(&redeliveries[i..]);
                         over_budget = true;
                         break;
                     }
                     records.push((r.seq, r.pending.record()));
-                    bytes = bytes.saturating_add(rec.payload.len());
-                    deliveries.push(delivery(consumer, topic, rec, r.seq, r.pending.attempt));
+                    bytes = bytes.saturating_add(size);
+                    deliveries.push(d);
                 }
                 None => vanished.push((r.seq, r.pending.attempt)),
             }
@@ -152,7 +153,7 @@ impl EmbeddedBroker {
                     let accepted = spec.accepts(&m);
                     if accepted
                         && !deliveries.is_empty()
-                        && bytes.saturating_add(m.payload.len()) > max_bytes
+                        && bytes.saturating_add(m.size()) > max_bytes
                     {
                         // Left for the next fetch, cursor and all.
                         next = seq;
@@ -160,7 +161,7 @@ impl EmbeddedBroker {
                     }
                     scanned += 1;
                     if accepted {
-                        bytes = bytes.saturating_add(m.payload.len());
+                        bytes = bytes.saturating_add(m.size());
                         let p = Pending {
                             attempt: 1,
                             due: lease_until,
