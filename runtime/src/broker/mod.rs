@@ -345,6 +345,42 @@ pub trait Broker: Send + Sync + 'static {
 
     /// Makes everything done so far durable (for shutdown).
     async fn flush(&self) -> Result<(), BrokerError>;
+
+    /// Whether the broker can take work now, for the readiness probe and
+    /// `status`. It must answer at once from state the broker already
+    /// keeps (never a round trip), so a probe never hangs on an outage.
+    fn readiness(&self) -> Readiness {
+        Readiness::Ready
+    }
+}
+
+/// A broker's answer to "can you take work now?" ([`Broker::readiness`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// Reads and writes work.
+    Ready,
+    /// Writes work, but something needs the operator (for example a damaged
+    /// range a stage cannot read past). Still ready: restarting the daemon
+    /// would not help.
+    Degraded(String),
+    /// Writes fail now (disk full, connection lost, store closed); work
+    /// waits until the cause is gone.
+    NotReady(String),
+}
+
+impl Readiness {
+    /// Whether a readiness probe should pass.
+    pub fn is_ready(&self) -> bool {
+        !matches!(self, Readiness::NotReady(_))
+    }
+
+    /// The reason, when not plainly ready.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Readiness::Ready => None,
+            Readiness::Degraded(why) | Readiness::NotReady(why) => Some(why),
+        }
+    }
 }
 
 /// Milliseconds since the Unix epoch, now.

@@ -143,6 +143,10 @@ impl Broker for ClaimingBroker {
     async fn flush(&self) -> Result<(), BrokerError> {
         self.inner.flush().await
     }
+
+    fn readiness(&self) -> crate::broker::Readiness {
+        self.inner.readiness()
+    }
 }
 
 /// The inner broker's dedup store, with the outputs of a deduplicated
