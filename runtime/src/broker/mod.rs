@@ -352,6 +352,13 @@ pub trait Broker: Send + Sync + 'static {
     fn readiness(&self) -> Readiness {
         Readiness::Ready
     }
+
+    /// Storage errors seen since the broker was opened (I/O failures,
+    /// checksum mismatches), for `sluice_storage_errors_total`. Answers at
+    /// once, like [`Broker::readiness`].
+    fn storage_errors(&self) -> u64 {
+        0
+    }
 }
 
 /// A broker's answer to "can you take work now?" ([`Broker::readiness`]).

@@ -147,6 +147,10 @@ impl Broker for ClaimingBroker {
     fn readiness(&self) -> crate::broker::Readiness {
         self.inner.readiness()
     }
+
+    fn storage_errors(&self) -> u64 {
+        self.inner.storage_errors()
+    }
 }
 
 /// The inner broker's dedup store, with the outputs of a deduplicated
