@@ -6,6 +6,7 @@
 
 mod args;
 mod client;
+mod data;
 mod dlq;
 mod plugin_test;
 mod publish;
@@ -112,6 +113,14 @@ enum Command {
     ///
     /// Example: sluice status   (or sluice status --json for scripts)
     Status(status::Args),
+    /// Inspect and repair a stopped embedded data directory: check, salvage, quarantine.
+    ///
+    /// For when the daemon refuses to start on a damaged store, or a stage is stuck on a
+    /// damaged block. None of them runs while a daemon holds the directory.
+    ///
+    /// Example: sluice data check --data-dir /var/lib/sluice
+    #[command(subcommand)]
+    Data(data::Command),
 }
 
 #[derive(Debug, Subcommand)]
@@ -135,7 +144,11 @@ pub fn main() -> ExitCode {
     // warnings (a lost connection) are worth adding on stderr.
     let quiet = matches!(
         cli.command,
-        Command::Publish(_) | Command::Tail(_) | Command::Dlq(_) | Command::Status(_)
+        Command::Publish(_)
+            | Command::Tail(_)
+            | Command::Dlq(_)
+            | Command::Status(_)
+            | Command::Data(_)
     );
     init_logging(if quiet { "warn" } else { "info" });
     match cli.command {
@@ -147,6 +160,7 @@ pub fn main() -> ExitCode {
         Command::Tail(args) => tail::run(args),
         Command::Dlq(command) => dlq::run(command),
         Command::Status(args) => status::run(args),
+        Command::Data(command) => data::run(command),
     }
 }
 

@@ -12,6 +12,10 @@
 //! - `retention.rs`: deleting what is settled or too old, expiring the
 //!   duplicate window.
 //! - `recover.rs`: rebuilding the in-memory state on open.
+//! - `journal.rs`: verifying the journals before fjall opens them (any
+//!   damage but a torn tail refuses).
+//! - `tools.rs`: `sluice data check | salvage | quarantine` on a stopped
+//!   data directory.
 //!
 //! Every write (publish, settle, delivery bookkeeping, declarations) goes
 //! through the committer, so a `complete` is one atomic fjall batch holding
@@ -23,9 +27,11 @@ mod commit;
 mod consumer;
 mod fetch;
 mod idempotency;
+pub mod journal;
 mod recover;
 mod retention;
 mod store;
+pub mod tools;
 mod topic;
 
 use std::collections::HashMap;
@@ -223,8 +229,9 @@ impl EmbeddedBroker {
                 ));
             }
         }
-        let store = Store::open(&dir.join("store"))?;
-        let loaded = recover::load(&store)?;
+        let store_dir = dir.join("store");
+        let store = Store::open(&store_dir)?;
+        let loaded = store::guard_panic(&store_dir, || recover::load(&store))?;
         let shared = Arc::new(Shared {
             store,
             topics: RwLock::new(loaded.topics),

@@ -72,7 +72,23 @@ pub(super) struct Store {
 impl Store {
     /// Opens (or creates) the database in `dir`; fjall replays its journal,
     /// discarding a torn last batch.
+    ///
+    /// The journals are verified first ([`super::journal`]): any damage
+    /// but a torn tail refuses, before fjall (which would truncate the
+    /// journal at the damage) touches a file. A panic inside fjall is
+    /// caught and refused the same way.
     pub fn open(dir: &Path) -> Result<Store, BrokerError> {
+        let journals = super::journal::verify(dir)
+            .map_err(|e| storage(format!("reading the journals in {}", dir.display()), e))?;
+        if let Some(why) = journals.iter().find_map(|j| j.refusal()) {
+            return Err(BrokerError::Storage(damaged(dir, &why)));
+        }
+        guard_panic(dir, || Store::open_unchecked(dir))
+    }
+
+    /// [`Store::open`] without the journal check (which the data tools run
+    /// themselves).
+    pub fn open_unchecked(dir: &Path) -> Result<Store, BrokerError> {
         let db = Database::builder(dir)
             .cache_size(CACHE_BYTES)
             .max_journaling_size(MAX_JOURNAL_BYTES)
@@ -310,4 +326,36 @@ pub(super) fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, Br
 /// A storage error with what was being done.
 pub(super) fn storage(what: impl std::fmt::Display, e: impl std::fmt::Display) -> BrokerError {
     BrokerError::Storage(format!("{what}: {e}"))
+}
+
+/// The refusal message for damage found in `dir`.
+pub(super) fn damaged(dir: &Path, why: &str) -> String {
+    let data_dir = dir.parent().unwrap_or(dir);
+    format!(
+        "refusing to open the store: {why}. No file was changed. Inspect it with \
+         `sluice data check --data-dir {d}`; `sluice data salvage --data-dir {d} --to NEW` \
+         copies what is readable and reports what was lost",
+        d = data_dir.display()
+    )
+}
+
+/// Runs `f`, turning a panic inside the storage library into a storage
+/// error naming `dir` (fjall panics on some damaged files).
+pub(super) fn guard_panic<T>(
+    dir: &Path,
+    f: impl FnOnce() -> Result<T, BrokerError>,
+) -> Result<T, BrokerError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let msg = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        Err(BrokerError::Storage(format!(
+            "the storage library panicked while reading {} ({msg}): the store is damaged; \
+             inspect it with `sluice data check --data-dir {}`",
+            dir.display(),
+            dir.parent().unwrap_or(dir).display()
+        )))
+    })
 }
