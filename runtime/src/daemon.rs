@@ -111,6 +111,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ready: impl FnOnce(&Started),
 ) -> Result<(), DaemonError> {
+    raise_open_files_limit();
     let (pipelines, host) = load(&opts)?;
     let choice = choose_broker(opts.broker.as_deref(), &pipelines)?;
 
@@ -359,4 +360,44 @@ mod tests {
         assert_eq!(flags("shop.a.dlq"), (true, true));
         assert_eq!(flags("shop.redo.dlq"), (false, true));
     }
+}
+
+/// Raises the soft limit of open files to the hard limit: the store keeps
+/// table files open and every admin connection is one more descriptor, and
+/// the common soft default (1024, or 256 under some shells) runs out long
+/// before the hard limit would (EMFILE mid-write).
+#[cfg(target_os = "linux")]
+fn raise_open_files_limit() {
+    match set_open_files_soft_limit_to_hard() {
+        Ok(limit) => tracing::debug!(limit, "open-files limit raised to the hard limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the open-files limit"),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn raise_open_files_limit() {}
+
+/// `setrlimit(RLIMIT_NOFILE)` with the soft limit at the hard one; returns
+/// the new soft limit.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn set_open_files_soft_limit_to_hard() -> std::io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit struct through a pointer to a
+    // live, properly aligned local; no other memory is touched.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: setrlimit only reads the rlimit struct behind a pointer
+        // to a live local.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(limit.rlim_cur)
 }

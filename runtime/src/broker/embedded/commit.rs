@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 use super::consumer::{Consumer, Pending};
 use super::retention;
 use super::store::{
-    DedupRecord, MessageRecordRef, PendingRecord, cursor_key, decode, dedup_key, encode,
+    DedupRecord, Store, MessageRecordRef, PendingRecord, cursor_key, decode, dedup_key, encode,
     expiry_key, msg_key, pending_key, storage,
 };
 use super::topic::{Topic, TopicState};
@@ -157,7 +157,13 @@ impl Done {
                 drop(r.send(Ok(())));
             }
             (Done::Settle(r, c, seq), Some(e)) => {
-                c.restore(seq, now_millis());
+                // Unavailable: the stage retries the settle with the same
+                // lease; anything else: redelivered.
+                if matches!(e, BrokerError::Unavailable(_)) {
+                    c.unsettle(seq);
+                } else {
+                    c.restore(seq, now_millis());
+                }
                 c.settled.notify_waiters();
                 drop(r.send(Err(e.clone())));
             }
@@ -175,6 +181,8 @@ impl Done {
 pub(super) struct Group<'a> {
     /// The shared broker state.
     pub shared: &'a Shared,
+    /// The store this group writes (the committer alone replaces it).
+    pub store: Store,
     /// The batch.
     pub batch: OwnedWriteBatch,
     /// Working copies of the counters of the topics this group touches.
@@ -188,11 +196,12 @@ pub(super) struct Group<'a> {
 }
 
 impl<'a> Group<'a> {
-    /// An empty group.
-    pub fn new(shared: &'a Shared) -> Group<'a> {
+    /// An empty group writing `store`.
+    pub fn new(shared: &'a Shared, store: Store) -> Group<'a> {
         Group {
             shared,
-            batch: shared.store.db.batch(),
+            batch: store.db.batch(),
+            store,
             topics: HashMap::new(),
             refirst: Vec::new(),
             dedup: HashMap::new(),
@@ -236,7 +245,6 @@ impl<'a> Group<'a> {
                     continue;
                 }
                 if let Some(bytes) = self
-                    .shared
                     .store
                     .dedup
                     .get(&dk)
@@ -253,7 +261,7 @@ impl<'a> Group<'a> {
                     // Expired but not yet swept: replace it, and its
                     // expiry entry, so the sweep never deletes the new one.
                     self.batch
-                        .remove(&self.shared.store.dedup_expiry, expiry_key(old.at, &dk));
+                        .remove(&self.store.dedup_expiry, expiry_key(old.at, &dk));
                 }
                 Some(dk)
             } else {
@@ -280,7 +288,7 @@ impl<'a> Group<'a> {
                 headers: &m.headers,
                 payload: &m.payload,
             })?;
-            let store = &self.shared.store;
+            let store = &self.store;
             self.batch
                 .insert(&store.messages, msg_key(topic.id, seq), value);
             if let Some(dk) = dk {
@@ -304,7 +312,7 @@ impl<'a> Group<'a> {
     /// Removes `seqs` from `topic` (those still stored), and the pending
     /// entries that pointed at them. Returns how many were removed.
     pub fn remove(&mut self, topic: &Arc<Topic>, seqs: &[u64]) -> Result<u64, BrokerError> {
-        let store = self.shared.store.clone();
+        let store = self.store.clone();
         let mut removed = Vec::new();
         let st = *self.topic_state(topic);
         for &seq in seqs {
@@ -338,7 +346,7 @@ impl<'a> Group<'a> {
         for c in topic.consumer_list() {
             for seq in c.drop_removed(seqs, below) {
                 self.batch
-                    .remove(&self.shared.store.pending, pending_key(c.id, seq));
+                    .remove(&self.store.pending, pending_key(c.id, seq));
             }
         }
     }
@@ -351,24 +359,24 @@ impl<'a> Group<'a> {
             match encode(&st.record(topic.id)) {
                 Ok(v) => self
                     .batch
-                    .insert(&self.shared.store.topics, &*topic.name, v),
+                    .insert(&self.store.topics, &*topic.name, v),
                 Err(e) => return fail(&e, early, done),
             }
         }
-        let batch = std::mem::replace(&mut self.batch, self.shared.store.db.batch());
+        let batch = std::mem::replace(&mut self.batch, self.store.db.batch());
         let result = batch
             .durability(Some(PersistMode::Buffer))
             .commit()
             .map_err(|e| storage("writing a batch", e));
         if let Err(e) = result {
+            let e = self.write_failed(&e);
             return fail(&e, early, done);
         }
         for d in early {
             d.send(None);
         }
         let synced = if force || (sync && self.shared.sync == SyncMode::Always) {
-            self.shared
-                .store
+            self.store
                 .db
                 .persist(PersistMode::SyncAll)
                 .map_err(|e| storage("fsync", e))
@@ -380,11 +388,20 @@ impl<'a> Group<'a> {
         // read as durable that was not.)
         self.publish_counters();
         if let Err(e) = synced {
+            let e = self.write_failed(&e);
             return fail(&e, Vec::new(), done);
         }
         for d in done {
             d.send(None);
         }
+    }
+
+    /// Records a failed write: the broker is not ready until the store is
+    /// reopened, and callers get [`BrokerError::Unavailable`] (503, try
+    /// again) rather than a storage error for good.
+    fn write_failed(&self, e: &BrokerError) -> BrokerError {
+        self.shared.health.write_failed(e);
+        BrokerError::Unavailable(format!("the store cannot take writes now ({e})"))
     }
 
     /// Makes the committed counters visible and wakes readers. Never
@@ -394,7 +411,7 @@ impl<'a> Group<'a> {
     pub fn publish_counters(&mut self) {
         for tid in std::mem::take(&mut self.refirst) {
             if let Some((_, st)) = self.topics.get_mut(&tid) {
-                match self.shared.store.first_message_from(tid, st.first_seq) {
+                match self.store.first_message_from(tid, st.first_seq) {
                     Ok(Some((seq, rec))) if seq <= st.last_seq => {
                         st.first_seq = seq;
                         st.first_published_at = rec.published_at;
@@ -437,9 +454,54 @@ fn fail(e: &BrokerError, early: Vec<Done>, done: Vec<Done>) {
     }
 }
 
+/// Answers an op that cannot be written with `e`.
+fn refuse(op: Op, e: &BrokerError) {
+    match op {
+        Op::Publish { reply, .. } => drop(reply.send(Err(e.clone()))),
+        Op::Settle {
+            consumer,
+            seq,
+            reply,
+            ..
+        } => Done::Settle(reply, consumer, seq).send(Some(e)),
+        Op::Deliver { reply, .. }
+        | Op::Nak { reply, .. }
+        | Op::Ensure { reply, .. }
+        | Op::Flush { reply } => drop(reply.send(Err(e.clone()))),
+        Op::Remove { reply, .. } => drop(reply.send(Err(e.clone()))),
+    }
+}
+
+/// How often a store that failed a write is reopened.
+const REOPEN_EVERY: Duration = Duration::from_secs(1);
+
+/// After a failed write fjall refuses every later one (it poisons
+/// itself), so the store is closed and opened again, at most every
+/// [`REOPEN_EVERY`], until a probe write and fsync succeed: the disk has
+/// room again, descriptors are free. Meanwhile writes answer
+/// [`BrokerError::Unavailable`] and the broker is not ready.
+fn try_reopen(shared: &Shared, next: &mut Instant) {
+    if Instant::now() < *next {
+        return;
+    }
+    *next = Instant::now() + REOPEN_EVERY;
+    shared.store.close();
+    match shared.store.reopen() {
+        Ok(()) => {
+            shared.health.recovered();
+            tracing::info!("embedded broker: the store takes writes again");
+        }
+        Err(e) => {
+            shared.health.count_error();
+            tracing::warn!(error = %e, "embedded broker: the store still cannot take writes; retrying");
+        }
+    }
+}
+
 /// The committer thread's loop: groups ops until the channel closes.
 pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Op>) {
     let mut last_maintenance = Instant::now();
+    let mut next_reopen = Instant::now();
     let mut ops = Vec::with_capacity(MAX_GROUP_OPS);
     loop {
         let wait = MAINTENANCE_EVERY.saturating_sub(last_maintenance.elapsed());
@@ -452,26 +514,44 @@ pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Op>) {
                         Err(_) => break,
                     }
                 }
-                process(&shared, &mut ops);
+                if shared.health.write_failure().is_some() {
+                    try_reopen(&shared, &mut next_reopen);
+                }
+                match (shared.health.write_failure(), shared.store.current()) {
+                    (None, Some(store)) => process(&shared, store, &mut ops),
+                    (why, _) => {
+                        let e = BrokerError::Unavailable(format!(
+                            "the store cannot take writes now ({})",
+                            why.unwrap_or_else(|| "it is being reopened".into())
+                        ));
+                        for op in ops.drain(..) {
+                            refuse(op, &e);
+                        }
+                    }
+                }
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }
         if last_maintenance.elapsed() >= MAINTENANCE_EVERY {
-            if let Err(e) = retention::maintain(&shared) {
+            if shared.health.write_failure().is_some() {
+                try_reopen(&shared, &mut next_reopen);
+            } else if let Err(e) = retention::maintain(&shared) {
                 tracing::warn!(error = %e, "embedded broker maintenance failed");
             }
             last_maintenance = Instant::now();
         }
     }
-    if let Err(e) = shared.store.db.persist(PersistMode::SyncAll) {
+    if let Some(store) = shared.store.current()
+        && let Err(e) = store.db.persist(PersistMode::SyncAll)
+    {
         tracing::error!(error = %e, "embedded broker final fsync failed");
     }
 }
 
 /// Builds, commits and answers one group.
-fn process(shared: &Shared, ops: &mut Vec<Op>) {
-    let mut group = Group::new(shared);
+fn process(shared: &Shared, store: Store, ops: &mut Vec<Op>) {
+    let mut group = Group::new(shared, store);
     let mut early = Vec::new();
     let mut done = Vec::new();
     let mut sync = false;
@@ -510,7 +590,7 @@ fn process(shared: &Shared, ops: &mut Vec<Op>) {
                     Ok(_) => {
                         group
                             .batch
-                            .remove(&shared.store.pending, pending_key(consumer.id, seq));
+                            .remove(&group.store.pending, pending_key(consumer.id, seq));
                         sync = true;
                         done.push(Done::Settle(reply, consumer, seq));
                     }
@@ -533,7 +613,7 @@ fn process(shared: &Shared, ops: &mut Vec<Op>) {
                     Ok(encoded) => {
                         for (seq, v) in encoded {
                             group.batch.insert(
-                                &shared.store.pending,
+                                &group.store.pending,
                                 pending_key(consumer.id, seq),
                                 v,
                             );
@@ -541,11 +621,11 @@ fn process(shared: &Shared, ops: &mut Vec<Op>) {
                         for (seq, _) in &vanished {
                             group
                                 .batch
-                                .remove(&shared.store.pending, pending_key(consumer.id, *seq));
+                                .remove(&group.store.pending, pending_key(consumer.id, *seq));
                         }
                         if let Some(c) = cursor {
                             group.batch.insert(
-                                &shared.store.cursors,
+                                &group.store.cursors,
                                 cursor_key(consumer.id),
                                 c.to_be_bytes(),
                             );
@@ -564,7 +644,7 @@ fn process(shared: &Shared, ops: &mut Vec<Op>) {
                 Ok(v) => {
                     group
                         .batch
-                        .insert(&shared.store.pending, pending_key(consumer.id, seq), v);
+                        .insert(&group.store.pending, pending_key(consumer.id, seq), v);
                     sync = true;
                     done.push(Done::Unit(reply));
                 }

@@ -271,6 +271,16 @@ impl Consumer {
         }
     }
 
+    /// Unmarks an entry marked by [`Consumer::take_lease`] whose settle
+    /// was not written (the store could not take it): still leased, so the
+    /// same receipt can settle it later.
+    pub fn unsettle(&self, seq: u64) {
+        let mut st = self.state();
+        if let Some(p) = st.pending.get_mut(&seq) {
+            p.settling = false;
+        }
+    }
+
     /// Releases an entry marked by [`Consumer::take_lease`] when the settle
     /// could not be stored: it becomes due for redelivery now.
     pub fn restore(&self, seq: u64, now: u64) {

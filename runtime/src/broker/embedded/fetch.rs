@@ -63,7 +63,22 @@ impl EmbeddedBroker {
             settled.as_mut().enable();
             let out = {
                 let _one_fetch_at_a_time = consumer.fetch_lock.lock().await;
-                self.fetch_once(consumer, max, max_bytes).await?
+                self.fetch_once(consumer, max, max_bytes).await
+            };
+            // A read error (a damaged block) is counted and reported by
+            // readiness until a fetch of the topic succeeds again.
+            let health = &self.shared.health;
+            let out = match out {
+                Ok(out) => {
+                    health.read_ok(&consumer.topic.name);
+                    out
+                }
+                Err(e @ BrokerError::Storage(_)) => {
+                    let at = consumer.state().cursor;
+                    health.read_failed(&consumer.topic.name, Some(at), &e);
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
             };
             let now = Instant::now();
             if !out.is_empty() || now >= deadline {
@@ -94,7 +109,7 @@ impl EmbeddedBroker {
         max: usize,
         max_bytes: usize,
     ) -> Result<Vec<Delivery>, BrokerError> {
-        let store = &self.shared.store;
+        let store = self.shared.store.get()?;
         let topic = &consumer.topic;
         let now = now_millis();
         let (redeliveries, allowance) = consumer.take_due(now, max, consumer.allowance());
@@ -225,6 +240,7 @@ impl EmbeddedBroker {
                 for guard in self
                     .shared
                     .store
+                    .get()?
                     .messages
                     .range(msg_key(topic.id, start)..=msg_key(topic.id, ts.last_seq))
                     .take(max)
@@ -275,6 +291,7 @@ impl EmbeddedBroker {
                     let found = self
                         .shared
                         .store
+                        .get()?
                         .first_message_from(consumer.topic.id, cursor)?;
                     found.map(|(_, rec)| {
                         consumer.state().cursor_age_cache = Some((cursor, rec.published_at));

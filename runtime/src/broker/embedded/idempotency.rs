@@ -61,7 +61,7 @@ impl Group<'_> {
     ) -> Result<(), BrokerError> {
         let record = dedup::completed(ticket, None, self.now);
         self.batch
-            .insert(&self.shared.store.idempotency, key, encode(&record)?);
+            .insert(&self.store.idempotency, key, encode(&record)?);
         Ok(())
     }
 }
@@ -86,7 +86,7 @@ const SWEEP_CHUNK: usize = 2_000;
 /// Removes expired dedup records among the next [`SWEEP_CHUNK`] after the
 /// cursor, and moves it on.
 pub(super) fn sweep(group: &mut Group<'_>) -> Result<(), BrokerError> {
-    let store = group.shared.store.clone();
+    let store = group.store.clone();
     let mut cursor = group
         .shared
         .dedup_sweep
@@ -140,7 +140,7 @@ impl DedupStore for EmbeddedBroker {
         let mut holds = self.shared.holds.lock();
         let found = match holds.get(&key) {
             Some(held) => Some(held.clone()),
-            None => stored(self.shared.store.idempotency.get(&key))?,
+            None => stored(self.shared.store.get()?.idempotency.get(&key))?,
         };
         let (begin, write) =
             dedup::decide(found.as_ref(), &request, now_millis(), &dedup::new_token());

@@ -26,6 +26,7 @@
 mod commit;
 mod consumer;
 mod fetch;
+mod health;
 mod idempotency;
 pub mod journal;
 mod recover;
@@ -47,7 +48,7 @@ use tokio::sync::oneshot;
 
 use self::commit::{Group, Op, Reply};
 use self::consumer::{Consumer, ConsumerState, millis};
-use self::store::{ConsumerRecord, Store, cursor_key, encode};
+use self::store::{ConsumerRecord, Store, StoreSlot, cursor_key, encode};
 use self::topic::{Topic, TopicState};
 use super::{
     Broker, BrokerError, ConsumerSpec, ConsumerStats, Delivery, Message, PublishAck, Receipt,
@@ -116,8 +117,10 @@ impl EmbeddedOptions {
 
 /// The state the broker's methods and the committer thread share.
 pub(super) struct Shared {
-    /// The fjall store.
-    store: Store,
+    /// The fjall store (reopened after a failed write).
+    store: StoreSlot,
+    /// What readiness and the storage-error count report.
+    health: health::Health,
     /// Declared topics.
     topics: RwLock<HashMap<String, Arc<Topic>>>,
     /// Declared consumers.
@@ -233,7 +236,8 @@ impl EmbeddedBroker {
         let store = Store::open(&store_dir)?;
         let loaded = store::guard_panic(&store_dir, || recover::load(&store))?;
         let shared = Arc::new(Shared {
-            store,
+            store: StoreSlot::new(store_dir, store),
+            health: health::Health::default(),
             topics: RwLock::new(loaded.topics),
             consumers: RwLock::new(loaded.consumers),
             next_ids: Mutex::new((loaded.next_topic_id, loaded.next_consumer_id)),
@@ -304,8 +308,10 @@ impl EmbeddedBroker {
             })
             .await;
         if matches!(result, Err(BrokerError::Unavailable(_))) {
-            // The op never reached the committer.
-            consumer.restore(receipt.seq, now_millis());
+            // Not written (the op never reached the committer, or the
+            // store could not write): the lease stays, so the stage can
+            // retry the settle without spending an attempt.
+            consumer.unsettle(receipt.seq);
         }
         result
     }
@@ -387,7 +393,7 @@ impl Broker for EmbeddedBroker {
                     ack_wait_ms: millis(spec.ack_wait),
                     max_ack_pending: spec.max_ack_pending,
                 };
-                let store = g.shared.store.clone();
+                let store = g.store.clone();
                 let record = match g.shared.consumer(&spec.name) {
                     Ok(c) => {
                         if *c.topic.name != *spec.topic {
@@ -520,5 +526,13 @@ impl Broker for EmbeddedBroker {
 
     async fn flush(&self) -> Result<(), BrokerError> {
         self.call(|reply| Op::Flush { reply }).await
+    }
+
+    fn readiness(&self) -> super::Readiness {
+        self.shared.health.readiness()
+    }
+
+    fn storage_errors(&self) -> u64 {
+        self.shared.health.errors()
     }
 }

@@ -27,7 +27,10 @@ const CHUNK: usize = 50_000;
 
 /// One maintenance run.
 pub(super) fn maintain(shared: &Shared) -> Result<(), BrokerError> {
-    let mut group = Group::new(shared);
+    let Some(store) = shared.store.current() else {
+        return Ok(());
+    };
+    let mut group = Group::new(shared, store);
     let mut budget = CHUNK;
     for topic in shared.topic_list() {
         if budget == 0 {
@@ -56,7 +59,7 @@ pub(super) fn maintain(shared: &Shared) -> Result<(), BrokerError> {
     }
     if shared.dedup_window_ms > 0 && budget > 0 {
         let cutoff = group.now.saturating_sub(shared.dedup_window_ms);
-        let store = &shared.store;
+        let store = group.store.clone();
         let end = expiry_key(cutoff, &[]);
         for guard in store.dedup_expiry.range(..end.as_slice()) {
             if budget == 0 {
@@ -89,7 +92,7 @@ fn delete_below(
     below: u64,
     budget: &mut usize,
 ) -> Result<(), BrokerError> {
-    let store = group.shared.store.clone();
+    let store = group.store.clone();
     let from = group.topic_state(topic).first_seq;
     let mut deleted = 0u64;
     let mut next = from;
@@ -124,7 +127,7 @@ fn expire(
     cutoff: u64,
     budget: &mut usize,
 ) -> Result<(), BrokerError> {
-    let store = group.shared.store.clone();
+    let store = group.store.clone();
     let from = group.topic_state(topic).first_seq;
     let mut deleted = 0u64;
     let mut next = None;

@@ -18,7 +18,8 @@
 //! so expiring an entry needs no read.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
 
 use bytes::Bytes;
 use fjall::config::{BloomConstructionPolicy, FilterPolicy, FilterPolicyEntry, PinningPolicy};
@@ -171,6 +172,76 @@ impl Store {
         }
     }
 }
+
+/// The open store, replaceable: after a failed write fjall refuses every
+/// later one, so the committer closes it and opens it again
+/// ([`StoreSlot::reopen`]). Readers take a clone per operation.
+pub(super) struct StoreSlot {
+    /// fjall's directory.
+    dir: PathBuf,
+    /// The store; None while it is being reopened.
+    store: RwLock<Option<Store>>,
+}
+
+impl StoreSlot {
+    /// A slot holding `store`, opened from `dir`.
+    pub fn new(dir: PathBuf, store: Store) -> StoreSlot {
+        StoreSlot {
+            dir,
+            store: RwLock::new(Some(store)),
+        }
+    }
+
+    /// The store, or [`BrokerError::Unavailable`] while it is reopened.
+    pub fn get(&self) -> Result<Store, BrokerError> {
+        self.current().ok_or_else(|| {
+            BrokerError::Unavailable("the store is being reopened after a failed write".into())
+        })
+    }
+
+    /// The store, if open.
+    pub fn current(&self) -> Option<Store> {
+        self.store
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Drops this slot's handle (fjall closes once readers drop theirs).
+    pub fn close(&self) {
+        let old = self
+            .store
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        drop(old);
+    }
+
+    /// Opens the store again (after [`StoreSlot::close`]) and proves it
+    /// takes writes: a probe batch (a tombstone of a key never written),
+    /// fsynced.
+    pub fn reopen(&self) -> Result<(), BrokerError> {
+        let store = Store::open(&self.dir)?;
+        let mut probe = store.db.batch();
+        probe.remove(&store.dedup, PROBE_KEY);
+        probe
+            .commit()
+            .map_err(|e| storage("writing a probe batch", e))?;
+        store
+            .db
+            .persist(fjall::PersistMode::SyncAll)
+            .map_err(|e| storage("fsync of a probe batch", e))?;
+        *self
+            .store
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(store);
+        Ok(())
+    }
+}
+
+/// A key no record has (dedup keys start with a topic id; no topic has
+/// id 0xffffffff), written as a tombstone to prove writes work.
+const PROBE_KEY: &[u8] = b"\xff\xff\xff\xffprobe";
 
 /// A stored message. The topic is the key's; the seq is the key's.
 #[derive(Debug, Clone, Serialize, Deserialize)]

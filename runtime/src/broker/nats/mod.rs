@@ -675,6 +675,21 @@ impl Broker for NatsBroker {
     async fn flush(&self) -> Result<(), BrokerError> {
         self.client.flush().await.map_err(|e| unavailable(&e))
     }
+
+    /// From the client's connection state (kept by its connection task, so
+    /// this never waits on the network). Storage is the server's, so
+    /// `storage_errors` stays 0 here.
+    fn readiness(&self) -> crate::broker::Readiness {
+        match self.client.connection_state() {
+            async_nats::connection::State::Connected => crate::broker::Readiness::Ready,
+            async_nats::connection::State::Pending => crate::broker::Readiness::NotReady(
+                format!("NATS connection to {} pending", self.options.describe()),
+            ),
+            async_nats::connection::State::Disconnected => crate::broker::Readiness::NotReady(
+                format!("NATS connection lost ({})", self.options.describe()),
+            ),
+        }
+    }
 }
 
 /// Bytes a message published to NATS leaves free under the server's
