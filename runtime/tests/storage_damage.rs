@@ -266,3 +266,99 @@ fn a_torn_tail_starts_with_everything_before_it_intact() {
     let (status, _) = daemon.sigterm();
     assert!(status.success(), "{}", daemon.log());
 }
+
+/// The largest table file under `store/keyspaces` (the messages').
+fn largest_table(data: &Path) -> PathBuf {
+    let mut best: Option<(u64, PathBuf)> = None;
+    let mut stack = vec![data.join("store").join("keyspaces")];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("read_dir") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.parent().and_then(|p| p.file_name()) == Some("tables".as_ref()) {
+                let len = std::fs::metadata(&path).expect("metadata").len();
+                if best.as_ref().is_none_or(|(l, _)| len > *l) {
+                    best = Some((len, path));
+                }
+            }
+        }
+    }
+    best.expect("a table file: the messages were never flushed").1
+}
+
+/// A damaged table block: `check` names the topic and seq range,
+/// `quarantine` removes exactly that range (keeping the old store), and the
+/// daemon then serves everything else.
+#[test]
+fn a_damaged_table_block_is_reported_and_quarantined() {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = pipeline(dir.path());
+    let data = dir.path().join("data");
+    let n = 6000;
+    let big = |i: usize| format!("big-{i}-{}", "y".repeat(1000));
+    let mut daemon = Daemon::start(&[file.as_path()], &data);
+    let messages: Vec<Msg> = (0..n).map(|i| Msg::new(format!("t{i}"), big(i))).collect();
+    // Over the 4 MiB memtable, so most of them are flushed to a table.
+    daemon.publish("side", &messages);
+    std::thread::sleep(Duration::from_secs(3));
+    let (status, _) = daemon.sigterm();
+    assert!(status.success());
+
+    let table = largest_table(&data);
+    let mut bytes = std::fs::read(&table).expect("read table");
+    let at = bytes.len() / 2;
+    for b in &mut bytes[at..at + 16] {
+        *b ^= 0xff;
+    }
+    std::fs::write(&table, &bytes).expect("write table");
+    let d = data.display().to_string();
+
+    let check = sluice(&["data", "check", "--data-dir", &d]);
+    let out = String::from_utf8_lossy(&check.stdout).into_owned();
+    assert_eq!(check.status.code(), Some(1), "{}", text(&check));
+    let line = out
+        .lines()
+        .find(|l| l.contains("touches topic side: messages seq "))
+        .unwrap_or_else(|| panic!("no damaged range in\n{out}"));
+    let range = line.rsplit("seq ").next().expect("range");
+    let (from, to) = range.split_once("..=").expect("a..=b");
+    let (from, to): (u64, u64) = (from.parse().expect("from"), to.parse().expect("to"));
+    assert!(from >= 1 && from <= to && to <= n as u64, "{line}");
+
+    let q = sluice(&[
+        "data",
+        "quarantine",
+        "--data-dir",
+        &d,
+        "--topic",
+        "side",
+        "--from",
+        &from.to_string(),
+        "--to",
+        &to.to_string(),
+    ]);
+    assert_eq!(q.status.code(), Some(0), "{}", text(&q));
+    let report = std::fs::read_to_string(data.join("quarantine-report.txt")).expect("report");
+    assert!(report.contains(&format!("topic side seq {from}..={to}")), "{report}");
+    let clean = sluice(&["data", "check", "--data-dir", &d]);
+    assert_eq!(clean.status.code(), Some(0), "{}", text(&clean));
+
+    let mut daemon = Daemon::start(&[file.as_path()], &data);
+    let all = daemon.read_all("side");
+    let want: Vec<String> = (0..n)
+        .filter(|i| !(from..=to).contains(&(*i as u64 + 1)))
+        .map(|i| format!("t{i}"))
+        .collect();
+    let got: Vec<String> = all
+        .iter()
+        .map(|m| m["id"].as_str().expect("id").to_owned())
+        .collect();
+    assert_eq!(got, want);
+    for m in &all {
+        let seq = m["seq"].as_u64().expect("seq") as usize;
+        assert_eq!(m["payload"], big(seq - 1));
+    }
+    let (status, _) = daemon.sigterm();
+    assert!(status.success());
+}

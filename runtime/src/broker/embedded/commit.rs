@@ -472,28 +472,63 @@ fn refuse(op: Op, e: &BrokerError) {
     }
 }
 
-/// How often a store that failed a write is reopened.
+/// Pause between attempts to reopen a store that failed a write.
 const REOPEN_EVERY: Duration = Duration::from_secs(1);
 
-/// After a failed write fjall refuses every later one (it poisons
-/// itself), so the store is closed and opened again, at most every
-/// [`REOPEN_EVERY`], until a probe write and fsync succeed: the disk has
-/// room again, descriptors are free. Meanwhile writes answer
-/// [`BrokerError::Unavailable`] and the broker is not ready.
-fn try_reopen(shared: &Shared, next: &mut Instant) {
-    if Instant::now() < *next {
-        return;
-    }
-    *next = Instant::now() + REOPEN_EVERY;
-    shared.store.close();
-    match shared.store.reopen() {
-        Ok(()) => {
-            shared.health.recovered();
-            tracing::info!("embedded broker: the store takes writes again");
+/// Reopens a store that failed a write, on a thread of its own so the
+/// committer keeps answering (503) at once meanwhile.
+#[derive(Default)]
+struct Reopener {
+    /// The attempt running now.
+    running: Option<std::thread::JoinHandle<()>>,
+    /// Not before this.
+    next: Option<Instant>,
+}
+
+impl Reopener {
+    /// After a failed write fjall refuses every later one (it poisons
+    /// itself), so the store is closed and opened again, one attempt at a
+    /// time with [`REOPEN_EVERY`] between them, until a probe write and
+    /// fsync succeed: the disk has room again, descriptors are free.
+    /// Meanwhile writes answer [`BrokerError::Unavailable`] and the broker
+    /// is not ready.
+    fn poke(&mut self, shared: &Arc<Shared>) {
+        if self.running.as_ref().is_some_and(|h| !h.is_finished()) {
+            return;
         }
-        Err(e) => {
-            shared.health.count_error();
-            tracing::warn!(error = %e, "embedded broker: the store still cannot take writes; retrying");
+        if let Some(done) = self.running.take() {
+            let _ = done.join();
+            self.next = Some(Instant::now() + REOPEN_EVERY);
+        }
+        if self.next.is_some_and(|next| Instant::now() < next) {
+            return;
+        }
+        let shared = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("sluice-broker-reopen".into())
+            .spawn(move || {
+                shared.store.close();
+                match shared.store.reopen() {
+                    Ok(()) => {
+                        shared.health.recovered();
+                        tracing::info!("embedded broker: the store takes writes again");
+                    }
+                    Err(e) => {
+                        shared.health.count_error();
+                        tracing::warn!(error = %e, "embedded broker: the store still cannot take writes; retrying");
+                    }
+                }
+            });
+        match spawned {
+            Ok(handle) => self.running = Some(handle),
+            Err(e) => tracing::warn!(error = %e, "embedded broker: cannot start a reopen"),
+        }
+    }
+
+    /// Waits for a running attempt (on shutdown).
+    fn finish(&mut self) {
+        if let Some(handle) = self.running.take() {
+            let _ = handle.join();
         }
     }
 }
@@ -501,7 +536,7 @@ fn try_reopen(shared: &Shared, next: &mut Instant) {
 /// The committer thread's loop: groups ops until the channel closes.
 pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Op>) {
     let mut last_maintenance = Instant::now();
-    let mut next_reopen = Instant::now();
+    let mut reopener = Reopener::default();
     let mut ops = Vec::with_capacity(MAX_GROUP_OPS);
     loop {
         let wait = MAINTENANCE_EVERY.saturating_sub(last_maintenance.elapsed());
@@ -513,9 +548,6 @@ pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Op>) {
                         Ok(op) => ops.push(op),
                         Err(_) => break,
                     }
-                }
-                if shared.health.write_failure().is_some() {
-                    try_reopen(&shared, &mut next_reopen);
                 }
                 match (shared.health.write_failure(), shared.store.current()) {
                     (None, Some(store)) => process(&shared, store, &mut ops),
@@ -535,13 +567,14 @@ pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Op>) {
         }
         if last_maintenance.elapsed() >= MAINTENANCE_EVERY {
             if shared.health.write_failure().is_some() {
-                try_reopen(&shared, &mut next_reopen);
+                reopener.poke(&shared);
             } else if let Err(e) = retention::maintain(&shared) {
                 tracing::warn!(error = %e, "embedded broker maintenance failed");
             }
             last_maintenance = Instant::now();
         }
     }
+    reopener.finish();
     if let Some(store) = shared.store.current()
         && let Err(e) = store.db.persist(PersistMode::SyncAll)
     {
