@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 use super::consumer::{Consumer, Pending};
 use super::retention;
 use super::store::{
-    DedupRecord, Store, MessageRecordRef, PendingRecord, cursor_key, decode, dedup_key, encode,
+    DedupRecord, Store, TopicRecord, MessageRecordRef, PendingRecord, cursor_key, decode, dedup_key, encode,
     expiry_key, msg_key, pending_key, storage,
 };
 use super::topic::{Topic, TopicState};
@@ -472,6 +472,48 @@ fn refuse(op: Op, e: &BrokerError) {
     }
 }
 
+/// After a reopen: a write that failed may still have landed whole (fjall
+/// had written the batch to the journal before the step that failed, and
+/// the reopen replayed it), with the topic records it rewrote. Each
+/// topic's counters are raised to what the store recorded, or the next
+/// publish would reuse a seq that a deduplicated retry already points at.
+/// No write runs meanwhile: the committer refuses until this is done.
+fn reconcile(shared: &Shared) {
+    let Some(store) = shared.store.current() else {
+        return;
+    };
+    for topic in shared.topic_list() {
+        let Ok(Some(bytes)) = store.topics.get(&*topic.name) else {
+            continue;
+        };
+        let Ok(rec) = decode::<TopicRecord>(&bytes) else {
+            continue;
+        };
+        let grew = {
+            let mut st = topic.state();
+            if rec.last_seq > st.last_seq {
+                if st.depth == 0 {
+                    st.first_seq = rec.first_seq;
+                    st.first_published_at = store
+                        .first_message_from(topic.id, rec.first_seq)
+                        .ok()
+                        .flatten()
+                        .map_or(0, |(_, m)| m.published_at);
+                }
+                st.last_seq = rec.last_seq;
+                st.depth = rec.depth;
+                true
+            } else {
+                false
+            }
+        };
+        if grew {
+            tracing::info!(topic = %topic.name, last_seq = rec.last_seq, "embedded broker: a failed write had landed; counters raised");
+            topic.notify.notify_waiters();
+        }
+    }
+}
+
 /// Pause between attempts to reopen a store that failed a write.
 const REOPEN_EVERY: Duration = Duration::from_secs(1);
 
@@ -510,6 +552,7 @@ impl Reopener {
                 shared.store.close();
                 match shared.store.reopen() {
                     Ok(()) => {
+                        reconcile(&shared);
                         shared.health.recovered();
                         tracing::info!("embedded broker: the store takes writes again");
                     }
