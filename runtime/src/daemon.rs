@@ -331,37 +331,6 @@ fn topic_specs(pipelines: &[Pipeline]) -> Vec<TopicSpec> {
     specs
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn topic_specs_mark_what_is_read_and_what_takes_dead_letters() {
-        let dir = tempfile::tempdir().expect("dir");
-        let file = dir.path().join("shop.yaml");
-        std::fs::write(
-            &file,
-            "name: shop\ntopics: [in, out]\nstages:\n\
-             \x20 - {name: a, subscribe: in, publish: [out], plugin: x.wasm}\n\
-             \x20 - {name: redo, subscribe: shop.a.dlq, plugin: x.wasm}\n",
-        )
-        .expect("write");
-        let pipelines = crate::config::load(&[file]).expect("a valid pipeline");
-        let specs = topic_specs(&pipelines);
-        let spec = |name: &str| {
-            specs
-                .iter()
-                .find(|s| s.name == name)
-                .unwrap_or_else(|| panic!("no spec for {name}: {specs:?}"))
-        };
-        let flags = |name: &str| (spec(name).subscribed, spec(name).dead_letters);
-        assert_eq!(flags("in"), (true, false));
-        assert_eq!(flags("out"), (false, false));
-        assert_eq!(flags("shop.a.dlq"), (true, true));
-        assert_eq!(flags("shop.redo.dlq"), (false, true));
-    }
-}
-
 /// Raises the soft limit of open files to the hard limit: the store keeps
 /// table files open and every admin connection is one more descriptor, and
 /// the common soft default (1024, or 256 under some shells) runs out long
@@ -400,4 +369,35 @@ fn set_open_files_soft_limit_to_hard() -> std::io::Result<u64> {
         }
     }
     Ok(limit.rlim_cur)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_specs_mark_what_is_read_and_what_takes_dead_letters() {
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("shop.yaml");
+        std::fs::write(
+            &file,
+            "name: shop\ntopics: [in, out]\nstages:\n\
+             \x20 - {name: a, subscribe: in, publish: [out], plugin: x.wasm}\n\
+             \x20 - {name: redo, subscribe: shop.a.dlq, plugin: x.wasm}\n",
+        )
+        .expect("write");
+        let pipelines = crate::config::load(&[file]).expect("a valid pipeline");
+        let specs = topic_specs(&pipelines);
+        let spec = |name: &str| {
+            specs
+                .iter()
+                .find(|s| s.name == name)
+                .unwrap_or_else(|| panic!("no spec for {name}: {specs:?}"))
+        };
+        let flags = |name: &str| (spec(name).subscribed, spec(name).dead_letters);
+        assert_eq!(flags("in"), (true, false));
+        assert_eq!(flags("out"), (false, false));
+        assert_eq!(flags("shop.a.dlq"), (true, true));
+        assert_eq!(flags("shop.redo.dlq"), (false, true));
+    }
 }

@@ -72,7 +72,9 @@ fn body(i: usize) -> String {
 #[test]
 fn a_full_disk_answers_503_and_recovers_without_a_restart() {
     if !is_root() {
-        eprintln!("SKIPPED a_full_disk_answers_503_and_recovers_without_a_restart: needs root to mount a tmpfs");
+        eprintln!(
+            "SKIPPED a_full_disk_answers_503_and_recovers_without_a_restart: needs root to mount a tmpfs"
+        );
         return;
     }
     let dir = tempfile::tempdir().expect("dir");
@@ -173,5 +175,9 @@ stages:
     });
 
     let (status, _) = daemon.sigterm();
-    assert!(status.success(), "SIGTERM: {status:?}; log:\n{}", daemon.log());
+    assert!(
+        status.success(),
+        "SIGTERM: {status:?}; log:\n{}",
+        daemon.log()
+    );
 }

@@ -55,7 +55,9 @@ fn filled(dir: &Path) -> (PathBuf, PathBuf) {
     let file = pipeline(dir);
     let data = dir.join("data");
     let mut daemon = Daemon::start(&[file.as_path()], &data);
-    let messages: Vec<Msg> = (0..N).map(|i| Msg::new(format!("t{i}"), payload(i))).collect();
+    let messages: Vec<Msg> = (0..N)
+        .map(|i| Msg::new(format!("t{i}"), payload(i)))
+        .collect();
     for chunk in messages.chunks(CHUNK) {
         daemon.publish("side", chunk);
     }
@@ -183,7 +185,11 @@ fn damage_in_the_journal_refuses_to_start_and_changes_no_file() {
             "{pct}%: {}",
             text(&run)
         );
-        let name = jnl.file_name().expect("name").to_string_lossy().into_owned();
+        let name = jnl
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
         assert!(
             stderr.contains("damaged") && stderr.contains(&name) && !stderr.contains("panicked"),
             "{pct}%: {}",
@@ -195,7 +201,10 @@ fn damage_in_the_journal_refuses_to_start_and_changes_no_file() {
         let check = sluice(&["data", "check", "--data-dir", &d]);
         let out = String::from_utf8_lossy(&check.stdout);
         assert_eq!(check.status.code(), Some(1), "{pct}%: {}", text(&check));
-        assert!(out.contains("DAMAGED") && out.contains(&name), "{pct}%: {out}");
+        assert!(
+            out.contains("DAMAGED") && out.contains(&name),
+            "{pct}%: {out}"
+        );
         assert!(out.contains("topic side: messages"), "{pct}%: {out}");
         assert_eq!(snapshot(&copy), before, "{pct}%: check changed a file");
 
@@ -220,7 +229,10 @@ fn damage_in_the_journal_refuses_to_start_and_changes_no_file() {
         let kept = assert_prefix(&daemon.read_all("side"));
         assert!(kept < N, "{pct}%: nothing lost?");
         let lost_from = format!("topic side: messages seq {}..={N}", kept + 1);
-        assert!(out.contains(&lost_from), "{pct}%: wanted `{lost_from}` in\n{out}");
+        assert!(
+            out.contains(&lost_from),
+            "{pct}%: wanted `{lost_from}` in\n{out}"
+        );
         // Seqs lost are never handed out again.
         daemon.publish("side", &[Msg::new("after", "after")]);
         let all = daemon.read_all("side");
@@ -284,7 +296,8 @@ fn largest_table(data: &Path) -> PathBuf {
             }
         }
     }
-    best.expect("a table file: the messages were never flushed").1
+    best.expect("a table file: the messages were never flushed")
+        .1
 }
 
 /// A damaged table block: `check` names the topic and seq range,
@@ -340,7 +353,10 @@ fn a_damaged_table_block_is_reported_and_quarantined() {
     ]);
     assert_eq!(q.status.code(), Some(0), "{}", text(&q));
     let report = std::fs::read_to_string(data.join("quarantine-report.txt")).expect("report");
-    assert!(report.contains(&format!("topic side seq {from}..={to}")), "{report}");
+    assert!(
+        report.contains(&format!("topic side seq {from}..={to}")),
+        "{report}"
+    );
     let clean = sluice(&["data", "check", "--data-dir", &d]);
     assert_eq!(clean.status.code(), Some(0), "{}", text(&clean));
 

@@ -22,8 +22,8 @@ use tokio::sync::oneshot;
 use super::consumer::{Consumer, Pending};
 use super::retention;
 use super::store::{
-    DedupRecord, Store, TopicRecord, MessageRecordRef, PendingRecord, cursor_key, decode, dedup_key, encode,
-    expiry_key, msg_key, pending_key, storage,
+    DedupRecord, MessageRecordRef, PendingRecord, Store, TopicRecord, cursor_key, decode,
+    dedup_key, encode, expiry_key, msg_key, pending_key, storage,
 };
 use super::topic::{Topic, TopicState};
 use super::{Shared, SyncMode};
@@ -357,9 +357,7 @@ impl<'a> Group<'a> {
     pub fn commit(mut self, sync: bool, force: bool, early: Vec<Done>, done: Vec<Done>) {
         for (topic, st) in self.topics.values() {
             match encode(&st.record(topic.id)) {
-                Ok(v) => self
-                    .batch
-                    .insert(&self.store.topics, &*topic.name, v),
+                Ok(v) => self.batch.insert(&self.store.topics, &*topic.name, v),
                 Err(e) => return fail(&e, early, done),
             }
         }

@@ -139,7 +139,10 @@ impl fmt::Display for Report {
             writeln!(f, "topic {topic}: {n} messages readable")?;
         }
         for t in &self.torn_tails {
-            writeln!(f, "torn tail (an interrupted last write, dropped at start): {t}")?;
+            writeln!(
+                f,
+                "torn tail (an interrupted last write, dropped at start): {t}"
+            )?;
         }
         if self.damage.is_empty() {
             return writeln!(f, "ok: {} is not damaged", self.data_dir.display());
@@ -250,9 +253,8 @@ pub fn quarantine(
     }
     let scratch = Scratch::new()?;
     let (_, source) = examine(data_dir, &scratch.path)?;
-    let source = source.ok_or_else(|| {
-        BrokerError::Storage(format!("{} does not open", store_dir.display()))
-    })?;
+    let source = source
+        .ok_or_else(|| BrokerError::Storage(format!("{} does not open", store_dir.display())))?;
     let topic_id = match source.topics.get(topic).map_err(read_err)? {
         Some(v) => decode::<TopicRecord>(&v)?.id,
         None => return Err(BrokerError::UnknownTopic(topic.to_owned()).into()),
@@ -271,10 +273,7 @@ pub fn quarantine(
         id == topic_id && (from..=to).contains(&seq)
     })?;
     drop(source);
-    let kept = data_dir.join(format!(
-        "store.quarantined-{}",
-        crate::broker::now_millis()
-    ));
+    let kept = data_dir.join(format!("store.quarantined-{}", crate::broker::now_millis()));
     std::fs::rename(&store_dir, &kept).map_err(|e| io("moving the old store aside", e))?;
     std::fs::rename(&rebuilt, &store_dir).map_err(|e| io("moving the rebuilt store in", e))?;
     let done = Quarantined {
@@ -358,8 +357,12 @@ fn read_err(e: impl fmt::Display) -> BrokerError {
 
 /// The journals of `store_dir`.
 fn read_journals(store_dir: &Path) -> Result<Vec<JournalFile>, ToolError> {
-    journal::verify(store_dir)
-        .map_err(|e| io(format!("reading the journals in {}", store_dir.display()), e))
+    journal::verify(store_dir).map_err(|e| {
+        io(
+            format!("reading the journals in {}", store_dir.display()),
+            e,
+        )
+    })
 }
 
 /// Copies `src` into `dst` recursively.
@@ -449,11 +452,15 @@ fn examine(data_dir: &Path, scratch: &Path) -> Result<(Report, Option<Store>), T
                 .write(true)
                 .open(copy.join(name))
                 .map_err(|e| io("opening a journal copy", e))?;
-            f.set_len(d.at).map_err(|e| io("cutting a journal copy", e))?;
+            f.set_len(d.at)
+                .map_err(|e| io("cutting a journal copy", e))?;
             if d.torn_tail {
-                report
-                    .torn_tails
-                    .push(format!("{} from byte {} ({})", j.path.display(), d.at, d.what));
+                report.torn_tails.push(format!(
+                    "{} from byte {} ({})",
+                    j.path.display(),
+                    d.at,
+                    d.what
+                ));
             }
         }
     }
@@ -595,10 +602,16 @@ fn journal_touches(names: &Names, after: &[journal::Batch]) -> Vec<Touch> {
             to: seqs.get(&id).copied(),
         });
     }
-    touches.extend(consumers.into_iter().map(|consumer| Touch::Consumer { consumer }));
-    touches.extend(other.into_iter().map(|k| Touch::Keyspace {
-        keyspace: k.into(),
-    }));
+    touches.extend(
+        consumers
+            .into_iter()
+            .map(|consumer| Touch::Consumer { consumer }),
+    );
+    touches.extend(
+        other
+            .into_iter()
+            .map(|k| Touch::Keyspace { keyspace: k.into() }),
+    );
     touches
 }
 
@@ -608,7 +621,9 @@ fn lost_last_seqs(report: &Report) -> HashMap<String, u64> {
     let mut out = HashMap::new();
     for t in report.damage.iter().flat_map(|d| &d.touches) {
         if let Touch::Messages {
-            topic, to: Some(to), ..
+            topic,
+            to: Some(to),
+            ..
         } = t
         {
             let e = out.entry(topic.clone()).or_insert(0);
@@ -641,10 +656,7 @@ fn scan_topic(
     };
     let mut next = 0u64;
     let mut failed = None;
-    for guard in store
-        .messages
-        .range(msg_key(id, 0)..=msg_key(id, u64::MAX))
-    {
+    for guard in store.messages.range(msg_key(id, 0)..=msg_key(id, u64::MAX)) {
         match guard.into_inner() {
             Ok((k, v)) => {
                 let Ok(seq) = key_seq(&k) else { continue };
@@ -671,10 +683,10 @@ fn scan_topic(
                 if let Some(r) = open.take() {
                     scan.damaged.push(r);
                 }
-                if let Some(v) = found {
-                    if each(seq, &v).is_ok() {
-                        scan.read += 1;
-                    }
+                if let Some(v) = found
+                    && each(seq, &v).is_ok()
+                {
+                    scan.read += 1;
                 }
             }
             Err(e) => match &mut open {

@@ -682,9 +682,10 @@ impl Broker for NatsBroker {
     fn readiness(&self) -> crate::broker::Readiness {
         match self.client.connection_state() {
             async_nats::connection::State::Connected => crate::broker::Readiness::Ready,
-            async_nats::connection::State::Pending => crate::broker::Readiness::NotReady(
-                format!("NATS connection to {} pending", self.options.describe()),
-            ),
+            async_nats::connection::State::Pending => crate::broker::Readiness::NotReady(format!(
+                "NATS connection to {} pending",
+                self.options.describe()
+            )),
             async_nats::connection::State::Disconnected => crate::broker::Readiness::NotReady(
                 format!("NATS connection lost ({})", self.options.describe()),
             ),
