@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::PullConsumer, stream::RetentionPolicy};
 use sluice::broker::nats::{NatsBroker, NatsOptions, durable_name, stream_name};
-use sluice::broker::{Broker, BrokerError, ConsumerSpec, Message, TopicSpec};
+use sluice::broker::{Broker, BrokerError, ConsumerSpec, Message, Readiness, TopicSpec};
 use sluice_harness::nats::{FlagServer, NatsServer};
 
 const WAIT: Duration = Duration::from_secs(2);
@@ -417,4 +417,36 @@ async fn a_message_near_max_payload_is_refused_so_its_dead_letter_always_fits() 
         .expect("its dead letter fits");
     let dlq = b.read("in.dlq", 0, 1, WAIT).await.expect("read dlq");
     assert_eq!(dlq[0].message.payload.len(), largest.len());
+}
+
+/// Readiness follows the connection, at once: ready while connected, not
+/// ready with the reason while the server is down, ready again after it
+/// is back. Storage errors stay 0 (storage is the server's).
+#[tokio::test]
+async fn readiness_follows_the_connection() {
+    let mut server = NatsServer::start().expect("nats-server");
+    let b = connect(&server).await;
+    assert_eq!(b.readiness(), Readiness::Ready);
+    server.stop().expect("stop nats-server");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match b.readiness() {
+            Readiness::NotReady(why) => {
+                assert!(why.contains("NATS connection"), "{why}");
+                break;
+            }
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "still {other:?} with the server down"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.restart().expect("restart nats-server");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while b.readiness() != Readiness::Ready {
+        assert!(std::time::Instant::now() < deadline, "not ready after the server came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(b.storage_errors(), 0);
 }
