@@ -445,7 +445,10 @@ async fn readiness_follows_the_connection() {
     server.restart().expect("restart nats-server");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while b.readiness() != Readiness::Ready {
-        assert!(std::time::Instant::now() < deadline, "not ready after the server came back");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not ready after the server came back"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(b.storage_errors(), 0);

@@ -154,10 +154,12 @@ pub fn verify(store_dir: &Path) -> std::io::Result<Vec<JournalFile>> {
 /// is left out reads as zeros, which end the data anyway. Where the file
 /// system cannot tell holes, the whole file is read.
 fn read_data(path: &Path) -> std::io::Result<(Vec<u8>, u64)> {
-    use std::io::Read;
+    use std::io::{Read, Seek};
     let mut file = std::fs::File::open(path)?;
     let len = file.metadata()?.len();
     let end = data_end(&file, len);
+    // The probes moved the file offset.
+    file.seek(std::io::SeekFrom::Start(0))?;
     let mut bytes = Vec::with_capacity(usize::try_from(end).unwrap_or(0));
     (&mut file).take(end).read_to_end(&mut bytes)?;
     Ok((bytes, len))
