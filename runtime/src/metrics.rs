@@ -383,6 +383,18 @@ fn process_start_time() -> f64 {
     })
 }
 
+/// The `outcome` label values of a settled delivery that did not fail
+/// (`duplicate`: a dedup key already handled, so the handler did not run).
+pub const SETTLED_OUTCOMES: [&str; 4] = ["ok", "duplicate", "skipped", "dead-lettered"];
+
+/// Every `outcome` label value the engine uses: [`SETTLED_OUTCOMES`], then
+/// each failure kind's name (an attempt that failed and will be retried).
+pub fn outcomes() -> impl Iterator<Item = &'static str> {
+    SETTLED_OUTCOMES
+        .into_iter()
+        .chain(FailureKind::ALL.iter().map(|kind| kind.as_str()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -408,20 +420,8 @@ mod tests {
         );
         assert!(text.contains("sluice_messages_published_total{topic=\"orders\"} 3"));
         assert!(!text.contains("# EOF"));
-        assert!(text.contains("# TYPE sluice_queue_depth gauge"));
+        assert!(text.contains("# TYPE process_open_fds gauge"), "{text}");
         assert!(text.contains("# TYPE sluice_ingest_responses_total counter"));
         assert!(text.contains("sluice_build_info{version="));
     }
-}
-
-/// The `outcome` label values of a settled delivery that did not fail
-/// (`duplicate`: a dedup key already handled, so the handler did not run).
-pub const SETTLED_OUTCOMES: [&str; 4] = ["ok", "duplicate", "skipped", "dead-lettered"];
-
-/// Every `outcome` label value the engine uses: [`SETTLED_OUTCOMES`], then
-/// each failure kind's name (an attempt that failed and will be retried).
-pub fn outcomes() -> impl Iterator<Item = &'static str> {
-    SETTLED_OUTCOMES
-        .into_iter()
-        .chain(FailureKind::ALL.iter().map(|kind| kind.as_str()))
 }

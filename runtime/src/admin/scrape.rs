@@ -29,15 +29,14 @@ const REFRESH_LIMIT: Duration = Duration::from_secs(1);
 
 /// `GET /metrics`.
 pub(super) async fn metrics(State(state): State<AdminState>, headers: HeaderMap) -> Response {
-    if state.broker().readiness().is_ready() {
-        if tokio::time::timeout(REFRESH_LIMIT, refresh_gauges(&state))
+    if state.broker().readiness().is_ready()
+        && tokio::time::timeout(REFRESH_LIMIT, refresh_gauges(&state))
             .await
             .is_err()
-        {
-            tracing::warn!(
-                "the broker did not answer within {REFRESH_LIMIT:?}; /metrics shows the last broker gauges"
-            );
-        }
+    {
+        tracing::warn!(
+            "the broker did not answer within {REFRESH_LIMIT:?}; /metrics shows the last broker gauges"
+        );
     }
     let metrics = state.metrics();
     metrics.observe_storage_errors(state.broker().storage_errors());
