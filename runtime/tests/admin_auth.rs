@@ -38,7 +38,11 @@ const READ: &str = "read-token-77be20";
 
 /// A pipeline `shop`: `in` -> stage `work` (uppercase) -> `out`.
 fn pipeline(dir: &Path) -> PathBuf {
-    let yaml = format!(
+    write_pipeline(dir, "shop", &shop_yaml())
+}
+
+fn shop_yaml() -> String {
+    format!(
         r#"
 name: shop
 topics: [in, out]
@@ -49,8 +53,7 @@ stages:
     publish: [out]
 "#,
         plugin = plugin("uppercase"),
-    );
-    write_pipeline(dir, "shop", &yaml)
+    )
 }
 
 /// A `sluice run` child, its admin base URL and its log.
@@ -66,7 +69,12 @@ impl Daemon {
     /// Starts the daemon with `args` after the pipeline and `env`, and
     /// waits for its ready line.
     fn start(args: &[&str], env: &[(&str, &str)]) -> Daemon {
-        match Daemon::spawn(args, env) {
+        Daemon::start_yaml(&shop_yaml(), args, env)
+    }
+
+    /// [`start`](Self::start) with another pipeline file.
+    fn start_yaml(yaml: &str, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        match Daemon::spawn_yaml(yaml, args, env) {
             Ok(daemon) => daemon,
             Err((output, _)) => panic!("daemon did not start: {output}"),
         }
@@ -77,8 +85,16 @@ impl Daemon {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Daemon, (String, Option<std::process::ExitStatus>)> {
+        Daemon::spawn_yaml(&shop_yaml(), args, env)
+    }
+
+    fn spawn_yaml(
+        yaml: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Daemon, (String, Option<std::process::ExitStatus>)> {
         let dir = tempfile::tempdir().expect("tempdir");
-        let file = pipeline(dir.path());
+        let file = write_pipeline(dir.path(), "pipeline", yaml);
         let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
         command
             .arg("run")
@@ -656,4 +672,118 @@ fn health_splits_liveness_from_readiness_and_metrics_match_their_type() {
     let body = om.text().expect("text");
     assert!(body.trim_end().ends_with("# EOF"), "{body}");
     assert!(body.contains("# TYPE sluice_messages_published counter"));
+}
+
+#[test]
+fn ingest_answers_503_with_retry_after_while_the_daemon_drains() {
+    let yaml = format!(
+        r#"
+name: slow
+shutdown_timeout: 30s
+topics: [in, out]
+stages:
+  - name: nap
+    subscribe: in
+    plugin: {sleepy}
+    concurrency: 1
+    config: {{ms: 4000}}
+    publish: [out]
+"#,
+        sleepy = plugin("sleepy"),
+    );
+    let mut d = Daemon::start_yaml(&yaml, &[], &[]);
+    let http = http();
+    let r = http
+        .post(d.url("/v1/topics/in/messages"))
+        .body("x")
+        .send()
+        .expect("POST");
+    assert_eq!(r.status(), 202);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status: Value = http
+            .get(d.url("/v1/status"))
+            .send()
+            .expect("GET")
+            .json()
+            .expect("JSON");
+        if status[0]["in_flight"] == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the message was never taken: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let term = Command::new("kill")
+        .args(["-TERM", &d.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(term.success());
+    // While the handler call in hand finishes, ingest says 503.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        let r = http
+            .post(d.url("/v1/topics/out/messages"))
+            .body("late")
+            .send()
+            .expect("the server answers while it drains");
+        if r.status() != 202 {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "ingest still 202 after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: Value = refused.json().expect("JSON");
+    assert_eq!(body["code"], "draining", "{body}");
+    let ready = http.get(d.url("/health/ready")).send().expect("GET");
+    assert_eq!(ready.status(), 503);
+    assert!(ready.headers().contains_key("retry-after"));
+    let ready: Value = ready.json().expect("JSON");
+    assert_eq!(ready["status"], "not-ready");
+    assert!(
+        ready["reasons"][0]
+            .as_str()
+            .unwrap_or_default()
+            .contains("draining")
+    );
+    let live = http.get(d.url("/health/live")).send().expect("GET");
+    assert_eq!(live.status(), 200);
+    let exit = d.child.wait().expect("exit");
+    assert!(exit.success(), "{exit:?}\n{}", d.log());
+}
+
+#[test]
+fn request_bodies_in_flight_have_a_global_budget() {
+    let d = Daemon::start(&[], &[("SLUICE_ADMIN_BODY_BUDGET", "1MiB")]);
+    let http = http();
+    let big = http
+        .post(d.url("/v1/topics/out/messages"))
+        .body(vec![b'a'; 2 << 20])
+        .send()
+        .expect("POST");
+    assert_eq!(big.status(), 503);
+    assert!(big.headers().contains_key("retry-after"));
+    let body: Value = big.json().expect("JSON");
+    assert_eq!(body["code"], "busy", "{body}");
+    // Within the budget, and once the big one is gone, ingest takes it.
+    let small = http
+        .post(d.url("/v1/topics/out/messages"))
+        .body(vec![b'a'; 512 << 10])
+        .send()
+        .expect("POST");
+    assert_eq!(small.status(), 202);
+    let metrics = http
+        .get(d.url("/metrics"))
+        .send()
+        .expect("GET")
+        .text()
+        .expect("text");
+    assert!(
+        metrics.contains("sluice_ingest_responses_total{status=\"503\"} 1"),
+        "{metrics}"
+    );
 }
