@@ -338,7 +338,7 @@ impl AdminState {
         let limit = request.limit.unwrap_or(u64::MAX);
         let lock = self.dlq_lock(&stage);
         let _exclusive = lock.lock().await;
-        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + self.redrive_time_limit;
         let mut report = RedriveReport {
             dry_run: request.dry_run,
             ..RedriveReport::default()
@@ -356,7 +356,7 @@ impl AdminState {
                 if report.redriven >= limit {
                     break 'pages;
                 }
-                if started.elapsed() >= self.redrive_time_limit {
+                if tokio::time::Instant::now() >= deadline {
                     report.time_limit_reached = true;
                     break 'pages;
                 }
@@ -400,6 +400,10 @@ impl AdminState {
                             () = tokio::time::sleep(wait) => {}
                             () = self.shutting_down() => {
                                 report.interrupted = true;
+                                break 'pages;
+                            }
+                            () = tokio::time::sleep_until(deadline) => {
+                                report.time_limit_reached = true;
                                 break 'pages;
                             }
                         }
