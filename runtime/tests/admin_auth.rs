@@ -787,3 +787,36 @@ fn request_bodies_in_flight_have_a_global_budget() {
         "{metrics}"
     );
 }
+
+#[test]
+fn metrics_and_probes_answer_at_once_with_nats_down() {
+    let mut nats = sluice_harness::nats::NatsServer::start().expect("nats-server");
+    let d = Daemon::start(&["--broker", &nats.url()], &[]);
+    let http = http();
+    let body = http
+        .get(d.url("/metrics"))
+        .send()
+        .expect("GET")
+        .text()
+        .expect("text");
+    assert!(body.contains("sluice_queue_depth{"), "{body}");
+    nats.stop().expect("stop nats-server");
+    for _ in 0..3 {
+        let started = Instant::now();
+        let r = http.get(d.url("/metrics")).send().expect("GET /metrics");
+        assert_eq!(r.status(), 200);
+        let body = r.text().expect("text");
+        // The last broker gauges are still shown.
+        assert!(body.contains("sluice_queue_depth{"), "{body}");
+        // It took 10 s before; the scrape waits at most 1 s for the broker.
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "/metrics took {:?} with NATS down",
+            started.elapsed()
+        );
+        let started = Instant::now();
+        let r = http.get(d.url("/health/ready")).send().expect("GET ready");
+        assert!(r.status() == 200 || r.status() == 503, "{}", r.status());
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+}
