@@ -24,7 +24,6 @@ mod e2e;
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,10 +36,6 @@ const FULL: &str = "full-token-3f9a1c";
 const READ: &str = "read-token-77be20";
 
 /// A pipeline `shop`: `in` -> stage `work` (uppercase) -> `out`.
-fn pipeline(dir: &Path) -> PathBuf {
-    write_pipeline(dir, "shop", &shop_yaml())
-}
-
 fn shop_yaml() -> String {
     format!(
         r#"
@@ -758,24 +753,62 @@ stages:
 
 #[test]
 fn request_bodies_in_flight_have_a_global_budget() {
+    use std::io::Write;
     let d = Daemon::start(&[], &[("SLUICE_ADMIN_BODY_BUDGET", "1MiB")]);
     let http = http();
-    let big = http
+    // A slow client announces 768 KiB and sends a little: its body holds
+    // that much of the budget while it dribbles.
+    let mut slow = TcpStream::connect(&d.addr).expect("connect");
+    write!(
+        slow,
+        "POST /v1/topics/out/messages HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n\r\nxxxx",
+        d.addr,
+        768 << 10
+    )
+    .expect("write");
+    slow.flush().expect("flush");
+    // Another 512 KiB does not fit beside it: 503 busy, with Retry-After.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        let r = http
+            .post(d.url("/v1/topics/out/messages"))
+            .body(vec![b'a'; 512 << 10])
+            .send()
+            .expect("POST");
+        if r.status() != 202 {
+            break r;
+        }
+        // The slow request was not read yet; try again.
+        assert!(Instant::now() < deadline, "never refused");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: Value = refused.json().expect("JSON");
+    assert_eq!(body["code"], "busy", "{body}");
+    // A body larger than the whole budget could never fit: 413.
+    let huge = http
         .post(d.url("/v1/topics/out/messages"))
         .body(vec![b'a'; 2 << 20])
         .send()
         .expect("POST");
-    assert_eq!(big.status(), 503);
-    assert!(big.headers().contains_key("retry-after"));
-    let body: Value = big.json().expect("JSON");
-    assert_eq!(body["code"], "busy", "{body}");
-    // Within the budget, and once the big one is gone, ingest takes it.
-    let small = http
-        .post(d.url("/v1/topics/out/messages"))
-        .body(vec![b'a'; 512 << 10])
-        .send()
-        .expect("POST");
-    assert_eq!(small.status(), 202);
+    assert_eq!(huge.status(), 413);
+    // Once the slow client is gone, its share comes back.
+    drop(slow);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = http
+            .post(d.url("/v1/topics/out/messages"))
+            .body(vec![b'a'; 512 << 10])
+            .send()
+            .expect("POST");
+        if r.status() == 202 {
+            break;
+        }
+        assert_eq!(r.status(), 503);
+        assert!(Instant::now() < deadline, "the budget never came back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let metrics = http
         .get(d.url("/metrics"))
         .send()
@@ -783,7 +816,8 @@ fn request_bodies_in_flight_have_a_global_budget() {
         .text()
         .expect("text");
     assert!(
-        metrics.contains("sluice_ingest_responses_total{status=\"503\"} 1"),
+        metrics.contains("sluice_ingest_responses_total{status=\"503\"} ")
+            && !metrics.contains("sluice_ingest_responses_total{status=\"503\"} 0"),
         "{metrics}"
     );
 }

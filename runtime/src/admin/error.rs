@@ -196,7 +196,8 @@ impl From<PathRejection> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if status.is_server_error() {
+        // Draining and busy are expected, per request: not worth a warning each.
+        if status.is_server_error() && !matches!(self, ApiError::Draining | ApiError::Busy { .. }) {
             tracing::warn!(code = self.code(), "admin request failed: {self}");
         }
         let body = ErrorBody {

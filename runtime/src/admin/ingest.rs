@@ -223,9 +223,13 @@ impl Budget {
         if bytes == 0 {
             return Ok(());
         }
-        let busy = || ApiError::Busy {
-            limit: state.limits.body_budget,
-        };
+        let budget = state.limits.body_budget;
+        let busy = || ApiError::Busy { limit: budget };
+        let held = self.0.as_ref().map_or(0, |p| p.num_permits());
+        if held.saturating_add(bytes) > budget {
+            // Could never fit, however long the client waits.
+            return Err(ApiError::PayloadTooLarge(budget));
+        }
         let n = u32::try_from(bytes).map_err(|_| busy())?;
         let permit = state
             .budget

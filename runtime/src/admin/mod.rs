@@ -240,6 +240,7 @@ impl AdminState {
             ))),
             redrive_time_limit: REDRIVE_TIME_LIMIT,
         }
+        .with_limits(ServerLimits::default())
     }
 
     /// Sets the longest one redrive runs (default [`REDRIVE_TIME_LIMIT`]).
@@ -260,12 +261,18 @@ impl AdminState {
         self
     }
 
-    /// Sets the server's limits (default [`ServerLimits::default`]).
+    /// Sets the server's limits (default [`ServerLimits::default`]). The
+    /// body budget is raised to the largest request a claim-checked topic
+    /// takes (its `max_payload` says the operator wants such payloads); any
+    /// other body larger than the whole budget is refused with 413.
     pub fn with_limits(mut self, limits: ServerLimits) -> Self {
+        self.limits = ServerLimits {
+            body_budget: limits.body_budget.max(self.largest_claim_request()),
+            ..limits
+        };
         self.budget = Arc::new(tokio::sync::Semaphore::new(budget_permits(
-            limits.body_budget,
+            self.limits.body_budget,
         )));
-        self.limits = limits;
         self
     }
 
@@ -309,16 +316,19 @@ impl AdminState {
     /// a claim-checked topic takes payloads up to a larger `max_payload`
     /// (a batch line carries one in base64, 4/3 of it, plus JSON).
     fn request_limit(&self) -> usize {
-        let largest_claim = self
-            .inner
+        self.body_limit.max(self.largest_claim_request())
+    }
+
+    /// The largest request a claim-checked topic takes (0 without one).
+    fn largest_claim_request(&self) -> usize {
+        self.inner
             .topics
             .values()
             .filter_map(|t| t.max_payload)
             .max()
             .map_or(0, |max| {
                 usize::try_from(max / 3 * 4 + (64 << 10)).unwrap_or(usize::MAX)
-            });
-        self.body_limit.max(largest_claim)
+            })
     }
 
     /// The broker the API reads and publishes through.
