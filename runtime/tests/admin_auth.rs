@@ -854,3 +854,57 @@ fn metrics_and_probes_answer_at_once_with_nats_down() {
         assert!(started.elapsed() < Duration::from_secs(5));
     }
 }
+
+#[test]
+fn connections_past_the_cap_are_closed_at_once() {
+    let d = Daemon::start(
+        &[],
+        &[
+            ("SLUICE_ADMIN_MAX_CONNECTIONS", "20"),
+            ("SLUICE_ADMIN_HEADER_TIMEOUT", "60s"),
+        ],
+    );
+    let held: Vec<TcpStream> = (0..20)
+        .map(|_| TcpStream::connect(&d.addr).expect("connect"))
+        .collect();
+    // Let the server accept all twenty.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut extra = TcpStream::connect(&d.addr).expect("connect");
+    extra
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let mut buf = Vec::new();
+    match extra.read_to_end(&mut buf) {
+        Ok(_) => assert!(buf.is_empty(), "{}", String::from_utf8_lossy(&buf)),
+        Err(err) => assert!(
+            !matches!(
+                err.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "a connection past the cap stayed open: {err}"
+        ),
+    }
+    // The held ones are still open (their header timeout is a minute).
+    let mut first = held.into_iter().next().expect("one");
+    first
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    let mut byte = [0u8; 1];
+    let still_open = matches!(
+        std::io::Read::read(&mut first, &mut byte),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+    );
+    assert!(still_open, "a connection under the cap was closed");
+    drop(first);
+    // Once they go, requests are served again.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match http().get(d.url("/health")).send() {
+            Ok(r) if r.status() == 200 => break,
+            other => {
+                assert!(Instant::now() < deadline, "never served again: {other:?}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
