@@ -133,8 +133,14 @@ pub async fn run(
 ) -> Result<(), DaemonError> {
     let (pipelines, host) = load(&opts)?;
     let choice = choose_broker(opts.broker.as_deref(), &pipelines)?;
-    if !opts.admin.ip().is_loopback() && !opts.admin_access.has_token() && !opts.admin_insecure {
-        return Err(DaemonError::InsecureAdmin(opts.admin));
+    if !opts.admin.ip().is_loopback() && !opts.admin_access.has_token() {
+        if !opts.admin_insecure {
+            return Err(DaemonError::InsecureAdmin(opts.admin));
+        }
+        tracing::warn!(
+            "the admin API on {} has no token (--admin-insecure): anyone who reaches it can publish, purge and redrive",
+            opts.admin
+        );
     }
     let tls = match &opts.admin_tls {
         Some((cert, key)) => Some(admin::tls_config(cert, key)?),
