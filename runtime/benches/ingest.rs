@@ -23,6 +23,11 @@
 //! consumes, so only acceptance is measured; the topic has no
 //! `high_water_mark` (with one, each request also reads the topic's depth).
 //!
+//! - **token**: the single-message HTTP side again, once against a server
+//!   with no token and once against one requiring `SLUICE_ADMIN_TOKEN`
+//!   (each request sends `Authorization: Bearer`, checked in constant
+//!   time), to show what the admin API's authentication costs.
+//!
 //! Environment: `INGEST_SAMPLES` (5), `INGEST_SINGLE` (messages per single
 //! sample, 20000), `INGEST_BATCHED` (messages per batch sample, 100000),
 //! `INGEST_CLIENTS` (16), `INGEST_BATCH` (100).
@@ -73,16 +78,24 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let (mut direct1, mut http1, mut direct_n, mut http_n) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut direct1, mut http1, mut direct_n, mut http_n, mut http1_token) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for sample in 0..s.samples {
         direct1.push(rt.block_on(direct(s.single, 1, s.clients)));
-        http1.push(rt.block_on(http_single(s.single, s.clients)));
+        // The token side right beside the no-token side, first one then the
+        // other in turn, so drift in the machine's load hits both alike.
+        if sample % 2 == 0 {
+            http1.push(rt.block_on(http_single(s.single, s.clients, None)));
+            http1_token.push(rt.block_on(http_single(s.single, s.clients, Some(TOKEN))));
+        } else {
+            http1_token.push(rt.block_on(http_single(s.single, s.clients, Some(TOKEN))));
+            http1.push(rt.block_on(http_single(s.single, s.clients, None)));
+        }
         direct_n.push(rt.block_on(direct(s.batched, s.batch, s.clients)));
         http_n.push(rt.block_on(http_batch(s.batched, s.batch, s.clients)));
         eprintln!(
-            "sample {sample}: single direct {:.0} http {:.0}; batch direct {:.0} http {:.0} msgs/s",
-            direct1[sample], http1[sample], direct_n[sample], http_n[sample]
+            "sample {sample}: single direct {:.0} http {:.0} http+token {:.0}; batch direct {:.0} http {:.0} msgs/s",
+            direct1[sample], http1[sample], http1_token[sample], direct_n[sample], http_n[sample]
         );
     }
     println!(
@@ -112,7 +125,25 @@ fn main() {
             mb / ma
         );
     }
+    println!(
+        "\n### Ingest with a token: 1 message per `POST .../messages`, {} clients, median of {} alternating samples\n",
+        s.clients, s.samples
+    );
+    println!(
+        "| no token msgs/s | with token msgs/s | ratio of medians | median of per-sample ratios |"
+    );
+    println!("|---:|---:|---:|---:|");
+    let (open, token) = (median(&http1), median(&http1_token));
+    let ratios: Vec<f64> = http1_token.iter().zip(&http1).map(|(t, o)| t / o).collect();
+    println!(
+        "| {open:.0} | {token:.0} | {:.2} | {:.2} |",
+        token / open,
+        median(&ratios)
+    );
 }
+
+/// The full-access token of the token side.
+const TOKEN: &str = "bench-token-0123456789abcdef";
 
 fn median(samples: &[f64]) -> f64 {
     let mut sorted = samples.to_vec();
@@ -200,6 +231,7 @@ async fn finish(
 /// what stops it.
 async fn server(
     dir: &std::path::Path,
+    token: Option<&str>,
 ) -> (
     Arc<EmbeddedBroker>,
     String,
@@ -210,7 +242,12 @@ async fn server(
     let file = dir.join("ingest.yaml");
     std::fs::write(&file, PIPELINE).expect("pipeline");
     let pipelines = sluice::config::load(&[file]).expect("valid pipeline");
-    let state = AdminState::new(broker.clone(), Arc::new(Metrics::new()), pipelines);
+    let state = AdminState::new(broker.clone(), Arc::new(Metrics::new()), pipelines).with_access(
+        admin::AccessConfig {
+            full: token.and_then(admin::Token::new),
+            ..admin::AccessConfig::default()
+        },
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -231,10 +268,12 @@ fn client() -> reqwest::Client {
         .expect("client")
 }
 
-/// `clients` HTTP clients POSTing `n` single messages. Returns msgs/s.
-async fn http_single(n: usize, clients: usize) -> f64 {
+/// `clients` HTTP clients POSTing `n` single messages, with `token` when
+/// the server requires one. Returns msgs/s.
+async fn http_single(n: usize, clients: usize, token: Option<&str>) -> f64 {
     let dir = tempfile::tempdir().expect("dir");
-    let (broker, base, stop, server) = server(dir.path()).await;
+    let (broker, base, stop, server) = server(dir.path(), token).await;
+    let auth = token.map(|t| format!("Bearer {t}"));
     let url = format!("{base}/v1/topics/in/messages");
     let next = Arc::new(AtomicUsize::new(0));
     let payload = payload();
@@ -242,19 +281,18 @@ async fn http_single(n: usize, clients: usize) -> f64 {
     let tasks: Vec<_> = (0..clients)
         .map(|_| {
             let (url, next, payload, http) = (url.clone(), next.clone(), payload.clone(), client());
+            let auth = auth.clone();
             tokio::spawn(async move {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     if i >= n {
                         return;
                     }
-                    let response = http
-                        .post(&url)
-                        .header("idempotency-key", format!("m{i}"))
-                        .body(payload.clone())
-                        .send()
-                        .await
-                        .expect("POST");
+                    let mut request = http.post(&url).header("idempotency-key", format!("m{i}"));
+                    if let Some(auth) = &auth {
+                        request = request.header("authorization", auth);
+                    }
+                    let response = request.body(payload.clone()).send().await.expect("POST");
                     assert_eq!(response.status(), 202);
                     let _ = response.bytes().await.expect("receipt");
                 }
@@ -269,7 +307,7 @@ async fn http_single(n: usize, clients: usize) -> f64 {
 /// for it too).
 async fn http_batch(n: usize, per: usize, clients: usize) -> f64 {
     let dir = tempfile::tempdir().expect("dir");
-    let (broker, base, stop, server) = server(dir.path()).await;
+    let (broker, base, stop, server) = server(dir.path(), None).await;
     let url = format!("{base}/v1/topics/in/batch");
     let next = Arc::new(AtomicUsize::new(0));
     let text = "a".repeat(PAYLOAD);

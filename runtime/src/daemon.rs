@@ -37,6 +37,15 @@ pub struct DaemonOptions {
     pub sync: SyncMode,
     /// The plugin host's settings (cache directory, limits).
     pub host: HostConfig,
+    /// Who may call the admin API (tokens, extra Host names).
+    pub admin_access: admin::AccessConfig,
+    /// Serve the admin API without a token on a non-loopback address
+    /// (`--admin-insecure`).
+    pub admin_insecure: bool,
+    /// The admin API's TLS certificate chain and key (PEM files).
+    pub admin_tls: Option<(PathBuf, PathBuf)>,
+    /// The admin server's connection cap, header timeout and body budget.
+    pub admin_limits: admin::ServerLimits,
 }
 
 /// Why the daemon could not start or stopped badly.
@@ -73,6 +82,15 @@ pub enum DaemonError {
     /// A claim store could not be opened.
     #[error(transparent)]
     Claim(#[from] crate::claim::ClaimError),
+    /// The admin API would be open to the network: a non-loopback address
+    /// with no token, and no `--admin-insecure`.
+    #[error(
+        "refusing to serve the admin API on {0} without a token: anyone who can reach that address could publish, purge and redrive. Set SLUICE_ADMIN_TOKEN (or --admin-token-file FILE), bind a loopback address, or pass --admin-insecure to accept the risk"
+    )]
+    InsecureAdmin(SocketAddr),
+    /// The admin TLS certificate or key cannot be used.
+    #[error(transparent)]
+    AdminTls(#[from] admin::TlsError),
 }
 
 /// What a successful start looks like, for the ready line and tests.
@@ -80,6 +98,8 @@ pub enum DaemonError {
 pub struct Started {
     /// The admin address actually bound.
     pub admin: SocketAddr,
+    /// `https` when the admin API serves TLS, else `http`.
+    pub admin_scheme: &'static str,
     /// The broker, for people: `embedded (DIR, sync: MODE)` or the NATS servers.
     pub broker: String,
     /// Pipelines and stage counts.
@@ -114,6 +134,19 @@ pub async fn run(
     raise_open_files_limit();
     let (pipelines, host) = load(&opts)?;
     let choice = choose_broker(opts.broker.as_deref(), &pipelines)?;
+    if !opts.admin.ip().is_loopback() && !opts.admin_access.has_token() {
+        if !opts.admin_insecure {
+            return Err(DaemonError::InsecureAdmin(opts.admin));
+        }
+        tracing::warn!(
+            "the admin API on {} has no token (--admin-insecure): anyone who reaches it can publish, purge and redrive",
+            opts.admin
+        );
+    }
+    let tls = match &opts.admin_tls {
+        Some((cert, key)) => Some(admin::tls_config(cert, key)?),
+        None => None,
+    };
 
     let listener = tokio::net::TcpListener::bind(opts.admin)
         .await
@@ -187,13 +220,22 @@ pub async fn run(
 
     let pipelines: Arc<[Pipeline]> = pipelines.into();
     let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
-    let state = AdminState::new(broker.clone(), metrics.clone(), pipelines.clone());
-    let admin_task = tokio::spawn(admin::serve(listener, state, async move {
+    let mut state = AdminState::new(broker.clone(), metrics.clone(), pipelines.clone())
+        .with_access(opts.admin_access.clone())
+        .with_limits(opts.admin_limits);
+    let admin_scheme = if let Some(tls) = tls {
+        state = state.with_tls(tls);
+        "https"
+    } else {
+        "http"
+    };
+    let admin_task = tokio::spawn(admin::serve(listener, state.clone(), async move {
         let _ = admin_stopped.await;
     }));
 
     ready(&Started {
         admin: admin_addr,
+        admin_scheme,
         broker: broker_label,
         pipelines: pipelines
             .iter()
@@ -203,6 +245,9 @@ pub async fn run(
 
     shutdown.await;
     tracing::info!("shutting down: draining stages");
+    // Ingest answers 503 (and readiness says draining) from now on; the
+    // server stays up to say so until the stages have drained.
+    state.start_draining();
     engine.shutdown().await;
     let _ = stop_sweeper.send(true);
     if let Some(sweeper) = sweeper {

@@ -48,6 +48,23 @@ pub struct DirectionLabels {
     pub direction: String,
 }
 
+/// Labels of `sluice_ingest_responses_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    /// The HTTP status ingest answered: 202, 400, 413, 429, 503, ...
+    pub status: String,
+}
+
+/// Labels of `sluice_build_info`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// This build's version.
+    pub version: String,
+}
+
+/// The ingest statuses counted from the first scrape, at zero.
+pub const INGEST_STATUSES: [u16; 5] = [202, 400, 413, 429, 503];
+
 /// Every metric the daemon exports.
 pub struct Metrics {
     registry: Registry,
@@ -67,6 +84,16 @@ pub struct Metrics {
     pub handler_duration: Family<StageLabels, Histogram>,
     /// `sluice_claim_bytes_total{direction}`.
     pub claim_bytes: Family<DirectionLabels, Counter>,
+    /// `sluice_ingest_responses_total{status}`.
+    pub ingest_responses: Family<StatusLabels, Counter>,
+    /// `sluice_storage_errors_total`, following the broker's own count.
+    pub storage_errors: Counter,
+    /// `process_resident_memory_bytes`, read at scrape time.
+    pub resident_memory: Gauge,
+    /// `process_open_fds`, read at scrape time.
+    pub open_fds: Gauge,
+    /// `process_start_time_seconds`.
+    pub start_time: Gauge<f64, AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -90,6 +117,12 @@ impl Metrics {
             Histogram::new(exponential_buckets(0.000_05, 2.0, 22))
         });
         let claim_bytes = Family::<DirectionLabels, Counter>::default();
+        let ingest_responses = Family::<StatusLabels, Counter>::default();
+        let storage_errors = Counter::default();
+        let resident_memory = Gauge::default();
+        let open_fds = Gauge::default();
+        let start_time = Gauge::<f64, AtomicU64>::default();
+        let build_info = Family::<BuildLabels, Gauge>::default();
         registry.register(
             "sluice_messages_published",
             "Messages published to a topic (ingest, CLI, handler emits, DLQ)",
@@ -130,6 +163,47 @@ impl Metrics {
             "Payload bytes moved through the claim check",
             claim_bytes.clone(),
         );
+        registry.register(
+            "sluice_ingest_responses",
+            "Ingest requests answered, by HTTP status",
+            ingest_responses.clone(),
+        );
+        registry.register(
+            "sluice_storage_errors",
+            "Storage errors the broker has seen (I/O failures, checksum mismatches)",
+            storage_errors.clone(),
+        );
+        registry.register(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+            resident_memory.clone(),
+        );
+        registry.register(
+            "process_open_fds",
+            "Number of open file descriptors",
+            open_fds.clone(),
+        );
+        registry.register(
+            "process_start_time_seconds",
+            "Start time of the process since the Unix epoch in seconds",
+            start_time.clone(),
+        );
+        registry.register(
+            "sluice_build_info",
+            "Always 1; the labels say which build runs",
+            build_info.clone(),
+        );
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            })
+            .set(1);
+        start_time.set(process_start_time());
+        for status in INGEST_STATUSES {
+            let _ = ingest_responses.get_or_create(&StatusLabels {
+                status: status.to_string(),
+            });
+        }
         Metrics {
             registry,
             published,
@@ -140,6 +214,44 @@ impl Metrics {
             inflight,
             handler_duration,
             claim_bytes,
+            ingest_responses,
+            storage_errors,
+            resident_memory,
+            open_fds,
+            start_time,
+        }
+    }
+
+    /// Counts one ingest answer of HTTP status `status`.
+    pub fn count_ingest_response(&self, status: u16) {
+        self.ingest_responses
+            .get_or_create(&StatusLabels {
+                status: status.to_string(),
+            })
+            .inc();
+    }
+
+    /// Brings `sluice_storage_errors_total` up to the broker's own count
+    /// (a counter only rises; a broker reopened with a lower count adds
+    /// nothing until it passes the old one).
+    pub fn observe_storage_errors(&self, total: u64) {
+        let seen = self.storage_errors.get();
+        if total > seen {
+            self.storage_errors.inc_by(total - seen);
+        }
+    }
+
+    /// Reads the process gauges (resident memory, open descriptors) from
+    /// `/proc`; on other systems they stay at zero.
+    pub fn refresh_process(&self) {
+        if let Some(rss) = resident_memory_bytes() {
+            self.resident_memory
+                .set(i64::try_from(rss).unwrap_or(i64::MAX));
+        }
+        if let Ok(entries) = std::fs::read_dir("/proc/self/fd") {
+            // One entry is the directory handle read_dir itself holds.
+            let n = entries.count().saturating_sub(1);
+            self.open_fds.set(i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 
@@ -192,13 +304,83 @@ impl Metrics {
         total
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// The OpenMetrics 1.0 text exposition of every metric (what
+    /// prometheus-client writes: counter families named without `_total`,
+    /// a closing `# EOF`).
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
+
+    /// The Prometheus text format 0.0.4 of every metric: the OpenMetrics
+    /// text with each counter family named as its samples are
+    /// (`..._total`) and no `# EOF`, so a parser of the classic format
+    /// types every counter as a counter.
+    pub fn encode_prometheus(&self) -> String {
+        openmetrics_to_prometheus(&self.encode())
+    }
+}
+
+/// Rewrites OpenMetrics text into Prometheus text format 0.0.4.
+fn openmetrics_to_prometheus(text: &str) -> String {
+    let counters: std::collections::HashSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(text.len() + 16 * counters.len());
+    for line in text.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let rewritten = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            (counters.contains(name) && !name.ends_with("_total"))
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        match rewritten {
+            Some(line) => out.push_str(line.trim_end()),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The resident set size, from `/proc/self/status` (`VmRSS`, in kB).
+fn resident_memory_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// When this process started, in seconds since the Unix epoch: its start
+/// in clock ticks after boot (`/proc/self/stat`) plus the boot time
+/// (`/proc/stat`), at the usual 100 ticks a second; else now.
+fn process_start_time() -> f64 {
+    let from_proc = || -> Option<f64> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name, which is in parentheses.
+        let after = stat.rsplit_once(')')?.1;
+        let ticks: f64 = after.split_whitespace().nth(19)?.parse().ok()?;
+        let boot = std::fs::read_to_string("/proc/stat").ok()?;
+        let btime: f64 = boot
+            .lines()
+            .find_map(|l| l.strip_prefix("btime "))?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(btime + ticks / 100.0)
+    };
+    from_proc().unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
+    })
 }
 
 /// The `outcome` label values of a settled delivery that did not fail
@@ -211,4 +393,35 @@ pub fn outcomes() -> impl Iterator<Item = &'static str> {
     SETTLED_OUTCOMES
         .into_iter()
         .chain(FailureKind::ALL.iter().map(|kind| kind.as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_text_names_counter_families_with_total_and_has_no_eof() {
+        let metrics = Metrics::new();
+        metrics.count_published("orders", 3);
+        let om = metrics.encode();
+        assert!(
+            om.contains("# TYPE sluice_messages_published counter"),
+            "{om}"
+        );
+        assert!(om.trim_end().ends_with("# EOF"));
+        let text = metrics.encode_prometheus();
+        assert!(
+            text.contains("# TYPE sluice_messages_published_total counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# HELP sluice_messages_published_total "),
+            "{text}"
+        );
+        assert!(text.contains("sluice_messages_published_total{topic=\"orders\"} 3"));
+        assert!(!text.contains("# EOF"));
+        assert!(text.contains("# TYPE process_open_fds gauge"), "{text}");
+        assert!(text.contains("# TYPE sluice_ingest_responses_total counter"));
+        assert!(text.contains("sluice_build_info{version="));
+    }
 }

@@ -562,6 +562,52 @@ async fn status_has_one_object_per_stage() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_redrive_holds_only_its_own_stage_and_stops_at_its_time_limit() {
+    let d = Daemon::start_with(|s| s.with_redrive_time_limit(Duration::from_secs(3))).await;
+    let b = &*d.broker;
+    for i in 0..3 {
+        seed_dead_letter(b, &format!("m{i}"), "p", "rejected").await;
+    }
+    b.publish(vec![Message::new("a1", "shop.audit.dlq", "x")])
+        .await
+        .expect("publish");
+    // Paced at one entry per 2 s: the third would go at 4 s, past the limit.
+    let http = d.http.clone();
+    let url = d.url("/v1/dlq/shop/route/redrive");
+    let redrive = tokio::spawn(async move {
+        http.post(url)
+            .json(&json!({"rate": 0.5}))
+            .send()
+            .await?
+            .json::<Value>()
+            .await
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while d.depth("shop.route.dlq").await > 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the redrive never began"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Another stage's purge does not wait for the redrive.
+    let (status, purged) = d
+        .post_json("/v1/dlq/shop/audit/purge", json!({"all": true}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(purged["purged"], 1);
+    assert!(
+        !redrive.is_finished(),
+        "the purge of shop/audit waited for the redrive of shop/route"
+    );
+    let report = redrive.await.expect("task").expect("redrive report");
+    assert_eq!(report["time_limit_reached"], true, "{report}");
+    assert_eq!(report["redriven"], 2, "{report}");
+    assert_eq!(d.depth("shop.route.dlq").await, 1);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlq_list_show_redrive_and_purge() {
     let d = Daemon::start().await;
     let b = &*d.broker;

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use axum::Json;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -144,7 +145,16 @@ pub struct RedriveReport {
     pub skipped_entries: Vec<SkippedEntry>,
     /// True when the daemon began shutting down before the redrive ended.
     pub interrupted: bool,
+    /// True when the redrive stopped at its time limit
+    /// ([`REDRIVE_TIME_LIMIT`]) with entries left: run it again to go on.
+    #[serde(default)]
+    pub time_limit_reached: bool,
 }
+
+/// The longest one redrive runs: past it the redrive stops after the entry
+/// in hand and reports how far it got, so no single call holds its stage's
+/// DLQ (or a client) for ever.
+pub const REDRIVE_TIME_LIMIT: Duration = Duration::from_secs(300);
 
 /// The body of `POST .../purge`: `{"limit": N}` or `{"all": true}`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,12 +204,13 @@ pub(super) async fn show(
 pub(super) async fn redrive(
     State(state): State<AdminState>,
     path: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<RedriveReport>, ApiError> {
     let Path((pipeline, stage)) = path?;
     // The stage first, so an unknown one is a 404 whatever the body.
     state.stage(&pipeline, &stage).await?;
-    let request: RedriveRequest = json_body(body, state.body_limit)?;
+    let request: RedriveRequest = json_body(&headers, body, state.body_limit)?;
     Ok(Json(state.dlq_redrive(&pipeline, &stage, &request).await?))
 }
 
@@ -207,11 +218,12 @@ pub(super) async fn redrive(
 pub(super) async fn purge(
     State(state): State<AdminState>,
     path: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<PurgeReport>, ApiError> {
     let Path((pipeline, stage)) = path?;
     state.stage(&pipeline, &stage).await?;
-    let request: PurgeRequest = json_body(body, state.body_limit)?;
+    let request: PurgeRequest = json_body(&headers, body, state.body_limit)?;
     Ok(Json(state.dlq_purge(&pipeline, &stage, &request).await?))
 }
 
@@ -324,7 +336,9 @@ impl AdminState {
             }
         };
         let limit = request.limit.unwrap_or(u64::MAX);
-        let _exclusive = self.inner.dlq_lock.lock().await;
+        let lock = self.dlq_lock(&stage);
+        let _exclusive = lock.lock().await;
+        let deadline = tokio::time::Instant::now() + self.redrive_time_limit;
         let mut report = RedriveReport {
             dry_run: request.dry_run,
             ..RedriveReport::default()
@@ -340,6 +354,10 @@ impl AdminState {
             };
             for stored in page {
                 if report.redriven >= limit {
+                    break 'pages;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    report.time_limit_reached = true;
                     break 'pages;
                 }
                 let entry = &stored.message;
@@ -382,6 +400,10 @@ impl AdminState {
                             () = tokio::time::sleep(wait) => {}
                             () = self.shutting_down() => {
                                 report.interrupted = true;
+                                break 'pages;
+                            }
+                            () = tokio::time::sleep_until(deadline) => {
+                                report.time_limit_reached = true;
                                 break 'pages;
                             }
                         }
@@ -441,7 +463,8 @@ impl AdminState {
                 ));
             }
         };
-        let _exclusive = self.inner.dlq_lock.lock().await;
+        let lock = self.dlq_lock(&stage);
+        let _exclusive = lock.lock().await;
         let mut purged = 0u64;
         let mut scan = Scan::snapshot(&stage, self).await?;
         while purged < limit {
@@ -600,13 +623,34 @@ fn preview(payload: &[u8]) -> String {
     }
 }
 
-/// Parses an optional JSON body: empty means every default, so `curl -X
-/// POST` with no body works.
+/// Parses an optional JSON body: empty (with no content type) means every
+/// default, so `curl -X POST` with no body works. A body, or a content
+/// type, must be `application/json`: a browser's form-encoded or
+/// `text/plain` post (no CORS preflight) is refused with 415.
 fn json_body<T: DeserializeOwned + Default>(
+    headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
     limit: usize,
 ) -> Result<T, ApiError> {
+    let content_type = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let body = body.map_err(|r| ApiError::from_body(r, limit))?;
+    let json = content_type.as_deref().map(|v| {
+        let essence = v.split(';').next().unwrap_or_default().trim();
+        essence.eq_ignore_ascii_case("application/json")
+            || essence
+                .rsplit_once('+')
+                .is_some_and(|(_, suffix)| suffix.eq_ignore_ascii_case("json"))
+    });
+    match (json, body.is_empty()) {
+        (Some(true), _) | (None, true) => {}
+        (Some(false), _) | (None, false) => {
+            return Err(ApiError::NotJson(
+                content_type.map_or_else(|| "(none)".to_owned(), |v| format!("`{v}`")),
+            ));
+        }
+    }
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
@@ -630,17 +674,35 @@ mod tests {
 
     #[test]
     fn request_bodies_default_when_empty_and_reject_typos() {
-        let r: RedriveRequest = json_body(Ok(Bytes::new()), 10).expect("empty is defaults");
+        let json = {
+            let mut h = HeaderMap::new();
+            h.insert(
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/json"),
+            );
+            h
+        };
+        let r: RedriveRequest =
+            json_body(&HeaderMap::new(), Ok(Bytes::new()), 10).expect("empty is defaults");
         assert_eq!(r, RedriveRequest::default());
         let r: RedriveRequest = json_body(
+            &json,
             Ok(Bytes::from_static(br#"{"dry_run":true,"limit":2}"#)),
             100,
         )
         .expect("valid");
         assert!(r.dry_run && r.limit == Some(2));
         assert!(
-            json_body::<RedriveRequest>(Ok(Bytes::from_static(br#"{"dryrun":true}"#)), 100)
+            json_body::<RedriveRequest>(&json, Ok(Bytes::from_static(br#"{"dryrun":true}"#)), 100)
                 .is_err()
         );
+        // A body without a JSON content type (a browser's text/plain post).
+        let err = json_body::<PurgeRequest>(
+            &HeaderMap::new(),
+            Ok(Bytes::from_static(br#"{"all":true}"#)),
+            100,
+        )
+        .expect_err("untyped body");
+        assert_eq!(err.status(), 415);
     }
 }

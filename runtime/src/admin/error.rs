@@ -74,6 +74,35 @@ pub enum ApiError {
     /// The method is not one this endpoint takes.
     #[error("method not allowed on this endpoint")]
     MethodNotAllowed,
+    /// A JSON endpoint got a body of another type (a browser's `text/plain`
+    /// form post, say).
+    #[error("unsupported content type {0}; this endpoint takes application/json")]
+    NotJson(String),
+    /// No token, or not a valid one, where the API requires one.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// The token is valid but its role may not do this.
+    #[error("{0}")]
+    Forbidden(String),
+    /// The request came from a web page of another site.
+    #[error("{0}")]
+    CrossOrigin(String),
+    /// The `Host` header names another server (DNS rebinding).
+    #[error("{0}")]
+    MisdirectedHost(String),
+    /// The daemon is shutting down and takes no more messages.
+    #[error(
+        "the daemon is shutting down and takes no new messages; retry against it after it restarts"
+    )]
+    Draining,
+    /// Too many request bodies are in flight at once.
+    #[error(
+        "the daemon holds {limit} bytes of request bodies in flight, its budget; retry shortly"
+    )]
+    Busy {
+        /// The budget, in bytes.
+        limit: usize,
+    },
     /// The broker failed.
     #[error("{0}")]
     Broker(#[from] BrokerError),
@@ -93,6 +122,11 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Backpressure { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::NotJson(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) | ApiError::CrossOrigin(_) => StatusCode::FORBIDDEN,
+            ApiError::MisdirectedHost(_) => StatusCode::MISDIRECTED_REQUEST,
+            ApiError::Draining | ApiError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Broker(err) => match err {
                 // Declared in the pipelines but not (yet) by the broker: the
                 // engine declares topics as it starts, so this passes.
@@ -118,6 +152,13 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::Backpressure { .. } => "backpressure",
             ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::NotJson(_) => "unsupported_media_type",
+            ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Forbidden(_) => "forbidden",
+            ApiError::CrossOrigin(_) => "cross_origin",
+            ApiError::MisdirectedHost(_) => "host_not_allowed",
+            ApiError::Draining => "draining",
+            ApiError::Busy { .. } => "busy",
             ApiError::Broker(err) => match err {
                 BrokerError::UnknownTopic(_) | BrokerError::UnknownConsumer(_) => "not_ready",
                 BrokerError::Unavailable(_) => "unavailable",
@@ -155,7 +196,8 @@ impl From<PathRejection> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if status.is_server_error() {
+        // Draining and busy are expected, per request: not worth a warning each.
+        if status.is_server_error() && !matches!(self, ApiError::Draining | ApiError::Busy { .. }) {
             tracing::warn!(code = self.code(), "admin request failed: {self}");
         }
         let body = ErrorBody {
@@ -163,11 +205,23 @@ impl IntoResponse for ApiError {
             code: self.code().to_owned(),
         };
         let mut response = (status, axum::Json(body)).into_response();
-        // Both are "come back shortly"; say when, as HTTP intends.
+        // Both are "come back shortly"; say when, as HTTP intends. A
+        // draining daemon will not come back as itself: give a restart time.
         if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+            let after = if matches!(self, ApiError::Draining) {
+                "5"
+            } else {
+                "1"
+            };
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                .insert(header::RETRY_AFTER, HeaderValue::from_static(after));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"sluice\""),
+            );
         }
         response
     }

@@ -7,13 +7,20 @@
 //! publishes them as one broker batch, so a bad line publishes nothing.
 //! Both answer 202 with what the broker stored, or 429 while the topic is
 //! above its `high_water_mark`.
+//!
+//! Request bodies draw on one budget of bytes in flight across all
+//! requests (`--admin-body-budget`); past it ingest answers 503 with
+//! `Retry-After` rather than buffer without bound. While the daemon drains
+//! (SIGTERM) ingest answers 503 too. Every answer is counted in
+//! `sluice_ingest_responses_total{status}`.
 
 use std::collections::BTreeMap;
 
 use axum::Json;
-use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -126,16 +133,41 @@ pub fn check_id(id: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Counts an ingest answer by its status.
+fn counted<T: IntoResponse>(state: &AdminState, result: Result<T, ApiError>) -> Response {
+    let response = result.into_response();
+    state
+        .metrics()
+        .count_ingest_response(response.status().as_u16());
+    response
+}
+
 /// `POST /v1/topics/{topic}/messages`.
 pub(super) async fn publish_one(
     State(state): State<AdminState>,
     topic: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: axum::body::Body,
+) -> Response {
+    let result = publish_one_inner(&state, topic, headers, body).await;
+    counted(&state, result)
+}
+
+async fn publish_one_inner(
+    state: &AdminState,
+    topic: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: axum::body::Body,
 ) -> Result<(StatusCode, Json<PublishReceipt>), ApiError> {
+    let state = state.clone();
+    if state.is_draining() {
+        return Err(ApiError::Draining);
+    }
     let Path(topic) = topic?;
     let entry = state.topic(&topic).await?;
-    let body = read_payload(&state, &topic, &entry, body).await?;
+    // Held until the message is published: its bytes count against the
+    // budget of bodies in flight until then.
+    let (body, _budget) = read_payload(&state, &topic, &entry, body).await?;
     if body.is_empty() {
         return Err(ApiError::BadRequest(
             "the request body is empty; it is the message payload".into(),
@@ -167,8 +199,7 @@ async fn read_payload(
     topic: &str,
     entry: &TopicEntry,
     body: axum::body::Body,
-) -> Result<Bytes, ApiError> {
-    use http_body_util::BodyExt;
+) -> Result<(Bytes, Budget), ApiError> {
     let limit = entry.max_payload.map_or(state.body_limit, |max| {
         usize::try_from(max).unwrap_or(usize::MAX)
     });
@@ -178,6 +209,52 @@ async fn read_payload(
         ))),
         None => ApiError::PayloadTooLarge(limit),
     };
+    read_body(state, body, limit, too_large).await
+}
+
+/// Bytes of request bodies this request holds from the shared budget;
+/// given back when dropped.
+#[derive(Debug, Default)]
+pub(super) struct Budget(Option<tokio::sync::OwnedSemaphorePermit>);
+
+impl Budget {
+    /// Takes `bytes` more from the budget, or says the daemon is busy.
+    fn take(&mut self, state: &AdminState, bytes: usize) -> Result<(), ApiError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let budget = state.limits.body_budget;
+        let busy = || ApiError::Busy { limit: budget };
+        let held = self.0.as_ref().map_or(0, |p| p.num_permits());
+        if held.saturating_add(bytes) > budget {
+            // Could never fit, however long the client waits.
+            return Err(ApiError::PayloadTooLarge(budget));
+        }
+        let n = u32::try_from(bytes).map_err(|_| busy())?;
+        let permit = state
+            .budget
+            .clone()
+            .try_acquire_many_owned(n)
+            .map_err(|_| busy())?;
+        match &mut self.0 {
+            Some(held) => held.merge(permit),
+            None => self.0 = Some(permit),
+        }
+        Ok(())
+    }
+}
+
+/// Reads a request body of at most `limit` bytes into one buffer, drawing
+/// its size from the budget of bodies in flight: the announced length up
+/// front (refused at once when it does not fit), else chunk by chunk.
+async fn read_body(
+    state: &AdminState,
+    body: axum::body::Body,
+    limit: usize,
+    too_large: impl Fn() -> ApiError,
+) -> Result<(Bytes, Budget), ApiError> {
+    use http_body_util::BodyExt;
+    let mut budget = Budget::default();
     let hint = http_body::Body::size_hint(&body);
     if usize::try_from(hint.lower()).map_or(true, |lower| lower > limit) {
         return Err(too_large());
@@ -185,7 +262,9 @@ async fn read_payload(
     // One buffer of the announced size, each chunk copied in and freed: a
     // large payload costs its size once, not chunks + a collected copy.
     let expected = hint.exact().and_then(|n| usize::try_from(n).ok());
-    let mut buf = bytes::BytesMut::with_capacity(expected.unwrap_or(0).min(limit));
+    let reserved = expected.unwrap_or(0).min(limit);
+    budget.take(state, reserved)?;
+    let mut buf = bytes::BytesMut::with_capacity(reserved);
     let mut body = body;
     while let Some(frame) = body.frame().await {
         let frame = frame
@@ -194,10 +273,12 @@ async fn read_payload(
             if buf.len() + chunk.len() > limit {
                 return Err(too_large());
             }
+            let beyond = (buf.len() + chunk.len()).saturating_sub(reserved.max(buf.len()));
+            budget.take(state, beyond)?;
             buf.extend_from_slice(&chunk);
         }
     }
-    Ok(buf.freeze())
+    Ok((buf.freeze(), budget))
 }
 
 /// `POST /v1/topics/{topic}/batch`.
@@ -205,12 +286,28 @@ pub(super) async fn publish_batch(
     State(state): State<AdminState>,
     topic: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: axum::body::Body,
+) -> Response {
+    let result = publish_batch_inner(&state, topic, headers, body).await;
+    counted(&state, result)
+}
+
+async fn publish_batch_inner(
+    state: &AdminState,
+    topic: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: axum::body::Body,
 ) -> Result<(StatusCode, Json<BatchReceipt>), ApiError> {
+    let state = state.clone();
+    if state.is_draining() {
+        return Err(ApiError::Draining);
+    }
     let Path(topic) = topic?;
     let entry = state.topic(&topic).await?;
     check_batch_content_type(&headers)?;
-    let body = body.map_err(|r| ApiError::from_body(r, state.request_limit()))?;
+    let limit = state.request_limit();
+    let (body, _budget) =
+        read_body(&state, body, limit, || ApiError::PayloadTooLarge(limit)).await?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::BadRequest("the batch body is not UTF-8 text".into()))?;
     let mut lines = Vec::new();

@@ -10,10 +10,15 @@
 //! - `dlq.rs`: `/v1/dlq/{pipeline}/{stage}` list, show, redrive, purge;
 //! - `status.rs`: `GET /v1/status` and the throughput sampler behind it;
 //! - `scrape.rs`: `GET /metrics`, refreshing the broker-backed gauges first;
-//! - `error.rs`: the JSON error body every failure uses.
+//! - `error.rs`: the JSON error body every failure uses;
+//! - `access.rs`: the guard in front of it all: bearer tokens (full and
+//!   read-only), `Host` and `Origin` checks, the audit log;
+//! - `server.rs`: the accept loop: connection cap, header-read timeout,
+//!   optional TLS, graceful shutdown;
+//! - `health.rs`: `GET /health`, `/health/live`, `/health/ready`.
 //!
-//! The API has no authentication: bind it to loopback (the default) or a
-//! private interface.
+//! Without a token the API is open to whoever reaches it: the daemon
+//! refuses a non-loopback `--admin` without one unless `--admin-insecure`.
 //!
 //! Each endpoint is a thin HTTP wrapper around a method of [`AdminState`]
 //! (`publish_lines`, `topic_view`, `read_topic`, `dlq_list`, `dlq_show`,
@@ -22,10 +27,13 @@
 //! state made by [`AdminState::without_pipelines`], so ingest checks and
 //! redrive semantics live here only.
 
+mod access;
 mod dlq;
 mod error;
+mod health;
 mod ingest;
 mod scrape;
+mod server;
 mod status;
 mod topics;
 
@@ -41,20 +49,26 @@ use crate::broker::{Broker, BrokerError, consumer_name};
 use crate::config::{Pipeline, default_dlq};
 use crate::metrics::Metrics;
 
+pub use access::{AccessConfig, Token};
 pub use dlq::{
-    DlqEntry, DlqEntryDetail, DlqList, PurgeReport, PurgeRequest, RedriveReport, RedriveRequest,
-    SkippedEntry,
+    DlqEntry, DlqEntryDetail, DlqList, PurgeReport, PurgeRequest, REDRIVE_TIME_LIMIT,
+    RedriveReport, RedriveRequest, SkippedEntry,
 };
 pub use error::{ApiError, ErrorBody};
 pub use ingest::{
     BatchHeaders, BatchLine, BatchReceipt, HEADER_PREFIX, ID_HEADER, KEY_HEADER, MAX_ID_BYTES,
     PublishReceipt, check_id,
 };
+pub use server::{
+    DEFAULT_BODY_BUDGET, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, ServerLimits, TlsError,
+    tls_config,
+};
 pub use status::StageStatus;
 pub use topics::{MessageView, ReadResponse, TopicView, payload_fields};
 
 /// Where the admin API listens unless `--admin`/`SLUICE_ADMIN` says
-/// otherwise: loopback only, because the API has no authentication.
+/// otherwise: loopback only, so that without a token nothing off the
+/// machine reaches it.
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:7400";
 
 /// The largest request body accepted by default (64 MiB): big enough for a
@@ -68,6 +82,16 @@ pub const DEFAULT_BODY_LIMIT: usize = 64 << 20;
 pub struct AdminState {
     inner: Arc<Inner>,
     body_limit: usize,
+    /// Who may call (tokens, extra Host names).
+    access: Arc<AccessConfig>,
+    /// TLS, when the API serves HTTPS.
+    tls: Option<Arc<rustls::ServerConfig>>,
+    /// Connection cap, header timeout, body budget.
+    limits: ServerLimits,
+    /// Request-body bytes in flight, across all requests: one permit a byte.
+    budget: Arc<tokio::sync::Semaphore>,
+    /// The longest one redrive runs ([`REDRIVE_TIME_LIMIT`]).
+    redrive_time_limit: std::time::Duration,
 }
 
 struct Inner {
@@ -83,9 +107,13 @@ struct Inner {
     /// Flipped to true when the server starts shutting down, so long-polls
     /// and paced redrives end instead of holding the shutdown up.
     shutdown: tokio::sync::watch::Sender<bool>,
-    /// Serialises redrives and purges, so two at once never handle the same
-    /// entry twice.
-    dlq_lock: tokio::sync::Mutex<()>,
+    /// One lock per stage's DLQ: serialises that stage's redrives and
+    /// purges, so two at once never handle the same entry twice, while a
+    /// slow redrive of one stage never holds up another's.
+    dlq_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Set once SIGTERM arrives: ingest answers 503 and readiness says
+    /// draining while the stages drain.
+    draining: std::sync::atomic::AtomicBool,
     /// No pipelines are loaded ([`AdminState::without_pipelines`]): every
     /// topic the broker has is accepted, and a stage's DLQ topic is the
     /// default one.
@@ -199,11 +227,82 @@ impl AdminState {
                 stages,
                 rates,
                 shutdown: tokio::sync::watch::channel(false).0,
-                dlq_lock: tokio::sync::Mutex::new(()),
+                dlq_locks: std::sync::Mutex::default(),
+                draining: std::sync::atomic::AtomicBool::new(false),
                 open,
             }),
             body_limit: DEFAULT_BODY_LIMIT,
+            access: Arc::default(),
+            tls: None,
+            limits: ServerLimits::default(),
+            budget: Arc::new(tokio::sync::Semaphore::new(budget_permits(
+                DEFAULT_BODY_BUDGET,
+            ))),
+            redrive_time_limit: REDRIVE_TIME_LIMIT,
         }
+        .with_limits(ServerLimits::default())
+    }
+
+    /// Sets the longest one redrive runs (default [`REDRIVE_TIME_LIMIT`]).
+    pub fn with_redrive_time_limit(mut self, limit: std::time::Duration) -> Self {
+        self.redrive_time_limit = limit;
+        self
+    }
+
+    /// Sets who may call the API (default: everyone who reaches it).
+    pub fn with_access(mut self, access: AccessConfig) -> Self {
+        self.access = Arc::new(access);
+        self
+    }
+
+    /// Serves HTTPS with `tls` (see [`tls_config`]).
+    pub fn with_tls(mut self, tls: Arc<rustls::ServerConfig>) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Sets the server's limits (default [`ServerLimits::default`]). The
+    /// body budget is raised to the largest request a claim-checked topic
+    /// takes (its `max_payload` says the operator wants such payloads); any
+    /// other body larger than the whole budget is refused with 413.
+    pub fn with_limits(mut self, limits: ServerLimits) -> Self {
+        self.limits = ServerLimits {
+            body_budget: limits.body_budget.max(self.largest_claim_request()),
+            ..limits
+        };
+        self.budget = Arc::new(tokio::sync::Semaphore::new(budget_permits(
+            self.limits.body_budget,
+        )));
+        self
+    }
+
+    /// Marks the daemon as shutting down: from now on ingest answers 503
+    /// with `Retry-After` and readiness says `draining`, while the server
+    /// keeps answering.
+    pub fn start_draining(&self) {
+        self.inner
+            .draining
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether [`start_draining`](Self::start_draining) was called.
+    pub fn is_draining(&self) -> bool {
+        self.inner
+            .draining
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The lock of one stage's DLQ (made on first use).
+    fn dlq_lock(&self, stage: &StageEntry) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self
+            .inner
+            .dlq_locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        locks
+            .entry(format!("{}/{}", stage.pipeline, stage.stage))
+            .or_default()
+            .clone()
     }
 
     /// Sets the largest request body accepted (default
@@ -217,16 +316,19 @@ impl AdminState {
     /// a claim-checked topic takes payloads up to a larger `max_payload`
     /// (a batch line carries one in base64, 4/3 of it, plus JSON).
     fn request_limit(&self) -> usize {
-        let largest_claim = self
-            .inner
+        self.body_limit.max(self.largest_claim_request())
+    }
+
+    /// The largest request a claim-checked topic takes (0 without one).
+    fn largest_claim_request(&self) -> usize {
+        self.inner
             .topics
             .values()
             .filter_map(|t| t.max_payload)
             .max()
             .map_or(0, |max| {
                 usize::try_from(max / 3 * 4 + (64 << 10)).unwrap_or(usize::MAX)
-            });
-        self.body_limit.max(largest_claim)
+            })
     }
 
     /// The broker the API reads and publishes through.
@@ -343,7 +445,9 @@ fn zero_series(metrics: &Metrics, topics: &HashMap<String, TopicEntry>, stages: 
 pub fn router(state: AdminState) -> Router {
     let limit = state.request_limit();
     Router::new()
-        .route("/health", get(health))
+        .route("/health", get(health::live))
+        .route("/health/live", get(health::live))
+        .route("/health/ready", get(health::ready))
         .route("/metrics", get(scrape::metrics))
         .route("/v1/status", get(status::status))
         .route("/v1/topics", get(topics::list))
@@ -376,24 +480,34 @@ pub async fn serve(
     state: AdminState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!("admin API listening on http://{addr}");
-    }
+    let bound = listener.local_addr()?;
+    tracing::info!(
+        "admin API listening on {}://{bound}{}",
+        server::scheme(state.tls.is_some()),
+        if state.access.has_token() {
+            " (token required)"
+        } else {
+            ""
+        }
+    );
     let sampler = tokio::spawn(status::sample(state.clone()));
     let signal = state.clone();
-    let result = axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            signal.inner.shutdown.send_replace(true);
-        })
-        .await;
+    let tls = state.tls.clone();
+    let limits = state.limits;
+    let guard = access::Guard::new(state.access.clone(), bound);
+    let app = router(state).layer(axum::middleware::from_fn_with_state(guard, access::guard));
+    server::run(listener, app, tls, limits, async move {
+        shutdown.await;
+        signal.inner.shutdown.send_replace(true);
+    })
+    .await;
     sampler.abort();
-    result
+    Ok(())
 }
 
-/// `GET /health`: the daemon is up and serving.
-async fn health() -> axum::Json<serde_json::Value> {
-    axum::Json(serde_json::json!({"status": "ok"}))
+/// A byte budget as semaphore permits (which top out below `usize::MAX`).
+fn budget_permits(bytes: usize) -> usize {
+    bytes.clamp(1, tokio::sync::Semaphore::MAX_PERMITS)
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {

@@ -67,6 +67,98 @@ pub(crate) fn key_value(text: &str) -> Result<(String, String), String> {
     }
 }
 
+/// The admin API's tokens: one set of flags for the daemon (which checks
+/// them) and every command that calls it (which sends one). The tokens
+/// themselves come from the environment or a file, never from a flag that
+/// `ps` would show.
+#[derive(Debug, clap::Args)]
+pub(crate) struct TokenArgs {
+    /// Read the admin API's full-access token from FILE (instead of the
+    /// SLUICE_ADMIN_TOKEN environment variable).
+    #[arg(long, value_name = "FILE")]
+    admin_token_file: Option<PathBuf>,
+    /// Read the admin API's read-only token (status, topics, tail, DLQ list
+    /// and show) from FILE (instead of SLUICE_ADMIN_READ_TOKEN).
+    #[arg(long, value_name = "FILE")]
+    admin_read_token_file: Option<PathBuf>,
+}
+
+/// A token and where it came from (for messages; the token itself is never
+/// printed).
+#[derive(Clone)]
+pub(crate) struct TokenSource {
+    /// The token.
+    pub(crate) text: String,
+    /// `SLUICE_ADMIN_TOKEN`, `--admin-token-file /path`, ...
+    pub(crate) source: String,
+}
+
+impl std::fmt::Debug for TokenSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TokenSource(<redacted> from {})", self.source)
+    }
+}
+
+/// The full-access token's environment variable.
+pub(crate) const ADMIN_TOKEN_ENV: &str = "SLUICE_ADMIN_TOKEN";
+/// The read-only token's environment variable.
+pub(crate) const ADMIN_READ_TOKEN_ENV: &str = "SLUICE_ADMIN_READ_TOKEN";
+
+impl TokenArgs {
+    /// The full-access token: `--admin-token-file`, else
+    /// `SLUICE_ADMIN_TOKEN`.
+    pub(crate) fn full(&self) -> Result<Option<TokenSource>, String> {
+        token(
+            self.admin_token_file.as_deref(),
+            "--admin-token-file",
+            ADMIN_TOKEN_ENV,
+        )
+    }
+
+    /// The read-only token: `--admin-read-token-file`, else
+    /// `SLUICE_ADMIN_READ_TOKEN`.
+    pub(crate) fn read(&self) -> Result<Option<TokenSource>, String> {
+        token(
+            self.admin_read_token_file.as_deref(),
+            "--admin-read-token-file",
+            ADMIN_READ_TOKEN_ENV,
+        )
+    }
+}
+
+/// A token from `file` if given, else from the environment variable `env`.
+/// An empty file or variable is an error (a token that is silently absent
+/// would leave the API open); an unset variable is no token.
+fn token(
+    file: Option<&std::path::Path>,
+    flag: &str,
+    env: &str,
+) -> Result<Option<TokenSource>, String> {
+    if let Some(file) = file {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| format!("cannot read {flag} {}: {e}", file.display()))?;
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(format!("{flag} {} is empty", file.display()));
+        }
+        return Ok(Some(TokenSource {
+            text: text.to_owned(),
+            source: format!("{flag} {}", file.display()),
+        }));
+    }
+    match std::env::var(env) {
+        Ok(text) if text.trim().is_empty() => Err(format!(
+            "{env} is set but empty; unset it or give the token"
+        )),
+        Ok(text) => Ok(Some(TokenSource {
+            text: text.trim().to_owned(),
+            source: env.to_owned(),
+        })),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(format!("{env} is not valid UTF-8")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

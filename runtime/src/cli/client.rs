@@ -26,6 +26,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::args::{ADMIN_READ_TOKEN_ENV, ADMIN_TOKEN_ENV, TokenSource};
 use crate::admin::{
     AdminState, ApiError, BatchHeaders, BatchLine, BatchReceipt, DEFAULT_ADMIN, DlqEntryDetail,
     DlqList, ErrorBody, HEADER_PREFIX, ID_HEADER, KEY_HEADER, PublishReceipt, PurgeReport,
@@ -45,10 +46,16 @@ const NATS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// talks to it.
 #[derive(Debug, clap::Args)]
 pub(crate) struct AdminArgs {
-    /// The running daemon's admin address: HOST:PORT or http://HOST:PORT (what `sluice run
-    /// --admin` listens on).
+    /// The running daemon's admin address: HOST:PORT, http://HOST:PORT or https://HOST:PORT
+    /// (what `sluice run --admin` listens on).
     #[arg(long, env = "SLUICE_ADMIN", value_name = "ADDR", default_value = DEFAULT_ADMIN)]
     admin: String,
+    /// With an https:// --admin: trust the daemon's certificate through this PEM file (its CA,
+    /// or the self-signed certificate itself) instead of the system's roots.
+    #[arg(long, env = "SLUICE_ADMIN_CA", value_name = "FILE")]
+    admin_ca: Option<PathBuf>,
+    #[command(flatten)]
+    tokens: super::args::TokenArgs,
 }
 
 /// How `publish`, `tail` and `dlq` reach the broker: through the daemon, or
@@ -499,22 +506,65 @@ impl Outgoing {
 struct Http {
     http: reqwest::blocking::Client,
     base: String,
+    /// The token sent, and whether it is the read-only one (for messages).
+    token: Option<(TokenSource, bool)>,
 }
 
 impl Http {
-    /// A client for the daemon `args` names.
+    /// A client for the daemon `args` names, sending the full-access token
+    /// if one is set, else the read-only one.
     fn new(args: &AdminArgs) -> Result<Self, ClientError> {
         let base = base_url(&args.admin)?;
-        let http = reqwest::blocking::Client::builder()
+        let token = match args.tokens.full().map_err(ClientError::Usage)? {
+            Some(full) => Some((full, false)),
+            None => args
+                .tokens
+                .read()
+                .map_err(ClientError::Usage)?
+                .map(|read| (read, true)),
+        };
+        let mut headers = HeaderMap::new();
+        if let Some((token, _)) = &token {
+            let mut value =
+                HeaderValue::from_str(&format!("Bearer {}", token.text)).map_err(|_| {
+                    ClientError::Usage(format!(
+                        "the admin token from {} has characters a header cannot carry",
+                        token.source
+                    ))
+                })?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        let mut builder = reqwest::blocking::Client::builder()
             // The admin API is local or on a private network; a proxy from
             // the environment would only get in the way.
             .no_proxy()
             .connect_timeout(Duration::from_secs(5))
             .timeout(None)
-            .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")))
+            .default_headers(headers)
+            .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")));
+        if let Some(ca) = &args.admin_ca {
+            let pem = std::fs::read(ca).map_err(|e| {
+                ClientError::Usage(format!("cannot read --admin-ca {}: {e}", ca.display()))
+            })?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+                ClientError::Usage(format!(
+                    "--admin-ca {} holds no usable PEM certificate: {e}",
+                    ca.display()
+                ))
+            })?;
+            if certs.is_empty() {
+                return Err(ClientError::Usage(format!(
+                    "--admin-ca {} holds no PEM certificate",
+                    ca.display()
+                )));
+            }
+            builder = builder.tls_certs_only(certs);
+        }
+        let http = builder
             .build()
             .map_err(|e| ClientError::Failed(format!("cannot start the HTTP client: {e}")))?;
-        Ok(Http { http, base })
+        Ok(Http { http, base, token })
     }
 
     /// `GET path` (query included), decoded.
@@ -572,7 +622,13 @@ impl Http {
     }
 
     fn transport(&self, err: reqwest::Error) -> ClientError {
-        if err.is_connect() {
+        if err.is_connect() && self.base.starts_with("https://") {
+            ClientError::Failed(format!(
+                "cannot connect to the sluice daemon at {}: {} (is `sluice run` running with TLS? to trust its certificate, set --admin-ca FILE or SLUICE_ADMIN_CA)",
+                self.base,
+                error_chain(&err)
+            ))
+        } else if err.is_connect() {
             ClientError::Unreachable {
                 url: self.base.clone(),
             }
@@ -589,6 +645,25 @@ impl Http {
     fn api_error(&self, status: reqwest::StatusCode, response: Response) -> ClientError {
         let text = response.text().unwrap_or_default();
         let message = match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(body) if status == reqwest::StatusCode::UNAUTHORIZED => match &self.token {
+                None => format!(
+                    "the daemon at {} requires a token: set {ADMIN_TOKEN_ENV} (or --admin-token-file FILE), or {ADMIN_READ_TOKEN_ENV} (or --admin-read-token-file FILE) for reads",
+                    self.base
+                ),
+                Some((token, _)) => format!(
+                    "the daemon at {} refused the token from {}: {}",
+                    self.base, token.source, body.error
+                ),
+            },
+            Ok(body) if status == reqwest::StatusCode::FORBIDDEN && body.code == "forbidden" => {
+                match &self.token {
+                    Some((token, true)) => format!(
+                        "the token from {} is read-only; this command changes something and needs the full-access token: set {ADMIN_TOKEN_ENV} or --admin-token-file FILE",
+                        token.source
+                    ),
+                    _ => body.error,
+                }
+            }
             Ok(body) => body.error,
             // Not the admin API (another server on that port?).
             Err(_) => format!(
@@ -600,7 +675,20 @@ impl Http {
     }
 }
 
-/// `127.0.0.1:7400` or `http://127.0.0.1:7400/` -> `http://127.0.0.1:7400`.
+/// An error with its causes, for a TLS failure's real reason.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// `127.0.0.1:7400` or `http://127.0.0.1:7400/` -> `http://127.0.0.1:7400`;
+/// `https://...` stays https.
 fn base_url(admin: &str) -> Result<String, ClientError> {
     let admin = admin.trim().trim_end_matches('/');
     if admin.is_empty() {
@@ -608,16 +696,11 @@ fn base_url(admin: &str) -> Result<String, ClientError> {
             "the admin address is empty; give HOST:PORT".into(),
         ));
     }
-    if admin.starts_with("https://") {
-        return Err(ClientError::Usage(
-            "the admin API is plain HTTP; give http://HOST:PORT or HOST:PORT".into(),
-        ));
-    }
-    if admin.starts_with("http://") {
+    if admin.starts_with("http://") || admin.starts_with("https://") {
         Ok(admin.to_owned())
     } else if admin.contains("://") {
         Err(ClientError::Usage(format!(
-            "`{admin}` is not an admin address; give HOST:PORT or http://HOST:PORT"
+            "`{admin}` is not an admin address; give HOST:PORT, http://HOST:PORT or https://HOST:PORT"
         )))
     } else {
         Ok(format!("http://{admin}"))
@@ -648,7 +731,7 @@ mod tests {
             Some("http://127.0.0.1:7400".into())
         );
         assert_eq!(base_url("http://h:1/").ok(), Some("http://h:1".into()));
-        assert!(base_url("https://h:1").is_err());
+        assert_eq!(base_url("https://h:1").ok(), Some("https://h:1".into()));
         assert!(base_url("nats://h:1").is_err());
         assert!(base_url(" ").is_err());
     }

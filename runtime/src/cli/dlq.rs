@@ -259,6 +259,13 @@ fn redrive(args: &RedriveArgs) -> Result<(), ClientError> {
             .map_err(write_error)?;
         }
     }
+    if report.time_limit_reached {
+        writeln!(
+            out,
+            "the redrive reached its time limit; run it again to continue"
+        )
+        .map_err(write_error)?;
+    }
     if report.interrupted {
         writeln!(
             out,

@@ -51,6 +51,38 @@ pub(crate) struct Args {
     sync: SyncArg,
     #[command(flatten)]
     cache: super::args::CacheArgs,
+    #[command(flatten)]
+    tokens: super::args::TokenArgs,
+    /// Serve the admin API without a token on a non-loopback address. Anyone
+    /// who reaches it can then publish, purge and redrive.
+    #[arg(long)]
+    admin_insecure: bool,
+    /// Another name the admin API may be reached by (the `Host` header), for
+    /// example a proxy's or a DNS name: NAME or NAME:PORT. Repeatable. The
+    /// bound address and localhost are always accepted.
+    #[arg(long, value_name = "HOST")]
+    admin_allowed_host: Vec<String>,
+    /// Serve the admin API over TLS with this PEM certificate chain (needs
+    /// --admin-tls-key).
+    #[arg(long, value_name = "FILE", requires = "admin_tls_key")]
+    admin_tls_cert: Option<PathBuf>,
+    /// The PEM private key of --admin-tls-cert.
+    #[arg(long, value_name = "FILE", requires = "admin_tls_cert")]
+    admin_tls_key: Option<PathBuf>,
+    /// How long a client may take to send a request's headers, or stay idle
+    /// between requests, before the admin API closes its connection.
+    #[arg(long, env = "SLUICE_ADMIN_HEADER_TIMEOUT", value_name = "DURATION",
+          value_parser = super::args::duration, default_value = "10s", hide = true)]
+    admin_header_timeout: std::time::Duration,
+    /// The most connections the admin API keeps open at once.
+    #[arg(long, env = "SLUICE_ADMIN_MAX_CONNECTIONS", value_name = "N",
+          default_value_t = crate::admin::DEFAULT_MAX_CONNECTIONS, hide = true)]
+    admin_max_connections: usize,
+    /// The most request-body bytes held at once across all ingest requests;
+    /// past it ingest answers 503 with Retry-After.
+    #[arg(long, env = "SLUICE_ADMIN_BODY_BUDGET", value_name = "SIZE",
+          value_parser = super::args::byte_size, default_value = "256MiB")]
+    admin_body_budget: usize,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -60,6 +92,13 @@ enum SyncArg {
 }
 
 pub(crate) fn run(args: Args) -> ExitCode {
+    let access = match admin_access(&args) {
+        Ok(access) => access,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
     let host = HostConfig {
         cache_dir: args.cache.dir(),
         ..HostConfig::default()
@@ -74,6 +113,14 @@ pub(crate) fn run(args: Args) -> ExitCode {
             SyncArg::Os => SyncMode::Os,
         },
         host,
+        admin_access: access,
+        admin_insecure: args.admin_insecure,
+        admin_tls: args.admin_tls_cert.zip(args.admin_tls_key),
+        admin_limits: crate::admin::ServerLimits {
+            header_timeout: args.admin_header_timeout,
+            max_connections: args.admin_max_connections,
+            body_budget: args.admin_body_budget,
+        },
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -98,8 +145,9 @@ pub(crate) fn run(args: Args) -> ExitCode {
             })
             .collect();
         eprintln!(
-            "sluice: running {}; admin on http://{}; broker: {}",
+            "sluice: running {}; admin on {}://{}; broker: {}",
             names.join(", "),
+            started.admin_scheme,
             started.admin,
             started.broker
         );
@@ -115,7 +163,11 @@ pub(crate) fn run(args: Args) -> ExitCode {
             );
             ExitCode::from(2)
         }
-        Err(err @ DaemonError::Unsupported(_)) => {
+        Err(
+            err @ (DaemonError::Unsupported(_)
+            | DaemonError::InsecureAdmin(_)
+            | DaemonError::AdminTls(_)),
+        ) => {
             eprintln!("error: {err}");
             ExitCode::from(2)
         }
@@ -124,6 +176,23 @@ pub(crate) fn run(args: Args) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The admin API's access rules from the flags and environment.
+fn admin_access(args: &Args) -> Result<crate::admin::AccessConfig, String> {
+    use crate::admin::Token;
+    let full = args.tokens.full()?;
+    let read = args.tokens.read()?;
+    if read.is_some() && full.is_none() {
+        return Err(
+            "a read-only admin token is set but no full-access one: set SLUICE_ADMIN_TOKEN or --admin-token-file too, or nothing could change the daemon through its API".into(),
+        );
+    }
+    Ok(crate::admin::AccessConfig {
+        full: full.and_then(|t| Token::new(&t.text)),
+        read: read.and_then(|t| Token::new(&t.text)),
+        allowed_hosts: args.admin_allowed_host.clone(),
+    })
 }
 
 /// Resolves on the first SIGTERM or SIGINT.
