@@ -201,22 +201,47 @@ pub async fn run(
     });
 
     shutdown.await;
+    // The whole shutdown keeps the longest `shutdown_timeout` (plus
+    // FLUSH_GRACE): the stages keep their own deadlines, and every step
+    // after them is bounded, so a dead broker cannot hold the exit.
+    let deadline = tokio::time::Instant::now()
+        + pipelines
+            .iter()
+            .map(|p| p.shutdown_timeout.get())
+            .max()
+            .unwrap_or_default();
     tracing::info!("shutting down: draining stages");
     engine.shutdown().await;
     let _ = stop_sweeper.send(true);
-    if let Some(sweeper) = sweeper {
-        let _ = sweeper.await;
+    if let Some(sweeper) = sweeper
+        && tokio::time::timeout_at(deadline, sweeper).await.is_err()
+    {
+        tracing::warn!("the claim sweeper did not stop by the shutdown deadline; abandoning it");
     }
     let _ = stop_admin.send(());
-    let admin_result = admin_task.await;
-    broker.flush().await?;
+    let admin_result = tokio::time::timeout_at(deadline + FLUSH_GRACE, admin_task).await;
+    match tokio::time::timeout_at(deadline.max(tokio::time::Instant::now()) + FLUSH_GRACE, broker.flush()).await {
+        Ok(flushed) => flushed?,
+        Err(_) => tracing::warn!(
+            "the broker did not finish flushing by the shutdown deadline; what it had not made durable is redelivered after a restart"
+        ),
+    }
     tracing::info!("stopped");
     match admin_result {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(err)) => Err(DaemonError::Admin(err)),
-        Err(err) => Err(DaemonError::Admin(std::io::Error::other(err))),
+        Ok(Ok(Ok(()))) => Ok(()),
+        Err(_) => {
+            tracing::warn!("the admin server did not close by the shutdown deadline; abandoning its connections");
+            Ok(())
+        }
+        Ok(Ok(Err(err))) => Err(DaemonError::Admin(err)),
+        Ok(Err(err)) => Err(DaemonError::Admin(std::io::Error::other(err))),
     }
 }
+
+/// How long past the shutdown deadline the admin server's close and the
+/// broker's final flush may take. A flush of the embedded broker is one
+/// fsync; a NATS connection that cannot flush by then is not waited for.
+const FLUSH_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The topics the claim sweeper reads for references: the claim-checked
 /// ones that are not dead-letter topics, and every stage's DLQ topic.
