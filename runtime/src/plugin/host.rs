@@ -21,6 +21,9 @@ pub struct HostConfig {
     /// Where compiled components are cached between runs; `None` compiles
     /// every time.
     pub cache_dir: Option<PathBuf>,
+    /// The size cap of the cache directory: past it, the least recently
+    /// used entries are deleted.
+    pub cache_max_bytes: u64,
     /// How often the epoch advances. It is the granularity of timeouts and of
     /// how often a busy handler yields its thread to other tasks.
     pub tick: Duration,
@@ -41,6 +44,7 @@ impl Default for HostConfig {
     fn default() -> Self {
         HostConfig {
             cache_dir: None,
+            cache_max_bytes: super::cache::DEFAULT_CACHE_MAX_BYTES,
             tick: default_tick(),
             max_memory: MAX_WASM32_MEMORY,
             max_instances: 128,
@@ -89,7 +93,7 @@ impl PluginHost {
             state
         })
         .map_err(|e| HostError::Engine(chain(&e)))?;
-        let cache = CompileCache::open(config.cache_dir.clone())?;
+        let cache = CompileCache::open(config.cache_dir.clone(), config.cache_max_bytes)?;
         let clock = TickClock::new(config.tick);
         let ticker = match config.epoch_interruption {
             true => Some(
@@ -113,7 +117,7 @@ impl PluginHost {
     }
 
     /// Whether compiled plugins are cached on disk (a cache directory was
-    /// configured and could be made private).
+    /// configured and is safe: see the `cache` module).
     pub fn caches_compiled_plugins(&self) -> bool {
         self.inner.cache.is_enabled()
     }

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use bindings::{Emit, HandlerError, Level, Message};
-pub use cache::CacheStatus;
+pub use cache::{CacheStatus, DEFAULT_CACHE_MAX_BYTES};
 pub use error::{HostError, LoadError};
 pub use host::{HostConfig, PluginHost};
 pub use worker::{Isolation, Limits, Outcome, Outputs, Worker, WorkerSettings};
