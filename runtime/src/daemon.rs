@@ -54,6 +54,9 @@ pub enum DaemonError {
     /// A plugin failed to load after validation passed (it changed on disk).
     #[error(transparent)]
     Plugin(#[from] LoadError),
+    /// A plugin file is not the one its stage's `sha256:` pins.
+    #[error("{0}")]
+    PluginPin(String),
     /// The admin address could not be bound.
     #[error(
         "cannot listen on {addr}: {source} (is another daemon running? choose another --admin)"
@@ -160,6 +163,10 @@ pub async fn run(
     for pipeline in &pipelines {
         for stage in &pipeline.stages {
             let plugin = host.load(&stage.plugin)?;
+            // Checked at validation too; again here, on the bytes loaded.
+            stage
+                .check_pin(plugin.sha256())
+                .map_err(DaemonError::PluginPin)?;
             let handlers: Vec<Box<dyn StageHandler>> = (0..stage.concurrency.get())
                 .map(|_| Box::new(plugin.worker(stage.worker_settings())) as Box<dyn StageHandler>)
                 .collect();

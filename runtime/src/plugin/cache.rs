@@ -136,16 +136,18 @@ impl CompileCache {
     }
 
     /// Returns the compiled component for `bytes`, from the cache if possible.
+    /// `sha256` is the hex SHA-256 of `bytes`.
     pub(crate) fn component(
         &self,
         engine: &Engine,
         bytes: &[u8],
+        sha256: &str,
         path: &Path,
     ) -> Result<(Component, CacheStatus), LoadError> {
         let Some(store) = &self.store else {
             return Ok((compile(engine, bytes, path)?, CacheStatus::Disabled));
         };
-        let key = cache_key(engine, bytes);
+        let key = cache_key(engine, sha256);
         let entry = store.dir.join(format!("{key}{ENTRY_SUFFIX}"));
         if let Some(component) = store.load_entry(engine, &key, &entry) {
             // Recently used: pruned last.
@@ -286,7 +288,7 @@ fn compile(engine: &Engine, bytes: &[u8], path: &Path) -> Result<Component, Load
 }
 
 /// `sha256(component) - sha256(engine compatibility)`, hex.
-fn cache_key(engine: &Engine, bytes: &[u8]) -> String {
+fn cache_key(engine: &Engine, component_sha256: &str) -> String {
     struct DigestHasher(Sha256);
     impl Hasher for DigestHasher {
         fn finish(&self) -> u64 {
@@ -301,8 +303,7 @@ fn cache_key(engine: &Engine, bytes: &[u8]) -> String {
         .precompile_compatibility_hash()
         .hash(&mut engine_hash);
     let engine_digest = engine_hash.0.finalize();
-    let component_digest = Sha256::digest(bytes);
-    format!("{}-{}", hex(&component_digest), &hex(&engine_digest)[..16])
+    format!("{component_sha256}-{}", &hex(&engine_digest)[..16])
 }
 
 /// Reads the cache's MAC secret, creating it (32 random bytes, 0600) the
@@ -454,7 +455,8 @@ fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     builder.create(dir)
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Lowercase hex.
+pub(crate) fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
     bytes
         .iter()

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use sha2::Digest as _;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
 
@@ -137,10 +138,11 @@ impl PluginHost {
     /// the plugin in errors and logs.
     pub fn load_bytes(&self, path: &Path, bytes: &[u8]) -> Result<Plugin, LoadError> {
         check_header(path, bytes)?;
+        let sha256 = super::cache::hex(&sha2::Sha256::digest(bytes));
         let (component, cache_status) =
             self.inner
                 .cache
-                .component(&self.inner.engine, bytes, path)?;
+                .component(&self.inner.engine, bytes, &sha256, path)?;
         let world = detect_world(&self.inner.engine, &component, path)?;
         let contract_error = |err: wasmtime::Error| LoadError::Contract {
             path: path.to_owned(),
@@ -164,11 +166,12 @@ impl PluginHost {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "plugin".into());
-        tracing::debug!(plugin = %name, world = world.as_str(), cache = ?cache_status, "Loaded plugin.");
+        tracing::info!(plugin = %name, path = %path.display(), sha256 = %sha256, world = world.as_str(), cache = cache_status.as_str(), "Loaded plugin.");
         Ok(Plugin {
             inner: Arc::new(PluginInner {
                 name: name.into(),
                 path: path.to_owned(),
+                sha256,
                 world,
                 cache_status,
                 pre,

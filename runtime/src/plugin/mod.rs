@@ -62,6 +62,8 @@ pub struct Plugin {
 struct PluginInner {
     name: Arc<str>,
     path: PathBuf,
+    /// The SHA-256 of the plugin file, lowercase hex.
+    sha256: String,
     world: World,
     cache_status: CacheStatus,
     pre: Pre,
@@ -74,6 +76,12 @@ enum Pre {
 }
 
 impl Plugin {
+    /// The SHA-256 of the plugin file as loaded, 64 lowercase hex digits
+    /// (what a stage's `sha256:` pins).
+    pub fn sha256(&self) -> &str {
+        &self.inner.sha256
+    }
+
     /// The plugin's name (its file stem), used in logs.
     pub fn name(&self) -> &str {
         &self.inner.name
