@@ -227,7 +227,12 @@ pub async fn run(
     }
     let _ = stop_admin.send(());
     let admin_result = tokio::time::timeout_at(deadline + FLUSH_GRACE, admin_task).await;
-    match tokio::time::timeout_at(deadline.max(tokio::time::Instant::now()) + FLUSH_GRACE, broker.flush()).await {
+    match tokio::time::timeout_at(
+        deadline.max(tokio::time::Instant::now()) + FLUSH_GRACE,
+        broker.flush(),
+    )
+    .await
+    {
         Ok(flushed) => flushed?,
         Err(_) => tracing::warn!(
             "the broker did not finish flushing by the shutdown deadline; what it had not made durable is redelivered after a restart"
@@ -237,7 +242,9 @@ pub async fn run(
     match admin_result {
         Ok(Ok(Ok(()))) => Ok(()),
         Err(_) => {
-            tracing::warn!("the admin server did not close by the shutdown deadline; abandoning its connections");
+            tracing::warn!(
+                "the admin server did not close by the shutdown deadline; abandoning its connections"
+            );
             Ok(())
         }
         Ok(Ok(Err(err))) => Err(DaemonError::Admin(err)),

@@ -30,9 +30,10 @@ fn host(cache: &Path, max_bytes: u64) -> PluginHost {
 fn entry_of(cache: &Path, plugin: &Path) -> Option<PathBuf> {
     let digest = Sha256::digest(std::fs::read(plugin).expect("plugin bytes"));
     let prefix: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    entries(cache)
-        .into_iter()
-        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&prefix)))
+    entries(cache).into_iter().find(|p| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+    })
 }
 
 /// Every entry file in `cache`.
@@ -68,8 +69,14 @@ fn an_entry_copied_under_another_plugins_key_is_refused() {
     let identity = sluice_harness::plugin("identity");
 
     let first = host(&cache, u64::MAX);
-    assert_eq!(first.load(&uppercase).expect("load").cache_status(), CacheStatus::Miss);
-    assert_eq!(first.load(&identity).expect("load").cache_status(), CacheStatus::Miss);
+    assert_eq!(
+        first.load(&uppercase).expect("load").cache_status(),
+        CacheStatus::Miss
+    );
+    assert_eq!(
+        first.load(&identity).expect("load").cache_status(),
+        CacheStatus::Miss
+    );
     let a = entry_of(&cache, &uppercase).expect("uppercase's entry");
     let b = entry_of(&cache, &identity).expect("identity's entry");
     assert_ne!(a, b);
@@ -116,7 +123,10 @@ fn a_cache_directory_owned_by_another_user_is_not_used_nor_changed() {
     std::os::unix::fs::chown(&cache, Some(NOBODY), Some(NOBODY)).expect("chown to nobody");
 
     let host = host(&cache, u64::MAX);
-    assert!(!host.caches_compiled_plugins(), "a foreign cache dir is refused");
+    assert!(
+        !host.caches_compiled_plugins(),
+        "a foreign cache dir is refused"
+    );
     let plugin = host
         .load(sluice_harness::plugin("uppercase"))
         .expect("loads uncached");
@@ -166,7 +176,11 @@ fn the_cache_is_pruned_to_its_cap_least_recently_used_first() {
     for p in [&a, &b, &c] {
         uncapped.load(p).expect("load");
     }
-    let size = |p: &Path| std::fs::metadata(entry_of(&sizer, p).expect("entry")).expect("meta").len();
+    let size = |p: &Path| {
+        std::fs::metadata(entry_of(&sizer, p).expect("entry"))
+            .expect("meta")
+            .len()
+    };
     let (sa, sb, sc) = (size(&a), size(&b), size(&c));
 
     // Room for a and either of the others, not for all three.
@@ -177,12 +191,21 @@ fn the_cache_is_pruned_to_its_cap_least_recently_used_first() {
     capped.load(&b).expect("load b");
     std::thread::sleep(std::time::Duration::from_millis(20));
     // A hit makes a the most recently used.
-    assert_eq!(capped.load(&a).expect("a again").cache_status(), CacheStatus::Hit);
+    assert_eq!(
+        capped.load(&a).expect("a again").cache_status(),
+        CacheStatus::Hit
+    );
     std::thread::sleep(std::time::Duration::from_millis(20));
     capped.load(&c).expect("load c");
-    assert!(entry_of(&cache, &b).is_none(), "b, the least recently used, is pruned");
+    assert!(
+        entry_of(&cache, &b).is_none(),
+        "b, the least recently used, is pruned"
+    );
     assert!(entry_of(&cache, &a).is_some(), "a was used recently");
-    assert!(entry_of(&cache, &c).is_some(), "the entry just written stays");
+    assert!(
+        entry_of(&cache, &c).is_some(),
+        "the entry just written stays"
+    );
     let total: u64 = entries(&cache)
         .iter()
         .map(|p| std::fs::metadata(p).expect("meta").len())
@@ -195,5 +218,8 @@ fn the_cache_is_pruned_to_its_cap_least_recently_used_first() {
     assert_eq!(entries(&cache), Vec::<PathBuf>::new(), "pruned at open");
     tiny.load(&a).expect("load a");
     tiny.load(&b).expect("load b");
-    assert_eq!(entries(&cache), vec![entry_of(&cache, &b).expect("b's entry")]);
+    assert_eq!(
+        entries(&cache),
+        vec![entry_of(&cache, &b).expect("b's entry")]
+    );
 }

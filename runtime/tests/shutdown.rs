@@ -255,4 +255,3 @@ fn nats_down_sigterm_still_keeps_the_deadline_and_loses_nothing() {
     std::thread::sleep(Duration::from_millis(500));
     assert_exactly_once(&daemon.read_all("out"), "d", n);
 }
-

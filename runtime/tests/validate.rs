@@ -427,7 +427,10 @@ fn a_plugin_sha256_pin_is_checked_and_a_mismatch_is_reported_with_both_hashes() 
 
 #[test]
 fn a_malformed_sha256_pin_is_rejected_at_its_position() {
-    for bad in ["abc", "zz2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b98"] {
+    for bad in [
+        "abc",
+        "zz2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b98",
+    ] {
         let text = pinned(Path::new("x.wasm"), bad);
         let (path, out, took, _dir) = validate_text("pin.yaml", text.as_bytes());
         assert_rejected(&path, &out, took, "7:13", "not a SHA-256");

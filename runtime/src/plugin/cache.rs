@@ -251,8 +251,13 @@ impl Store {
             .filter(|e| e.file_name().to_string_lossy().ends_with(ENTRY_SUFFIX))
             .filter_map(|e| {
                 let meta = e.metadata().ok()?;
-                meta.is_file()
-                    .then(|| (meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), meta.len(), e.path()))
+                meta.is_file().then(|| {
+                    (
+                        meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                        meta.len(),
+                        e.path(),
+                    )
+                })
             })
             .collect();
         let mut total: u64 = entries.iter().map(|(_, len, _)| len).sum();
