@@ -220,19 +220,18 @@ pub async fn run(
     tracing::info!("shutting down: draining stages");
     engine.shutdown().await;
     let _ = stop_sweeper.send(true);
+    // A step that starts at or past the deadline still gets a moment.
+    let bound = |grace| deadline.max(tokio::time::Instant::now()) + grace;
     if let Some(sweeper) = sweeper
-        && tokio::time::timeout_at(deadline, sweeper).await.is_err()
+        && tokio::time::timeout_at(bound(FLUSH_GRACE / 4), sweeper)
+            .await
+            .is_err()
     {
         tracing::warn!("the claim sweeper did not stop by the shutdown deadline; abandoning it");
     }
     let _ = stop_admin.send(());
-    let admin_result = tokio::time::timeout_at(deadline + FLUSH_GRACE, admin_task).await;
-    match tokio::time::timeout_at(
-        deadline.max(tokio::time::Instant::now()) + FLUSH_GRACE,
-        broker.flush(),
-    )
-    .await
-    {
+    let admin_result = tokio::time::timeout_at(bound(FLUSH_GRACE / 2), admin_task).await;
+    match tokio::time::timeout_at(bound(FLUSH_GRACE), broker.flush()).await {
         Ok(flushed) => flushed?,
         Err(_) => tracing::warn!(
             "the broker did not finish flushing by the shutdown deadline; what it had not made durable is redelivered after a restart"
@@ -252,8 +251,8 @@ pub async fn run(
     }
 }
 
-/// How long past the shutdown deadline the admin server's close and the
-/// broker's final flush may take. A flush of the embedded broker is one
+/// How long past the shutdown deadline the broker's final flush may take
+/// (the sweeper's stop a quarter, the admin server's close half of it). A flush of the embedded broker is one
 /// fsync; a NATS connection that cannot flush by then is not waited for.
 const FLUSH_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
