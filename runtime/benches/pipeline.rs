@@ -14,6 +14,11 @@
 //!   id, payload_hash: true}` (every message new: a begin and a COMPLETED
 //!   record per message). Target: dedup on costs at most 1.3× the time per
 //!   message, i.e. a rate ratio ≥ 0.77.
+//! - **batch vs unbatched**: a batch stage (`batch: {max: 64}`, the
+//!   `upper-batch` plugin) against the same logic unbatched (`uppercase`),
+//!   durable (`sync: always`). A batch's items are settled together, so
+//!   their fsyncs fold into the group commit. Target: batch ≥ 1.0 ×
+//!   unbatched.
 //! - **daemon backlog RSS**: the real `sluice run` binary with a stage that
 //!   holds its first message for a minute, while 1,000,000 messages of 64 B
 //!   are published through the admin API: the daemon's VmRSS at 100k, 500k
@@ -105,6 +110,38 @@ fn main() {
             "uppercase stage, msgs/s, dedup off | on (key: id, payload_hash)",
             &off,
             &on,
+        );
+    }
+    if wants("batch-vs-unbatched") {
+        let uppercase = host
+            .load(sluice_harness::plugin("uppercase"))
+            .expect("uppercase");
+        let upper_batch = host
+            .load(sluice_harness::plugin("upper-batch"))
+            .expect("upper-batch");
+        let single = stage("uppercase", &[]);
+        let mut batched = stage("upper-batch", &[]);
+        batched.batch = Some(sluice::config::Batch {
+            max: std::num::NonZeroU32::new(64).expect("64"),
+            wait: HumanDuration::millis(100),
+        });
+        let (mut unbatched, mut batch) = (Vec::new(), Vec::new());
+        for _ in 0..SAMPLES {
+            let settings = single.worker_settings();
+            unbatched.push(rt.block_on(run_stage_as(MESSAGES, single.clone(), || {
+                Box::new(uppercase.worker(settings.clone())) as Box<dyn StageHandler>
+            })));
+            let settings = batched.worker_settings();
+            batch.push(rt.block_on(run_stage_as(MESSAGES, batched.clone(), || {
+                Box::new(upper_batch.worker(settings.clone())) as Box<dyn StageHandler>
+            })));
+        }
+        report(
+            &format!(
+                "durable (sync always), {MESSAGES} × 64 B, concurrency {CONCURRENCY}, msgs/s: uppercase unbatched | upper-batch, batch max 64"
+            ),
+            &unbatched,
+            &batch,
         );
     }
     if wants("daemon-rss") {

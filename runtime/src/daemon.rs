@@ -63,6 +63,9 @@ pub enum DaemonError {
     /// A plugin failed to load after validation passed (it changed on disk).
     #[error(transparent)]
     Plugin(#[from] LoadError),
+    /// A plugin file is not the one its stage's `sha256:` pins.
+    #[error("{0}")]
+    PluginPin(String),
     /// The admin address could not be bound.
     #[error(
         "cannot listen on {addr}: {source} (is another daemon running? choose another --admin)"
@@ -194,6 +197,10 @@ pub async fn run(
     for pipeline in &pipelines {
         for stage in &pipeline.stages {
             let plugin = host.load(&stage.plugin)?;
+            // Checked at validation too; again here, on the bytes loaded.
+            stage
+                .check_pin(plugin.sha256())
+                .map_err(DaemonError::PluginPin)?;
             let handlers: Vec<Box<dyn StageHandler>> = (0..stage.concurrency.get())
                 .map(|_| Box::new(plugin.worker(stage.worker_settings())) as Box<dyn StageHandler>)
                 .collect();
@@ -244,25 +251,56 @@ pub async fn run(
     });
 
     shutdown.await;
+    // The whole shutdown keeps the longest `shutdown_timeout` (plus
+    // FLUSH_GRACE): the stages keep their own deadlines, and every step
+    // after them is bounded, so a dead broker cannot hold the exit.
+    let deadline = tokio::time::Instant::now()
+        + pipelines
+            .iter()
+            .map(|p| p.shutdown_timeout.get())
+            .max()
+            .unwrap_or_default();
     tracing::info!("shutting down: draining stages");
     // Ingest answers 503 (and readiness says draining) from now on; the
     // server stays up to say so until the stages have drained.
     state.start_draining();
     engine.shutdown().await;
     let _ = stop_sweeper.send(true);
-    if let Some(sweeper) = sweeper {
-        let _ = sweeper.await;
+    // A step that starts at or past the deadline still gets a moment.
+    let bound = |grace| deadline.max(tokio::time::Instant::now()) + grace;
+    if let Some(sweeper) = sweeper
+        && tokio::time::timeout_at(bound(FLUSH_GRACE / 4), sweeper)
+            .await
+            .is_err()
+    {
+        tracing::warn!("the claim sweeper did not stop by the shutdown deadline; abandoning it");
     }
     let _ = stop_admin.send(());
-    let admin_result = admin_task.await;
-    broker.flush().await?;
+    let admin_result = tokio::time::timeout_at(bound(FLUSH_GRACE / 2), admin_task).await;
+    match tokio::time::timeout_at(bound(FLUSH_GRACE), broker.flush()).await {
+        Ok(flushed) => flushed?,
+        Err(_) => tracing::warn!(
+            "the broker did not finish flushing by the shutdown deadline; what it had not made durable is redelivered after a restart"
+        ),
+    }
     tracing::info!("stopped");
     match admin_result {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(err)) => Err(DaemonError::Admin(err)),
-        Err(err) => Err(DaemonError::Admin(std::io::Error::other(err))),
+        Ok(Ok(Ok(()))) => Ok(()),
+        Err(_) => {
+            tracing::warn!(
+                "the admin server did not close by the shutdown deadline; abandoning its connections"
+            );
+            Ok(())
+        }
+        Ok(Ok(Err(err))) => Err(DaemonError::Admin(err)),
+        Ok(Err(err)) => Err(DaemonError::Admin(std::io::Error::other(err))),
     }
 }
+
+/// How long past the shutdown deadline the broker's final flush may take
+/// (the sweeper's stop a quarter, the admin server's close half of it). A flush of the embedded broker is one
+/// fsync; a NATS connection that cannot flush by then is not waited for.
+const FLUSH_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The topics the claim sweeper reads for references: the claim-checked
 /// ones that are not dead-letter topics, and every stage's DLQ topic.

@@ -473,10 +473,9 @@ fn compiled_components_are_cached_on_disk() {
     // A damaged entry is detected, recompiled and replaced.
     let entry = std::fs::read_dir(dir.path().join("cache"))
         .expect("cache dir")
-        .next()
-        .expect("an entry")
-        .expect("entry")
-        .path();
+        .map(|e| e.expect("entry").path())
+        .find(|p| p.extension().is_some_and(|e| e == "cwasm"))
+        .expect("an entry");
     let mut bytes = std::fs::read(&entry).expect("read entry");
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;

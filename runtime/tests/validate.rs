@@ -343,6 +343,7 @@ fn schema_is_json_with_the_stage_fields() {
         "timeout",
         "memory",
         "max_ack_pending",
+        "sha256",
     ] {
         assert!(stage.get(field).is_some(), "no `{field}` in {stage}");
     }
@@ -357,4 +358,112 @@ fn help_shows_an_example() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("Example: sluice validate"), "{text}");
     assert!(Path::new(&root().join("pipelines/quickstart.yaml")).is_file());
+}
+
+/// The SHA-256 of a file, lowercase hex, as `sha256sum` prints it.
+fn sha256_of(path: &Path) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(std::fs::read(path).expect("read"));
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A one-stage pipeline running `plugin` with `sha256: <pin>`.
+fn pinned(plugin: &Path, pin: &str) -> String {
+    format!(
+        "name: pinned\ntopics: [in, out]\nstages:\n  - name: s\n    subscribe: in\n    \
+         plugin: {}\n    sha256: {pin}\n    publish: [out]\n",
+        plugin.display()
+    )
+}
+
+#[test]
+fn a_plugin_sha256_pin_is_checked_and_a_mismatch_is_reported_with_both_hashes() {
+    plugins();
+    let uppercase = sluice_harness::plugin("uppercase");
+    let actual = sha256_of(&uppercase);
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    // The right pin (in either case) validates.
+    for pin in [actual.clone(), actual.to_ascii_uppercase()] {
+        let file = dir.path().join("good.yaml");
+        std::fs::write(&file, pinned(&uppercase, &pin)).expect("write");
+        let (out, _) = sluice(&["validate", &file.display().to_string()]);
+        assert!(out.status.success(), "{pin}: {}", stderr(&out));
+    }
+
+    // Another plugin's hash: refused at the `sha256:` line, both hashes said.
+    let other = sha256_of(&sluice_harness::plugin("router"));
+    let file = dir.path().join("bad.yaml");
+    std::fs::write(&file, pinned(&uppercase, &other)).expect("write");
+    let path = file.display().to_string();
+    let (out, _) = sluice(&["validate", &path]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.lines().any(|l| l.starts_with(&format!("{path}:7:13: "))
+            && l.contains(&actual)
+            && l.contains(&other)),
+        "{err}"
+    );
+
+    // And `sluice run` refuses to start with it (exit 2), naming both.
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["run", &path, "--admin", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .env("SLUICE_CACHE_DIR", CACHE.path())
+        .env("SLUICE_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sluice");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("{path}:7:13: ")), "{err}");
+    assert!(err.contains(&actual) && err.contains(&other), "{err}");
+    assert!(
+        !dir.path().join("data").exists(),
+        "nothing was started: {err}"
+    );
+}
+
+#[test]
+fn a_malformed_sha256_pin_is_rejected_at_its_position() {
+    for bad in [
+        "abc",
+        "zz2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b98",
+    ] {
+        let text = pinned(Path::new("x.wasm"), bad);
+        let (path, out, took, _dir) = validate_text("pin.yaml", text.as_bytes());
+        assert_rejected(&path, &out, took, "7:13", "not a SHA-256");
+    }
+}
+
+#[test]
+fn loading_a_plugin_logs_its_sha256() {
+    plugins();
+    let uppercase = sluice_harness::plugin("uppercase");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("log.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "name: logged\ntopics: [in, out]\nstages:\n  - {{name: s, subscribe: in, plugin: {}, publish: [out]}}\n",
+            uppercase.display()
+        ),
+    )
+    .expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["validate"])
+        .arg(&file)
+        .env("SLUICE_CACHE_DIR", CACHE.path())
+        .env("SLUICE_LOG", "info")
+        .output()
+        .expect("run sluice");
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let actual = sha256_of(&uppercase);
+    assert!(
+        err.lines()
+            .any(|l| l.contains("Loaded plugin") && l.contains(&format!("sha256={actual}"))),
+        "{err}"
+    );
 }

@@ -17,6 +17,10 @@ pub(crate) struct CacheArgs {
     /// Compile plugins every time instead of using the cache.
     #[arg(long)]
     no_cache: bool,
+    /// Size cap of the cache: past it, the least recently used compiled
+    /// plugins are deleted [default: 1GiB].
+    #[arg(long, env = "SLUICE_CACHE_MAX_SIZE", value_name = "SIZE", value_parser = byte_size)]
+    cache_max_size: Option<usize>,
 }
 
 impl CacheArgs {
@@ -24,8 +28,17 @@ impl CacheArgs {
     pub(crate) fn host(&self, config: HostConfig) -> Result<PluginHost, HostError> {
         PluginHost::new(HostConfig {
             cache_dir: self.dir(),
+            cache_max_bytes: self.max_bytes(),
             ..config
         })
+    }
+
+    /// The cache's size cap these flags choose.
+    pub(crate) fn max_bytes(&self) -> u64 {
+        self.cache_max_size
+            .map_or(crate::plugin::DEFAULT_CACHE_MAX_BYTES, |size| {
+                u64::try_from(size).unwrap_or(u64::MAX)
+            })
     }
 
     /// The cache directory these flags choose (None: no cache).

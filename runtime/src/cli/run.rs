@@ -101,6 +101,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
     };
     let host = HostConfig {
         cache_dir: args.cache.dir(),
+        cache_max_bytes: args.cache.max_bytes(),
         ..HostConfig::default()
     };
     let opts = DaemonOptions {
@@ -152,6 +153,9 @@ pub(crate) fn run(args: Args) -> ExitCode {
             started.broker
         );
     }));
+    // Work abandoned at the shutdown deadline (a blocking write on a dead
+    // disk, say) must not hold the exit: the runtime waits for nothing more.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(DaemonError::Config(diagnostics)) => {

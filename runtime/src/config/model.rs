@@ -121,6 +121,11 @@ pub struct Stage {
     /// The handler: a WebAssembly component file, relative to the directory
     /// of the pipeline file (the loader makes it absolute).
     pub plugin: PathBuf,
+    /// Pins the plugin file's SHA-256 (64 hex digits, as `sha256sum`
+    /// prints it): a file with any other hash refuses to start. Each
+    /// plugin's hash is logged when it is loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<Sha256Pin>,
     /// Settings the plugin reads with `config-get`. Values are text; numbers
     /// and booleans are converted to their text.
     #[serde(default)]
@@ -192,6 +197,20 @@ pub fn default_memory() -> HumanSize {
 }
 
 impl Stage {
+    /// Checks the plugin file's SHA-256 (`actual`, hex) against the
+    /// stage's `sha256:` pin, if it has one; the error says both.
+    pub fn check_pin(&self, actual: &str) -> Result<(), String> {
+        match &self.sha256 {
+            Some(pin) if !pin.matches(actual) => Err(format!(
+                "plugin {} has SHA-256 {actual}, but the stage pins sha256: {pin}; \
+                 refusing to run a plugin other than the one pinned (rebuild it, or \
+                 update the pin if the change is intended)",
+                self.plugin.display()
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The dead-letter topic of this stage in `pipeline`.
     pub fn dlq_topic(&self, pipeline: &str) -> String {
         self.dlq
@@ -456,6 +475,79 @@ impl JsonSchema for OrderingKey {
             "type": "string",
             "pattern": "^(key|header:.+)$",
             "description": "`key` (the message key) or `header:NAME` (the value of header NAME)."
+        })
+    }
+}
+
+/// A plugin file's SHA-256, as 64 lowercase hex digits (upper case is
+/// accepted and lowered).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sha256Pin(String);
+
+impl Sha256Pin {
+    /// The digest as 64 lowercase hex digits.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `actual` (any case) is this digest.
+    pub fn matches(&self, actual: &str) -> bool {
+        self.0.eq_ignore_ascii_case(actual)
+    }
+}
+
+impl std::str::FromStr for Sha256Pin {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            Ok(Sha256Pin(text.to_ascii_lowercase()))
+        } else {
+            Err(format!(
+                "`{text}` is not a SHA-256: expected 64 hex digits, as `sha256sum` prints"
+            ))
+        }
+    }
+}
+
+impl fmt::Display for Sha256Pin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Sha256Pin {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Sha256Pin;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a SHA-256 as 64 hex digits")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Sha256Pin, E> {
+                v.parse().map_err(E::custom)
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+impl Serialize for Sha256Pin {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl JsonSchema for Sha256Pin {
+    fn schema_name() -> Cow<'static, str> {
+        "Sha256".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "pattern": "^[0-9a-fA-F]{64}$",
+            "description": "A SHA-256 digest: 64 hex digits, as `sha256sum` prints it."
         })
     }
 }

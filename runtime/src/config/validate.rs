@@ -457,7 +457,8 @@ fn check_unique_pipelines(docs: &[Document], diagnostics: &mut Diagnostics) {
 /// used at every stage that names them.
 fn check_plugins(docs: &[Document], host: &PluginHost) -> Diagnostics {
     let mut diagnostics = Diagnostics::default();
-    let mut results: HashMap<PathBuf, Result<(), String>> = HashMap::new();
+    // Each plugin file's SHA-256 once loaded, or why it cannot be.
+    let mut results: HashMap<PathBuf, Result<String, String>> = HashMap::new();
     for doc in docs {
         for (i, stage) in doc.pipeline.stages.iter().enumerate() {
             let result = results.entry(stage.plugin.clone()).or_insert_with(|| {
@@ -470,16 +471,21 @@ fn check_plugins(docs: &[Document], host: &PluginHost) -> Diagnostics {
                     ));
                 }
                 host.load(&stage.plugin)
-                    .map(drop)
+                    .map(|plugin| plugin.sha256().to_owned())
                     .map_err(|e| e.to_string())
             });
-            if let Err(message) = result {
-                let pos = locate(
-                    &doc.tree,
-                    &[Seg::Key("stages"), Seg::Index(i), Seg::Key("plugin")],
-                );
-                diagnostics.push(at(&doc.pipeline.source, pos, message.clone()));
-            }
+            let (field, message) = match result {
+                Err(message) => ("plugin", message.clone()),
+                Ok(sha256) => match stage.check_pin(sha256) {
+                    Ok(()) => continue,
+                    Err(message) => ("sha256", message),
+                },
+            };
+            let pos = locate(
+                &doc.tree,
+                &[Seg::Key("stages"), Seg::Index(i), Seg::Key(field)],
+            );
+            diagnostics.push(at(&doc.pipeline.source, pos, message));
         }
     }
     diagnostics

@@ -22,6 +22,7 @@ mod settle;
 mod stage;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -39,7 +40,9 @@ use crate::metrics::Metrics;
 /// Running stages. Dropping it without [`Engine::shutdown`] aborts nothing:
 /// the stage tasks keep running until the runtime ends.
 pub struct Engine {
-    stop: watch::Sender<bool>,
+    /// The instant shutdown began, once it has.
+    stop: watch::Sender<Option<Instant>>,
+    runners: Vec<Arc<stage::StageRunner>>,
     stages: Vec<JoinHandle<()>>,
 }
 
@@ -59,7 +62,8 @@ impl Engine {
             broker.ensure_consumer(&setup.consumer()).await?;
             dedup_stores.push(dedup_store(&broker, setup).await?);
         }
-        let (stop, stopped) = watch::channel(false);
+        let (stop, stopped) = watch::channel(None);
+        let mut runners = Vec::with_capacity(setups.len());
         let stages = setups
             .into_iter()
             .zip(dedup_stores)
@@ -76,19 +80,50 @@ impl Engine {
                     claims.clone(),
                     dedup,
                 ));
+                runners.push(runner.clone());
                 tokio::spawn(runner.run(stopped.clone()).instrument(span))
             })
             .collect();
-        Ok(Engine { stop, stages })
+        Ok(Engine {
+            stop,
+            runners,
+            stages,
+        })
     }
 
-    /// Stops fetching, lets in-flight work finish within each pipeline's
-    /// `shutdown_timeout`, naks the rest and returns when every stage is done.
+    /// Shuts the stages down and returns when they are done, within each
+    /// pipeline's `shutdown_timeout` (plus a moment to hand deliveries
+    /// back) whatever the handlers and the broker do:
+    ///
+    /// - no handler call starts from now on;
+    /// - deliveries fetched but not started are naked (or left to their
+    ///   lease if the broker does not answer);
+    /// - calls and settles already running get until the deadline, then
+    ///   are abandoned: their messages are never acked, so they are
+    ///   redelivered (to another daemon, or to this one after a restart).
     pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        for stage in self.stages {
-            if let Err(err) = stage.await {
-                tracing::error!(error = %err, "a stage task ended abnormally");
+        let began = Instant::now();
+        for runner in &self.runners {
+            runner.stop_calls();
+        }
+        let _ = self.stop.send(Some(began));
+        let longest = self
+            .runners
+            .iter()
+            .map(|r| r.shutdown_timeout())
+            .max()
+            .unwrap_or_default();
+        // Each stage keeps its own deadline; this only guards against a
+        // stage task that somehow does not.
+        let limit = began + longest + stage::RELEASE_GRACE * 4;
+        for mut stage in self.stages {
+            match tokio::time::timeout_at(limit.into(), &mut stage).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => tracing::error!(error = %err, "a stage task ended abnormally"),
+                Err(_) => {
+                    tracing::error!("a stage did not finish its shutdown in time; abandoning it");
+                    stage.abort();
+                }
             }
         }
     }

@@ -92,6 +92,22 @@ const DEDUP_POLL_MIN: Duration = Duration::from_millis(5);
 /// The longest pause between asks.
 const DEDUP_POLL_MAX: Duration = Duration::from_secs(1);
 
+/// The log target of a line at every handler call's start (debug level):
+/// `SLUICE_LOG=sluice::calls=debug` shows when calls start, which is how
+/// the tests see that none starts after SIGTERM.
+const CALLS: &str = "sluice::calls";
+
+/// How long a fetch in flight when shutdown begins may still take. A
+/// healthy broker answers within its one-second fetch expiry; a dead one
+/// is not waited for.
+const FETCH_AFTER_STOP: Duration = Duration::from_secs(2);
+
+/// How long past its deadline a stage still tries to hand back (nak) the
+/// deliveries it abandoned, so another daemon can take them at once. A nak
+/// that does not answer in this time is dropped: the lease expires and the
+/// broker redelivers the message all the same.
+pub(super) const RELEASE_GRACE: Duration = Duration::from_millis(500);
+
 /// A fetched delivery and the in-flight permits (one, and its bytes) it
 /// holds until settled.
 struct Job {
@@ -119,8 +135,11 @@ pub(super) struct StageRunner {
     inflight_bytes: Arc<Semaphore>,
     /// The size a fetch assumes per message: the recent largest, decaying.
     typical_size: AtomicUsize,
-    /// The concurrency valve: free worker slots.
+    /// The concurrency valve: free worker slots. Closed when shutdown
+    /// begins, so that no handler call starts after it.
     valve: Arc<Semaphore>,
+    /// Turns true when shutdown begins; wakes retry and dedup pauses.
+    halted: watch::Sender<bool>,
     pool: Mutex<Vec<Box<dyn StageHandler>>>,
     leases: Mutex<HashMap<u64, Receipt>>,
     /// Per-key queues of deliveries waiting behind a running one.
@@ -179,6 +198,7 @@ impl StageRunner {
             // Unknown yet: the first fetches are small until sizes are seen.
             typical_size: AtomicUsize::new(IN_FLIGHT_BYTES / 16),
             valve: Arc::new(Semaphore::new(concurrency)),
+            halted: watch::Sender::new(false),
             pool: Mutex::new(setup.handlers),
             leases: Mutex::new(HashMap::new()),
             lanes: Mutex::new(HashMap::new()),
@@ -187,14 +207,70 @@ impl StageRunner {
         }
     }
 
-    /// Runs until `stop` turns true, then drains: queued deliveries are
-    /// naked at once, running ones get `shutdown_timeout` to finish, and
-    /// whatever is still unsettled after that is naked.
-    pub(super) async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+    /// Runs until `stop` carries the instant shutdown began, then drains
+    /// (see [`StageRunner::drain`]). Everything after the stop is bounded by
+    /// the stage's deadline, `shutdown_timeout` after that instant: a fetch
+    /// or a settle that hangs on a dead broker is abandoned there.
+    pub(super) async fn run(self: Arc<Self>, stop: watch::Receiver<Option<Instant>>) {
         let heartbeat = tokio::spawn(self.clone().heartbeat());
         let mut tasks = JoinSet::new();
+        {
+            let mut stopped = stop.clone();
+            let cut = async {
+                let at = stopped
+                    .wait_for(Option::is_some)
+                    .await
+                    .ok()
+                    .and_then(|at| *at)
+                    .unwrap_or_else(Instant::now);
+                tokio::time::sleep_until((at + self.shutdown_timeout).into()).await;
+            };
+            tokio::select! {
+                () = self.fetch_loop(&mut tasks, stop.clone()) => {}
+                () = cut => tracing::warn!("shutdown deadline reached while the fetch loop was still busy; abandoning it"),
+            }
+        }
+        let began = (*stop.borrow()).unwrap_or_else(Instant::now);
+        self.drain(tasks, began + self.shutdown_timeout).await;
+        heartbeat.abort();
+    }
+
+    /// Closes the concurrency valve: from now on no handler call starts.
+    /// Calls already running go on; every delivery that has not started
+    /// stays leased until `drain` hands it back.
+    pub(super) fn stop_calls(&self) {
+        self.valve.close();
+        self.halted.send_replace(true);
+    }
+
+    /// Sleeps `delay`, or less if shutdown begins meanwhile (the caller
+    /// then sees [`StageRunner::stopping`] and leaves the delivery).
+    async fn pause(&self, delay: Duration) {
+        let mut halted = self.halted.subscribe();
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = halted.wait_for(|halted| *halted) => {}
+        }
+    }
+
+    /// How long this stage's shutdown may take.
+    pub(super) fn shutdown_timeout(&self) -> Duration {
+        self.shutdown_timeout
+    }
+
+    /// Whether shutdown has begun (no handler call may start).
+    fn stopping(&self) -> bool {
+        self.valve.is_closed()
+    }
+
+    /// Fetches and dispatches until `stop` carries a value.
+    async fn fetch_loop(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+        mut stop: watch::Receiver<Option<Instant>>,
+    ) {
         let mut fetch_errors = 0u32;
-        while !*stop.borrow() {
+        while stop.borrow().is_none() {
             while tasks.try_join_next().is_some() {}
             let permits = tokio::select! {
                 permits = self.reserve() => permits,
@@ -207,16 +283,17 @@ impl StageRunner {
                 _ = stop.changed() => {
                     // Dropping a fetch in flight could strand deliveries the
                     // broker already leased (until `ack_wait`, holding them
-                    // from other daemons). It waits a second at most: let it
-                    // finish; `drain` hands back what it recorded.
-                    let _ = fetch.await;
+                    // from other daemons). It waits a second at most on a
+                    // healthy broker: let it finish, within a bound for a
+                    // dead one; `drain` hands back what it recorded.
+                    let _ = tokio::time::timeout(FETCH_AFTER_STOP, fetch).await;
                     break;
                 }
             };
             match fetched {
                 Ok(deliveries) => {
                     fetch_errors = 0;
-                    if !self.admit(deliveries, permits, &mut tasks, &mut stop).await {
+                    if !self.admit(deliveries, permits, tasks, &mut stop).await {
                         break;
                     }
                 }
@@ -226,12 +303,13 @@ impl StageRunner {
                         .saturating_mul(fetch_errors.min(50))
                         .min(Duration::from_secs(5));
                     tracing::warn!(error = %err, retry_in = ?pause, "fetch failed");
-                    tokio::time::sleep(pause).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        _ = stop.changed() => break,
+                    }
                 }
             }
         }
-        self.drain(tasks).await;
-        heartbeat.abort();
     }
 
     /// Waits for in-flight permits, then takes as many more as are free, up
@@ -279,7 +357,7 @@ impl StageRunner {
         deliveries: Vec<Delivery>,
         permits: Vec<OwnedSemaphorePermit>,
         tasks: &mut JoinSet<()>,
-        stop: &mut watch::Receiver<bool>,
+        stop: &mut watch::Receiver<Option<Instant>>,
     ) -> bool {
         self.learn_sizes(&deliveries);
         let mut jobs = Vec::with_capacity(deliveries.len());
@@ -438,6 +516,10 @@ impl StageRunner {
     /// Handles one delivery to the end: invoke, settle, and for an ordered
     /// stage retry in place until it is settled.
     /// `slot` is a worker slot already taken for the first attempt.
+    ///
+    /// Once shutdown has begun no handler call starts: a delivery that has
+    /// not reached its call (or waits for a retry in place) is left
+    /// unsettled, its lease in `leases` for `drain` to hand back.
     async fn process(
         &self,
         job: Job,
@@ -448,6 +530,9 @@ impl StageRunner {
         let mut attempt = delivery.attempt;
         let mut busy_pause = DEDUP_POLL_MIN;
         loop {
+            if self.stopping() {
+                return;
+            }
             let (outcome, ticket) = {
                 // A claim reference is resolved under the valve, so at most
                 // `concurrency` claim payloads are in memory at once. An
@@ -457,14 +542,26 @@ impl StageRunner {
                 if _slot.is_none()
                     && (self.dedup.is_none() || claim::is_reference(&delivery.message))
                 {
-                    _slot = self.valve.clone().acquire_owned().await.ok();
+                    match self.valve.clone().acquire_owned().await {
+                        Ok(taken) => _slot = Some(taken),
+                        // Closed: shutdown began.
+                        Err(_) => return,
+                    }
                 }
                 match self.resolve(delivery, attempt).await {
                     Err(failure) => (Err(failure), None),
                     Ok(message) => match self.gate(&message).await {
                         Gate::Run(ticket) => {
                             if _slot.is_none() {
-                                _slot = self.valve.clone().acquire_owned().await.ok();
+                                match self.valve.clone().acquire_owned().await {
+                                    Ok(taken) => _slot = Some(taken),
+                                    // Shutdown began: the dedup key's lease
+                                    // runs out and a redelivery takes it.
+                                    Err(_) => return,
+                                }
+                            }
+                            if self.stopping() {
+                                return;
                             }
                             (self.invoke(&message).await, ticket)
                         }
@@ -473,7 +570,7 @@ impl StageRunner {
                             // or in another daemon) is still at work. The
                             // worker slot is free meanwhile, the lease kept.
                             drop(_slot);
-                            tokio::time::sleep(pause.min(busy_pause)).await;
+                            self.pause(pause.min(busy_pause)).await;
                             busy_pause = (busy_pause * 2).min(DEDUP_POLL_MAX);
                             continue;
                         }
@@ -489,7 +586,7 @@ impl StageRunner {
                             {
                                 Next::Done => break,
                                 Next::RetryAfter(delay) => {
-                                    tokio::time::sleep(delay).await;
+                                    self.pause(delay).await;
                                     attempt = attempt.saturating_add(1);
                                     continue;
                                 }
@@ -506,7 +603,7 @@ impl StageRunner {
             {
                 Next::Done => break,
                 Next::RetryAfter(delay) => {
-                    tokio::time::sleep(delay).await;
+                    self.pause(delay).await;
                     attempt = attempt.saturating_add(1);
                 }
             }
@@ -514,10 +611,13 @@ impl StageRunner {
         self.forget(delivery.seq);
     }
 
-    /// Hands a batch to one worker slot and settles each item on its own.
+    /// Hands a batch to one worker slot, then settles its items together.
     async fn process_batch(&self, jobs: Vec<Job>) {
         let outcomes = {
-            let _slot = self.valve.acquire().await;
+            let Ok(_slot) = self.valve.acquire().await else {
+                // Shutdown began: no call starts; `drain` hands them back.
+                return;
+            };
             // Items whose claim cannot be resolved fail alone; the rest
             // go to the handler as one batch.
             let mut resolved = Vec::with_capacity(jobs.len());
@@ -535,6 +635,10 @@ impl StageRunner {
                     Err(failure) => failed.push(Some(failure)),
                 }
             }
+            if self.stopping() {
+                return;
+            }
+            tracing::debug!(target: CALLS, items = messages.len(), "handler call starts");
             let mut handler = self.take_handler();
             let started = Instant::now();
             let handled = match handler.as_mut() {
@@ -566,15 +670,21 @@ impl StageRunner {
                 })
                 .collect::<Vec<_>>()
         };
-        for (job, outcome) in jobs.iter().zip(outcomes) {
+        // Every item is settled on its own (its own outputs, ack, nak or
+        // dead letter), but all at once: each settle waits for the broker
+        // to make it durable, and in flight together they share the
+        // embedded broker's group commit (one fsync for the batch) or
+        // NATS's pipelining, instead of paying one round each in turn.
+        // Batch items are naked for their retries: holding a whole batch
+        // back for one item would stall the rest.
+        let settles = jobs.iter().zip(outcomes).map(|(job, outcome)| async move {
             let delivery = &job.delivery;
-            // Batch items are naked for their retries: holding a whole
-            // batch back for one item would stall the rest.
             self.settler
                 .settle(delivery, delivery.attempt, outcome, false, None)
                 .await;
             self.forget(delivery.seq);
-        }
+        });
+        futures_util::future::join_all(settles).await;
     }
 
     fn take_handler(&self) -> Option<Box<dyn StageHandler>> {
@@ -583,6 +693,7 @@ impl StageRunner {
 
     /// Calls a free handler with `message` (the caller holds a worker slot).
     async fn invoke(&self, message: &PluginMessage) -> crate::plugin::Outcome {
+        tracing::debug!(target: CALLS, id = %message.id, attempt = message.attempt, "handler call starts");
         let mut handler = self.take_handler();
         let started = Instant::now();
         let outcome = match handler.as_mut() {
@@ -630,18 +741,23 @@ impl StageRunner {
         }
     }
 
-    /// Shutdown: nak what is queued, give running work `shutdown_timeout`,
-    /// then stop it and nak what is left.
-    async fn drain(&self, mut tasks: JoinSet<()>) {
-        let queued: Vec<Job> = lock(&self.lanes)
+    /// Shutdown (the valve is already closed, so nothing new starts): hands
+    /// back what is queued in lanes at once, gives the calls and settles
+    /// already running until `deadline`, then abandons them and hands back
+    /// every delivery still unsettled. An abandoned call's message is never
+    /// acked: it is naked, or if the broker does not answer within
+    /// [`RELEASE_GRACE`] its lease expires; either way it is redelivered.
+    async fn drain(&self, mut tasks: JoinSet<()>, deadline: Instant) {
+        let queued: Vec<Receipt> = lock(&self.lanes)
             .values_mut()
             .flat_map(|queue| queue.drain(..))
+            .map(|job| {
+                self.forget(job.delivery.seq);
+                job.delivery.receipt.clone()
+            })
             .collect();
-        for job in queued {
-            self.release(&job.delivery.receipt).await;
-            self.forget(job.delivery.seq);
-        }
-        let finished = tokio::time::timeout(self.shutdown_timeout, async {
+        self.release_all(queued, deadline).await;
+        let finished = tokio::time::timeout_at(deadline.into(), async {
             while tasks.join_next().await.is_some() {}
         })
         .await;
@@ -649,14 +765,38 @@ impl StageRunner {
             tracing::warn!(
                 running = tasks.len(),
                 timeout = ?self.shutdown_timeout,
-                "shutdown timeout reached; stopping running handlers and naking their messages"
+                "shutdown timeout reached; abandoning running handler calls and settles, their messages will be redelivered"
             );
             tasks.abort_all();
-            while tasks.join_next().await.is_some() {}
+            // An aborted task ends at its next await point (a guest call
+            // yields at every epoch tick), so this is quick.
+            let _ = tokio::time::timeout(RELEASE_GRACE, async {
+                while tasks.join_next().await.is_some() {}
+            })
+            .await;
+            tasks.detach_all();
         }
         let left: Vec<Receipt> = lock(&self.leases).drain().map(|(_, r)| r).collect();
-        for receipt in left {
-            self.release(&receipt).await;
+        self.release_all(left, deadline.max(Instant::now() + RELEASE_GRACE))
+            .await;
+    }
+
+    /// Naks `receipts` (delay zero) concurrently, giving up at `until`: an
+    /// unanswered nak only means the lease expires instead.
+    async fn release_all(&self, receipts: Vec<Receipt>, until: Instant) {
+        if receipts.is_empty() {
+            return;
+        }
+        let count = receipts.len();
+        let naks = receipts.iter().map(|receipt| self.release(receipt));
+        if tokio::time::timeout_at(until.into(), futures_util::future::join_all(naks))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                deliveries = count,
+                "the broker did not take the shutdown naks in time; those messages are redelivered when their leases expire"
+            );
         }
     }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use sha2::Digest as _;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
 
@@ -21,6 +22,9 @@ pub struct HostConfig {
     /// Where compiled components are cached between runs; `None` compiles
     /// every time.
     pub cache_dir: Option<PathBuf>,
+    /// The size cap of the cache directory: past it, the least recently
+    /// used entries are deleted.
+    pub cache_max_bytes: u64,
     /// How often the epoch advances. It is the granularity of timeouts and of
     /// how often a busy handler yields its thread to other tasks.
     pub tick: Duration,
@@ -41,6 +45,7 @@ impl Default for HostConfig {
     fn default() -> Self {
         HostConfig {
             cache_dir: None,
+            cache_max_bytes: super::cache::DEFAULT_CACHE_MAX_BYTES,
             tick: default_tick(),
             max_memory: MAX_WASM32_MEMORY,
             max_instances: 128,
@@ -89,7 +94,7 @@ impl PluginHost {
             state
         })
         .map_err(|e| HostError::Engine(chain(&e)))?;
-        let cache = CompileCache::open(config.cache_dir.clone())?;
+        let cache = CompileCache::open(config.cache_dir.clone(), config.cache_max_bytes)?;
         let clock = TickClock::new(config.tick);
         let ticker = match config.epoch_interruption {
             true => Some(
@@ -113,7 +118,7 @@ impl PluginHost {
     }
 
     /// Whether compiled plugins are cached on disk (a cache directory was
-    /// configured and could be made private).
+    /// configured and is safe: see the `cache` module).
     pub fn caches_compiled_plugins(&self) -> bool {
         self.inner.cache.is_enabled()
     }
@@ -133,10 +138,11 @@ impl PluginHost {
     /// the plugin in errors and logs.
     pub fn load_bytes(&self, path: &Path, bytes: &[u8]) -> Result<Plugin, LoadError> {
         check_header(path, bytes)?;
+        let sha256 = super::cache::hex(&sha2::Sha256::digest(bytes));
         let (component, cache_status) =
             self.inner
                 .cache
-                .component(&self.inner.engine, bytes, path)?;
+                .component(&self.inner.engine, bytes, &sha256, path)?;
         let world = detect_world(&self.inner.engine, &component, path)?;
         let contract_error = |err: wasmtime::Error| LoadError::Contract {
             path: path.to_owned(),
@@ -160,11 +166,12 @@ impl PluginHost {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "plugin".into());
-        tracing::debug!(plugin = %name, world = world.as_str(), cache = ?cache_status, "Loaded plugin.");
+        tracing::info!(plugin = %name, path = %path.display(), sha256 = %sha256, world = world.as_str(), cache = cache_status.as_str(), "Loaded plugin.");
         Ok(Plugin {
             inner: Arc::new(PluginInner {
                 name: name.into(),
                 path: path.to_owned(),
+                sha256,
                 world,
                 cache_status,
                 pre,

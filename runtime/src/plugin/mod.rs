@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use bindings::{Emit, HandlerError, Level, Message};
-pub use cache::CacheStatus;
+pub use cache::{CacheStatus, DEFAULT_CACHE_MAX_BYTES};
 pub use error::{HostError, LoadError};
 pub use host::{HostConfig, PluginHost};
 pub use worker::{Isolation, Limits, Outcome, Outputs, Worker, WorkerSettings};
@@ -62,6 +62,8 @@ pub struct Plugin {
 struct PluginInner {
     name: Arc<str>,
     path: PathBuf,
+    /// The SHA-256 of the plugin file, lowercase hex.
+    sha256: String,
     world: World,
     cache_status: CacheStatus,
     pre: Pre,
@@ -74,6 +76,12 @@ enum Pre {
 }
 
 impl Plugin {
+    /// The SHA-256 of the plugin file as loaded, 64 lowercase hex digits
+    /// (what a stage's `sha256:` pins).
+    pub fn sha256(&self) -> &str {
+        &self.inner.sha256
+    }
+
     /// The plugin's name (its file stem), used in logs.
     pub fn name(&self) -> &str {
         &self.inner.name
