@@ -420,39 +420,26 @@ fn topic_specs(pipelines: &[Pipeline]) -> Vec<TopicSpec> {
 /// before the hard limit would (EMFILE mid-write).
 #[cfg(target_os = "linux")]
 fn raise_open_files_limit() {
-    match set_open_files_soft_limit_to_hard() {
-        Ok(limit) => tracing::debug!(limit, "open-files limit raised to the hard limit"),
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    // `None` is unlimited; the soft limit never exceeds the hard one.
+    if limit.current.is_none() || limit.current == limit.maximum {
+        return;
+    }
+    let raised = Rlimit {
+        current: limit.maximum,
+        maximum: limit.maximum,
+    };
+    match setrlimit(Resource::Nofile, raised) {
+        Ok(()) => {
+            tracing::debug!(limit = ?limit.maximum, "open-files limit raised to the hard limit")
+        }
         Err(e) => tracing::warn!(error = %e, "could not raise the open-files limit"),
     }
 }
 
 #[cfg(not(target_os = "linux"))]
 fn raise_open_files_limit() {}
-
-/// `setrlimit(RLIMIT_NOFILE)` with the soft limit at the hard one; returns
-/// the new soft limit.
-#[cfg(target_os = "linux")]
-#[allow(unsafe_code)]
-fn set_open_files_soft_limit_to_hard() -> std::io::Result<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one rlimit struct through a pointer to a
-    // live, properly aligned local; no other memory is touched.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if limit.rlim_cur < limit.rlim_max {
-        limit.rlim_cur = limit.rlim_max;
-        // SAFETY: setrlimit only reads the rlimit struct behind a pointer
-        // to a live local.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(limit.rlim_cur)
-}
 
 #[cfg(test)]
 mod tests {

@@ -52,7 +52,8 @@ fn is_root() -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
-/// `POST /v1/topics/in/messages` with id `id`; the status code.
+/// `POST /v1/topics/in/messages` with id `id`; the status code. Every
+/// 503 must say when to come back (`Retry-After`).
 fn ingest(http: &reqwest::blocking::Client, daemon: &Daemon, id: &str, body: &str) -> u16 {
     match http
         .post(format!("{}/v1/topics/in/messages", daemon.base))
@@ -60,8 +61,26 @@ fn ingest(http: &reqwest::blocking::Client, daemon: &Daemon, id: &str, body: &st
         .body(body.to_owned())
         .send()
     {
-        Ok(r) => r.status().as_u16(),
+        Ok(r) => {
+            let status = r.status().as_u16();
+            if status == 503 {
+                assert!(
+                    r.headers().contains_key("retry-after"),
+                    "a 503 without Retry-After: {:?}",
+                    r.headers()
+                );
+            }
+            status
+        }
         Err(e) => panic!("ingest {id}: {e}"),
+    }
+}
+
+/// `GET /health/ready`'s status code.
+fn readiness(http: &reqwest::blocking::Client, daemon: &Daemon) -> u16 {
+    match http.get(format!("{}/health/ready", daemon.base)).send() {
+        Ok(r) => r.status().as_u16(),
+        Err(e) => panic!("readiness: {e}"),
     }
 }
 
@@ -107,6 +126,7 @@ stages:
     // Ingest until the disk is full and writes have failed for a while.
     let mut answers: BTreeMap<usize, u16> = BTreeMap::new();
     let mut refused = 0;
+    let mut seen_not_ready = false;
     let started = Instant::now();
     let mut i = 0;
     while refused < 20 {
@@ -123,13 +143,24 @@ stages:
         );
         if status == 503 {
             refused += 1;
+            if readiness(&http, &daemon) == 503 {
+                seen_not_ready = true;
+            }
         }
         answers.insert(i, status);
         i += 1;
     }
-    // Still refusing, not 500, a little later.
+    assert!(
+        seen_not_ready,
+        "/health/ready never said not-ready while writes were refused; log:\n{}",
+        daemon.log()
+    );
+    // A little later: still an answer that loses nothing (503, or 202 once
+    // a reopen found room for a small write), never a 500.
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(ingest(&http, &daemon, "probe", "probe"), 503);
+    let later = ingest(&http, &daemon, &format!("id{i}"), &body(i));
+    assert!(later == 202 || later == 503, "later: {later}");
+    answers.insert(i, later);
 
     // Room again: the same daemon takes the refused messages.
     tmpfs.grow("256m");
