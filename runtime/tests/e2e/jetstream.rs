@@ -205,14 +205,28 @@ impl Watcher {
             if state.messages == 0 {
                 return out;
             }
-            let consumer = stream
-                .create_consumer(pull::OrderedConfig {
-                    deliver_policy: DeliverPolicy::All,
-                    filter_subject: topic.to_owned(),
-                    ..Default::default()
-                })
-                .await
-                .expect("an ordered consumer");
+            // Right after a node loss the consumer's creation can time out
+            // while the stream elects a leader: ask again, within a bound.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let consumer = loop {
+                match stream
+                    .create_consumer(pull::OrderedConfig {
+                        deliver_policy: DeliverPolicy::All,
+                        filter_subject: topic.to_owned(),
+                        ..Default::default()
+                    })
+                    .await
+                {
+                    Ok(consumer) => break consumer,
+                    Err(err) => {
+                        assert!(
+                            Instant::now() < deadline,
+                            "no ordered consumer on `{topic}` within 60s: {err}"
+                        );
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            };
             let mut messages = consumer.messages().await.expect("messages");
             while out.len() < usize::try_from(state.messages).expect("fits") {
                 let next = tokio::time::timeout(Duration::from_secs(30), messages.next())
