@@ -17,6 +17,7 @@ use crate::broker::nats::{NatsBroker, NatsOptions};
 use crate::broker::{Broker, BrokerError, TopicSpec};
 use crate::claim::{ClaimingBroker, Claims};
 use crate::config::{self, Diagnostics, Pipeline};
+use crate::connect;
 use crate::engine::{Engine, StageHandler, StageSetup};
 use crate::metrics::Metrics;
 use crate::plugin::{HostConfig, HostError, LoadError, PluginHost};
@@ -94,6 +95,9 @@ pub enum DaemonError {
     /// The admin TLS certificate or key cannot be used.
     #[error(transparent)]
     AdminTls(#[from] admin::TlsError),
+    /// A source or sink could not be built from its configuration.
+    #[error(transparent)]
+    Connector(#[from] connect::BuildError),
 }
 
 /// What a successful start looks like, for the ready line and tests.
@@ -116,6 +120,7 @@ pub fn load(opts: &DaemonOptions) -> Result<(Vec<Pipeline>, PluginHost), DaemonE
     let workers: u32 = pipelines
         .iter()
         .flat_map(|p| &p.stages)
+        .filter(|s| !s.is_sink())
         .map(|s| s.concurrency.get())
         .sum();
     let host = PluginHost::new(HostConfig {
@@ -193,9 +198,14 @@ pub async fn run(
         None => broker,
     };
 
+    let health = Arc::new(connect::Health::new());
     let mut setups = Vec::new();
     for pipeline in &pipelines {
         for stage in &pipeline.stages {
+            if let Some(sink) = &stage.sink {
+                setups.push(sink_setup(pipeline, stage, sink, &metrics, &health).await?);
+                continue;
+            }
             let plugin = host.load(&stage.plugin)?;
             // Checked at validation too; again here, on the bytes loaded.
             stage
@@ -213,6 +223,18 @@ pub async fn run(
         }
     }
     let engine = Engine::start(broker.clone(), metrics.clone(), claims.clone(), setups).await?;
+    // Sources start once the stages read: their topics' consumers exist,
+    // so backpressure counts them from the first read.
+    let (stop_sources, sources_stopped) = tokio::sync::watch::channel(false);
+    let mut sources = tokio::task::JoinSet::new();
+    for setup in source_setups(&pipelines, &metrics, &health).await? {
+        let span =
+            tracing::info_span!("source", pipeline = %setup.ctx.pipeline, source = %setup.ctx.name);
+        sources.spawn(tracing::Instrument::instrument(
+            connect::source::run(setup, broker.clone(), sources_stopped.clone()),
+            span,
+        ));
+    }
     let (stop_sweeper, sweeper_stopped) = tokio::sync::watch::channel(false);
     let sweeper = claims.clone().map(|claims| {
         let (topics, dlqs) = claim_topics(&claims, &pipelines);
@@ -228,6 +250,7 @@ pub async fn run(
     let pipelines: Arc<[Pipeline]> = pipelines.into();
     let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
     let mut state = AdminState::new(broker.clone(), metrics.clone(), pipelines.clone())
+        .with_connectors(health.clone())
         .with_access(opts.admin_access.clone())
         .with_limits(opts.admin_limits);
     let admin_scheme = if let Some(tls) = tls {
@@ -264,6 +287,20 @@ pub async fn run(
     // Ingest answers 503 (and readiness says draining) from now on; the
     // server stays up to say so until the stages have drained.
     state.start_draining();
+    // Sources first: nothing new enters while the stages drain. A read
+    // being published finishes (and is acked upstream) or is given back.
+    let _ = stop_sources.send(true);
+    if tokio::time::timeout_at(deadline, async {
+        while sources.join_next().await.is_some() {}
+    })
+    .await
+    .is_err()
+    {
+        tracing::warn!(
+            "a source did not stop by the shutdown deadline; what it read and did not acknowledge is read again after a restart"
+        );
+        sources.abort_all();
+    }
     engine.shutdown().await;
     let _ = stop_sweeper.send(true);
     // A step that starts at or past the deadline still gets a moment.
@@ -295,6 +332,94 @@ pub async fn run(
         Ok(Ok(Err(err))) => Err(DaemonError::Admin(err)),
         Ok(Err(err)) => Err(DaemonError::Admin(std::io::Error::other(err))),
     }
+}
+
+/// The stage that runs a sink: its connector built (not yet connected)
+/// behind `concurrency` handler slots.
+async fn sink_setup(
+    pipeline: &Pipeline,
+    stage: &crate::config::Stage,
+    sink: &connect::SinkDef,
+    metrics: &Arc<Metrics>,
+    health: &Arc<connect::Health>,
+) -> Result<StageSetup, DaemonError> {
+    let ctx = connect::Context {
+        pipeline: pipeline.name.clone(),
+        name: sink.name.clone(),
+        metrics: metrics.clone(),
+        health: health.clone(),
+    };
+    let connector = sink.connector().ok_or_else(|| {
+        DaemonError::Unsupported(format!("sink `{}` has no connector block", sink.name))
+    })?;
+    let built = connector.build(&ctx).await?;
+    metrics.connector_started(&ctx.label());
+    tracing::info!(sink = %ctx.label(), target = %connector.describe(), "sink ready");
+    let handlers: Vec<Box<dyn StageHandler>> = (0..stage.concurrency.get())
+        .map(|_| {
+            Box::new(connect::SinkHandler::new(
+                built.clone(),
+                ctx.clone(),
+                stage.timeout.get(),
+                stage.retry.backoff.max.get(),
+            )) as Box<dyn StageHandler>
+        })
+        .collect();
+    Ok(StageSetup {
+        pipeline: pipeline.name.clone(),
+        stage: stage.clone(),
+        shutdown_timeout: pipeline.shutdown_timeout.get(),
+        handlers,
+    })
+}
+
+/// Every source of every pipeline, built (not yet connected).
+async fn source_setups(
+    pipelines: &[Pipeline],
+    metrics: &Arc<Metrics>,
+    health: &Arc<connect::Health>,
+) -> Result<Vec<connect::source::SourceSetup>, DaemonError> {
+    let mut setups = Vec::new();
+    for pipeline in pipelines {
+        for source in &pipeline.sources {
+            let ctx = connect::Context {
+                pipeline: pipeline.name.clone(),
+                name: source.name.clone(),
+                metrics: metrics.clone(),
+                health: health.clone(),
+            };
+            let connector = source.connector().ok_or_else(|| {
+                DaemonError::Unsupported(format!("source `{}` has no connector block", source.name))
+            })?;
+            let built = connector.build(&ctx).await?;
+            tracing::info!(source = %ctx.label(), upstream = %connector.describe(), to = %source.to, "source ready");
+            let high_water_mark = pipelines
+                .iter()
+                .flat_map(|p| &p.topics)
+                .filter(|t| t.name == source.to)
+                .filter_map(|t| t.high_water_mark)
+                .min();
+            let subscribers = pipelines
+                .iter()
+                .flat_map(|p| {
+                    p.stages
+                        .iter()
+                        .filter(|s| s.subscribe.topic == source.to)
+                        .map(|s| crate::broker::consumer_name(&p.name, &s.name))
+                })
+                .collect();
+            setups.push(connect::source::SourceSetup {
+                ctx,
+                source: built,
+                topic: source.to.clone(),
+                dlq_topic: source.dlq_topic(&pipeline.name),
+                high_water_mark,
+                subscribers,
+                read_max: connector.read_max(),
+            });
+        }
+    }
+    Ok(setups)
 }
 
 /// How long past the shutdown deadline the broker's final flush may take
@@ -394,6 +519,31 @@ fn topic_specs(pipelines: &[Pipeline]) -> Vec<TopicSpec> {
         }
         for stage in &pipeline.stages {
             add(stage.dlq_topic(&pipeline.name), None);
+        }
+        for source in &pipeline.sources {
+            add(source.dlq_topic(&pipeline.name), None);
+        }
+    }
+    // A source's message read again (a crash before the upstream ack, a
+    // reclaim) must still collapse in its topic's duplicate window.
+    for pipeline in pipelines {
+        for source in &pipeline.sources {
+            let Some(connector) = source.connector() else {
+                continue;
+            };
+            let horizon = connector
+                .redelivery_horizon()
+                .max(std::time::Duration::from_secs(60))
+                * 2;
+            for spec in &mut specs {
+                if spec.name == source.to {
+                    spec.duplicate_window = spec.duplicate_window.max(Some(horizon));
+                }
+                if spec.name == source.dlq_topic(&pipeline.name) {
+                    spec.dead_letters = true;
+                    spec.duplicate_window = spec.duplicate_window.max(Some(horizon));
+                }
+            }
         }
     }
     for pipeline in pipelines {

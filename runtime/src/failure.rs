@@ -33,11 +33,16 @@ pub enum FailureKind {
     PublishFailed,
     /// The dedup key was already handled with a different payload.
     DedupConflict,
+    /// A sink's target could not be reached (connection refused, DNS, a
+    /// lost connection). Not the message's fault: the delivery is held and
+    /// tried again in place, with backoff, without spending an attempt, for
+    /// as long as the outage lasts.
+    Unavailable,
 }
 
 impl FailureKind {
     /// Every kind, in a stable order (for metrics and docs).
-    pub const ALL: [FailureKind; 10] = [
+    pub const ALL: [FailureKind; 11] = [
         FailureKind::Retry,
         FailureKind::Rejected,
         FailureKind::Trap,
@@ -48,6 +53,7 @@ impl FailureKind {
         FailureKind::ClaimMissing,
         FailureKind::PublishFailed,
         FailureKind::DedupConflict,
+        FailureKind::Unavailable,
     ];
 
     /// The fixed name used in logs, headers, metrics and the CLI.
@@ -63,6 +69,7 @@ impl FailureKind {
             FailureKind::ClaimMissing => "claim-missing",
             FailureKind::PublishFailed => "publish-failed",
             FailureKind::DedupConflict => "dedup-conflict",
+            FailureKind::Unavailable => "unavailable",
         }
     }
 
@@ -75,7 +82,8 @@ impl FailureKind {
             | FailureKind::Timeout
             | FailureKind::OutOfMemory
             | FailureKind::ClaimMissing
-            | FailureKind::PublishFailed => true,
+            | FailureKind::PublishFailed
+            | FailureKind::Unavailable => true,
             FailureKind::Rejected
             | FailureKind::OutputTooLarge
             | FailureKind::UndeclaredTopic
@@ -140,7 +148,8 @@ mod tests {
                 "undeclared-topic",
                 "claim-missing",
                 "publish-failed",
-                "dedup-conflict"
+                "dedup-conflict",
+                "unavailable"
             ]
         );
     }
@@ -160,7 +169,8 @@ mod tests {
                 "timeout",
                 "out-of-memory",
                 "claim-missing",
-                "publish-failed"
+                "publish-failed",
+                "unavailable"
             ]
         );
     }

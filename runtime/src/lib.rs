@@ -19,6 +19,7 @@ pub mod broker;
 pub mod claim;
 pub mod cli;
 pub mod config;
+pub mod connect;
 pub mod daemon;
 pub mod dedup;
 pub mod dlq;

@@ -55,6 +55,22 @@ pub struct StatusLabels {
     pub status: String,
 }
 
+/// Labels of per-source metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabels {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The source.
+    pub source: String,
+}
+
+/// Labels of per-connector metrics (sources and sinks).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectorLabels {
+    /// `<pipeline>/<name>`.
+    pub connector: String,
+}
+
 /// Labels of `sluice_build_info`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
@@ -88,6 +104,17 @@ pub struct Metrics {
     pub ingest_responses: Family<StatusLabels, Counter>,
     /// `sluice_storage_errors_total`, following the broker's own count.
     pub storage_errors: Counter,
+    /// `sluice_source_messages_total{pipeline,source}`: upstream messages a
+    /// source published into its topic (and acked upstream).
+    pub source_messages: Family<SourceLabels, Counter>,
+    /// `sluice_source_lag{pipeline,source}`: messages waiting upstream,
+    /// where the upstream can tell.
+    pub source_lag: Family<SourceLabels, Gauge>,
+    /// `sluice_connector_up{connector}`: 1 while the connector reaches its
+    /// outside system, 0 during an outage.
+    pub connector_up: Family<ConnectorLabels, Gauge>,
+    /// `sluice_connector_outages_total{connector}`.
+    pub connector_outages: Family<ConnectorLabels, Counter>,
     /// `process_resident_memory_bytes`, read at scrape time.
     pub resident_memory: Gauge,
     /// `process_open_fds`, read at scrape time.
@@ -119,6 +146,10 @@ impl Metrics {
         let claim_bytes = Family::<DirectionLabels, Counter>::default();
         let ingest_responses = Family::<StatusLabels, Counter>::default();
         let storage_errors = Counter::default();
+        let source_messages = Family::<SourceLabels, Counter>::default();
+        let source_lag = Family::<SourceLabels, Gauge>::default();
+        let connector_up = Family::<ConnectorLabels, Gauge>::default();
+        let connector_outages = Family::<ConnectorLabels, Counter>::default();
         let resident_memory = Gauge::default();
         let open_fds = Gauge::default();
         let start_time = Gauge::<f64, AtomicU64>::default();
@@ -174,6 +205,26 @@ impl Metrics {
             storage_errors.clone(),
         );
         registry.register(
+            "sluice_source_messages",
+            "Upstream messages a source published into its topic",
+            source_messages.clone(),
+        );
+        registry.register(
+            "sluice_source_lag",
+            "Messages waiting upstream of a source, where the upstream can tell",
+            source_lag.clone(),
+        );
+        registry.register(
+            "sluice_connector_up",
+            "1 while a source or sink reaches its outside system, 0 during an outage",
+            connector_up.clone(),
+        );
+        registry.register(
+            "sluice_connector_outages",
+            "Outages of a source's or sink's outside system",
+            connector_outages.clone(),
+        );
+        registry.register(
             "process_resident_memory_bytes",
             "Resident memory size in bytes",
             resident_memory.clone(),
@@ -216,10 +267,71 @@ impl Metrics {
             claim_bytes,
             ingest_responses,
             storage_errors,
+            source_messages,
+            source_lag,
+            connector_up,
+            connector_outages,
             resident_memory,
             open_fds,
             start_time,
         }
+    }
+
+    /// Registers a connector as up, so its gauge shows from the first scrape.
+    pub fn connector_started(&self, connector: &str) {
+        self.connector_up
+            .get_or_create(&ConnectorLabels {
+                connector: connector.to_owned(),
+            })
+            .set(1);
+    }
+
+    /// A connector's outage began.
+    pub fn connector_outage(&self, connector: &str) {
+        let labels = ConnectorLabels {
+            connector: connector.to_owned(),
+        };
+        self.connector_up.get_or_create(&labels).set(0);
+        self.connector_outages.get_or_create(&labels).inc();
+    }
+
+    /// A connector's outage ended.
+    pub fn connector_recovered(&self, connector: &str) {
+        self.connector_up
+            .get_or_create(&ConnectorLabels {
+                connector: connector.to_owned(),
+            })
+            .set(1);
+    }
+
+    /// Counts `n` upstream messages a source published.
+    pub fn count_source(&self, pipeline: &str, source: &str, n: u64) {
+        self.source_messages
+            .get_or_create(&SourceLabels {
+                pipeline: pipeline.to_owned(),
+                source: source.to_owned(),
+            })
+            .inc_by(n);
+    }
+
+    /// Sets a source's upstream lag.
+    pub fn set_source_lag(&self, pipeline: &str, source: &str, lag: u64) {
+        self.source_lag
+            .get_or_create(&SourceLabels {
+                pipeline: pipeline.to_owned(),
+                source: source.to_owned(),
+            })
+            .set(i64::try_from(lag).unwrap_or(i64::MAX));
+    }
+
+    /// Upstream messages a source has published so far.
+    pub fn source_total(&self, pipeline: &str, source: &str) -> u64 {
+        self.source_messages
+            .get_or_create(&SourceLabels {
+                pipeline: pipeline.to_owned(),
+                source: source.to_owned(),
+            })
+            .get()
     }
 
     /// Counts one ingest answer of HTTP status `status`.

@@ -41,6 +41,12 @@ pub(super) async fn ready(State(state): State<AdminState>) -> Response {
             reasons.push(why);
         }
     }
+    // A source or sink that cannot reach its system holds up only its own
+    // messages (they wait upstream, or held in place): degraded, with why.
+    for (connector, why) in state.connectors().outages() {
+        degraded = true;
+        reasons.push(format!("{connector}: {why}"));
+    }
     let (status, word) = match (ready, degraded) {
         (false, _) => (StatusCode::SERVICE_UNAVAILABLE, "not-ready"),
         (true, true) => (StatusCode::OK, "degraded"),

@@ -417,16 +417,7 @@ async fn check_backpressure(
     let Some(limit) = entry.high_water_mark else {
         return Ok(());
     };
-    let broker = state.broker();
-    let mut depth = broker.topic_stats(topic).await?.depth;
-    for consumer in &entry.subscribers {
-        match broker.consumer_stats(consumer).await {
-            Ok(stats) => depth = depth.max(stats.pending),
-            // Not declared yet (the engine is starting): nothing pending.
-            Err(BrokerError::UnknownConsumer(_)) => {}
-            Err(err) => return Err(err.into()),
-        }
-    }
+    let depth = crate::broker::backlog(state.broker().as_ref(), topic, &entry.subscribers).await?;
     if depth >= limit {
         return Err(ApiError::Backpressure {
             topic: topic.to_owned(),

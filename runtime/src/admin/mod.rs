@@ -92,6 +92,8 @@ pub struct AdminState {
     budget: Arc<tokio::sync::Semaphore>,
     /// The longest one redrive runs ([`REDRIVE_TIME_LIMIT`]).
     redrive_time_limit: std::time::Duration,
+    /// Sources and sinks that cannot reach their outside system.
+    connectors: Arc<crate::connect::Health>,
 }
 
 struct Inner {
@@ -239,6 +241,7 @@ impl AdminState {
                 DEFAULT_BODY_BUDGET,
             ))),
             redrive_time_limit: REDRIVE_TIME_LIMIT,
+            connectors: Arc::default(),
         }
         .with_limits(ServerLimits::default())
     }
@@ -247,6 +250,17 @@ impl AdminState {
     pub fn with_redrive_time_limit(mut self, limit: std::time::Duration) -> Self {
         self.redrive_time_limit = limit;
         self
+    }
+
+    /// Reports the health of these sources and sinks in readiness.
+    pub fn with_connectors(mut self, health: Arc<crate::connect::Health>) -> Self {
+        self.connectors = health;
+        self
+    }
+
+    /// The sources and sinks that cannot reach their outside system.
+    pub fn connectors(&self) -> &crate::connect::Health {
+        &self.connectors
     }
 
     /// Sets who may call the API (default: everyone who reaches it).

@@ -390,6 +390,26 @@ impl Readiness {
     }
 }
 
+/// What backpressure counts on `topic`: its stored depth, or the
+/// pending count of its slowest subscriber if that is larger (a fan-out
+/// topic's depth alone can hide one stage far behind). A subscriber not
+/// declared yet counts nothing.
+pub async fn backlog(
+    broker: &dyn Broker,
+    topic: &str,
+    subscribers: &[String],
+) -> Result<u64, BrokerError> {
+    let mut depth = broker.topic_stats(topic).await?.depth;
+    for consumer in subscribers {
+        match broker.consumer_stats(consumer).await {
+            Ok(stats) => depth = depth.max(stats.pending),
+            Err(BrokerError::UnknownConsumer(_)) => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(depth)
+}
+
 /// Milliseconds since the Unix epoch, now.
 pub fn now_millis() -> u64 {
     SystemTime::now()

@@ -49,7 +49,19 @@ pub struct Pipeline {
     #[schemars(with = "Vec<ShortForm<Topic>>")]
     pub topics: Vec<Topic>,
     /// The stages, each a plugin between an input topic and its outputs.
+    /// After loading, every sink is here too, as a stage whose handler is
+    /// built in (its `sink` set), so every stage knob works on it.
+    #[serde(default)]
     pub stages: Vec<Stage>,
+    /// Sources: each moves messages from an outside system (a Redis
+    /// stream, a Postgres outbox table) into a declared topic.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<crate::connect::SourceDef>,
+    /// Sinks: stages whose handler is built in, writing each message of a
+    /// topic to an outside system (an HTTP webhook, a Postgres table, a
+    /// Redis stream).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sinks: Vec<crate::connect::SinkDef>,
     /// How long the daemon waits for in-flight messages on SIGTERM/SIGINT
     /// before it naks the rest and exits.
     #[serde(default = "default_shutdown_timeout")]
@@ -174,6 +186,11 @@ pub struct Stage {
     /// Off when absent.
     #[serde(default)]
     pub dedup: Option<super::Dedup>,
+    /// Set for a sink: the built-in handler that runs instead of a plugin
+    /// (`plugin` is then empty). Filled in by the loader from `sinks:`.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub sink: Option<Arc<crate::connect::SinkDef>>,
 }
 
 /// 1.
@@ -197,6 +214,11 @@ pub fn default_memory() -> HumanSize {
 }
 
 impl Stage {
+    /// Whether this stage runs a built-in sink rather than a plugin.
+    pub fn is_sink(&self) -> bool {
+        self.sink.is_some()
+    }
+
     /// Checks the plugin file's SHA-256 (`actual`, hex) against the
     /// stage's `sha256:` pin, if it has one; the error says both.
     pub fn check_pin(&self, actual: &str) -> Result<(), String> {
@@ -609,7 +631,19 @@ impl<'de, T: Deserialize<'de> + From<String>> Deserialize<'de> for Short<T> {
 }
 
 /// Schema of a [`Short`] field: a string or `T`'s mapping.
-struct ShortForm<T>(PhantomData<T>);
+#[doc(hidden)]
+pub struct ShortForm<T>(PhantomData<T>);
+
+/// The schema of a `subscribe:` field (a topic name or `{topic, filter}`),
+/// for other sections that take one (sinks).
+#[doc(hidden)]
+pub type SubscribeForm = ShortForm<Subscribe>;
+
+/// Reads a `subscribe:` field: a topic name or `{topic, filter}`.
+#[doc(hidden)]
+pub fn subscribe_short<'de, D: Deserializer<'de>>(d: D) -> Result<Subscribe, D::Error> {
+    short(d)
+}
 
 impl<T: JsonSchema> JsonSchema for ShortForm<T> {
     fn schema_name() -> Cow<'static, str> {

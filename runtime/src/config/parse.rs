@@ -303,11 +303,8 @@ mod tests {
         let errs = errors(&GOOD.replace("plugin: x.wasm", "plugin: x.wasm\n    ack_wait: 30"));
         assert!(errs[0].starts_with("7:15: `30` has no unit"), "{errs:?}");
 
-        let errs = errors("name: p\n");
-        assert!(
-            errs[0].starts_with("1:1: missing required field `stages`"),
-            "{errs:?}"
-        );
+        let errs = errors("name: p\nstages: 3\n");
+        assert!(errs[0].starts_with("2:9: "), "{errs:?}");
     }
 
     #[test]

@@ -63,6 +63,10 @@ pub fn load_with(
             Ok(mut doc) => {
                 doc.pipeline.source = file.clone();
                 resolve_plugins(&mut doc.pipeline, file);
+                // Each sink runs as a stage with a built-in handler, after
+                // the plugin stages: every stage check below covers it.
+                let sinks: Vec<_> = doc.pipeline.sinks.iter().map(|s| s.to_stage()).collect();
+                doc.pipeline.stages.extend(sinks);
                 super::claim::resolve_paths(&mut doc.pipeline, file);
                 docs.push(doc);
             }
@@ -142,7 +146,7 @@ fn expand(paths: &[PathBuf], diagnostics: &mut Diagnostics) -> Vec<PathBuf> {
 fn resolve_plugins(pipeline: &mut Pipeline, file: &Path) {
     let dir = file.parent().unwrap_or(Path::new("."));
     for stage in &mut pipeline.stages {
-        if stage.plugin.is_relative() {
+        if stage.plugin.is_relative() && !stage.is_sink() {
             stage.plugin = dir.join(&stage.plugin);
         }
     }
@@ -231,6 +235,7 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
         .stages
         .iter()
         .map(|s| default_dlq(&p.name, &s.name))
+        .chain(p.sources.iter().map(|s| s.dlq_topic(&p.name)))
         .collect();
     let declared_list = || {
         let mut names: Vec<&str> = p.topics.iter().map(|t| t.name.as_str()).collect();
@@ -251,15 +256,29 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
     };
 
     if p.stages.is_empty() {
-        report(&[K("stages")], "a pipeline needs at least one stage".into());
+        report(
+            &[K("stages")],
+            "a pipeline needs at least one stage or sink".into(),
+        );
     }
 
     super::claim::check_pipeline(p, &mut report);
 
+    // Sinks were appended to `stages` after the plugin stages; their
+    // problems are reported where the file has them, under `sinks:`.
+    let plugin_stages = p.stages.iter().filter(|s| !s.is_sink()).count();
+    let origin = |i: usize| {
+        if i < plugin_stages {
+            ("stages", i, "stage")
+        } else {
+            ("sinks", i - plugin_stages, "sink")
+        }
+    };
     let mut stage_names: HashMap<&str, usize> = HashMap::new();
     for (i, stage) in p.stages.iter().enumerate() {
+        let (section, index, _) = origin(i);
         let s = |rest: &[Seg<'static>]| -> Vec<Seg<'static>> {
-            let mut path = vec![K("stages"), I(i)];
+            let mut path = vec![K(section), I(index)];
             path.extend_from_slice(rest);
             path
         };
@@ -274,12 +293,14 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
             );
         }
         if let Some(first) = stage_names.insert(&stage.name, i) {
-            let line = locate(&doc.tree, &[K("stages"), I(first)]).line;
+            let (section, index, _) = origin(first);
+            let (_, _, kind) = origin(i);
+            let line = locate(&doc.tree, &[K(section), I(index)]).line;
             report(
                 &s(&[K("name")]),
                 format!(
-                    "stage `{}` is defined twice (first on line {line}); stage names must be \
-                     unique in a pipeline",
+                    "{kind} `{}` is defined twice (first on line {line}); stage, sink and \
+                     source names must be unique in a pipeline",
                     stage.name
                 ),
             );
@@ -428,6 +449,120 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
                 );
             }
         }
+        if let Some(sink) = &stage.sink {
+            let blocks = sink.connectors();
+            check_connector_blocks(
+                &mut report,
+                &s(&[]),
+                "sink",
+                &sink.name,
+                crate::connect::SinkDef::KINDS,
+                blocks.iter().map(|c| (c.kind(), c.check())).collect(),
+            );
+        }
+    }
+
+    for (i, source) in p.sources.iter().enumerate() {
+        let s = |rest: &[Seg<'static>]| -> Vec<Seg<'static>> {
+            let mut path = vec![K("sources"), I(i)];
+            path.extend_from_slice(rest);
+            path
+        };
+        if !valid_name(&source.name) {
+            report(
+                &s(&[K("name")]),
+                format!(
+                    "`{}` is not a valid source name; use lowercase letters, digits, `_`, `-` \
+                     and `.` (e.g. `from-redis`)",
+                    source.name
+                ),
+            );
+        }
+        if let Some(first) = stage_names.get(source.name.as_str()) {
+            let (section, index, kind) = origin(*first);
+            let line = locate(&doc.tree, &[K(section), I(index)]).line;
+            report(
+                &s(&[K("name")]),
+                format!(
+                    "source `{}` has the name of a {kind} (line {line}); stage, sink and \
+                     source names must be unique in a pipeline",
+                    source.name
+                ),
+            );
+        }
+        if let Some(j) = p.sources[..i].iter().position(|o| o.name == source.name) {
+            let line = locate(&doc.tree, &[K("sources"), I(j)]).line;
+            report(
+                &s(&[K("name")]),
+                format!(
+                    "source `{}` is defined twice (first on line {line}); stage, sink and \
+                     source names must be unique in a pipeline",
+                    source.name
+                ),
+            );
+        }
+        if !declared.contains_key(source.to.as_str()) {
+            report(
+                &s(&[K("to")]),
+                format!(
+                    "source `{}` publishes to `{}`, which is not declared under `topics:`; {}",
+                    source.name,
+                    source.to,
+                    declared_list()
+                ),
+            );
+        }
+        let blocks = source.connectors();
+        check_connector_blocks(
+            &mut report,
+            &s(&[]),
+            "source",
+            &source.name,
+            crate::connect::SourceDef::KINDS,
+            blocks.iter().map(|c| (c.kind(), c.check())).collect(),
+        );
+    }
+}
+
+/// Exactly one connector block, and each block's own problems at their
+/// keys (`sinks[0].postgres.table`).
+fn check_connector_blocks(
+    report: &mut impl FnMut(&[Seg<'_>], String),
+    at: &[Seg<'static>],
+    what: &str,
+    name: &str,
+    kinds: &[&str],
+    blocks: Vec<(&'static str, Vec<crate::connect::ConfigProblem>)>,
+) {
+    let listed = kinds
+        .iter()
+        .map(|k| format!("`{k}:`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    match blocks.as_slice() {
+        [] => report(
+            at,
+            format!("{what} `{name}` needs one connector block: one of {listed}"),
+        ),
+        [_] => {}
+        [_, second, ..] => {
+            let mut path = at.to_vec();
+            path.push(Seg::Key(second.0));
+            report(
+                &path,
+                format!(
+                    "{what} `{name}` has more than one connector block; give exactly one of {listed}"
+                ),
+            );
+        }
+    }
+    for (kind, problems) in blocks {
+        for problem in problems {
+            let mut path = at.to_vec();
+            path.push(Seg::Key(kind));
+            path.extend(problem.path.iter().map(|k| Seg::Key(k)));
+            report(&path, problem.message);
+        }
     }
 }
 
@@ -461,6 +596,9 @@ fn check_plugins(docs: &[Document], host: &PluginHost) -> Diagnostics {
     let mut results: HashMap<PathBuf, Result<String, String>> = HashMap::new();
     for doc in docs {
         for (i, stage) in doc.pipeline.stages.iter().enumerate() {
+            if stage.is_sink() {
+                continue;
+            }
             let result = results.entry(stage.plugin.clone()).or_insert_with(|| {
                 if !stage.plugin.is_file() {
                     return Err(format!(

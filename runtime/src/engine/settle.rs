@@ -35,6 +35,9 @@ pub(super) enum Next {
     Done,
     /// Retry in place after this delay (ordered stages only).
     RetryAfter(Duration),
+    /// The target is unavailable: keep the lease and try again after this
+    /// delay, in place, without counting an attempt.
+    Hold(Duration),
 }
 
 /// How long a settle (outputs + ack, or DLQ copy + term) is retried while
@@ -299,6 +302,14 @@ impl Settler {
             .unwrap_or_else(PoisonError::into_inner)
             .entry(delivery.message.id.clone())
             .or_insert(now);
+        if failure.kind == FailureKind::Unavailable {
+            // Not the message's fault, and nothing is lost by waiting: the
+            // lease is kept (the heartbeat extends it) and no attempt is
+            // spent, however long the outage lasts. The sink logs the
+            // outage once; this only counts it.
+            self.count(failure.kind.as_str());
+            return Next::Hold(failure.retry_after.unwrap_or(self.backoff.initial.get()));
+        }
         let retryable = failure.kind.is_retryable();
         if retryable && attempt < self.max_attempts {
             let delay = failure
@@ -402,6 +413,17 @@ impl Settler {
                 other => return other,
             }
         }
+    }
+
+    /// Counts a failed attempt that is not settled here (a batch item held
+    /// while its target is unavailable).
+    pub(super) fn count_failure(&self, kind: FailureKind) {
+        self.count(kind.as_str());
+    }
+
+    /// The longest pause between tries while a target is unavailable.
+    pub(super) fn hold_max(&self) -> Duration {
+        self.backoff.max.get()
     }
 
     fn count(&self, outcome: &str) {

@@ -84,6 +84,11 @@ pub const DEFAULT_IN_FLIGHT: usize = 512;
 /// its payload is loaded only under a worker slot.
 pub const IN_FLIGHT_BYTES: usize = 64 << 20;
 
+/// The most deliveries one fetch asks for (a batch stage: at least one
+/// batch). Each fetch is a broker round trip and, on the embedded broker,
+/// one lease write.
+const FETCH_MAX: usize = 256;
+
 /// A delivery whose dedup key is held elsewhere asks again after this
 /// pause, doubling up to [`DEDUP_POLL_MAX`] (and never past the holder's
 /// lease): a twin in flight here finishes within milliseconds, a crashed
@@ -319,9 +324,12 @@ impl StageRunner {
     /// would spend the stage's time on round trips. The chunk is at most a
     /// quarter of the in-flight limit, so the rest stays busy meanwhile.
     async fn reserve(&self) -> Vec<OwnedSemaphorePermit> {
+        // A batch stage fetches several batches at once (split in
+        // `dispatch`): one round trip per batch left a batch stage at
+        // 0.3-0.8 of an unbatched one's rate (BENCHMARKS.md).
         let want = self
             .batch
-            .map_or(256, |(max, _)| max)
+            .map_or(FETCH_MAX, |(max, _)| max.max(FETCH_MAX))
             .min(self.max_in_flight);
         let mut permits = Vec::with_capacity(want);
         let chunk = if self.inflight.available_permits() == 0 {
@@ -398,8 +406,9 @@ impl StageRunner {
     }
 
     /// Fetches up to `max` deliveries, within the free byte budget (or one
-    /// larger message), and records their leases. A batch stage keeps
-    /// fetching until the batch is full, the budget is, or its wait is over.
+    /// larger message), and records their leases. A batch stage whose first
+    /// fetch did not fill one batch keeps fetching until it does, the
+    /// budget is full, or the batch's wait is over.
     async fn fetch(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
         let budget = self.inflight_bytes.available_permits();
         let mut out = match self.batch {
@@ -408,13 +417,13 @@ impl StageRunner {
                     .fetch_within(&self.consumer, max, budget, Duration::from_secs(1))
                     .await?
             }
-            Some((_, wait)) => {
+            Some((batch_max, wait)) => {
                 let mut out = self
                     .broker
                     .fetch_within(&self.consumer, max, budget, Duration::from_secs(1))
                     .await?;
                 let deadline = Instant::now() + wait;
-                while !out.is_empty() && out.len() < max {
+                while !out.is_empty() && out.len() < batch_max.min(max) {
                     let left = deadline.saturating_duration_since(Instant::now());
                     let held: usize = out.iter().map(|d| d.message.size()).sum();
                     if left.is_zero() || held >= budget {
@@ -456,9 +465,14 @@ impl StageRunner {
         if ready.is_empty() {
             return;
         }
-        if self.batch.is_some() {
-            let runner = self.clone();
-            tasks.spawn(async move { runner.process_batch(ready).await }.in_current_span());
+        if let Some((batch_max, _)) = self.batch {
+            // One task per batch; they take the valve in fetch order.
+            let mut rest = ready.into_iter().peekable();
+            while rest.peek().is_some() {
+                let batch: Vec<Job> = rest.by_ref().take(batch_max.max(1)).collect();
+                let runner = self.clone();
+                tasks.spawn(async move { runner.process_batch(batch).await }.in_current_span());
+            }
             return;
         }
         for job in ready {
@@ -529,6 +543,7 @@ impl StageRunner {
         let delivery = &job.delivery;
         let mut attempt = delivery.attempt;
         let mut busy_pause = DEDUP_POLL_MIN;
+        let mut hold = Hold::new(self.settler.hold_max());
         loop {
             if self.stopping() {
                 return;
@@ -590,6 +605,10 @@ impl StageRunner {
                                     attempt = attempt.saturating_add(1);
                                     continue;
                                 }
+                                Next::Hold(delay) => {
+                                    self.pause(hold.next(delay)).await;
+                                    continue;
+                                }
                             }
                         }
                         Gate::Fail(failure) => (Err(failure), None),
@@ -606,57 +625,104 @@ impl StageRunner {
                     self.pause(delay).await;
                     attempt = attempt.saturating_add(1);
                 }
+                // Same attempt, later: the target is down. The worker slot
+                // is free meanwhile and the lease kept.
+                Next::Hold(delay) => self.pause(hold.next(delay)).await,
             }
         }
         self.forget(delivery.seq);
     }
 
     /// Hands a batch to one worker slot, then settles its items together.
+    /// Items whose target is unavailable are held (lease kept, no attempt
+    /// spent) and handed over again, as a smaller batch, after a pause.
     async fn process_batch(&self, jobs: Vec<Job>) {
-        let outcomes = {
-            let Ok(_slot) = self.valve.acquire().await else {
+        let mut jobs = jobs;
+        let mut hold = Hold::new(self.settler.hold_max());
+        loop {
+            let Some(outcomes) = self.call_batch(&jobs).await else {
                 // Shutdown began: no call starts; `drain` hands them back.
                 return;
             };
-            // Items whose claim cannot be resolved fail alone; the rest
-            // go to the handler as one batch.
-            let mut resolved = Vec::with_capacity(jobs.len());
-            for job in &jobs {
-                resolved.push(self.resolve(&job.delivery, job.delivery.attempt).await);
-            }
-            let mut failed: Vec<Option<crate::Failure>> = Vec::with_capacity(jobs.len());
-            let mut messages: Vec<PluginMessage> = Vec::with_capacity(jobs.len());
-            for item in resolved {
-                match item {
-                    Ok(message) => {
-                        messages.push(message);
-                        failed.push(None);
+            let mut held = Vec::new();
+            let mut settled = Vec::with_capacity(jobs.len());
+            let mut wait = Duration::ZERO;
+            for (job, outcome) in jobs.into_iter().zip(outcomes) {
+                match outcome {
+                    Err(failure) if failure.kind == crate::FailureKind::Unavailable => {
+                        self.settler.count_failure(crate::FailureKind::Unavailable);
+                        wait = wait.max(failure.retry_after.unwrap_or_default());
+                        held.push(job);
                     }
-                    Err(failure) => failed.push(Some(failure)),
+                    outcome => settled.push((job, outcome)),
                 }
             }
+            // Every item is settled on its own (its own outputs, ack, nak
+            // or dead letter), but all at once: each settle waits for the
+            // broker to make it durable, and in flight together they share
+            // the embedded broker's group commit (one fsync for the batch)
+            // or NATS's pipelining, instead of paying one round each in
+            // turn. Batch items are naked for their retries: holding a
+            // whole batch back for one item would stall the rest.
+            let settles = settled.into_iter().map(|(job, outcome)| async move {
+                let delivery = &job.delivery;
+                self.settler
+                    .settle(delivery, delivery.attempt, outcome, false, None)
+                    .await;
+                self.forget(delivery.seq);
+            });
+            futures_util::future::join_all(settles).await;
+            if held.is_empty() {
+                return;
+            }
+            self.pause(hold.next(wait)).await;
             if self.stopping() {
                 return;
             }
-            tracing::debug!(target: CALLS, items = messages.len(), "handler call starts");
-            let mut handler = self.take_handler();
-            let started = Instant::now();
-            let handled = match handler.as_mut() {
-                Some(_) if messages.is_empty() => Vec::new(),
-                Some(handler) => handler.handle_batch(&messages).await,
-                None => vec![
-                    Err(crate::Failure::new(
-                        crate::FailureKind::Trap,
-                        "no worker slot free (engine bug)"
-                    ));
-                    messages.len()
-                ],
-            };
-            self.settler.observe(started.elapsed());
-            if let Some(handler) = handler {
-                lock(&self.pool).push(handler);
+            jobs = held;
+        }
+    }
+
+    /// One handler call for `jobs` under a worker slot: an outcome per job,
+    /// in order. `None` if shutdown began before the call could start.
+    async fn call_batch(&self, jobs: &[Job]) -> Option<Vec<crate::plugin::Outcome>> {
+        let _slot = self.valve.acquire().await.ok()?;
+        // Items whose claim cannot be resolved fail alone; the rest go to
+        // the handler as one batch.
+        let mut failed: Vec<Option<crate::Failure>> = Vec::with_capacity(jobs.len());
+        let mut messages: Vec<PluginMessage> = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            match self.resolve(&job.delivery, job.delivery.attempt).await {
+                Ok(message) => {
+                    messages.push(message);
+                    failed.push(None);
+                }
+                Err(failure) => failed.push(Some(failure)),
             }
-            let mut handled = handled.into_iter();
+        }
+        if self.stopping() {
+            return None;
+        }
+        tracing::debug!(target: CALLS, items = messages.len(), "handler call starts");
+        let mut handler = self.take_handler();
+        let started = Instant::now();
+        let handled = match handler.as_mut() {
+            Some(_) if messages.is_empty() => Vec::new(),
+            Some(handler) => handler.handle_batch(&messages).await,
+            None => vec![
+                Err(crate::Failure::new(
+                    crate::FailureKind::Trap,
+                    "no worker slot free (engine bug)"
+                ));
+                messages.len()
+            ],
+        };
+        self.settler.observe(started.elapsed());
+        if let Some(handler) = handler {
+            lock(&self.pool).push(handler);
+        }
+        let mut handled = handled.into_iter();
+        Some(
             failed
                 .into_iter()
                 .map(|failure| match failure {
@@ -668,23 +734,8 @@ impl StageRunner {
                         ))
                     }),
                 })
-                .collect::<Vec<_>>()
-        };
-        // Every item is settled on its own (its own outputs, ack, nak or
-        // dead letter), but all at once: each settle waits for the broker
-        // to make it durable, and in flight together they share the
-        // embedded broker's group commit (one fsync for the batch) or
-        // NATS's pipelining, instead of paying one round each in turn.
-        // Batch items are naked for their retries: holding a whole batch
-        // back for one item would stall the rest.
-        let settles = jobs.iter().zip(outcomes).map(|(job, outcome)| async move {
-            let delivery = &job.delivery;
-            self.settler
-                .settle(delivery, delivery.attempt, outcome, false, None)
-                .await;
-            self.forget(delivery.seq);
-        });
-        futures_util::future::join_all(settles).await;
+                .collect(),
+        )
     }
 
     fn take_handler(&self) -> Option<Box<dyn StageHandler>> {
@@ -804,6 +855,29 @@ impl StageRunner {
         if let Err(err) = self.broker.nak(receipt, Duration::ZERO).await {
             tracing::debug!(seq = receipt.seq, error = %err, "nak on shutdown failed; the lease will expire instead");
         }
+    }
+}
+
+/// The pauses of a delivery held while its target is unavailable: the
+/// delay asked for (a `Retry-After`), else doubling from the first one
+/// given, never longer than the stage's `retry.backoff.max`.
+struct Hold {
+    last: Duration,
+    max: Duration,
+}
+
+impl Hold {
+    fn new(max: Duration) -> Self {
+        Hold {
+            last: Duration::ZERO,
+            max,
+        }
+    }
+
+    fn next(&mut self, asked: Duration) -> Duration {
+        let doubled = (self.last * 2).max(Duration::from_millis(100));
+        self.last = asked.max(doubled).min(self.max);
+        self.last
     }
 }
 

@@ -1,0 +1,6 @@
+//! An HTTP webhook sink: each message is a request to one URL, signed
+//! with HMAC-SHA256 when a secret is given.
+
+mod config;
+
+pub use config::HttpSinkConfig;

@@ -1,0 +1,317 @@
+//! Edges: connectors that move messages between outside systems and topics.
+//!
+//! ```text
+//! outside system --source--> topic --stage (plugin)--> topic --sink--> outside system
+//! ```
+//!
+//! - **A source** ([`Source`]) reads an upstream (a Redis stream, a
+//!   Postgres outbox table), and [`source::run`] publishes what it reads
+//!   into a topic, durably and with an id derived from the upstream
+//!   identity, *then* acknowledges upstream. It stops reading at the
+//!   topic's `high_water_mark`, so the data waits upstream.
+//! - **A sink** ([`Sink`]) is a stage whose handler is built in:
+//!   [`SinkHandler`] puts it behind the same [`StageHandler`] interface a
+//!   plugin worker has, so the stage runner gives it every knob (valve,
+//!   retries, backoff, DLQ, ordering, batch, dedup). Its errors map onto
+//!   the outcome table: a permanent refusal is `rejected`, a transient one
+//!   `retry` (with the target's `Retry-After`), an outage `unavailable`
+//!   (held in place, no attempt spent).
+//!
+//! One folder per connector (`redis/`, `postgres/`, `http/`), each with
+//! the same files: `config.rs` (the YAML block, which is the reference),
+//! `source.rs` and/or `sink.rs`. Adding a connector touches its folder and
+//! the two definitions below ([`SourceDef`], [`SinkDef`]) only. The engine
+//! and the source runner ask a connector's [`Capabilities`], never its
+//! name.
+//!
+//! [`StageHandler`]: crate::engine::StageHandler
+
+pub mod health;
+pub mod http;
+pub mod names;
+pub mod postgres;
+pub mod redis;
+mod secret;
+pub mod sink;
+pub mod source;
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use health::Health;
+pub use secret::{Secret, SecretUrl};
+pub use sink::{Sink, SinkError, SinkHandler};
+pub use source::{Source, SourceError, SourceMessage};
+
+use crate::config::{
+    Batch, HumanDuration, Ordering, Retry, Stage, Subscribe, default_ack_wait, default_concurrency,
+    default_memory, default_timeout,
+};
+use crate::metrics::Metrics;
+
+/// What an upstream or target can do. The engine and the source runner
+/// decide by these, never by which connector it is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Each message is acknowledged on its own (Redis `XACK`), rather than
+    /// a read as a whole (a Postgres transaction).
+    pub per_message_ack: bool,
+    /// The upstream can hold a message back for a delay by itself.
+    pub native_delay: bool,
+    /// The upstream keeps messages of one key in order.
+    pub ordered_by_key: bool,
+    /// Messages can be read without taking them.
+    pub browse: bool,
+    /// The upstream can tell how many messages wait ([`Source::lag`]).
+    pub lag: bool,
+}
+
+/// Where a connector runs, for its logs, metrics and readiness.
+#[derive(Clone)]
+pub struct Context {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The source's or sink's name.
+    pub name: String,
+    /// The daemon's metrics.
+    pub metrics: Arc<Metrics>,
+    /// The daemon's connector health, which readiness reads.
+    pub health: Arc<Health>,
+}
+
+impl Context {
+    /// `<pipeline>/<name>`, how logs and readiness name the connector.
+    pub fn label(&self) -> String {
+        format!("{}/{}", self.pipeline, self.name)
+    }
+}
+
+/// Why a connector could not be built from its configuration (checked
+/// again at start-up: a CA file may have gone since `validate`).
+#[derive(Debug, thiserror::Error)]
+#[error("{connector} `{name}`: {message}")]
+pub struct BuildError {
+    /// `source` or `sink`.
+    pub connector: &'static str,
+    /// Its name.
+    pub name: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// A problem in a connector block, at a path of keys below the block
+/// (`["stream"]`), for `file:line:col` reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
+    /// The keys from the connector block to the offending value.
+    pub path: Vec<&'static str>,
+    /// What is wrong, and what would be right.
+    pub message: String,
+}
+
+impl ConfigProblem {
+    /// A problem at `path`.
+    pub fn at(path: &[&'static str], message: impl Into<String>) -> Self {
+        ConfigProblem {
+            path: path.to_vec(),
+            message: message.into(),
+        }
+    }
+}
+
+/// What every source connector's YAML block provides.
+#[async_trait]
+pub trait SourceConfig: Send + Sync {
+    /// The block's key: `redis`, `postgres`.
+    fn kind(&self) -> &'static str;
+    /// Checks beyond what the types say (identifiers, ranges); nothing is
+    /// contacted.
+    fn check(&self) -> Vec<ConfigProblem>;
+    /// The upstream for people, with no password: `redis://host:6379/0
+    /// stream orders-in`.
+    fn describe(&self) -> String;
+    /// How long after a read the same upstream message may be read again
+    /// (a crash before the ack, a reclaim): the topic's duplicate window
+    /// must cover it.
+    fn redelivery_horizon(&self) -> Duration;
+    /// The most messages one read takes (the block's `batch`).
+    fn read_max(&self) -> usize;
+    /// The source, not yet connected: it connects on its first read and
+    /// reconnects by itself, so an upstream that is down at start-up is
+    /// an outage, not a failed start.
+    async fn build(&self, ctx: &Context) -> Result<Box<dyn Source>, BuildError>;
+}
+
+/// What every sink connector's YAML block provides.
+#[async_trait]
+pub trait SinkConfig: Send + Sync {
+    /// The block's key: `http`, `postgres`, `redis`.
+    fn kind(&self) -> &'static str;
+    /// Checks beyond what the types say (identifiers, URLs, ranges);
+    /// nothing is contacted.
+    fn check(&self) -> Vec<ConfigProblem>;
+    /// The target for people, with no password or secret.
+    fn describe(&self) -> String;
+    /// The sink, not yet connected (a target that is down at start-up is
+    /// an outage, not a failed start). All worker slots share it.
+    async fn build(&self, ctx: &Context) -> Result<Arc<dyn Sink>, BuildError>;
+}
+
+/// A source as the pipeline file declares it: a name, a topic, and one
+/// connector block.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SourceDef {
+    /// The source's name, unique among the pipeline's stages, sinks and
+    /// sources: lowercase letters, digits, `_`, `-` and `.`. It prefixes
+    /// every message id the source publishes (`<name>:<upstream id>`) and
+    /// names its dead-letter topic (`<pipeline>.<name>.dlq`), which takes
+    /// upstream messages that cannot become a message (a header no broker
+    /// can carry, a missing payload field).
+    pub name: String,
+    /// The declared topic it publishes into.
+    pub to: String,
+    /// Read a Redis stream through a consumer group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<redis::RedisSourceConfig>,
+    /// Drain a Postgres transactional-outbox table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres: Option<postgres::OutboxConfig>,
+}
+
+impl SourceDef {
+    /// The connector blocks present, with their keys: exactly one is
+    /// valid (`validate` reports none or several).
+    pub fn connectors(&self) -> Vec<&dyn SourceConfig> {
+        let mut found: Vec<&dyn SourceConfig> = Vec::new();
+        if let Some(c) = &self.redis {
+            found.push(c);
+        }
+        if let Some(c) = &self.postgres {
+            found.push(c);
+        }
+        found
+    }
+
+    /// The connector block (the first, if several were given).
+    pub fn connector(&self) -> Option<&dyn SourceConfig> {
+        self.connectors().into_iter().next()
+    }
+
+    /// The keys a source's connector block may have.
+    pub const KINDS: &'static [&'static str] = &["redis", "postgres"];
+
+    /// `<pipeline>.<source>.dlq`.
+    pub fn dlq_topic(&self, pipeline: &str) -> String {
+        crate::config::default_dlq(pipeline, &self.name)
+    }
+}
+
+/// A sink as the pipeline file declares it: a stage (every knob but
+/// `plugin`, `publish`, `config` and `memory`) whose handler is one
+/// connector block.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SinkDef {
+    /// The sink's name, unique among the pipeline's stages, sinks and
+    /// sources: lowercase letters, digits, `_`, `-` and `.`.
+    pub name: String,
+    /// The input, as for a stage: a topic name, or `{topic, filter}`.
+    #[serde(deserialize_with = "crate::config::subscribe_short")]
+    #[schemars(with = "crate::config::SubscribeForm")]
+    pub subscribe: Subscribe,
+    /// How many writes run at once, per daemon.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: NonZeroU32,
+    /// How long a delivered message stays invisible to other consumers
+    /// before it is redelivered (extended while a write runs).
+    #[serde(default = "default_ack_wait")]
+    pub ack_wait: HumanDuration,
+    /// Retries with backoff before a message is dead-lettered. A target
+    /// that is unreachable spends no attempts: the message waits.
+    #[serde(default)]
+    pub retry: Retry,
+    /// The dead-letter topic. Default: `<pipeline>.<sink>.dlq`.
+    #[serde(default)]
+    pub dlq: Option<String>,
+    /// Per-key ordering, as for a stage.
+    #[serde(default)]
+    pub ordering: Option<Ordering>,
+    /// Write in batches (one multi-row insert, one pipeline of commands).
+    #[serde(default)]
+    pub batch: Option<Batch>,
+    /// The longest one write may take (for a batch, the whole batch); a
+    /// write that takes longer fails as `timeout` and is retried.
+    #[serde(default = "default_timeout")]
+    pub timeout: HumanDuration,
+    /// The most messages delivered but not yet acked, across all daemons.
+    #[serde(default)]
+    pub max_ack_pending: Option<u32>,
+    /// Handler-level idempotency, as for a stage.
+    #[serde(default)]
+    pub dedup: Option<crate::config::Dedup>,
+    /// POST each message to an HTTP endpoint (a webhook).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<http::HttpSinkConfig>,
+    /// Insert each message as a row of a Postgres table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres: Option<postgres::TableSinkConfig>,
+    /// Append each message to a Redis stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<redis::RedisSinkConfig>,
+}
+
+impl SinkDef {
+    /// The connector blocks present: exactly one is valid.
+    pub fn connectors(&self) -> Vec<&dyn SinkConfig> {
+        let mut found: Vec<&dyn SinkConfig> = Vec::new();
+        if let Some(c) = &self.http {
+            found.push(c);
+        }
+        if let Some(c) = &self.postgres {
+            found.push(c);
+        }
+        if let Some(c) = &self.redis {
+            found.push(c);
+        }
+        found
+    }
+
+    /// The connector block (the first, if several were given).
+    pub fn connector(&self) -> Option<&dyn SinkConfig> {
+        self.connectors().into_iter().next()
+    }
+
+    /// The keys a sink's connector block may have.
+    pub const KINDS: &'static [&'static str] = &["http", "postgres", "redis"];
+
+    /// The stage that runs this sink: the same knobs, no plugin, and the
+    /// sink itself as its built-in handler.
+    pub fn to_stage(&self) -> Stage {
+        Stage {
+            name: self.name.clone(),
+            subscribe: self.subscribe.clone(),
+            plugin: std::path::PathBuf::new(),
+            sha256: None,
+            config: BTreeMap::new(),
+            publish: Vec::new(),
+            concurrency: self.concurrency,
+            ack_wait: self.ack_wait,
+            retry: self.retry.clone(),
+            dlq: self.dlq.clone(),
+            ordering: self.ordering.clone(),
+            batch: self.batch.clone(),
+            timeout: self.timeout,
+            memory: default_memory(),
+            max_ack_pending: self.max_ack_pending,
+            dedup: self.dedup.clone(),
+            sink: Some(Arc::new(self.clone())),
+        }
+    }
+}

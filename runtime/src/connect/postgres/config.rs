@@ -1,0 +1,172 @@
+//! The `postgres:` blocks of a source (an outbox table) and of a sink (a
+//! table, or the user's own statement): the configuration reference for
+//! the Postgres connector.
+
+use std::num::NonZeroU32;
+
+use async_trait::async_trait;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::config::HumanDuration;
+use crate::connect::names::check_sql_identifier;
+use crate::connect::{
+    BuildError, ConfigProblem, Context, SecretUrl, Sink, SinkConfig, Source, SourceConfig,
+};
+
+/// A transactional-outbox table that producers insert into, in the same
+/// transaction as their business rows.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxConfig {
+    /// `postgres://user[:password]@host:port/db`. `${VAR}` is expanded;
+    /// the password is never shown.
+    pub url: SecretUrl,
+    /// The outbox table, optionally schema-qualified: `id bigserial
+    /// primary key, payload bytea not null, key text, headers jsonb,
+    /// created_at timestamptz not null default now()`.
+    pub outbox: String,
+    /// Create the table (and its notify trigger) if it is missing.
+    #[serde(default = "default_create")]
+    pub create: bool,
+    /// The most rows one read takes.
+    #[serde(default = "default_outbox_batch")]
+    pub batch: NonZeroU32,
+    /// How often the table is read when no notification comes (the
+    /// fallback to `LISTEN/NOTIFY`).
+    #[serde(default = "default_poll")]
+    pub poll: HumanDuration,
+}
+
+/// true.
+pub fn default_create() -> bool {
+    true
+}
+
+/// 100.
+pub fn default_outbox_batch() -> NonZeroU32 {
+    NonZeroU32::new(100).unwrap_or(NonZeroU32::MIN)
+}
+
+/// 1 s.
+pub fn default_poll() -> HumanDuration {
+    HumanDuration::secs(1)
+}
+
+/// A Postgres table each message becomes a row of.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TableSinkConfig {
+    /// `postgres://user[:password]@host:port/db`.
+    pub url: SecretUrl,
+    /// The table, optionally schema-qualified: `id text primary key,
+    /// topic text, key text, headers jsonb, payload bytea, published_at
+    /// timestamptz`. Rows are inserted with `ON CONFLICT (id) DO
+    /// NOTHING`, so a redelivered message is a no-op.
+    #[serde(default)]
+    pub table: Option<String>,
+    /// Your own SQL instead of `table`, with named parameters: `$id`,
+    /// `$topic`, `$key`, `$payload` (bytea), `$payload_text`,
+    /// `$payload_json`, `$published_at` and `$header_<name>`.
+    #[serde(default)]
+    pub statement: Option<String>,
+    /// Create `table` if it is missing.
+    #[serde(default = "default_create")]
+    pub create: bool,
+}
+
+fn check_url(url: &SecretUrl, problems: &mut Vec<ConfigProblem>) {
+    if !matches!(url.scheme().as_str(), "postgres" | "postgresql") {
+        problems.push(ConfigProblem::at(
+            &["url"],
+            format!("`{url}` is not a Postgres URL; use `postgres://user@host:5432/db`"),
+        ));
+    }
+}
+
+#[async_trait]
+impl SourceConfig for OutboxConfig {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn check(&self) -> Vec<ConfigProblem> {
+        let mut problems = Vec::new();
+        check_url(&self.url, &mut problems);
+        if let Err(e) = check_sql_identifier(&self.outbox, true) {
+            problems.push(ConfigProblem::at(&["outbox"], e));
+        }
+        if self.poll.get().is_zero() {
+            problems.push(ConfigProblem::at(
+                &["poll"],
+                "`poll` must be longer than 0s",
+            ));
+        }
+        problems
+    }
+
+    fn describe(&self) -> String {
+        format!("postgres outbox `{}` at {}", self.outbox, self.url)
+    }
+
+    fn redelivery_horizon(&self) -> std::time::Duration {
+        // A rolled-back read is read again at once.
+        std::time::Duration::from_secs(60)
+    }
+
+    fn read_max(&self) -> usize {
+        usize::try_from(self.batch.get()).unwrap_or(usize::MAX)
+    }
+
+    async fn build(&self, ctx: &Context) -> Result<Box<dyn Source>, BuildError> {
+        Err(BuildError {
+            connector: "source",
+            name: ctx.name.clone(),
+            message: "the Postgres outbox source is not built yet".into(),
+        })
+    }
+}
+
+#[async_trait]
+impl SinkConfig for TableSinkConfig {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn check(&self) -> Vec<ConfigProblem> {
+        let mut problems = Vec::new();
+        check_url(&self.url, &mut problems);
+        match (&self.table, &self.statement) {
+            (Some(table), None) => {
+                if let Err(e) = check_sql_identifier(table, true) {
+                    problems.push(ConfigProblem::at(&["table"], e));
+                }
+            }
+            (None, Some(_)) => {}
+            (Some(_), Some(_)) => problems.push(ConfigProblem::at(
+                &["statement"],
+                "give `table` or `statement`, not both",
+            )),
+            (None, None) => problems.push(ConfigProblem::at(
+                &[],
+                "a postgres sink needs `table` (rows in Sluice's layout) or `statement` (your own SQL)",
+            )),
+        }
+        problems
+    }
+
+    fn describe(&self) -> String {
+        match &self.table {
+            Some(table) => format!("postgres table `{table}` at {}", self.url),
+            None => format!("postgres statement at {}", self.url),
+        }
+    }
+
+    async fn build(&self, ctx: &Context) -> Result<std::sync::Arc<dyn Sink>, BuildError> {
+        Err(BuildError {
+            connector: "sink",
+            name: ctx.name.clone(),
+            message: "the Postgres table sink is not built yet".into(),
+        })
+    }
+}
