@@ -517,15 +517,17 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let _ = stop.send(true);
         task.await.expect("runner");
-        let log = log.lock().expect("log");
-        let acked: Vec<String> = log.acks.iter().flat_map(|(ids, _)| ids.clone()).collect();
-        assert_eq!(acked.len(), 40, "acked exactly up to the mark");
-        assert_eq!(log.waiting.len(), 55, "the rest waits upstream");
-        let mut held = 0;
-        for (ids, depth) in &log.acks {
-            held += ids.len() as u64;
-            // Every acked message was already in the topic at its ack.
-            assert!(*depth >= held, "acked {held} with {depth} in the topic");
+        {
+            let log = log.lock().expect("log");
+            let acked: Vec<String> = log.acks.iter().flat_map(|(ids, _)| ids.clone()).collect();
+            assert_eq!(acked.len(), 40, "acked exactly up to the mark");
+            assert_eq!(log.waiting.len(), 55, "the rest waits upstream");
+            let mut held = 0;
+            for (ids, depth) in &log.acks {
+                held += ids.len() as u64;
+                // Every acked message was already in the topic at its ack.
+                assert!(*depth >= held, "acked {held} with {depth} in the topic");
+            }
         }
         let stored = broker
             .read("in", 1, 100, Duration::ZERO)
