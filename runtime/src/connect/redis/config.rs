@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::{RedisSink, RedisSource};
 use crate::config::HumanDuration;
 use crate::connect::names::check_plain_name;
 use crate::connect::{
@@ -92,8 +93,9 @@ pub struct RedisSinkConfig {
     /// when absent.
     #[serde(default)]
     pub maxlen: Option<u64>,
-    /// How long a written message id is remembered, so a redelivered
-    /// message is not appended twice.
+    /// How long a written message id is remembered (in the key
+    /// `sluice:dedup:<stream>:<message id>`), so a redelivered message is
+    /// not appended twice.
     #[serde(default = "default_sink_dedup_ttl")]
     pub dedup_ttl: HumanDuration,
 }
@@ -158,11 +160,13 @@ impl SourceConfig for RedisSourceConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<Box<dyn Source>, BuildError> {
-        Err(BuildError {
+        let source = RedisSource::new(self).map_err(|message| BuildError {
             connector: "source",
             name: ctx.name.clone(),
-            message: "the Redis source is not built yet".into(),
-        })
+            message,
+        })?;
+        tracing::debug!(source = %ctx.label(), consumer = source.consumer(), "redis consumer");
+        Ok(Box::new(source))
     }
 }
 
@@ -192,10 +196,11 @@ impl SinkConfig for RedisSinkConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<std::sync::Arc<dyn Sink>, BuildError> {
-        Err(BuildError {
+        let sink = RedisSink::new(self).map_err(|message| BuildError {
             connector: "sink",
             name: ctx.name.clone(),
-            message: "the Redis sink is not built yet".into(),
-        })
+            message,
+        })?;
+        Ok(std::sync::Arc::new(sink))
     }
 }
