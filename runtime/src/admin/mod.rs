@@ -183,6 +183,14 @@ impl AdminState {
                     dlq_topic,
                 });
             }
+            // A source's dead letters (entries that cannot become a
+            // message) are read like a stage's.
+            for source in &pipeline.sources {
+                topics
+                    .entry(source.dlq_topic(&pipeline.name))
+                    .or_default()
+                    .is_dlq = true;
+            }
         }
         for (topic, check) in crate::claim::topic_checks(&pipelines) {
             if let Some(entry) = topics.get_mut(&topic) {
