@@ -231,9 +231,10 @@ fn a_redis_restart_mid_run_loses_nothing_and_is_shown() {
     daemon.wait_until("readiness degraded", LONG, |d| {
         let ready = d.get("/health/ready");
         ready["status"] == "degraded"
-            && ready["reasons"]
-                .as_array()
-                .is_some_and(|r| r.iter().any(|r| r.as_str().unwrap_or("").contains("rp/src")))
+            && ready["reasons"].as_array().is_some_and(|r| {
+                r.iter()
+                    .any(|r| r.as_str().unwrap_or("").contains("rp/src"))
+            })
     });
     daemon.wait_until("connector_up 0", LONG, |d| {
         metrics(d).contains("sluice_connector_up{connector=\"rp/src\"} 0")
@@ -253,7 +254,9 @@ fn a_redis_restart_mid_run_loses_nothing_and_is_shown() {
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(0.0);
     assert!(outages >= 1.0, "{text}");
-    daemon.wait_until("ready again", LONG, |d| d.get("/health/ready")["status"] == "ready");
+    daemon.wait_until("ready again", LONG, |d| {
+        d.get("/health/ready")["status"] == "ready"
+    });
 }
 
 #[test]
@@ -328,7 +331,10 @@ fn a_dead_consumers_entries_are_reclaimed() {
     wait_no_pending(&daemon, &mut conn, "in", "g");
     let got = assert_exactly_once(&mut conn, "out", 149);
     assert!(got.iter().any(|e| e["payload"] == "MSG-1"));
-    assert!(!got.iter().any(|e| e["payload"] == "MSG-0"), "deleted entry came out");
+    assert!(
+        !got.iter().any(|e| e["payload"] == "MSG-0"),
+        "deleted entry came out"
+    );
 }
 
 #[test]
@@ -458,7 +464,10 @@ fn the_password_never_appears() {
     let status = daemon.get("/v1/status").to_string();
     let log = daemon.log();
     for (what, text) in [("ready", &ready), ("status", &status), ("log", &log)] {
-        assert!(!text.contains("hunter2"), "{what} shows the password: {text}");
+        assert!(
+            !text.contains("hunter2"),
+            "{what} shows the password: {text}"
+        );
     }
     assert!(
         log.contains("***") || status.contains("***") || ready.contains("***"),

@@ -219,7 +219,7 @@ impl RedisSource {
 
     /// Turns entries into messages; the ids of deleted ones (a pending
     /// entry whose data is gone) are acked at once.
-    async fn to_messages(
+    async fn take_entries(
         &mut self,
         entries: Vec<Entry>,
     ) -> Result<Vec<SourceMessage>, SourceError> {
@@ -270,7 +270,7 @@ impl Source for RedisSource {
                 None => self.own_pending = None,
                 Some(last) => {
                     self.own_pending = Some(last.id.clone());
-                    let messages = self.to_messages(entries).await?;
+                    let messages = self.take_entries(entries).await?;
                     if !messages.is_empty() {
                         return Ok(messages);
                     }
@@ -279,13 +279,13 @@ impl Source for RedisSource {
         }
         if self.claim_due() {
             let entries = self.autoclaim(max).await?;
-            let messages = self.to_messages(entries).await?;
+            let messages = self.take_entries(entries).await?;
             if !messages.is_empty() {
                 return Ok(messages);
             }
         }
         let entries = self.read_group(">", max, Some(wait)).await?;
-        self.to_messages(entries).await
+        self.take_entries(entries).await
     }
 
     async fn ack(&mut self) -> Result<(), SourceError> {
