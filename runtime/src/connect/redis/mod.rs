@@ -29,7 +29,8 @@ use crate::connect::SecretUrl;
 /// A lazily connected, self-reconnecting connection to one server.
 pub(crate) struct Conn {
     client: redis::Client,
-    url: SecretUrl,
+    /// The URL, shown redacted in errors (which server is down).
+    pub(crate) url: SecretUrl,
     response_timeout: Duration,
     manager: Mutex<Option<ConnectionManager>>,
 }

@@ -104,8 +104,9 @@ impl RedisSink {
     fn unavailable(&self, err: &RedisError) -> SinkError {
         self.conn.failed(err);
         SinkError::Unavailable(format!(
-            "redis stream `{}`: {}",
+            "redis stream `{}` at {}: {}",
             self.stream,
+            self.conn.url,
             self.conn.scrub(err)
         ))
     }

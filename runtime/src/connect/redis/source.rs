@@ -92,9 +92,10 @@ impl RedisSource {
                 }
                 self.reset();
                 Err(SourceError::Unavailable(format!(
-                    "redis stream `{}` group `{}`: {}",
+                    "redis stream `{}` group `{}` at {}: {}",
                     self.stream,
                     self.group,
+                    self.conn.url,
                     self.conn.scrub(&err)
                 )))
             }
@@ -129,8 +130,9 @@ impl RedisSource {
             Err(err) => {
                 self.conn.failed(&err);
                 return Err(SourceError::Unavailable(format!(
-                    "redis stream `{}`: cannot create group `{}`: {}",
+                    "redis stream `{}` at {}: cannot create group `{}`: {}",
                     self.stream,
+                    self.conn.url,
                     self.group,
                     self.conn.scrub(&err)
                 )));
