@@ -6,12 +6,14 @@
 //! N, to check that it works. `SLUICE_BENCH_N` sets N.
 //!
 //! - **A, raw loop**: one Rust task with one connection: `XREADGROUP COUNT
-//!   100` from stream `in`, one pipeline of `XADD` to `out` for the batch,
+//!   b` from stream `in`, one pipeline of `XADD` to `out` for the batch,
 //!   `XACK`; until N entries are in `out`.
 //! - **B, sluice**: the real `sluice run` binary (embedded broker, durable,
-//!   default sync): a Redis source (`batch: 100`) -> `identity` stage ->
-//!   Redis sink (`batch: {max: 100}`, the dedup script per message); until
-//!   N entries are in `out` and nothing is pending upstream.
+//!   default sync): a Redis source (`batch: b`) -> `identity` stage
+//!   (concurrency 2) -> Redis sink (concurrency 2, `batch: {max: b}`, the
+//!   dedup script per message); until N entries are in `out`.
+//!
+//! Each for a batch size b of 100 and of 1,000.
 //!
 //! Both start timing when the producer starts appending N entries of 64 B
 //! (in pipelines of 1,000) to `in`, with the reader already waiting: the
@@ -28,7 +30,9 @@ use redis::{AsyncCommands, Value};
 use sluice_harness::redis::RedisServer;
 
 const SAMPLES: usize = 5;
-const BATCH: usize = 100;
+/// The read batch (`COUNT`, the source's `batch`) and the write batch (one
+/// pipeline, the sink's `batch.max`), the same on both sides.
+const BATCHES: [usize; 2] = [100, 1000];
 
 fn main() {
     let n: usize = std::env::var("SLUICE_BENCH_N")
@@ -47,20 +51,27 @@ fn main() {
     sluice_harness::plugin("identity");
     let server = RedisServer::start().expect("redis-server");
     let url = server.url();
-    let (mut raw, mut sluice) = (Vec::new(), Vec::new());
-    for sample in 0..samples {
-        raw.push(rt.block_on(raw_loop(&url, n, sample)));
-        sluice.push(through_sluice(&rt, &url, n, sample));
+    let mut rows = Vec::new();
+    for batch in BATCHES {
+        let (mut raw, mut sluice) = (Vec::new(), Vec::new());
+        for sample in 0..samples {
+            let run = format!("{batch}-{sample}");
+            raw.push(rt.block_on(raw_loop(&url, n, batch, &run)));
+            sluice.push(through_sluice(&rt, &url, n, batch, &run));
+        }
+        rows.push((batch, raw, sluice));
     }
     println!("| benchmark | A | B | ratio B/A |");
     println!("|---|---|---|---|");
-    report(
-        &format!(
-            "redis stream -> redis stream, {n} x 64 B, entries/s: raw XREADGROUP+XADD+XACK loop | sluice source -> identity -> sink (embedded, durable)"
-        ),
-        &raw,
-        &sluice,
-    );
+    for (batch, raw, sluice) in rows {
+        report(
+            &format!(
+                "redis stream -> redis stream, {n} x 64 B, batch {batch}, entries/s: raw XREADGROUP+XADD+XACK loop | sluice source -> identity -> sink (embedded, durable)"
+            ),
+            &raw,
+            &sluice,
+        );
+    }
 }
 
 fn payload(i: usize) -> String {
@@ -103,8 +114,8 @@ async fn create_group(conn: &mut redis::aio::MultiplexedConnection, stream: &str
 }
 
 /// A: the raw loop, in entries/s.
-async fn raw_loop(url: &str, n: usize, sample: usize) -> f64 {
-    let (input, output) = (format!("raw-in-{sample}"), format!("raw-out-{sample}"));
+async fn raw_loop(url: &str, n: usize, batch: usize, run: &str) -> f64 {
+    let (input, output) = (format!("raw-in-{run}"), format!("raw-out-{run}"));
     let mut setup = connect(url).await;
     create_group(&mut setup, &input).await;
     let started = Instant::now();
@@ -121,7 +132,7 @@ async fn raw_loop(url: &str, n: usize, sample: usize) -> f64 {
             .arg("g")
             .arg("c")
             .arg("COUNT")
-            .arg(BATCH)
+            .arg(batch)
             .arg("BLOCK")
             .arg(1000)
             .arg("STREAMS")
@@ -188,8 +199,14 @@ fn entries(reply: Value) -> Vec<(String, Vec<u8>)> {
 }
 
 /// B: through the real daemon, in entries/s.
-fn through_sluice(rt: &tokio::runtime::Runtime, url: &str, n: usize, sample: usize) -> f64 {
-    let (input, output) = (format!("in-{sample}"), format!("out-{sample}"));
+fn through_sluice(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    n: usize,
+    batch: usize,
+    run: &str,
+) -> f64 {
+    let (input, output) = (format!("in-{run}"), format!("out-{run}"));
     let dir = tempfile::tempdir().expect("dir");
     let yaml = format!(
         r#"
@@ -198,7 +215,7 @@ topics: [in, mid]
 sources:
   - name: src
     to: in
-    redis: {{url: "{url}", stream: {input}, group: g, start: oldest, batch: {BATCH}}}
+    redis: {{url: "{url}", stream: {input}, group: g, start: oldest, batch: {batch}}}
 stages:
   - name: id
     subscribe: in
@@ -209,7 +226,7 @@ sinks:
   - name: out
     subscribe: mid
     concurrency: 2
-    batch: {{max: {BATCH}, wait: 5ms}}
+    batch: {{max: {batch}, wait: 5ms}}
     redis: {{url: "{url}", stream: {output}}}
 "#,
         plugin = sluice_harness::plugin("identity").display(),

@@ -456,6 +456,61 @@ fn poison_entries_and_a_non_stream_target_are_dead_lettered() {
 }
 
 #[test]
+fn an_out_of_memory_target_is_retried_until_it_takes_the_writes() {
+    let upstream = server();
+    let target = server();
+    let mut up = client(&upstream.url());
+    let mut down = client(&target.url());
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query(&mut down)
+        .expect("CONFIG SET maxmemory");
+    produce(&mut up, "in", 0, 200);
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        r#"
+name: rp
+topics: [in]
+sources:
+  - name: src
+    to: in
+    redis: {{url: "{up}", stream: in, group: g, start: oldest}}
+sinks:
+  - name: out
+    subscribe: in
+    retry:
+      max_attempts: 1000
+      backoff: {{initial: 50ms, max: 200ms}}
+    batch: {{max: 50, wait: 10ms}}
+    redis: {{url: "{down}", stream: out}}
+"#,
+        up = upstream.url(),
+        down = target.url(),
+    );
+    let file = write_pipeline(dir.path(), "rp", &yaml);
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    // The target refuses (OOM): retried, nothing written, nothing lost.
+    daemon.wait_until("retries counted", LONG, |d| {
+        metrics(d)
+            .lines()
+            .any(|l| l.contains("retry") && l.contains("stage=\"out\"") && !l.ends_with(" 0"))
+    });
+    assert_eq!(len(&mut down, "out"), 0);
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query(&mut down)
+        .expect("CONFIG SET maxmemory 0");
+    wait_for_len(&daemon, &mut down, "out", 200);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_exactly_once(&mut down, "out", 200);
+    assert_eq!(daemon.depth("rp.out.dlq"), 0);
+}
+
+#[test]
 fn the_password_never_appears() {
     let redis = RedisServer::start_with_password(Some("hunter2"))
         .unwrap_or_else(|e| panic!("starting redis-server: {e:#}"));
