@@ -204,3 +204,69 @@ impl SinkConfig for RedisSinkConfig {
         Ok(std::sync::Arc::new(sink))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(yaml: &str) -> RedisSourceConfig {
+        serde_saphyr::from_str(yaml).expect("a source block")
+    }
+
+    fn paths(problems: &[ConfigProblem]) -> Vec<&'static str> {
+        problems.iter().flat_map(|p| p.path.clone()).collect()
+    }
+
+    #[test]
+    fn a_source_block_takes_its_defaults() {
+        let c = source("url: redis://h:6379/0\nstream: s\ngroup: g\n");
+        assert!(c.check().is_empty());
+        assert_eq!(c.start, StartFrom::New);
+        assert_eq!(c.read_max(), 100);
+        assert_eq!(c.payload_field, "payload");
+        assert_eq!(c.key_field, "key");
+        assert_eq!(c.redelivery_horizon(), std::time::Duration::from_secs(30));
+    }
+
+    #[test]
+    fn source_checks_name_the_offending_key() {
+        let c = source(
+            "url: http://h/\nstream: \"a b\"\ngroup: \"g{x}\"\nconsumer: \"c 1\"\nclaim_idle: 0s\n",
+        );
+        assert_eq!(
+            paths(&c.check()),
+            vec!["url", "stream", "group", "consumer", "claim_idle"]
+        );
+    }
+
+    #[test]
+    fn sink_checks_name_the_offending_key() {
+        let c: RedisSinkConfig =
+            serde_saphyr::from_str("url: postgres://h/\nstream: \"o;ut\"\nmaxlen: 0\n")
+                .expect("a sink block");
+        assert_eq!(paths(&c.check()), vec!["url", "stream", "maxlen"]);
+        let ok: RedisSinkConfig =
+            serde_saphyr::from_str("url: redis://h/\nstream: out\n").expect("a sink block");
+        assert!(ok.check().is_empty());
+        assert_eq!(
+            ok.dedup_ttl.get(),
+            std::time::Duration::from_secs(24 * 3600)
+        );
+    }
+
+    #[test]
+    fn describe_hides_the_password() {
+        let c = source("url: redis://:hunter2@h:6379/0\nstream: s\ngroup: g\n");
+        let said = c.describe();
+        assert!(!said.contains("hunter2") && said.contains("***"), "{said}");
+    }
+
+    #[test]
+    fn tls_urls_are_refused_when_built() {
+        let url = SecretUrl::parse("rediss://:hunter2@h:6379/0").expect("url");
+        let err = super::super::Conn::new(&url, std::time::Duration::from_secs(1))
+            .err()
+            .expect("refused");
+        assert!(err.contains("rediss") && !err.contains("hunter2"), "{err}");
+    }
+}
