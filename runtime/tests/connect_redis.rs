@@ -536,6 +536,8 @@ fn the_password_never_appears() {
     // so does the log.
     assert!(ready.contains("redis://:***@127.0.0.1"), "{ready}");
     assert!(log.contains("redis://:***@127.0.0.1"), "{log}");
+    // Status names the sink's target the same way.
+    assert!(status.contains("redis://:***@127.0.0.1"), "{status}");
 }
 
 #[test]

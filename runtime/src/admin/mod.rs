@@ -144,6 +144,8 @@ struct StageEntry {
     topic: String,
     consumer: String,
     dlq_topic: String,
+    /// For a sink, its target as people read it (no password).
+    target: Option<String>,
 }
 
 impl AdminState {
@@ -181,6 +183,11 @@ impl AdminState {
                     topic: stage.subscribe.topic.clone(),
                     consumer,
                     dlq_topic,
+                    target: stage
+                        .sink
+                        .as_ref()
+                        .and_then(|sink| sink.connector())
+                        .map(|c| c.describe()),
                 });
             }
             // A source's dead letters (entries that cannot become a
@@ -410,6 +417,7 @@ impl AdminState {
                 topic: String::new(),
                 consumer: consumer_name(pipeline, stage),
                 dlq_topic,
+                target: None,
             })),
             Err(BrokerError::UnknownTopic(_)) => Err(ApiError::NoDlqTopic {
                 stage: format!("{pipeline}/{stage}"),

@@ -42,6 +42,9 @@ pub struct StageStatus {
     pub processed_per_sec: f64,
     /// Deliveries settled since the daemon started.
     pub processed_total: u64,
+    /// For a sink, where it writes (its URL with the password as `***`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
 }
 
 /// A stage's backlog as the broker reports it.
@@ -95,6 +98,7 @@ pub(super) async fn status(
             dlq_depth: backlog.dlq_depth,
             processed_per_sec: state.inner.rates.rate(index, Instant::now(), total),
             processed_total: total,
+            target: stage.target.clone(),
         });
     }
     Ok(Json(out))
