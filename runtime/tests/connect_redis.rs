@@ -216,6 +216,64 @@ fn five_thousand_entries_arrive_uppercased_exactly_once() {
 }
 
 #[test]
+fn start_new_skips_what_was_there_and_an_existing_group_keeps_its_place() {
+    let redis = server();
+    let mut conn = client(&redis.url());
+    produce(&mut conn, "in", 0, 10);
+    // A group that exists already, at the end: `start: oldest` below does
+    // not move it.
+    let _: Value = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg("in")
+        .arg("old")
+        .arg("$")
+        .query(&mut conn)
+        .expect("XGROUP CREATE");
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        r#"
+name: rp
+topics: [in, in2]
+sources:
+  - name: fresh
+    to: in
+    redis: {{url: "{url}", stream: in, group: fresh, start: new}}
+  - name: kept
+    to: in2
+    redis: {{url: "{url}", stream: in, group: old, start: oldest}}
+sinks:
+  - name: out
+    subscribe: in
+    redis: {{url: "{url}", stream: out}}
+  - name: out2
+    subscribe: in2
+    redis: {{url: "{url}", stream: out2}}
+"#,
+        url = redis.url(),
+    );
+    let file = write_pipeline(dir.path(), "rp", &yaml);
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    daemon.wait_until("the group `fresh` exists", LONG, |_| {
+        lag(&mut conn, "in", "fresh").is_some()
+    });
+    produce(&mut conn, "in", 10, 5);
+    wait_for_len(&daemon, &mut conn, "out", 5);
+    wait_for_len(&daemon, &mut conn, "out2", 5);
+    wait_no_pending(&daemon, &mut conn, "in", "fresh");
+    std::thread::sleep(Duration::from_millis(500));
+    for out in ["out", "out2"] {
+        let got = assert_exactly_once(&mut conn, out, 5);
+        let mut payloads: Vec<&str> = got.iter().map(|e| e["payload"].as_str()).collect();
+        payloads.sort_unstable();
+        assert_eq!(
+            payloads,
+            vec!["msg-10", "msg-11", "msg-12", "msg-13", "msg-14"],
+            "{out}"
+        );
+    }
+}
+
+#[test]
 fn a_redis_restart_mid_run_loses_nothing_and_is_shown() {
     let mut redis = server();
     let url = redis.url();
