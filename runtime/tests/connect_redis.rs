@@ -278,13 +278,15 @@ fn a_redis_restart_mid_run_loses_nothing_and_is_shown() {
     let mut redis = server();
     let url = redis.url();
     let mut conn = client(&url);
-    let n = 3_000;
+    let n = 10_000;
     produce(&mut conn, "in", 0, n);
     let dir = tempfile::tempdir().expect("dir");
     let file = upper_pipeline(dir.path(), &url, "");
     let daemon = Daemon::start(&[&file], &dir.path().join("data"));
     daemon.wait_until("some output", LONG, |_| len(&mut conn, "out") > 200);
+    let at_stop = len(&mut conn, "out");
     redis.stop();
+    assert!(at_stop < n, "the restart came after the end ({at_stop})");
     // During the outage: readiness names the source, the gauge says 0.
     daemon.wait_until("readiness degraded", LONG, |d| {
         let ready = d.get("/health/ready");
@@ -321,7 +323,7 @@ fn a_redis_restart_mid_run_loses_nothing_and_is_shown() {
 fn kill9_mid_run_then_restart_loses_and_duplicates_nothing() {
     let redis = server();
     let mut conn = client(&redis.url());
-    let n = 5_000;
+    let n = 10_000;
     produce(&mut conn, "in", 0, n);
     let dir = tempfile::tempdir().expect("dir");
     let file = upper_pipeline(dir.path(), &redis.url(), "      consumer: c1");
