@@ -106,13 +106,21 @@ pub fn default_sink_dedup_ttl() -> HumanDuration {
 }
 
 fn check_url(url: &SecretUrl, problems: &mut Vec<ConfigProblem>) {
-    if !matches!(url.scheme().as_str(), "redis" | "rediss") {
-        problems.push(ConfigProblem::at(
+    match url.scheme().as_str() {
+        "redis" => {}
+        // The client is built without TLS (see `Conn::new`).
+        "rediss" => problems.push(ConfigProblem::at(
+            &["url"],
+            format!(
+                "`{url}`: TLS (`rediss://`) is not supported by this build yet; use `redis://`"
+            ),
+        )),
+        _ => problems.push(ConfigProblem::at(
             &["url"],
             format!(
                 "`{url}` is not a Redis URL; use `redis://host:6379/0` (or `rediss://` for TLS)"
             ),
-        ));
+        )),
     }
 }
 
@@ -262,7 +270,15 @@ mod tests {
     }
 
     #[test]
-    fn tls_urls_are_refused_when_built() {
+    fn tls_urls_are_refused_by_check_and_when_built() {
+        let c = source("url: rediss://:hunter2@h:6380/0\nstream: s\ngroup: g\n");
+        let problems = c.check();
+        assert_eq!(paths(&problems), vec!["url"]);
+        assert!(
+            !problems[0].message.contains("hunter2"),
+            "{:?}",
+            problems[0]
+        );
         let url = SecretUrl::parse("rediss://:hunter2@h:6379/0").expect("url");
         let err = super::super::Conn::new(&url, std::time::Duration::from_secs(1))
             .err()
