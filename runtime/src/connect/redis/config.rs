@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::{RedisSink, RedisSource};
 use crate::config::HumanDuration;
 use crate::connect::names::check_plain_name;
 use crate::connect::{
@@ -92,8 +93,9 @@ pub struct RedisSinkConfig {
     /// when absent.
     #[serde(default)]
     pub maxlen: Option<u64>,
-    /// How long a written message id is remembered, so a redelivered
-    /// message is not appended twice.
+    /// How long a written message id is remembered (in the key
+    /// `sluice:dedup:<stream>:<message id>`), so a redelivered message is
+    /// not appended twice.
     #[serde(default = "default_sink_dedup_ttl")]
     pub dedup_ttl: HumanDuration,
 }
@@ -104,13 +106,21 @@ pub fn default_sink_dedup_ttl() -> HumanDuration {
 }
 
 fn check_url(url: &SecretUrl, problems: &mut Vec<ConfigProblem>) {
-    if !matches!(url.scheme().as_str(), "redis" | "rediss") {
-        problems.push(ConfigProblem::at(
+    match url.scheme().as_str() {
+        "redis" => {}
+        // The client is built without TLS (see `Conn::new`).
+        "rediss" => problems.push(ConfigProblem::at(
+            &["url"],
+            format!(
+                "`{url}`: TLS (`rediss://`) is not supported by this build yet; use `redis://`"
+            ),
+        )),
+        _ => problems.push(ConfigProblem::at(
             &["url"],
             format!(
                 "`{url}` is not a Redis URL; use `redis://host:6379/0` (or `rediss://` for TLS)"
             ),
-        ));
+        )),
     }
 }
 
@@ -158,11 +168,13 @@ impl SourceConfig for RedisSourceConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<Box<dyn Source>, BuildError> {
-        Err(BuildError {
+        let source = RedisSource::new(self).map_err(|message| BuildError {
             connector: "source",
             name: ctx.name.clone(),
-            message: "the Redis source is not built yet".into(),
-        })
+            message,
+        })?;
+        tracing::debug!(source = %ctx.label(), consumer = source.consumer(), "redis consumer");
+        Ok(Box::new(source))
     }
 }
 
@@ -192,10 +204,85 @@ impl SinkConfig for RedisSinkConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<std::sync::Arc<dyn Sink>, BuildError> {
-        Err(BuildError {
+        let sink = RedisSink::new(self).map_err(|message| BuildError {
             connector: "sink",
             name: ctx.name.clone(),
-            message: "the Redis sink is not built yet".into(),
-        })
+            message,
+        })?;
+        Ok(std::sync::Arc::new(sink))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(yaml: &str) -> RedisSourceConfig {
+        serde_saphyr::from_str(yaml).expect("a source block")
+    }
+
+    fn paths(problems: &[ConfigProblem]) -> Vec<&'static str> {
+        problems.iter().flat_map(|p| p.path.clone()).collect()
+    }
+
+    #[test]
+    fn a_source_block_takes_its_defaults() {
+        let c = source("url: redis://h:6379/0\nstream: s\ngroup: g\n");
+        assert!(c.check().is_empty());
+        assert_eq!(c.start, StartFrom::New);
+        assert_eq!(c.read_max(), 100);
+        assert_eq!(c.payload_field, "payload");
+        assert_eq!(c.key_field, "key");
+        assert_eq!(c.redelivery_horizon(), std::time::Duration::from_secs(30));
+    }
+
+    #[test]
+    fn source_checks_name_the_offending_key() {
+        let c = source(
+            "url: http://h/\nstream: \"a b\"\ngroup: \"g{x}\"\nconsumer: \"c 1\"\nclaim_idle: 0s\n",
+        );
+        assert_eq!(
+            paths(&c.check()),
+            vec!["url", "stream", "group", "consumer", "claim_idle"]
+        );
+    }
+
+    #[test]
+    fn sink_checks_name_the_offending_key() {
+        let c: RedisSinkConfig =
+            serde_saphyr::from_str("url: postgres://h/\nstream: \"o;ut\"\nmaxlen: 0\n")
+                .expect("a sink block");
+        assert_eq!(paths(&c.check()), vec!["url", "stream", "maxlen"]);
+        let ok: RedisSinkConfig =
+            serde_saphyr::from_str("url: redis://h/\nstream: out\n").expect("a sink block");
+        assert!(ok.check().is_empty());
+        assert_eq!(
+            ok.dedup_ttl.get(),
+            std::time::Duration::from_secs(24 * 3600)
+        );
+    }
+
+    #[test]
+    fn describe_hides_the_password() {
+        let c = source("url: redis://:hunter2@h:6379/0\nstream: s\ngroup: g\n");
+        let said = c.describe();
+        assert!(!said.contains("hunter2") && said.contains("***"), "{said}");
+    }
+
+    #[test]
+    fn tls_urls_are_refused_by_check_and_when_built() {
+        let c = source("url: rediss://:hunter2@h:6380/0\nstream: s\ngroup: g\n");
+        let problems = c.check();
+        assert_eq!(paths(&problems), vec!["url"]);
+        assert!(
+            !problems[0].message.contains("hunter2"),
+            "{:?}",
+            problems[0]
+        );
+        let url = SecretUrl::parse("rediss://:hunter2@h:6379/0").expect("url");
+        let err = super::super::Conn::new(&url, std::time::Duration::from_secs(1))
+            .err()
+            .expect("refused");
+        assert!(err.contains("rediss") && !err.contains("hunter2"), "{err}");
     }
 }
