@@ -5,9 +5,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
-use schemars::JsonSchema;
 use reqwest::Method;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::sink::{HttpSink, HttpSinkParts};
@@ -179,15 +181,17 @@ impl HttpSinkConfig {
 }
 
 /// The certificates of a PEM file, at least one.
-fn read_roots(path: &Path) -> Result<Vec<reqwest::Certificate>, String> {
+fn read_roots(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let pem = std::fs::read(path)
         .map_err(|e| format!("cannot read the CA file {}: {e}", path.display()))?;
-    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
-        format!(
-            "the CA file {} is not PEM certificates: {e}",
-            path.display()
-        )
-    })?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            format!(
+                "the CA file {} is not PEM certificates: {e}",
+                path.display()
+            )
+        })?;
     if certs.is_empty() {
         return Err(format!(
             "the CA file {} holds no PEM certificate (`-----BEGIN CERTIFICATE-----`)",

@@ -24,6 +24,7 @@ use async_trait::async_trait;
 use hmac::{Hmac, Mac};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode};
+use rustls_pki_types::CertificateDer;
 use sha2::Sha256;
 
 use crate::connect::{SecretUrl, Sink, SinkError};
@@ -44,6 +45,8 @@ pub struct HttpSink {
     target: reqwest::Url,
     method: Method,
     signer: Option<Hmac<Sha256>>,
+    /// `Basic ...` from the URL's user and password, when it has them.
+    auth: Option<HeaderValue>,
     headers: HeaderMap,
     timeout: Duration,
 }
@@ -60,8 +63,8 @@ pub struct HttpSinkParts {
     pub headers: HeaderMap,
     /// Per request.
     pub timeout: Duration,
-    /// The only roots trusted, when given (else the system's).
-    pub roots: Option<Vec<reqwest::Certificate>>,
+    /// The only roots trusted (`tls_ca`), when given; else the system's.
+    pub roots: Option<Vec<CertificateDer<'static>>>,
 }
 
 impl HttpSink {
@@ -86,14 +89,13 @@ impl HttpSink {
             // is a refusal, reported with its status.
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")));
-        if let Some(roots) = roots {
-            builder = builder.tls_certs_only(roots);
+        if url.scheme() == "https" {
+            builder = builder.tls_backend_preconfigured(tls_config(roots)?);
         }
-        let client = builder
-            .build()
-            .map_err(|e| url.scrub(&error_chain(&e)))?;
-        let target = reqwest::Url::parse(url.expose())
-            .map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+        let client = builder.build().map_err(|e| url.scrub(&error_chain(&e)))?;
+        let mut target =
+            reqwest::Url::parse(url.expose()).map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+        let auth = basic_auth(&mut target);
         let signer = match secret {
             Some(key) => Some(
                 Hmac::<Sha256>::new_from_slice(&key)
@@ -107,6 +109,7 @@ impl HttpSink {
             target,
             method,
             signer,
+            auth,
             headers,
             timeout,
         })
@@ -131,6 +134,9 @@ impl HttpSink {
                 headers.append(name, header_value(value));
             }
         }
+        if let Some(auth) = &self.auth {
+            headers.insert(reqwest::header::AUTHORIZATION, auth.clone());
+        }
         for (name, value) in &self.headers {
             headers.insert(name.clone(), value.clone());
         }
@@ -138,7 +144,10 @@ impl HttpSink {
             let t = SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs());
-            headers.insert("sluice-signature", sign(signer.clone(), t, &message.payload));
+            headers.insert(
+                "sluice-signature",
+                sign(signer.clone(), t, &message.payload),
+            );
         }
         let mut request = reqwest::Request::new(self.method.clone(), self.target.clone());
         *request.headers_mut() = headers;
@@ -223,6 +232,43 @@ impl Sink for HttpSink {
     }
 }
 
+/// The client's TLS: rustls (aws-lc-rs) trusting `roots` only, or the
+/// system's roots (`SSL_CERT_FILE`/`SSL_CERT_DIR`, else the OS store, read
+/// once). rustls's own WebPKI verifier rather than reqwest's platform
+/// verifier, which logs an error on every failed handshake: an untrusted
+/// target is reported once per outage instead (see `transport`).
+fn tls_config(roots: Option<Vec<CertificateDer<'static>>>) -> Result<rustls::ClientConfig, String> {
+    let mut store = rustls::RootCertStore::empty();
+    match roots {
+        Some(roots) => {
+            for cert in roots {
+                store
+                    .add(cert)
+                    .map_err(|e| format!("a certificate of `tls_ca` cannot be a root: {e}"))?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            let (added, _) = store.add_parsable_certificates(found.certs);
+            if added == 0 {
+                tracing::warn!(
+                    problems = ?found.errors,
+                    "no system CA certificates found: HTTPS targets will not be trusted unless \
+                     `tls_ca` names their CA"
+                );
+            }
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS set-up: {e}"))?
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
 /// `Sluice-Signature: t=<t>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`.
 pub fn sign(mut mac: Hmac<Sha256>, t: u64, body: &[u8]) -> HeaderValue {
     mac.update(t.to_string().as_bytes());
@@ -257,7 +303,11 @@ pub fn status_reason(status: StatusCode, body: &[u8]) -> String {
 /// The wait a `Retry-After` asks for: delta seconds, or an HTTP date
 /// (a date in the past is no wait). `None` when absent or unreadable.
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let value = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
     if let Ok(seconds) = value.parse::<u64>() {
         return Some(Duration::from_secs(seconds));
     }
@@ -301,6 +351,30 @@ pub fn header_value(value: &str) -> HeaderValue {
         }
     }
     HeaderValue::from_bytes(out.as_bytes()).unwrap_or(HeaderValue::from_static(""))
+}
+
+/// Takes the user and password out of `url` (sent in the request line
+/// they would be lost) and makes them a sensitive `Basic` credential, as
+/// reqwest's request builder does.
+fn basic_auth(url: &mut reqwest::Url) -> Option<HeaderValue> {
+    use base64::Engine as _;
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let user = decode(url.username());
+    let password = url.password().map(decode);
+    if user.is_empty() && password.is_none() {
+        return None;
+    }
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    let pair = format!("{user}:{}", password.unwrap_or_default());
+    let encoded = base64::engine::general_purpose::STANDARD.encode(pair);
+    let mut value = HeaderValue::from_str(&format!("Basic {encoded}")).ok()?;
+    value.set_sensitive(true);
+    Some(value)
 }
 
 /// RFC 9110 `tchar`.
@@ -351,6 +425,11 @@ fn is_tls_trust(error: &reqwest::Error) -> bool {
         {
             return true;
         }
+        // rustls's words for a certificate it refused, wherever the
+        // client library wrapped the error.
+        if cause.to_string().contains("invalid peer certificate") {
+            return true;
+        }
         source = cause.source();
     }
     false
@@ -363,10 +442,16 @@ mod tests {
     #[test]
     fn transient_statuses_are_retried_and_others_rejected() {
         for code in [408, 425, 429, 500, 502, 503, 504, 599] {
-            assert!(is_transient(StatusCode::from_u16(code).expect("code")), "{code}");
+            assert!(
+                is_transient(StatusCode::from_u16(code).expect("code")),
+                "{code}"
+            );
         }
         for code in [300, 301, 400, 401, 403, 404, 409, 410, 413, 422] {
-            assert!(!is_transient(StatusCode::from_u16(code).expect("code")), "{code}");
+            assert!(
+                !is_transient(StatusCode::from_u16(code).expect("code")),
+                "{code}"
+            );
         }
     }
 
@@ -376,7 +461,10 @@ mod tests {
         let reason = status_reason(StatusCode::BAD_REQUEST, body.as_bytes());
         assert!(reason.starts_with("HTTP 400: bad payload xxx"), "{reason}");
         assert!(!reason.contains('\n'));
-        assert!(reason.len() <= "HTTP 400: ".len() + EXCERPT_BYTES, "{reason}");
+        assert!(
+            reason.len() <= "HTTP 400: ".len() + EXCERPT_BYTES,
+            "{reason}"
+        );
         assert_eq!(status_reason(StatusCode::NOT_FOUND, b""), "HTTP 404");
         // A multi-byte character cut at byte 256 is replaced, not a panic.
         let body = format!("a{}", "é".repeat(200));
@@ -394,7 +482,10 @@ mod tests {
         headers.insert("retry-after", HeaderValue::from_str(&later).expect("date"));
         assert_eq!(retry_after(&headers, now), Some(Duration::from_secs(90)));
         let earlier = httpdate::fmt_http_date(now - Duration::from_secs(90));
-        headers.insert("retry-after", HeaderValue::from_str(&earlier).expect("date"));
+        headers.insert(
+            "retry-after",
+            HeaderValue::from_str(&earlier).expect("date"),
+        );
         assert_eq!(retry_after(&headers, now), Some(Duration::ZERO));
         headers.insert("retry-after", HeaderValue::from_static("soon"));
         assert_eq!(retry_after(&headers, now), None);
@@ -404,7 +495,10 @@ mod tests {
     fn header_names_and_values_are_encoded_never_dropped() {
         let name = |n: &str| message_header_name(n).map(|h| h.as_str().to_owned());
         assert_eq!(name("Trace").as_deref(), Some("sluice-header-trace"));
-        assert_eq!(name("trace id").as_deref(), Some("sluice-header-trace%20id"));
+        assert_eq!(
+            name("trace id").as_deref(),
+            Some("sluice-header-trace%20id")
+        );
         assert_eq!(name("a%b").as_deref(), Some("sluice-header-a%25b"));
         assert_eq!(name("ü:\n").as_deref(), Some("sluice-header-%c3%bc%3a%0a"));
         assert_eq!(name(""), None);
