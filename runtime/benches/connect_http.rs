@@ -14,7 +14,10 @@
 //!   pre-published into a durable embedded broker (the daemon's defaults),
 //!   then a sink stage with `concurrency: 8` (the engine, 8 `SinkHandler`
 //!   slots sharing one `HttpSink`) draining it: fetch, request, ack. Timed
-//!   from the engine's start to the receiver's N-th request.
+//!   from the engine's start to the receiver's N-th request. Once with the
+//!   broker's default `sync: always` (every ack fsynced, group commit), and
+//!   once with `sync: os`, to tell the durable ack's share from the HTTP
+//!   path's.
 //!
 //! The sink does more per message than the raw loop (a durable ack, the
 //! `Sluice-*` headers); the target is sink ≥ 0.8 × raw.
@@ -36,7 +39,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use sluice::broker::embedded::{EmbeddedBroker, EmbeddedOptions};
+use sluice::broker::embedded::{EmbeddedBroker, EmbeddedOptions, SyncMode};
 use sluice::broker::{Broker, Message, TopicSpec};
 use sluice::connect::{Context, Health, SinkConfig, SinkDef, SinkHandler};
 use sluice::engine::{Engine, StageHandler, StageSetup};
@@ -75,17 +78,29 @@ fn main() {
         .build()
         .expect("tokio runtime");
 
-    let (mut raw, mut sink) = (Vec::new(), Vec::new());
+    let (mut raw, mut sink, mut sink_os, mut noop) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..samples {
         raw.push(rt.block_on(raw_loop(n, &url, &count)));
-        sink.push(rt.block_on(sink_stage(n, &url, &count)));
+        sink.push(rt.block_on(sink_stage(n, &url, &count, SyncMode::Always)));
+        sink_os.push(rt.block_on(sink_stage(n, &url, &count, SyncMode::Os)));
+        noop.push(rt.block_on(noop_stage(n)));
     }
     println!("| case | raw reqwest msgs/s | sink msgs/s | sink/raw |");
     println!("|---|---|---|---|");
-    let (a, b) = (median(&raw), median(&sink));
+    let a = median(&raw);
+    for (name, b) in [
+        ("broker sync: always (default)", median(&sink)),
+        ("broker sync: os", median(&sink_os)),
+    ] {
+        println!(
+            "| {n} × {PAYLOAD} B, {CONCURRENCY} in flight, 200 OK, {name} | {a:.0} | {b:.0} | {:.2} |",
+            b / a
+        );
+    }
     println!(
-        "| {n} × {PAYLOAD} B, {CONCURRENCY} in flight, 200 OK | {a:.0} | {b:.0} | {:.2} |",
-        b / a
+        "| (the engine alone: the same backlog, a handler that does nothing, sync: always) | | {:.0} | |",
+        median(&noop)
     );
 }
 
@@ -163,10 +178,10 @@ async fn raw_loop(n: usize, url: &str, count: &AtomicUsize) -> f64 {
 }
 
 /// B: the sink stage draining a pre-published backlog; msgs/s.
-async fn sink_stage(n: usize, url: &str, count: &AtomicUsize) -> f64 {
+async fn sink_stage(n: usize, url: &str, count: &AtomicUsize, sync: SyncMode) -> f64 {
     let dir = tempfile::tempdir().expect("dir");
     let broker: Arc<dyn Broker> =
-        EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
+        EmbeddedBroker::open(EmbeddedOptions::new(dir.path()).sync(sync)).expect("broker");
     for name in ["in", "bench.notify.dlq"] {
         broker
             .ensure_topic(&TopicSpec::new(name))
@@ -221,6 +236,65 @@ async fn sink_stage(n: usize, url: &str, count: &AtomicUsize) -> f64 {
         .await
         .expect("engine");
     while count.load(Ordering::Relaxed) - before < n {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let elapsed = started.elapsed();
+    engine.shutdown().await;
+    n as f64 / elapsed.as_secs_f64()
+}
+
+/// A handler that takes every message at once.
+struct Noop;
+
+#[async_trait::async_trait]
+impl StageHandler for Noop {
+    async fn handle(&mut self, _: &sluice::plugin::Message) -> sluice::plugin::Outcome {
+        Ok(Vec::new())
+    }
+}
+
+/// The engine's own ceiling for this backlog: the sink stage with a no-op
+/// handler; msgs/s.
+async fn noop_stage(n: usize) -> f64 {
+    let dir = tempfile::tempdir().expect("dir");
+    let broker: Arc<dyn Broker> =
+        EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
+    for name in ["in", "bench.notify.dlq"] {
+        broker
+            .ensure_topic(&TopicSpec::new(name))
+            .await
+            .expect("topic");
+    }
+    let body = payload();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let batch = chunk
+            .iter()
+            .map(|i| Message::new(format!("m{i}"), "in", body.clone()))
+            .collect();
+        broker.publish(batch).await.expect("publish");
+    }
+    let def: SinkDef = serde_saphyr::from_str(&format!(
+        "name: notify\nsubscribe: in\nconcurrency: {CONCURRENCY}\nhttp: {{url: 'http://127.0.0.1:9/'}}\n"
+    ))
+    .expect("sink yaml");
+    let setup = StageSetup {
+        pipeline: "bench".into(),
+        handlers: (0..CONCURRENCY)
+            .map(|_| Box::new(Noop) as Box<dyn StageHandler>)
+            .collect(),
+        stage: def.to_stage(),
+        shutdown_timeout: Duration::from_secs(5),
+    };
+    let consumer = setup.consumer().name;
+    let started = Instant::now();
+    let engine = Engine::start(broker.clone(), Arc::new(Metrics::new()), None, vec![setup])
+        .await
+        .expect("engine");
+    loop {
+        let stats = broker.consumer_stats(&consumer).await.expect("stats");
+        if stats.pending == 0 && stats.in_flight == 0 {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let elapsed = started.elapsed();
