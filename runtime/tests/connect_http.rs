@@ -22,7 +22,6 @@
 //! asserts on speed.
 
 #[macro_use]
-#[allow(unused_macros)]
 mod e2e;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -35,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use e2e::{Daemon, Msg, write_pipeline};
+use e2e::{Backend, Daemon, Msg, write_pipeline};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -367,8 +366,14 @@ fn verify_with_doc_snippet(secret: &str, cases: &[(String, Vec<u8>)]) -> Vec<boo
 
 const SECRET: &str = "whsec-Kp2mQ7vX";
 
-#[test]
-fn every_good_message_arrives_through_503_429_timeouts_and_bad_ones_are_rejected() {
+on_both_brokers!(
+    every_good_message_arrives_through_503_429_timeouts_and_bad_ones_are_rejected,
+    an_unreachable_target_holds_messages_without_spending_attempts,
+);
+
+fn every_good_message_arrives_through_503_429_timeouts_and_bad_ones_are_rejected(
+    backend: &Backend,
+) {
     // First attempt of every message: 503. Then by payload: `bad-*` 400,
     // `later-*` 429 with Retry-After: 2 once, `slow-*` hangs past the
     // sink's 1s timeout once, the rest 200.
@@ -411,7 +416,7 @@ fn every_good_message_arrives_through_503_429_timeouts_and_bad_ones_are_rejected
         ),
     );
     let daemon = Daemon::start_with_env(
-        None,
+        backend.broker_url(),
         &[&pipeline],
         &dir.path().join("data"),
         vec![("HOOK_SECRET".into(), SECRET.into())],
@@ -546,8 +551,7 @@ fn every_good_message_arrives_through_503_429_timeouts_and_bad_ones_are_rejected
 // 2. An unreachable target: held, no attempt spent, degraded, then all
 // ---------------------------------------------------------------------
 
-#[test]
-fn an_unreachable_target_holds_messages_without_spending_attempts() {
+fn an_unreachable_target_holds_messages_without_spending_attempts(backend: &Backend) {
     let port = free_port();
     let dir = tempfile::tempdir().expect("tempdir");
     let pipeline = write_pipeline(
@@ -566,7 +570,7 @@ fn an_unreachable_target_holds_messages_without_spending_attempts() {
              \x20     timeout: 2s\n"
         ),
     );
-    let daemon = Daemon::start(&[&pipeline], &dir.path().join("data"));
+    let daemon = Daemon::start_on(backend, &[&pipeline], &dir.path().join("data"));
     let batch = |from: usize| -> Vec<Msg> {
         (from..from + 10)
             .map(|i| Msg::new(format!("m{i:03}"), format!("hello {i}")))
@@ -617,6 +621,30 @@ fn an_unreachable_target_holds_messages_without_spending_attempts() {
         "the outage is logged:\n{}",
         daemon.log()
     );
+    // The outage was seen as such, and no attempt was spent on it.
+    let processed = |outcome: &str| processed(&daemon, "hooks", "notify", outcome);
+    assert!(processed("unavailable") > 0);
+    assert_eq!(processed("retry"), 0);
+    assert_eq!(processed("dead-lettered"), 0);
+    assert_eq!(processed("ok"), 20);
+}
+
+/// `sluice_messages_processed_total` of a stage for one outcome.
+fn processed(daemon: &Daemon, pipeline: &str, stage: &str, outcome: &str) -> u64 {
+    let text = reqwest::blocking::get(format!("{}/metrics", daemon.base))
+        .and_then(|r| r.text())
+        .expect("GET /metrics");
+    let labels = [
+        format!("pipeline=\"{pipeline}\""),
+        format!("stage=\"{stage}\""),
+        format!("outcome=\"{outcome}\""),
+    ];
+    text.lines()
+        .filter(|l| l.starts_with("sluice_messages_processed_total{"))
+        .filter(|l| labels.iter().all(|label| l.contains(label.as_str())))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
 }
 
 // ---------------------------------------------------------------------
