@@ -82,6 +82,13 @@ impl SinkConfig for HttpSinkConfig {
                 "`timeout` must be longer than 0s",
             ));
         }
+        if self.secret.as_ref().is_some_and(|s| s.expose().is_empty()) {
+            problems.push(ConfigProblem::at(
+                &["secret"],
+                "`secret` is empty (is its variable set?); give a long random value, or leave \
+                 `secret` out to send unsigned requests",
+            ));
+        }
         if let Err(message) = self.header_map() {
             problems.push(ConfigProblem::at(&["headers"], message));
         }
@@ -199,4 +206,60 @@ fn read_roots(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
         ));
     }
     Ok(certs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(yaml: &str) -> HttpSinkConfig {
+        serde_saphyr::from_str(yaml).expect("an http block")
+    }
+
+    fn problems(yaml: &str) -> Vec<(Vec<&'static str>, String)> {
+        config(yaml)
+            .check()
+            .into_iter()
+            .map(|p| (p.path, p.message))
+            .collect()
+    }
+
+    #[test]
+    fn a_good_block_has_no_problems_and_describes_itself_without_secrets() {
+        let c = config("url: https://u:pw-x1@hooks.example/in\nsecret: s3\nheaders: {X-Team: a}\n");
+        assert!(c.check().is_empty());
+        assert_eq!(c.describe(), "POST https://u:***@hooks.example/in");
+        assert_eq!(c.method, "POST");
+        assert_eq!(c.timeout.get(), std::time::Duration::from_secs(10));
+    }
+
+    #[test]
+    fn bad_values_are_reported_at_their_keys() {
+        let found = problems(
+            "url: https://hooks.example/in\nsecret: ''\nheaders: {'bad name': x}\n",
+        );
+        let paths: Vec<&str> = found.iter().map(|(p, _)| p[0]).collect();
+        assert_eq!(paths, ["secret", "headers"], "{found:?}");
+        assert!(found[1].1.contains("`bad name`"), "{found:?}");
+        let found = problems("url: https://hooks.example/in\nheaders: {Sluice-Header-X: y}\n");
+        assert!(found[0].1.contains("set by the sink itself"), "{found:?}");
+        let found = problems("url: https://hooks.example/in\nheaders: {X-A: \"a\\u0001b\"}\n");
+        assert!(
+            found[0].1.contains("not a valid HTTP header value"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_relative_tls_ca_is_resolved_against_the_pipeline_directory() {
+        let mut c = config("url: https://hooks.example/in\ntls_ca: certs/ca.pem\n");
+        c.resolve_paths(Path::new("/etc/sluice"));
+        assert_eq!(
+            c.tls_ca.as_deref(),
+            Some(Path::new("/etc/sluice/certs/ca.pem"))
+        );
+        let mut c = config("url: https://hooks.example/in\ntls_ca: /abs/ca.pem\n");
+        c.resolve_paths(Path::new("/etc/sluice"));
+        assert_eq!(c.tls_ca.as_deref(), Some(Path::new("/abs/ca.pem")));
+    }
 }
