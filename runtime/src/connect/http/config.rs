@@ -235,9 +235,8 @@ mod tests {
 
     #[test]
     fn bad_values_are_reported_at_their_keys() {
-        let found = problems(
-            "url: https://hooks.example/in\nsecret: ''\nheaders: {'bad name': x}\n",
-        );
+        let found =
+            problems("url: https://hooks.example/in\nsecret: ''\nheaders: {'bad name': x}\n");
         let paths: Vec<&str> = found.iter().map(|(p, _)| p[0]).collect();
         assert_eq!(paths, ["secret", "headers"], "{found:?}");
         assert!(found[1].1.contains("`bad name`"), "{found:?}");

@@ -517,4 +517,84 @@ mod tests {
             "t=1700000000,v1=4d583a269f4f276a3fa80ff31b5a01879a848096983222a17893d198418939aa"
         );
     }
+
+    fn sink(url: &str, timeout: Duration) -> HttpSink {
+        HttpSink::new(HttpSinkParts {
+            url: SecretUrl::parse(url).expect("url"),
+            method: Method::POST,
+            secret: None,
+            headers: HeaderMap::new(),
+            timeout,
+            roots: None,
+        })
+        .expect("sink")
+    }
+
+    fn message() -> Message {
+        Message::new("m1", "out", &b"hello"[..])
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_unavailable_and_says_no_password() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let sink = sink(
+            &format!("http://hook:pw-Secret9@127.0.0.1:{port}/x"),
+            Duration::from_secs(5),
+        );
+        match sink.write(&message()).await {
+            Err(SinkError::Unavailable(why)) => {
+                assert!(why.contains("cannot connect"), "{why}");
+                assert!(!why.contains("pw-Secret9"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn no_answer_in_time_or_a_drop_after_sending_is_a_retry() {
+        use tokio::io::AsyncReadExt;
+        // Accepts, reads the request, never answers.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = silent.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((mut stream, _)) = silent.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = stream.read(&mut buf).await;
+                held.push(stream);
+            }
+        });
+        let slow = sink(&format!("http://{addr}/x"), Duration::from_millis(300));
+        match slow.write(&message()).await {
+            Err(SinkError::Retry { reason, after }) => {
+                assert!(reason.contains("no answer"), "{reason}");
+                assert_eq!(after, None);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Accepts, reads the request, hangs up.
+        let rude = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = rude.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = rude.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = stream.read(&mut buf).await;
+                drop(stream);
+            }
+        });
+        let dropped = sink(&format!("http://{addr}/x"), Duration::from_secs(5));
+        match dropped.write(&message()).await {
+            Err(SinkError::Retry { reason, .. }) => {
+                assert!(reason.contains("failed"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
