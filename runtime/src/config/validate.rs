@@ -142,12 +142,18 @@ fn expand(paths: &[PathBuf], diagnostics: &mut Diagnostics) -> Vec<PathBuf> {
     files
 }
 
-/// Makes each stage's plugin path absolute against the file's directory.
+/// Makes each stage's plugin path (and each HTTP sink's `tls_ca`)
+/// absolute against the file's directory.
 fn resolve_plugins(pipeline: &mut Pipeline, file: &Path) {
     let dir = file.parent().unwrap_or(Path::new("."));
     for stage in &mut pipeline.stages {
         if stage.plugin.is_relative() && !stage.is_sink() {
             stage.plugin = dir.join(&stage.plugin);
+        }
+    }
+    for sink in &mut pipeline.sinks {
+        if let Some(http) = &mut sink.http {
+            http.resolve_paths(dir);
         }
     }
 }

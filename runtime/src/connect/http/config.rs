@@ -2,11 +2,17 @@
 //! webhook connector.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
+use reqwest::Method;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use super::sink::{HttpSink, HttpSinkParts};
 
 use crate::config::HumanDuration;
 use crate::connect::{BuildError, ConfigProblem, Context, Secret, SecretUrl, Sink, SinkConfig};
@@ -76,6 +82,28 @@ impl SinkConfig for HttpSinkConfig {
                 "`timeout` must be longer than 0s",
             ));
         }
+        if self.secret.as_ref().is_some_and(|s| s.expose().is_empty()) {
+            problems.push(ConfigProblem::at(
+                &["secret"],
+                "`secret` is empty (is its variable set?); give a long random value, or leave \
+                 `secret` out to send unsigned requests",
+            ));
+        }
+        if let Err(message) = self.header_map() {
+            problems.push(ConfigProblem::at(&["headers"], message));
+        }
+        if let Some(path) = &self.tls_ca
+            && !path.is_file()
+        {
+            problems.push(ConfigProblem::at(
+                &["tls_ca"],
+                format!(
+                    "CA file not found: {} (a relative `tls_ca` path is relative to the \
+                     pipeline file)",
+                    path.display()
+                ),
+            ));
+        }
         problems
     }
 
@@ -84,10 +112,153 @@ impl SinkConfig for HttpSinkConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<std::sync::Arc<dyn Sink>, BuildError> {
-        Err(BuildError {
+        let refuse = |message: String| BuildError {
             connector: "sink",
             name: ctx.name.clone(),
-            message: "the HTTP sink is not built yet".into(),
+            message,
+        };
+        let problems = self.check();
+        if let Some(problem) = problems.first() {
+            return Err(refuse(problem.message.clone()));
+        }
+        let method = Method::from_bytes(self.method.as_bytes())
+            .map_err(|e| refuse(format!("`{}` is not a method: {e}", self.method)))?;
+        let headers = self.header_map().map_err(refuse)?;
+        let roots = match &self.tls_ca {
+            Some(path) => Some(read_roots(path).map_err(refuse)?),
+            None => None,
+        };
+        let sink = HttpSink::new(HttpSinkParts {
+            url: self.url.clone(),
+            method,
+            secret: self.secret.as_ref().map(|s| s.expose().as_bytes().to_vec()),
+            headers,
+            timeout: self.timeout.get(),
+            roots,
         })
+        .map_err(refuse)?;
+        Ok(std::sync::Arc::new(sink))
+    }
+}
+
+/// Headers a sink sets itself, which `headers:` may not replace.
+const RESERVED: &[&str] = &[
+    "idempotency-key",
+    "sluice-signature",
+    "sluice-key",
+    "content-length",
+    "transfer-encoding",
+    "host",
+    "connection",
+];
+
+impl HttpSinkConfig {
+    /// Makes a relative `tls_ca` absolute against the pipeline file's
+    /// directory (`dir`), as plugin paths are.
+    pub fn resolve_paths(&mut self, dir: &Path) {
+        if let Some(path) = &mut self.tls_ca
+            && path.is_relative()
+        {
+            *path = dir.join(&*path);
+        }
+    }
+
+    /// The extra headers, checked: valid names and values, none the sink
+    /// sets itself. Values are marked sensitive (a token is never shown).
+    fn header_map(&self) -> Result<HeaderMap, String> {
+        let mut map = HeaderMap::with_capacity(self.headers.len());
+        for (name, value) in &self.headers {
+            let parsed = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("`{name}` is not a valid HTTP header name"))?;
+            if RESERVED.contains(&parsed.as_str())
+                || parsed.as_str().starts_with(super::sink::HEADER_PREFIX)
+            {
+                return Err(format!(
+                    "header `{name}` is set by the sink itself and cannot be configured"
+                ));
+            }
+            let mut value = HeaderValue::from_str(value).map_err(|_| {
+                format!("the value of header `{name}` is not a valid HTTP header value")
+            })?;
+            value.set_sensitive(true);
+            map.insert(parsed, value);
+        }
+        Ok(map)
+    }
+}
+
+/// The certificates of a PEM file, at least one.
+fn read_roots(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let pem = std::fs::read(path)
+        .map_err(|e| format!("cannot read the CA file {}: {e}", path.display()))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            format!(
+                "the CA file {} is not PEM certificates: {e}",
+                path.display()
+            )
+        })?;
+    if certs.is_empty() {
+        return Err(format!(
+            "the CA file {} holds no PEM certificate (`-----BEGIN CERTIFICATE-----`)",
+            path.display()
+        ));
+    }
+    Ok(certs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(yaml: &str) -> HttpSinkConfig {
+        serde_saphyr::from_str(yaml).expect("an http block")
+    }
+
+    fn problems(yaml: &str) -> Vec<(Vec<&'static str>, String)> {
+        config(yaml)
+            .check()
+            .into_iter()
+            .map(|p| (p.path, p.message))
+            .collect()
+    }
+
+    #[test]
+    fn a_good_block_has_no_problems_and_describes_itself_without_secrets() {
+        let c = config("url: https://u:pw-x1@hooks.example/in\nsecret: s3\nheaders: {X-Team: a}\n");
+        assert!(c.check().is_empty());
+        assert_eq!(c.describe(), "POST https://u:***@hooks.example/in");
+        assert_eq!(c.method, "POST");
+        assert_eq!(c.timeout.get(), std::time::Duration::from_secs(10));
+    }
+
+    #[test]
+    fn bad_values_are_reported_at_their_keys() {
+        let found =
+            problems("url: https://hooks.example/in\nsecret: ''\nheaders: {'bad name': x}\n");
+        let paths: Vec<&str> = found.iter().map(|(p, _)| p[0]).collect();
+        assert_eq!(paths, ["secret", "headers"], "{found:?}");
+        assert!(found[1].1.contains("`bad name`"), "{found:?}");
+        let found = problems("url: https://hooks.example/in\nheaders: {Sluice-Header-X: y}\n");
+        assert!(found[0].1.contains("set by the sink itself"), "{found:?}");
+        let found = problems("url: https://hooks.example/in\nheaders: {X-A: \"a\\u0001b\"}\n");
+        assert!(
+            found[0].1.contains("not a valid HTTP header value"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_relative_tls_ca_is_resolved_against_the_pipeline_directory() {
+        let mut c = config("url: https://hooks.example/in\ntls_ca: certs/ca.pem\n");
+        c.resolve_paths(Path::new("/etc/sluice"));
+        assert_eq!(
+            c.tls_ca.as_deref(),
+            Some(Path::new("/etc/sluice/certs/ca.pem"))
+        );
+        let mut c = config("url: https://hooks.example/in\ntls_ca: /abs/ca.pem\n");
+        c.resolve_paths(Path::new("/etc/sluice"));
+        assert_eq!(c.tls_ca.as_deref(), Some(Path::new("/abs/ca.pem")));
     }
 }

@@ -2,5 +2,7 @@
 //! with HMAC-SHA256 when a secret is given.
 
 mod config;
+pub mod sink;
 
 pub use config::HttpSinkConfig;
+pub use sink::HttpSink;

@@ -1,0 +1,600 @@
+//! The webhook sink: one HTTP request per message, through one pooled
+//! `reqwest` client that every worker slot of the sink shares.
+//!
+//! The request carries the payload as its body and says what the message
+//! is in headers (`Idempotency-Key`, `Sluice-Key`, `Sluice-Header-*`),
+//! signed with HMAC-SHA256 when the sink has a `secret`. The answer maps
+//! onto [`SinkError`]:
+//!
+//! | answer | result |
+//! |---|---|
+//! | 2xx | delivered |
+//! | 408, 425, 429, 5xx | [`SinkError::Retry`], after `Retry-After` when given |
+//! | any other status (3xx, 4xx) | [`SinkError::Rejected`] with the status and the body's first 256 bytes |
+//! | cannot connect (refused, DNS, connect timeout, untrusted TLS certificate) | [`SinkError::Unavailable`]: held, no attempt spent |
+//! | no answer within `timeout`, or the connection dropped after the request was sent | [`SinkError::Retry`]: the server may have taken it |
+//!
+//! Only a bounded prefix of any response body is read. No error text
+//! carries the URL's password or the secret.
+
+use std::error::Error as _;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use hmac::{Hmac, Mac};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Method, StatusCode};
+use rustls_pki_types::CertificateDer;
+use sha2::Sha256;
+
+use crate::connect::{SecretUrl, Sink, SinkError};
+use crate::plugin::Message;
+
+/// How many bytes of an error answer's body a rejection quotes.
+pub const EXCERPT_BYTES: usize = 256;
+/// The most bytes of a successful answer's body read (and dropped) so the
+/// connection can be reused; past it the connection is closed instead.
+const DRAIN_BYTES: usize = 64 * 1024;
+/// The prefix of every message header sent as a request header.
+pub const HEADER_PREFIX: &str = "sluice-header-";
+
+/// A webhook target, shared by every worker slot of one sink.
+pub struct HttpSink {
+    client: reqwest::Client,
+    url: SecretUrl,
+    target: reqwest::Url,
+    method: Method,
+    signer: Option<Hmac<Sha256>>,
+    /// `Basic ...` from the URL's user and password, when it has them.
+    auth: Option<HeaderValue>,
+    headers: HeaderMap,
+    timeout: Duration,
+}
+
+/// What [`HttpSink::new`] needs, checked by the config block.
+pub struct HttpSinkParts {
+    /// The target.
+    pub url: SecretUrl,
+    /// `POST`, `PUT` or `PATCH`.
+    pub method: Method,
+    /// The HMAC key, if requests are signed.
+    pub secret: Option<Vec<u8>>,
+    /// The extra headers of every request.
+    pub headers: HeaderMap,
+    /// Per request.
+    pub timeout: Duration,
+    /// The only roots trusted (`tls_ca`), when given; else the system's.
+    pub roots: Option<Vec<CertificateDer<'static>>>,
+}
+
+impl HttpSink {
+    /// A sink with its client (not yet connected: the first request
+    /// connects). The error never carries the URL's password.
+    pub fn new(parts: HttpSinkParts) -> Result<HttpSink, String> {
+        let HttpSinkParts {
+            url,
+            method,
+            secret,
+            headers,
+            timeout,
+            roots,
+        } = parts;
+        let mut builder = reqwest::Client::builder()
+            .timeout(timeout)
+            // Shorter than the request's timeout, so a target that does
+            // not accept connections is seen as unreachable (held, no
+            // attempt spent) rather than as a slow answer.
+            .connect_timeout((timeout / 2).max(Duration::from_millis(1)))
+            // A webhook answers, it does not send us elsewhere: a redirect
+            // is a refusal, reported with its status.
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")));
+        if url.scheme() == "https" {
+            builder = builder.tls_backend_preconfigured(tls_config(roots)?);
+        }
+        let client = builder.build().map_err(|e| url.scrub(&error_chain(&e)))?;
+        let mut target =
+            reqwest::Url::parse(url.expose()).map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+        let auth = basic_auth(&mut target);
+        let signer = match secret {
+            Some(key) => Some(
+                Hmac::<Sha256>::new_from_slice(&key)
+                    .map_err(|e| format!("the secret cannot key HMAC-SHA256: {e}"))?,
+            ),
+            None => None,
+        };
+        Ok(HttpSink {
+            client,
+            url,
+            target,
+            method,
+            signer,
+            auth,
+            headers,
+            timeout,
+        })
+    }
+
+    /// The request for `message`, headers and signature included.
+    fn request(&self, message: &Message) -> reqwest::Request {
+        let mut headers = HeaderMap::with_capacity(8 + message.headers.len());
+        let content_type = message
+            .headers
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+            .and_then(|(_, value)| HeaderValue::from_str(value).ok())
+            .unwrap_or(HeaderValue::from_static("application/octet-stream"));
+        headers.insert(CONTENT_TYPE, content_type);
+        headers.insert("idempotency-key", header_value(&message.id));
+        if let Some(key) = &message.key {
+            headers.insert("sluice-key", header_value(key));
+        }
+        for (name, value) in &message.headers {
+            if let Some(name) = message_header_name(name) {
+                headers.append(name, header_value(value));
+            }
+        }
+        if let Some(auth) = &self.auth {
+            headers.insert(reqwest::header::AUTHORIZATION, auth.clone());
+        }
+        for (name, value) in &self.headers {
+            headers.insert(name.clone(), value.clone());
+        }
+        if let Some(signer) = &self.signer {
+            let t = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            headers.insert(
+                "sluice-signature",
+                sign(signer.clone(), t, &message.payload),
+            );
+        }
+        let mut request = reqwest::Request::new(self.method.clone(), self.target.clone());
+        *request.headers_mut() = headers;
+        *request.timeout_mut() = Some(self.timeout);
+        *request.body_mut() = Some(reqwest::Body::from(message.payload.clone()));
+        request
+    }
+
+    /// What an answer means.
+    async fn judge(&self, mut response: reqwest::Response) -> Result<(), SinkError> {
+        let status = response.status();
+        if status.is_success() {
+            // Read (a bounded part of) the body so the connection goes back
+            // to the pool; a failure here does not undo the delivery.
+            let mut read = 0;
+            while read < DRAIN_BYTES {
+                match response.chunk().await {
+                    Ok(Some(chunk)) => read += chunk.len(),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            return Ok(());
+        }
+        let after = retry_after(response.headers(), SystemTime::now());
+        let mut body = Vec::new();
+        while body.len() < EXCERPT_BYTES {
+            match response.chunk().await {
+                Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let reason = self.url.scrub(&status_reason(status, &body));
+        if is_transient(status) {
+            Err(SinkError::Retry { reason, after })
+        } else {
+            Err(SinkError::Rejected(reason))
+        }
+    }
+
+    /// What a failed exchange means: no connection is an outage, anything
+    /// after the request was sent is worth another attempt.
+    fn transport(&self, error: &reqwest::Error) -> SinkError {
+        let chain = self.url.scrub(&error_chain(error));
+        if error.is_connect() {
+            if is_tls_trust(error) {
+                return SinkError::Unavailable(format!(
+                    "the server's TLS certificate is not trusted ({chain}); give its CA in \
+                     `tls_ca`, or fix the server's certificate"
+                ));
+            }
+            return SinkError::Unavailable(format!("cannot connect to {}: {chain}", self.url));
+        }
+        if error.is_timeout() {
+            return SinkError::Retry {
+                reason: format!(
+                    "no answer from {} within the request timeout ({})",
+                    self.url,
+                    humantime::format_duration(self.timeout)
+                ),
+                after: None,
+            };
+        }
+        SinkError::Retry {
+            reason: format!("the request to {} failed: {chain}", self.url),
+            after: None,
+        }
+    }
+}
+
+#[async_trait]
+impl Sink for HttpSink {
+    async fn write(&self, message: &Message) -> Result<(), SinkError> {
+        match self.client.execute(self.request(message)).await {
+            Ok(response) => self.judge(response).await,
+            Err(error) => Err(self.transport(&error)),
+        }
+    }
+
+    /// A batch is sent as concurrent requests, one per message.
+    async fn write_batch(&self, messages: &[Message]) -> Vec<Result<(), SinkError>> {
+        futures_util::future::join_all(messages.iter().map(|m| self.write(m))).await
+    }
+}
+
+/// The client's TLS: rustls (aws-lc-rs) trusting `roots` only, or the
+/// system's roots (`SSL_CERT_FILE`/`SSL_CERT_DIR`, else the OS store, read
+/// once). rustls's own WebPKI verifier rather than reqwest's platform
+/// verifier, which logs an error on every failed handshake: an untrusted
+/// target is reported once per outage instead (see `transport`).
+fn tls_config(roots: Option<Vec<CertificateDer<'static>>>) -> Result<rustls::ClientConfig, String> {
+    let mut store = rustls::RootCertStore::empty();
+    match roots {
+        Some(roots) => {
+            for cert in roots {
+                store
+                    .add(cert)
+                    .map_err(|e| format!("a certificate of `tls_ca` cannot be a root: {e}"))?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            let (added, _) = store.add_parsable_certificates(found.certs);
+            if added == 0 {
+                tracing::warn!(
+                    problems = ?found.errors,
+                    "no system CA certificates found: HTTPS targets will not be trusted unless \
+                     `tls_ca` names their CA"
+                );
+            }
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS set-up: {e}"))?
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// `Sluice-Signature: t=<t>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`.
+pub fn sign(mut mac: Hmac<Sha256>, t: u64, body: &[u8]) -> HeaderValue {
+    mac.update(t.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    let v1 = hex::encode(mac.finalize().into_bytes());
+    // Digits, `t=`, `,v1=` and hex: always a valid header value.
+    HeaderValue::from_str(&format!("t={t},v1={v1}"))
+        .unwrap_or(HeaderValue::from_static("t=0,v1=invalid"))
+}
+
+/// 408, 425, 429 and 5xx: the target may take it later.
+pub fn is_transient(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 408 | 425 | 429) || status.is_server_error()
+}
+
+/// `HTTP <status>: <first 256 bytes of the body, lossy UTF-8, one line>`.
+pub fn status_reason(status: StatusCode, body: &[u8]) -> String {
+    let excerpt = String::from_utf8_lossy(&body[..body.len().min(EXCERPT_BYTES)]);
+    let line: String = excerpt
+        .split(|c: char| c.is_whitespace() || c.is_control())
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if line.is_empty() {
+        format!("HTTP {}", status.as_u16())
+    } else {
+        format!("HTTP {}: {line}", status.as_u16())
+    }
+}
+
+/// The wait a `Retry-After` asks for: delta seconds, or an HTTP date
+/// (a date in the past is no wait). `None` when absent or unreadable.
+pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let value = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let when = httpdate::parse_http_date(value).ok()?;
+    Some(when.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// `Sluice-Header-<name>` for a message header: the name's bytes that an
+/// HTTP header name cannot carry, and `%`, are percent-encoded with
+/// lowercase hex (`trace id` -> `sluice-header-trace%20id`); HTTP header
+/// names are case-insensitive, so the name is sent lowercase. `None` only
+/// for an empty name.
+pub fn message_header_name(name: &str) -> Option<HeaderName> {
+    if name.is_empty() {
+        return None;
+    }
+    let mut out = String::with_capacity(HEADER_PREFIX.len() + name.len());
+    out.push_str(HEADER_PREFIX);
+    for b in name.bytes() {
+        if is_tchar(b) && b != b'%' {
+            out.push(char::from(b.to_ascii_lowercase()));
+        } else {
+            out.push_str(&format!("%{b:02x}"));
+        }
+    }
+    HeaderName::from_bytes(out.as_bytes()).ok()
+}
+
+/// A header value: control characters other than tab (which HTTP cannot
+/// carry) are percent-encoded; every other byte is sent as it is.
+pub fn header_value(value: &str) -> HeaderValue {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        return v;
+    }
+    let mut out = String::with_capacity(value.len() + 8);
+    for c in value.chars() {
+        if (c.is_ascii_control() && c != '\t') || c == '\u{7f}' {
+            out.push_str(&format!("%{:02X}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    HeaderValue::from_bytes(out.as_bytes()).unwrap_or(HeaderValue::from_static(""))
+}
+
+/// Takes the user and password out of `url` (sent in the request line
+/// they would be lost) and makes them a sensitive `Basic` credential, as
+/// reqwest's request builder does.
+fn basic_auth(url: &mut reqwest::Url) -> Option<HeaderValue> {
+    use base64::Engine as _;
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let user = decode(url.username());
+    let password = url.password().map(decode);
+    if user.is_empty() && password.is_none() {
+        return None;
+    }
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    let pair = format!("{user}:{}", password.unwrap_or_default());
+    let encoded = base64::engine::general_purpose::STANDARD.encode(pair);
+    let mut value = HeaderValue::from_str(&format!("Basic {encoded}")).ok()?;
+    value.set_sensitive(true);
+    Some(value)
+}
+
+/// RFC 9110 `tchar`.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// An error with its causes, `a: b: c`, without the URL reqwest adds.
+fn error_chain(error: &reqwest::Error) -> String {
+    let mut text = match error.url() {
+        Some(_) => {
+            let mut bare = String::new();
+            // reqwest's own text minus " for url (...)".
+            let full = error.to_string();
+            bare.push_str(full.split(" for url (").next().unwrap_or(&full));
+            bare
+        }
+        None => error.to_string(),
+    };
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Whether a connect error is a TLS certificate the client does not trust.
+fn is_tls_trust(error: &reqwest::Error) -> bool {
+    let mut source = error.source();
+    while let Some(cause) = source {
+        if let Some(tls) = cause.downcast_ref::<rustls::Error>()
+            && matches!(
+                tls,
+                rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented
+            )
+        {
+            return true;
+        }
+        if let Some(io) = cause.downcast_ref::<std::io::Error>()
+            && let Some(inner) = io.get_ref()
+            && let Some(tls) = inner.downcast_ref::<rustls::Error>()
+            && matches!(tls, rustls::Error::InvalidCertificate(_))
+        {
+            return true;
+        }
+        // rustls's words for a certificate it refused, wherever the
+        // client library wrapped the error.
+        if cause.to_string().contains("invalid peer certificate") {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transient_statuses_are_retried_and_others_rejected() {
+        for code in [408, 425, 429, 500, 502, 503, 504, 599] {
+            assert!(
+                is_transient(StatusCode::from_u16(code).expect("code")),
+                "{code}"
+            );
+        }
+        for code in [300, 301, 400, 401, 403, 404, 409, 410, 413, 422] {
+            assert!(
+                !is_transient(StatusCode::from_u16(code).expect("code")),
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_rejection_quotes_256_bytes_of_the_body_on_one_line() {
+        let body = format!("bad\r\n  payload\t{}", "x".repeat(1000));
+        let reason = status_reason(StatusCode::BAD_REQUEST, body.as_bytes());
+        assert!(reason.starts_with("HTTP 400: bad payload xxx"), "{reason}");
+        assert!(!reason.contains('\n'));
+        assert!(
+            reason.len() <= "HTTP 400: ".len() + EXCERPT_BYTES,
+            "{reason}"
+        );
+        assert_eq!(status_reason(StatusCode::NOT_FOUND, b""), "HTTP 404");
+        // A multi-byte character cut at byte 256 is replaced, not a panic.
+        let body = format!("a{}", "é".repeat(200));
+        assert!(status_reason(StatusCode::BAD_REQUEST, body.as_bytes()).ends_with('\u{fffd}'));
+    }
+
+    #[test]
+    fn retry_after_takes_seconds_and_http_dates() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut headers = HeaderMap::new();
+        assert_eq!(retry_after(&headers, now), None);
+        headers.insert("retry-after", HeaderValue::from_static(" 2 "));
+        assert_eq!(retry_after(&headers, now), Some(Duration::from_secs(2)));
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(90));
+        headers.insert("retry-after", HeaderValue::from_str(&later).expect("date"));
+        assert_eq!(retry_after(&headers, now), Some(Duration::from_secs(90)));
+        let earlier = httpdate::fmt_http_date(now - Duration::from_secs(90));
+        headers.insert(
+            "retry-after",
+            HeaderValue::from_str(&earlier).expect("date"),
+        );
+        assert_eq!(retry_after(&headers, now), Some(Duration::ZERO));
+        headers.insert("retry-after", HeaderValue::from_static("soon"));
+        assert_eq!(retry_after(&headers, now), None);
+    }
+
+    #[test]
+    fn header_names_and_values_are_encoded_never_dropped() {
+        let name = |n: &str| message_header_name(n).map(|h| h.as_str().to_owned());
+        assert_eq!(name("Trace").as_deref(), Some("sluice-header-trace"));
+        assert_eq!(
+            name("trace id").as_deref(),
+            Some("sluice-header-trace%20id")
+        );
+        assert_eq!(name("a%b").as_deref(), Some("sluice-header-a%25b"));
+        assert_eq!(name("ü:\n").as_deref(), Some("sluice-header-%c3%bc%3a%0a"));
+        assert_eq!(name(""), None);
+        assert_eq!(header_value("plain").as_bytes(), b"plain");
+        assert_eq!(header_value("a\r\nb\tc").as_bytes(), b"a%0D%0Ab\tc");
+        assert_eq!(header_value("ünï").as_bytes(), "ünï".as_bytes());
+    }
+
+    #[test]
+    fn the_signature_is_hmac_sha256_of_t_dot_body() {
+        let mac = Hmac::<Sha256>::new_from_slice(b"key").expect("key");
+        let value = sign(mac, 1_700_000_000, b"hello");
+        // python3: hmac.new(b"key", b"1700000000.hello", hashlib.sha256).hexdigest()
+        assert_eq!(
+            value.to_str().expect("ascii"),
+            "t=1700000000,v1=4d583a269f4f276a3fa80ff31b5a01879a848096983222a17893d198418939aa"
+        );
+    }
+
+    fn sink(url: &str, timeout: Duration) -> HttpSink {
+        HttpSink::new(HttpSinkParts {
+            url: SecretUrl::parse(url).expect("url"),
+            method: Method::POST,
+            secret: None,
+            headers: HeaderMap::new(),
+            timeout,
+            roots: None,
+        })
+        .expect("sink")
+    }
+
+    fn message() -> Message {
+        Message::new("m1", "out", &b"hello"[..])
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_unavailable_and_says_no_password() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let sink = sink(
+            &format!("http://hook:pw-Secret9@127.0.0.1:{port}/x"),
+            Duration::from_secs(5),
+        );
+        match sink.write(&message()).await {
+            Err(SinkError::Unavailable(why)) => {
+                assert!(why.contains("cannot connect"), "{why}");
+                assert!(!why.contains("pw-Secret9"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn no_answer_in_time_or_a_drop_after_sending_is_a_retry() {
+        use tokio::io::AsyncReadExt;
+        // Accepts, reads the request, never answers.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = silent.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((mut stream, _)) = silent.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = stream.read(&mut buf).await;
+                held.push(stream);
+            }
+        });
+        let slow = sink(&format!("http://{addr}/x"), Duration::from_millis(300));
+        match slow.write(&message()).await {
+            Err(SinkError::Retry { reason, after }) => {
+                assert!(reason.contains("no answer"), "{reason}");
+                assert_eq!(after, None);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Accepts, reads the request, hangs up.
+        let rude = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = rude.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = rude.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = stream.read(&mut buf).await;
+                drop(stream);
+            }
+        });
+        let dropped = sink(&format!("http://{addr}/x"), Duration::from_secs(5));
+        match dropped.write(&message()).await {
+            Err(SinkError::Retry { reason, .. }) => {
+                assert!(reason.contains("failed"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
