@@ -315,13 +315,31 @@ fn readiness(daemon: &Daemon) -> (String, String) {
 // The signature snippet of docs/connectors/http.md
 // ---------------------------------------------------------------------
 
-/// The first ```python block of the connector's docs, as it is.
+/// The first ```python block of the connector's docs, as it is; the
+/// README shows the same block (checked here), so both are what runs.
 fn doc_snippet() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/connectors/http.md");
-    let doc = std::fs::read_to_string(path).expect("docs/connectors/http.md");
-    let start = doc.find("```python\n").expect("a ```python block") + "```python\n".len();
-    let len = doc[start..].find("```").expect("the block ends");
-    doc[start..start + len].to_owned()
+    let first_python_block = |file: &str| {
+        let path = format!("{}/../{file}", env!("CARGO_MANIFEST_DIR"));
+        let doc = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let at = match file {
+            "README.md" => doc
+                .find("### Verifying a webhook's signature")
+                .expect("the README's signature section"),
+            _ => 0,
+        };
+        let start = at
+            + doc[at..].find("```python\n").expect("a ```python block")
+            + "```python\n".len();
+        let len = doc[start..].find("```").expect("the block ends");
+        doc[start..start + len].to_owned()
+    };
+    let docs = first_python_block("docs/connectors/http.md");
+    assert_eq!(
+        docs,
+        first_python_block("README.md"),
+        "the README's verification snippet must be the one docs/connectors/http.md shows"
+    );
+    docs
 }
 
 /// Runs the docs' `verify` on each `(Sluice-Signature, body)`.
