@@ -2,7 +2,8 @@
 //!
 //! Everything that publishes goes through a `Broker`: the ingest API and
 //! `sluice publish` call `publish`, the engine calls `complete` with a
-//! handler's emits and `dead_letter` with a DLQ entry, and a redrive calls
+//! handler's emits (and its dedup ticket, so a COMPLETED record keeps the
+//! references) and `dead_letter` with a DLQ entry, and a redrive calls
 //! `publish`. Wrapping the broker once covers all of them, and neither the
 //! engine nor the admin API needs to know about stores.
 
@@ -13,10 +14,10 @@ use async_trait::async_trait;
 
 use super::{ClaimError, Claims};
 use crate::broker::{
-    Broker, BrokerError, ConsumerSpec, ConsumerStats, Delivery, Message, PublishAck, Receipt,
-    Stored, TopicSpec, TopicStats,
+    Broker, BrokerError, Completion, ConsumerSpec, ConsumerStats, Delivery, Message, PublishAck,
+    Receipt, Stored, TopicSpec, TopicStats,
 };
-use crate::dedup::{Begin, BeginRequest, DedupStore, Ticket};
+use crate::dedup::DedupStore;
 
 /// A broker whose publishes offload large payloads first: each message
 /// above its topic's threshold is written to the claim store (durably),
@@ -88,9 +89,15 @@ impl Broker for ClaimingBroker {
         self.inner.ack(receipt).await
     }
 
-    async fn complete(&self, receipt: &Receipt, outputs: Vec<Message>) -> Result<(), BrokerError> {
-        let outputs = self.offload_all(outputs).await?;
-        self.inner.complete(receipt, outputs).await
+    async fn complete(&self, completion: &Completion) -> Result<(), BrokerError> {
+        // Offloaded here, with or without a dedup ticket: a COMPLETED
+        // record then keeps the references, not the payloads.
+        let offloaded = Completion {
+            receipt: completion.receipt.clone(),
+            outputs: self.offload_all(completion.outputs.clone()).await?,
+            ticket: completion.ticket.clone(),
+        };
+        self.inner.complete(&offloaded).await
     }
 
     async fn nak(&self, receipt: &Receipt, delay: Duration) -> Result<(), BrokerError> {
@@ -133,11 +140,9 @@ impl Broker for ClaimingBroker {
     }
 
     fn dedup_store(self: Arc<Self>) -> Option<Arc<dyn DedupStore>> {
-        let inner = self.inner.clone().dedup_store()?;
-        Some(Arc::new(ClaimingDedupStore {
-            inner,
-            claims: self.claims.clone(),
-        }))
+        // Completions, the only writes that carry outputs, go through
+        // `complete` above.
+        self.inner.clone().dedup_store()
     }
 
     async fn flush(&self) -> Result<(), BrokerError> {
@@ -150,41 +155,5 @@ impl Broker for ClaimingBroker {
 
     fn storage_errors(&self) -> u64 {
         self.inner.storage_errors()
-    }
-}
-
-/// The inner broker's dedup store, with the outputs of a deduplicated
-/// completion offloaded like any other (the COMPLETED record then keeps
-/// their references, not their payloads).
-struct ClaimingDedupStore {
-    inner: Arc<dyn DedupStore>,
-    claims: Arc<Claims>,
-}
-
-#[async_trait]
-impl DedupStore for ClaimingDedupStore {
-    async fn ensure_scope(&self, scope: &str, ttl: Duration) -> Result<(), BrokerError> {
-        self.inner.ensure_scope(scope, ttl).await
-    }
-
-    async fn begin(&self, request: BeginRequest) -> Result<Begin, BrokerError> {
-        self.inner.begin(request).await
-    }
-
-    async fn release(&self, ticket: &Ticket) -> Result<(), BrokerError> {
-        self.inner.release(ticket).await
-    }
-
-    async fn complete(
-        &self,
-        ticket: &Ticket,
-        receipt: &Receipt,
-        outputs: Vec<Message>,
-    ) -> Result<(), BrokerError> {
-        let mut offloaded = Vec::with_capacity(outputs.len());
-        for message in outputs {
-            offloaded.push(self.claims.offload(message).await.map_err(to_broker)?);
-        }
-        self.inner.complete(ticket, receipt, offloaded).await
     }
 }
