@@ -157,3 +157,98 @@ impl Broker for ClaimingBroker {
         self.inner.storage_errors()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::broker::embedded::{EmbeddedBroker, EmbeddedOptions, SyncMode};
+    use crate::claim::is_reference;
+    use crate::config::{ClaimCheck, HumanDuration, HumanSize};
+    use crate::dedup::{Begin, BeginRequest, key_digest};
+
+    const LONG: Duration = Duration::from_secs(60);
+
+    /// A deduplicated completion through the claim check offloads its
+    /// outputs like any other: the topic holds the reference, which
+    /// resolves to the payload, and the key is recorded COMPLETED.
+    #[tokio::test]
+    async fn a_deduplicated_completion_offloads_its_outputs() {
+        let dir = tempfile::tempdir().expect("dir");
+        let inner = EmbeddedBroker::open(EmbeddedOptions::new(dir.path()).sync(SyncMode::Always))
+            .expect("open broker");
+        let check = ClaimCheck {
+            store: "memory://t".into(),
+            threshold: HumanSize(16),
+            retention: HumanDuration::secs(60),
+            max_payload: HumanSize(1024),
+            region: None,
+            endpoint: None,
+            allow_http: false,
+        };
+        let claims = Arc::new(Claims::new(vec![("big".into(), check)]).expect("claims"));
+        let broker = Arc::new(ClaimingBroker::new(inner, claims.clone()));
+        for name in ["in", "big"] {
+            broker
+                .ensure_topic(&TopicSpec::new(name))
+                .await
+                .expect("topic");
+        }
+        let consumer = ConsumerSpec {
+            name: "p.s".into(),
+            topic: "in".into(),
+            filter: BTreeMap::new(),
+            ack_wait: LONG,
+            max_ack_pending: None,
+            max_deliver: None,
+        };
+        broker.ensure_consumer(&consumer).await.expect("consumer");
+        broker
+            .publish(vec![Message::new("m1", "in", &b"x"[..])])
+            .await
+            .expect("publish");
+        let delivery = broker.fetch("p.s", 1, LONG).await.expect("fetch").remove(0);
+        let store = broker.clone().dedup_store().expect("a dedup store");
+        let request = BeginRequest {
+            scope: "p.s".into(),
+            key: "k".into(),
+            digest: key_digest("k"),
+            hash: None,
+            lease: LONG,
+            ttl: LONG * 10,
+        };
+        let Begin::Run(ticket) = store.begin(request.clone()).await.expect("begin") else {
+            panic!("a new key is taken")
+        };
+        let payload = Bytes::from(vec![7u8; 100]);
+        broker
+            .complete(&Completion {
+                receipt: delivery.receipt.clone(),
+                outputs: vec![Message::new("o1", "big", payload.clone())],
+                ticket: Some(ticket),
+            })
+            .await
+            .expect("complete");
+
+        let stored = broker
+            .read("big", 0, 10, Duration::ZERO)
+            .await
+            .expect("read");
+        assert_eq!(stored.len(), 1);
+        let output = &stored[0].message;
+        assert!(is_reference(output), "{output:?}");
+        assert!(output.payload.is_empty(), "no payload in the broker");
+        assert_eq!(
+            claims.resolve(output).await.expect("resolves"),
+            Some(payload)
+        );
+        // The key went COMPLETED with it.
+        assert!(matches!(
+            store.begin(request).await.expect("begin"),
+            Begin::Done { .. }
+        ));
+    }
+}
