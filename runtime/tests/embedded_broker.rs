@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::broker::embedded::{EmbeddedBroker, EmbeddedOptions, SyncMode};
-use sluice::broker::{Broker, BrokerError, ConsumerSpec, Delivery, Message, TopicSpec};
+use sluice::broker::{Broker, BrokerError, Completion, ConsumerSpec, Delivery, Message, TopicSpec};
 
 /// Long enough that a lease never expires by accident on a loaded machine.
 const LONG: Duration = Duration::from_secs(60);
@@ -266,7 +266,8 @@ async fn a_stale_receipt_changes_nothing() {
     assert_eq!(fresh.attempt, 2);
     let out = vec![msg("a-out", "out")];
     for result in [
-        b.complete(&stale.receipt, out.clone()).await,
+        b.complete(&Completion::new(&stale.receipt, out.clone()))
+            .await,
         b.dead_letter(&stale.receipt, msg("a-dlq", "out")).await,
         b.nak(&stale.receipt, Duration::ZERO).await,
         b.in_progress(&stale.receipt).await,
@@ -278,7 +279,9 @@ async fn a_stale_receipt_changes_nothing() {
         );
     }
     assert_eq!(b.topic_stats("out").await.expect("stats").depth, 0);
-    b.complete(&fresh.receipt, out).await.expect("complete");
+    b.complete(&Completion::new(&fresh.receipt, out))
+        .await
+        .expect("complete");
     assert_eq!(b.topic_stats("out").await.expect("stats").depth, 1);
 }
 
@@ -294,12 +297,16 @@ async fn complete_publishes_outputs_and_acks() {
     let d = fetch_n(&b, "p.s", 1).await.remove(0);
     // An output to an undeclared topic fails and leaves the lease intact.
     assert!(matches!(
-        b.complete(&d.receipt, vec![msg("x", "nowhere")]).await,
+        b.complete(&Completion::new(&d.receipt, vec![msg("x", "nowhere")]))
+            .await,
         Err(BrokerError::UnknownTopic(_))
     ));
-    b.complete(&d.receipt, vec![msg("a1", "out"), msg("a2", "out")])
-        .await
-        .expect("complete");
+    b.complete(&Completion::new(
+        &d.receipt,
+        vec![msg("a1", "out"), msg("a2", "out")],
+    ))
+    .await
+    .expect("complete");
     assert_eq!(ids(&fetch_n(&b, "p.next", 2).await), ["a1", "a2"]);
     assert!(b.fetch("p.s", 1, QUIET).await.expect("fetch").is_empty());
 }
@@ -648,7 +655,7 @@ fn crash_child(spec: &str) {
                 }
                 for d in ds {
                     let output = msg(&format!("o-{}", d.message.id), "out");
-                    b.complete(&d.receipt, vec![output])
+                    b.complete(&Completion::new(&d.receipt, vec![output]))
                         .await
                         .expect("complete");
                     let mut out = std::io::stdout().lock();
@@ -999,10 +1006,10 @@ async fn concurrent_workers_settle_everything_once() {
                             1 => continue, // let the lease expire
                             2 => b.term(&d.receipt).await,
                             3 => {
-                                b.complete(
+                                b.complete(&Completion::new(
                                     &d.receipt,
                                     vec![msg(&format!("o-{}-{}", name, d.message.id), "out")],
-                                )
+                                ))
                                 .await
                             }
                             _ => b.ack(&d.receipt).await,
@@ -1078,9 +1085,13 @@ async fn dedup_records_take_complete_release_expire_and_survive_a_restart() {
             b.begin(request("k1", LONG)).await.expect("begin"),
             Begin::Busy(_)
         ));
-        DedupStore::complete(&*b, &ticket, &delivery.receipt, vec![msg("o1", "out")])
-            .await
-            .expect("complete");
+        b.complete(&Completion {
+            receipt: delivery.receipt.clone(),
+            outputs: vec![msg("o1", "out")],
+            ticket: Some(ticket),
+        })
+        .await
+        .expect("complete");
         // Outputs and ack went with the record.
         assert_eq!(b.topic_stats("out").await.expect("stats").depth, 1);
         assert!(b.fetch("p.s", 1, QUIET).await.expect("fetch").is_empty());

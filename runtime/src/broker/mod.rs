@@ -118,6 +118,33 @@ pub struct Receipt {
     pub handle: String,
 }
 
+/// A delivery's successful end, handed to [`Broker::complete`] as one
+/// step: its outputs, the ack, and on a dedup stage the key recorded
+/// COMPLETED with those outputs. The ticket travels with the outputs so
+/// that the record and the outputs are written together (on the embedded
+/// broker in the same transaction as the ack); see [`crate::dedup`].
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// The delivery to ack.
+    pub receipt: Receipt,
+    /// The outputs to publish, with their (deterministic) ids.
+    pub outputs: Vec<Message>,
+    /// The dedup key the delivery holds, to record COMPLETED (None: the
+    /// stage does not deduplicate, or the message has no key).
+    pub ticket: Option<crate::dedup::Ticket>,
+}
+
+impl Completion {
+    /// Outputs and an ack, without a dedup record.
+    pub fn new(receipt: &Receipt, outputs: Vec<Message>) -> Self {
+        Completion {
+            receipt: receipt.clone(),
+            outputs,
+            ticket: None,
+        }
+    }
+}
+
 /// A topic as the broker needs to know it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicSpec {
@@ -299,9 +326,12 @@ pub trait Broker: Send + Sync + 'static {
     /// Acks without outputs.
     async fn ack(&self, receipt: &Receipt) -> Result<(), BrokerError>;
 
-    /// Publishes `outputs` and acks the delivery: one transaction where the
-    /// broker supports it, otherwise publish-with-ids then ack.
-    async fn complete(&self, receipt: &Receipt, outputs: Vec<Message>) -> Result<(), BrokerError>;
+    /// Ends a delivery successfully (see [`Completion`]): publishes its
+    /// outputs, records its dedup key COMPLETED when it carries a ticket,
+    /// and acks it. One transaction where the broker supports it (the
+    /// embedded broker); on NATS publish-with-ids, then the record, then
+    /// the ack. Borrowed, so a caller can retry the same completion.
+    async fn complete(&self, completion: &Completion) -> Result<(), BrokerError>;
 
     /// Releases the delivery for redelivery after `delay`.
     async fn nak(&self, receipt: &Receipt, delay: Duration) -> Result<(), BrokerError>;
@@ -337,8 +367,8 @@ pub trait Broker: Send + Sync + 'static {
     async fn remove(&self, topic: &str, seqs: &[u64]) -> Result<u64, BrokerError>;
 
     /// This broker's store for stage dedup records (see [`crate::dedup`]),
-    /// if it keeps them. A wrapper must hand out its inner broker's, wrapped
-    /// the same way, so completions go through it too.
+    /// if it keeps them. A wrapper hands out its inner broker's: a key is
+    /// recorded COMPLETED by [`Broker::complete`], which the wrapper sees.
     fn dedup_store(self: Arc<Self>) -> Option<Arc<dyn crate::dedup::DedupStore>> {
         None
     }

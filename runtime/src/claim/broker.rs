@@ -2,7 +2,8 @@
 //!
 //! Everything that publishes goes through a `Broker`: the ingest API and
 //! `sluice publish` call `publish`, the engine calls `complete` with a
-//! handler's emits and `dead_letter` with a DLQ entry, and a redrive calls
+//! handler's emits (and its dedup ticket, so a COMPLETED record keeps the
+//! references) and `dead_letter` with a DLQ entry, and a redrive calls
 //! `publish`. Wrapping the broker once covers all of them, and neither the
 //! engine nor the admin API needs to know about stores.
 
@@ -13,10 +14,10 @@ use async_trait::async_trait;
 
 use super::{ClaimError, Claims};
 use crate::broker::{
-    Broker, BrokerError, ConsumerSpec, ConsumerStats, Delivery, Message, PublishAck, Receipt,
-    Stored, TopicSpec, TopicStats,
+    Broker, BrokerError, Completion, ConsumerSpec, ConsumerStats, Delivery, Message, PublishAck,
+    Receipt, Stored, TopicSpec, TopicStats,
 };
-use crate::dedup::{Begin, BeginRequest, DedupStore, Ticket};
+use crate::dedup::DedupStore;
 
 /// A broker whose publishes offload large payloads first: each message
 /// above its topic's threshold is written to the claim store (durably),
@@ -88,9 +89,15 @@ impl Broker for ClaimingBroker {
         self.inner.ack(receipt).await
     }
 
-    async fn complete(&self, receipt: &Receipt, outputs: Vec<Message>) -> Result<(), BrokerError> {
-        let outputs = self.offload_all(outputs).await?;
-        self.inner.complete(receipt, outputs).await
+    async fn complete(&self, completion: &Completion) -> Result<(), BrokerError> {
+        // Offloaded here, with or without a dedup ticket: a COMPLETED
+        // record then keeps the references, not the payloads.
+        let offloaded = Completion {
+            receipt: completion.receipt.clone(),
+            outputs: self.offload_all(completion.outputs.clone()).await?,
+            ticket: completion.ticket.clone(),
+        };
+        self.inner.complete(&offloaded).await
     }
 
     async fn nak(&self, receipt: &Receipt, delay: Duration) -> Result<(), BrokerError> {
@@ -133,11 +140,9 @@ impl Broker for ClaimingBroker {
     }
 
     fn dedup_store(self: Arc<Self>) -> Option<Arc<dyn DedupStore>> {
-        let inner = self.inner.clone().dedup_store()?;
-        Some(Arc::new(ClaimingDedupStore {
-            inner,
-            claims: self.claims.clone(),
-        }))
+        // Completions, the only writes that carry outputs, go through
+        // `complete` above.
+        self.inner.clone().dedup_store()
     }
 
     async fn flush(&self) -> Result<(), BrokerError> {
@@ -153,38 +158,97 @@ impl Broker for ClaimingBroker {
     }
 }
 
-/// The inner broker's dedup store, with the outputs of a deduplicated
-/// completion offloaded like any other (the COMPLETED record then keeps
-/// their references, not their payloads).
-struct ClaimingDedupStore {
-    inner: Arc<dyn DedupStore>,
-    claims: Arc<Claims>,
-}
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
 
-#[async_trait]
-impl DedupStore for ClaimingDedupStore {
-    async fn ensure_scope(&self, scope: &str, ttl: Duration) -> Result<(), BrokerError> {
-        self.inner.ensure_scope(scope, ttl).await
-    }
+    use bytes::Bytes;
 
-    async fn begin(&self, request: BeginRequest) -> Result<Begin, BrokerError> {
-        self.inner.begin(request).await
-    }
+    use super::*;
+    use crate::broker::embedded::{EmbeddedBroker, EmbeddedOptions, SyncMode};
+    use crate::claim::is_reference;
+    use crate::config::{ClaimCheck, HumanDuration, HumanSize};
+    use crate::dedup::{Begin, BeginRequest, key_digest};
 
-    async fn release(&self, ticket: &Ticket) -> Result<(), BrokerError> {
-        self.inner.release(ticket).await
-    }
+    const LONG: Duration = Duration::from_secs(60);
 
-    async fn complete(
-        &self,
-        ticket: &Ticket,
-        receipt: &Receipt,
-        outputs: Vec<Message>,
-    ) -> Result<(), BrokerError> {
-        let mut offloaded = Vec::with_capacity(outputs.len());
-        for message in outputs {
-            offloaded.push(self.claims.offload(message).await.map_err(to_broker)?);
+    /// A deduplicated completion through the claim check offloads its
+    /// outputs like any other: the topic holds the reference, which
+    /// resolves to the payload, and the key is recorded COMPLETED.
+    #[tokio::test]
+    async fn a_deduplicated_completion_offloads_its_outputs() {
+        let dir = tempfile::tempdir().expect("dir");
+        let inner = EmbeddedBroker::open(EmbeddedOptions::new(dir.path()).sync(SyncMode::Always))
+            .expect("open broker");
+        let check = ClaimCheck {
+            store: "memory://t".into(),
+            threshold: HumanSize(16),
+            retention: HumanDuration::secs(60),
+            max_payload: HumanSize(1024),
+            region: None,
+            endpoint: None,
+            allow_http: false,
+        };
+        let claims = Arc::new(Claims::new(vec![("big".into(), check)]).expect("claims"));
+        let broker = Arc::new(ClaimingBroker::new(inner, claims.clone()));
+        for name in ["in", "big"] {
+            broker
+                .ensure_topic(&TopicSpec::new(name))
+                .await
+                .expect("topic");
         }
-        self.inner.complete(ticket, receipt, offloaded).await
+        let consumer = ConsumerSpec {
+            name: "p.s".into(),
+            topic: "in".into(),
+            filter: BTreeMap::new(),
+            ack_wait: LONG,
+            max_ack_pending: None,
+            max_deliver: None,
+        };
+        broker.ensure_consumer(&consumer).await.expect("consumer");
+        broker
+            .publish(vec![Message::new("m1", "in", &b"x"[..])])
+            .await
+            .expect("publish");
+        let delivery = broker.fetch("p.s", 1, LONG).await.expect("fetch").remove(0);
+        let store = broker.clone().dedup_store().expect("a dedup store");
+        let request = BeginRequest {
+            scope: "p.s".into(),
+            key: "k".into(),
+            digest: key_digest("k"),
+            hash: None,
+            lease: LONG,
+            ttl: LONG * 10,
+        };
+        let Begin::Run(ticket) = store.begin(request.clone()).await.expect("begin") else {
+            panic!("a new key is taken")
+        };
+        let payload = Bytes::from(vec![7u8; 100]);
+        broker
+            .complete(&Completion {
+                receipt: delivery.receipt.clone(),
+                outputs: vec![Message::new("o1", "big", payload.clone())],
+                ticket: Some(ticket),
+            })
+            .await
+            .expect("complete");
+
+        let stored = broker
+            .read("big", 0, 10, Duration::ZERO)
+            .await
+            .expect("read");
+        assert_eq!(stored.len(), 1);
+        let output = &stored[0].message;
+        assert!(is_reference(output), "{output:?}");
+        assert!(output.payload.is_empty(), "no payload in the broker");
+        assert_eq!(
+            claims.resolve(output).await.expect("resolves"),
+            Some(payload)
+        );
+        // The key went COMPLETED with it.
+        assert!(matches!(
+            store.begin(request).await.expect("begin"),
+            Begin::Done { .. }
+        ));
     }
 }

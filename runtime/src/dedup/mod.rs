@@ -23,7 +23,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::broker::{BrokerError, Message, Receipt};
+use crate::broker::{BrokerError, Message};
 
 /// Added to the handler timeout to make an IN_PROGRESS lease: the time a
 /// settle may take after the handler returns.
@@ -268,6 +268,15 @@ pub fn crash_hook() {
 /// Where dedup records live. Implemented by each broker over its own
 /// storage, so that (on the embedded broker) the COMPLETED record commits
 /// in the same transaction as the outputs and the ack.
+///
+/// A key is taken ([`DedupStore::begin`]) and given back
+/// ([`DedupStore::release`]) here; it is recorded COMPLETED by the
+/// broker's one completion, [`Broker::complete`](crate::broker::Broker::complete)
+/// with a [`Completion`](crate::broker::Completion) carrying the ticket:
+/// the embedded broker writes the outputs, the record and the ack in one
+/// transaction; NATS publishes (awaiting the PubAcks), then records, then
+/// acks. If another holder completed the key meanwhile, its outputs stand
+/// and this delivery is only acked.
 #[async_trait]
 pub trait DedupStore: Send + Sync + 'static {
     /// Prepares storage for a stage's records (a NATS KV bucket with the
@@ -280,18 +289,6 @@ pub trait DedupStore: Send + Sync + 'static {
     /// Gives a key back after a failed attempt, so the retry can take it.
     /// A key no longer held by the ticket is left alone.
     async fn release(&self, ticket: &Ticket) -> Result<(), BrokerError>;
-
-    /// Publishes the outputs, records the key COMPLETED (with the outputs)
-    /// and acks the delivery. The embedded store does all three in one
-    /// transaction; NATS publishes (awaiting the PubAcks), then records,
-    /// then acks. If another holder completed the key meanwhile, its
-    /// outputs stand and this delivery is only acked.
-    async fn complete(
-        &self,
-        ticket: &Ticket,
-        receipt: &Receipt,
-        outputs: Vec<Message>,
-    ) -> Result<(), BrokerError>;
 }
 
 #[cfg(test)]

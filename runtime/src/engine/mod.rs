@@ -1,8 +1,12 @@
 //! The stage runner: for each stage, fetch → valve → ordering lane →
 //! resolve claim → dedup → invoke → settle.
 //!
-//! - `stage`: the fetch loop, the concurrency valve, per-key lanes, the
-//!   lease heartbeat and graceful drain;
+//! - `stage`: a stage's shared state and run, with its parts:
+//!   `stage::intake` (the fetch loop, in-flight permits and byte budget,
+//!   dispatch), `stage::lanes` (per-key ordering), `stage::attempt` (one
+//!   delivery through the concurrency valve, dedup, invoke and settle, and
+//!   the batch call) and `stage::leases` (the lease heartbeat and graceful
+//!   drain);
 //! - `settle`: DESIGN's outcome table (complete, nak with backoff,
 //!   dead-letter with provenance);
 //! - `dedup`: the dedup step (run, wait for the key's holder, or settle

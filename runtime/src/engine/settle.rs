@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::{backoff, ids};
-use crate::broker::{Broker, BrokerError, Delivery, Message, now_millis};
+use crate::broker::{Broker, BrokerError, Completion, Delivery, Message, now_millis};
 use crate::config::{Backoff, Stage};
 use crate::dedup::{DedupStore, REPUBLISH_WITHIN, Ticket};
 use crate::dlq::{self, Provenance};
@@ -65,7 +65,9 @@ pub(super) struct Settler {
     handler_duration: Histogram,
     /// `sluice_messages_published_total` of each declared output topic.
     published: Vec<(String, Counter)>,
-    /// The stage's dedup store, when it deduplicates.
+    /// The stage's dedup store, when it deduplicates: it takes back the
+    /// keys of failed attempts (a success records its key through
+    /// [`Broker::complete`]).
     dedup: Option<Arc<dyn DedupStore>>,
 }
 
@@ -121,7 +123,7 @@ impl Settler {
         }
     }
 
-    /// Completes deduplicated deliveries through `store`.
+    /// Releases the dedup keys of failed attempts through `store`.
     pub(super) fn with_dedup(mut self, store: Arc<dyn DedupStore>) -> Self {
         self.dedup = Some(store);
         self
@@ -185,9 +187,8 @@ impl Settler {
         let outputs = outputs
             .filter(|_| age < REPUBLISH_WITHIN)
             .unwrap_or_default();
-        let result = self
-            .patiently(|| self.broker.complete(&delivery.receipt, outputs.clone()))
-            .await;
+        let completion = Completion::new(&delivery.receipt, outputs);
+        let result = self.patiently(|| self.broker.complete(&completion)).await;
         match result {
             Ok(()) | Err(BrokerError::LeaseLost(_)) => {
                 self.count("duplicate");
@@ -205,7 +206,7 @@ impl Settler {
     }
 
     /// Publishes the emits and acks, as one broker step (with the dedup
-    /// record, when there is a ticket).
+    /// record, when there is a ticket: it travels in the [`Completion`]).
     async fn complete(
         &self,
         delivery: &Delivery,
@@ -244,16 +245,12 @@ impl Settler {
                 None => per_topic.push((output.topic.clone(), 1)),
             }
         }
-        let result = match (ticket, &self.dedup) {
-            (Some(ticket), Some(store)) => {
-                self.patiently(|| store.complete(ticket, &delivery.receipt, outputs.clone()))
-                    .await
-            }
-            _ => {
-                self.patiently(|| self.broker.complete(&delivery.receipt, outputs.clone()))
-                    .await
-            }
+        let completion = Completion {
+            receipt: delivery.receipt.clone(),
+            outputs,
+            ticket: ticket.cloned(),
         };
+        let result = self.patiently(|| self.broker.complete(&completion)).await;
         match result {
             Ok(()) => {
                 self.ok.inc();
@@ -279,7 +276,7 @@ impl Settler {
             // DLQ anyway, reported as a publish failure, which it is not.
             Err(BrokerError::PayloadTooLarge(why)) => Err(Failure::new(
                 FailureKind::OutputTooLarge,
-                too_large(&outputs, &why),
+                too_large(&completion.outputs, &why),
             )),
             Err(err) => Err(Failure::new(
                 FailureKind::PublishFailed,

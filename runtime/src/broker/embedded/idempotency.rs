@@ -155,8 +155,12 @@ impl DedupStore for EmbeddedBroker {
         self.shared.holds.release(&key, ticket);
         Ok(())
     }
+}
 
-    async fn complete(
+impl EmbeddedBroker {
+    /// [`Broker::complete`](crate::broker::Broker::complete) with a ticket:
+    /// the outputs, the COMPLETED record and the ack in one transaction.
+    pub(super) async fn complete_recorded(
         &self,
         ticket: &Ticket,
         receipt: &Receipt,

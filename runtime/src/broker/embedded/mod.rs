@@ -51,8 +51,8 @@ use self::consumer::{Consumer, ConsumerState, millis};
 use self::store::{ConsumerRecord, Store, StoreSlot, cursor_key, encode};
 use self::topic::{Topic, TopicState};
 use super::{
-    Broker, BrokerError, ConsumerSpec, ConsumerStats, Delivery, Message, PublishAck, Receipt,
-    Stored, TopicSpec, TopicStats, now_millis,
+    Broker, BrokerError, Completion, ConsumerSpec, ConsumerStats, Delivery, Message, PublishAck,
+    Receipt, Stored, TopicSpec, TopicStats, now_millis,
 };
 
 /// When a write counts as done.
@@ -459,8 +459,19 @@ impl Broker for EmbeddedBroker {
         self.settle(receipt, Vec::new()).await
     }
 
-    async fn complete(&self, receipt: &Receipt, outputs: Vec<Message>) -> Result<(), BrokerError> {
-        self.settle(receipt, outputs).await
+    async fn complete(&self, completion: &Completion) -> Result<(), BrokerError> {
+        let Completion {
+            receipt,
+            outputs,
+            ticket,
+        } = completion;
+        match ticket {
+            Some(ticket) => {
+                self.complete_recorded(ticket, receipt, outputs.clone())
+                    .await
+            }
+            None => self.settle(receipt, outputs.clone()).await,
+        }
     }
 
     async fn nak(&self, receipt: &Receipt, delay: Duration) -> Result<(), BrokerError> {

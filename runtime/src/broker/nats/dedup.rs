@@ -175,8 +175,12 @@ impl DedupStore for NatsBroker {
             }
         }
     }
+}
 
-    async fn complete(
+impl NatsBroker {
+    /// [`Broker::complete`] with a ticket: publishes the outputs (awaiting
+    /// the PubAcks), then records the key COMPLETED, then acks.
+    pub(super) async fn complete_recorded(
         &self,
         ticket: &Ticket,
         receipt: &Receipt,

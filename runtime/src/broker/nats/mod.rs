@@ -45,8 +45,8 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::{
-    Broker, BrokerError, ConsumerSpec, ConsumerStats, Delivery, Message, PublishAck, Receipt,
-    Stored, TopicSpec, TopicStats, now_millis,
+    Broker, BrokerError, Completion, ConsumerSpec, ConsumerStats, Delivery, Message, PublishAck,
+    Receipt, Stored, TopicSpec, TopicStats, now_millis,
 };
 
 /// A stage's consumer as this process knows it.
@@ -530,13 +530,23 @@ impl Broker for NatsBroker {
         self.settle(receipt, AckKind::Ack).await
     }
 
-    async fn complete(&self, receipt: &Receipt, outputs: Vec<Message>) -> Result<(), BrokerError> {
+    async fn complete(&self, completion: &Completion) -> Result<(), BrokerError> {
+        let Completion {
+            receipt,
+            outputs,
+            ticket,
+        } = completion;
+        if let Some(ticket) = ticket {
+            return self
+                .complete_recorded(ticket, receipt, outputs.clone())
+                .await;
+        }
         if outputs.is_empty() {
             return self.settle(receipt, AckKind::Ack).await;
         }
-        self.check_sizes(&outputs, true)?;
+        self.check_sizes(outputs, true)?;
         self.batcher
-            .settle(outputs, live_handle(receipt)?, AckKind::Ack)
+            .settle(outputs.clone(), live_handle(receipt)?, AckKind::Ack)
             .await
     }
 

@@ -1,0 +1,369 @@
+//! One delivery's way through a worker slot: resolve its claim, pass the
+//! dedup gate, invoke the handler and settle, then retry in place, or hold
+//! it while its target is unavailable, until it is settled; and the batch
+//! call, which does the same for a batch's items under one slot.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::{CALLS, DEDUP_POLL_MAX, DEDUP_POLL_MIN, Job, StageRunner, lock};
+use crate::broker::Delivery;
+use crate::claim::{self, ClaimError};
+use crate::dedup::Ticket;
+use crate::engine::dedup::Gate;
+use crate::engine::handler::StageHandler;
+use crate::engine::settle::Next;
+use crate::plugin::Message as PluginMessage;
+
+/// How one try of a delivery ended, before its settle.
+enum Tried {
+    /// Shutdown began before the handler call: the delivery is left
+    /// unsettled, its lease for `drain` to hand back.
+    Left,
+    /// Another delivery holds its dedup key: try again after this pause.
+    Busy(Duration),
+    /// Settled already (as a duplicate); what to do next.
+    Settled(Next),
+    /// The handler ran, or the claim or dedup step failed: settle this
+    /// outcome, with the dedup ticket if the key was taken.
+    Ran(crate::plugin::Outcome, Option<Ticket>),
+}
+
+impl StageRunner {
+    /// Handles one delivery to the end: invoke, settle, and for an ordered
+    /// stage retry in place until it is settled.
+    /// `slot` is a worker slot already taken for the first attempt.
+    ///
+    /// Once shutdown has begun no handler call starts: a delivery that has
+    /// not reached its call (or waits for a retry in place) is left
+    /// unsettled, its lease in `leases` for `drain` to hand back.
+    pub(super) async fn process(
+        &self,
+        job: Job,
+        retry_in_place: bool,
+        mut slot: Option<OwnedSemaphorePermit>,
+    ) {
+        let delivery = &job.delivery;
+        let mut attempt = delivery.attempt;
+        let mut busy_pause = DEDUP_POLL_MIN;
+        let mut hold = Hold::new(self.settler.hold_max());
+        loop {
+            if self.stopping() {
+                return;
+            }
+            let next = match self
+                .attempt(delivery, attempt, retry_in_place, slot.take())
+                .await
+            {
+                Tried::Left => return,
+                Tried::Busy(pause) => {
+                    self.pause(pause.min(busy_pause)).await;
+                    busy_pause = (busy_pause * 2).min(DEDUP_POLL_MAX);
+                    continue;
+                }
+                Tried::Settled(next) => next,
+                Tried::Ran(outcome, ticket) => {
+                    self.settler
+                        .settle(delivery, attempt, outcome, retry_in_place, ticket.as_ref())
+                        .await
+                }
+            };
+            match next {
+                Next::Done => break,
+                Next::RetryAfter(delay) => {
+                    self.pause(delay).await;
+                    attempt = attempt.saturating_add(1);
+                }
+                // Same attempt, later: the target is down. The worker slot
+                // is free meanwhile and the lease kept.
+                Next::Hold(delay) => self.pause(hold.next(delay)).await,
+            }
+        }
+        self.forget(delivery.seq);
+    }
+
+    /// One try of `delivery` up to its settle: takes a worker slot (unless
+    /// `slot` is one), resolves its claim, asks the dedup gate, and invokes
+    /// the handler. The slot is free again when this returns.
+    async fn attempt(
+        &self,
+        delivery: &Delivery,
+        attempt: u32,
+        retry_in_place: bool,
+        mut slot: Option<OwnedSemaphorePermit>,
+    ) -> Tried {
+        // A claim reference is resolved under the valve, so at most
+        // `concurrency` claim payloads are in memory at once. An inline
+        // message of a dedup stage takes its slot only once the dedup
+        // check says it runs.
+        if slot.is_none() && (self.dedup.is_none() || claim::is_reference(&delivery.message)) {
+            match self.valve.clone().acquire_owned().await {
+                Ok(taken) => slot = Some(taken),
+                // Closed: shutdown began.
+                Err(_) => return Tried::Left,
+            }
+        }
+        let message = match self.resolve(delivery, attempt).await {
+            Ok(message) => message,
+            Err(failure) => return Tried::Ran(Err(failure), None),
+        };
+        match self.gate(&message).await {
+            Gate::Run(ticket) => self.run_gated(&message, ticket, slot).await,
+            Gate::Wait(pause) => {
+                // Same attempt, later: the key's holder (here or in
+                // another daemon) is still at work. The worker slot is
+                // free meanwhile, the lease kept.
+                drop(slot);
+                Tried::Busy(pause)
+            }
+            Gate::Duplicate {
+                outputs,
+                completed_at,
+            } => {
+                drop(slot);
+                let next = self
+                    .settler
+                    .duplicate(delivery, attempt, outputs, completed_at, retry_in_place)
+                    .await;
+                Tried::Settled(next)
+            }
+            Gate::Fail(failure) => Tried::Ran(Err(failure), None),
+        }
+    }
+
+    /// Invokes the handler for a message the dedup gate let through,
+    /// taking a worker slot first if `slot` is none.
+    async fn run_gated(
+        &self,
+        message: &PluginMessage,
+        ticket: Option<Ticket>,
+        slot: Option<OwnedSemaphorePermit>,
+    ) -> Tried {
+        let _slot = match slot {
+            Some(slot) => slot,
+            None => match self.valve.clone().acquire_owned().await {
+                Ok(taken) => taken,
+                // Shutdown began: the dedup key's lease runs out and a
+                // redelivery takes it.
+                Err(_) => return Tried::Left,
+            },
+        };
+        if self.stopping() {
+            return Tried::Left;
+        }
+        Tried::Ran(self.invoke(message).await, ticket)
+    }
+
+    /// Hands a batch to one worker slot, then settles its items together.
+    /// Items whose target is unavailable are held (lease kept, no attempt
+    /// spent) and handed over again, as a smaller batch, after a pause.
+    pub(super) async fn process_batch(&self, jobs: Vec<Job>) {
+        let mut jobs = jobs;
+        let mut hold = Hold::new(self.settler.hold_max());
+        loop {
+            let Some(outcomes) = self.call_batch(&jobs).await else {
+                // Shutdown began: no call starts; `drain` hands them back.
+                return;
+            };
+            let mut held = Vec::new();
+            let mut settled = Vec::with_capacity(jobs.len());
+            let mut wait = Duration::ZERO;
+            for (job, outcome) in jobs.into_iter().zip(outcomes) {
+                match outcome {
+                    Err(failure) if failure.kind == crate::FailureKind::Unavailable => {
+                        self.settler.count_failure(crate::FailureKind::Unavailable);
+                        wait = wait.max(failure.retry_after.unwrap_or_default());
+                        held.push(job);
+                    }
+                    outcome => settled.push((job, outcome)),
+                }
+            }
+            // Every item is settled on its own (its own outputs, ack, nak
+            // or dead letter), but all at once: each settle waits for the
+            // broker to make it durable, and in flight together they share
+            // the embedded broker's group commit (one fsync for the batch)
+            // or NATS's pipelining, instead of paying one round each in
+            // turn. Batch items are naked for their retries: holding a
+            // whole batch back for one item would stall the rest.
+            let settles = settled.into_iter().map(|(job, outcome)| async move {
+                let delivery = &job.delivery;
+                self.settler
+                    .settle(delivery, delivery.attempt, outcome, false, None)
+                    .await;
+                self.forget(delivery.seq);
+            });
+            futures_util::future::join_all(settles).await;
+            if held.is_empty() {
+                return;
+            }
+            self.pause(hold.next(wait)).await;
+            if self.stopping() {
+                return;
+            }
+            jobs = held;
+        }
+    }
+
+    /// One handler call for `jobs` under a worker slot: an outcome per job,
+    /// in order. `None` if shutdown began before the call could start.
+    async fn call_batch(&self, jobs: &[Job]) -> Option<Vec<crate::plugin::Outcome>> {
+        let _slot = self.valve.acquire().await.ok()?;
+        // Items whose claim cannot be resolved fail alone; the rest go to
+        // the handler as one batch.
+        let mut failed: Vec<Option<crate::Failure>> = Vec::with_capacity(jobs.len());
+        let mut messages: Vec<PluginMessage> = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            match self.resolve(&job.delivery, job.delivery.attempt).await {
+                Ok(message) => {
+                    messages.push(message);
+                    failed.push(None);
+                }
+                Err(failure) => failed.push(Some(failure)),
+            }
+        }
+        if self.stopping() {
+            return None;
+        }
+        tracing::debug!(target: CALLS, items = messages.len(), "handler call starts");
+        let mut handler = self.take_handler();
+        let started = Instant::now();
+        let handled = match handler.as_mut() {
+            Some(_) if messages.is_empty() => Vec::new(),
+            Some(handler) => handler.handle_batch(&messages).await,
+            None => vec![
+                Err(crate::Failure::new(
+                    crate::FailureKind::Trap,
+                    "no worker slot free (engine bug)"
+                ));
+                messages.len()
+            ],
+        };
+        self.settler.observe(started.elapsed());
+        if let Some(handler) = handler {
+            lock(&self.pool).push(handler);
+        }
+        let mut handled = handled.into_iter();
+        Some(
+            failed
+                .into_iter()
+                .map(|failure| match failure {
+                    Some(failure) => Err(failure),
+                    None => handled.next().unwrap_or_else(|| {
+                        Err(crate::Failure::new(
+                            crate::FailureKind::Trap,
+                            "no outcome returned",
+                        ))
+                    }),
+                })
+                .collect(),
+        )
+    }
+
+    fn take_handler(&self) -> Option<Box<dyn StageHandler>> {
+        lock(&self.pool).pop()
+    }
+
+    /// Calls a free handler with `message` (the caller holds a worker slot).
+    async fn invoke(&self, message: &PluginMessage) -> crate::plugin::Outcome {
+        tracing::debug!(target: CALLS, id = %message.id, attempt = message.attempt, "handler call starts");
+        let mut handler = self.take_handler();
+        let started = Instant::now();
+        let outcome = match handler.as_mut() {
+            Some(handler) => handler.handle(message).await,
+            None => Err(crate::Failure::new(
+                crate::FailureKind::Trap,
+                "no worker slot free (engine bug)",
+            )),
+        };
+        self.settler.observe(started.elapsed());
+        if let Some(handler) = handler {
+            lock(&self.pool).push(handler);
+        }
+        outcome
+    }
+
+    /// The dedup step: whether `message` runs, waits, or is a duplicate.
+    async fn gate(&self, message: &PluginMessage) -> Gate {
+        match &self.dedup {
+            Some(gate) => gate.check(message).await,
+            None => Gate::Run(None),
+        }
+    }
+
+    /// The plugin's view of a delivery, with a claim-check reference
+    /// resolved: the payload read from its store (checked against the
+    /// reference's size and hash) and the `sluice-claim*` headers removed,
+    /// so the handler sees the message as it was published. The delivery
+    /// itself keeps the reference: a dead letter carries the reference, not
+    /// the payload.
+    ///
+    /// The plugin's `Message` owns a `Vec<u8>`; a payload read from a store
+    /// becomes it without a copy when its buffer is not shared (the usual
+    /// case), an inline one is copied once.
+    async fn resolve(
+        &self,
+        delivery: &Delivery,
+        attempt: u32,
+    ) -> Result<PluginMessage, crate::Failure> {
+        let message = &delivery.message;
+        let mut headers = message.headers.clone();
+        let payload = if claim::is_reference(message) {
+            let resolved = match &self.claims {
+                Some(claims) => claims.resolve(message).await,
+                None => Err(ClaimError::Missing(
+                    "the message is a claim-check reference, but this daemon has no \
+                     `claim_check` configured"
+                        .into(),
+                )),
+            };
+            match resolved {
+                Ok(Some(payload)) => {
+                    claim::strip_claim_headers(&mut headers);
+                    Vec::from(payload)
+                }
+                Ok(None) => message.payload.to_vec(),
+                Err(err) => {
+                    return Err(crate::Failure::new(
+                        crate::FailureKind::ClaimMissing,
+                        err.to_string(),
+                    ));
+                }
+            }
+        } else {
+            message.payload.to_vec()
+        };
+        Ok(PluginMessage {
+            id: message.id.clone(),
+            topic: message.topic.clone(),
+            key: message.key.clone(),
+            headers,
+            payload,
+            attempt,
+            published_at: message.published_at,
+        })
+    }
+}
+
+/// The pauses of a delivery held while its target is unavailable: the
+/// delay asked for (a `Retry-After`), else doubling from the first one
+/// given, never longer than the stage's `retry.backoff.max`.
+struct Hold {
+    last: Duration,
+    max: Duration,
+}
+
+impl Hold {
+    fn new(max: Duration) -> Self {
+        Hold {
+            last: Duration::ZERO,
+            max,
+        }
+    }
+
+    fn next(&mut self, asked: Duration) -> Duration {
+        let doubled = (self.last * 2).max(Duration::from_millis(100));
+        self.last = asked.max(doubled).min(self.max);
+        self.last
+    }
+}
