@@ -641,6 +641,9 @@ fn an_unreachable_target_holds_messages_without_spending_attempts(backend: &Back
     );
     // The outage was seen as such, and no attempt was spent on it.
     let processed = |outcome: &str| processed(&daemon, "hooks", "notify", outcome);
+    // A delivery is counted once its ack is written, a moment after the
+    // receiver saw the request.
+    wait_for("every delivery acked", &daemon, || processed("ok") == 20);
     assert!(processed("unavailable") > 0);
     assert_eq!(processed("retry"), 0);
     assert_eq!(processed("dead-lettered"), 0);
