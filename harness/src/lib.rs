@@ -27,6 +27,7 @@ use anyhow::{Context, bail};
 
 pub mod moto;
 pub mod nats;
+pub mod postgres;
 
 /// The Rust target every plugin is compiled for.
 const TARGET: &str = "wasm32-wasip2";
