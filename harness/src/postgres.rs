@@ -277,7 +277,10 @@ impl PostgresServer {
             ],
         )?;
         if !out.status.success() {
-            bail!("psql `{sql}` failed: {}", String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "psql `{sql}` failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     }

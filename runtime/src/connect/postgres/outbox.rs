@@ -37,7 +37,10 @@ pub(crate) fn create_ddl(table: &str) -> String {
     let quoted = quote_ident(table);
     let channel = channel(table);
     let function = quote_ident(&format!("{table}_sluice_notify"));
-    let trigger = format!("\"{}_sluice_notify\"", table.rsplit('.').next().unwrap_or(table));
+    let trigger = format!(
+        "\"{}_sluice_notify\"",
+        table.rsplit('.').next().unwrap_or(table)
+    );
     format!(
         "CREATE TABLE IF NOT EXISTS {quoted} (\n\
          \x20   id bigserial PRIMARY KEY,\n\
@@ -124,9 +127,10 @@ impl OutboxSource {
         self.conn = None;
         self.in_tx = false;
         self.pending.clear();
-        let config: tokio_postgres::Config = self.url.expose().parse().map_err(|e| {
-            SourceError::Unavailable(self.url.scrub(&format!("postgres URL: {e}")))
-        })?;
+        let config: tokio_postgres::Config =
+            self.url.expose().parse().map_err(|e| {
+                SourceError::Unavailable(self.url.scrub(&format!("postgres URL: {e}")))
+            })?;
         let connecting = tokio::time::timeout(CONNECT_TIMEOUT, config.connect(NoTls)).await;
         let (client, mut connection) = match connecting {
             Ok(Ok(pair)) => pair,
@@ -362,7 +366,9 @@ mod tests {
             Ok(7),
             Ok(b"hi".to_vec()),
             Ok(Some("k".into())),
-            Ok(Some(serde_json::json!({"a": "x", "n": 3, "o": {"p": true}}))),
+            Ok(Some(
+                serde_json::json!({"a": "x", "n": 3, "o": {"p": true}}),
+            )),
         )
         .expect("maps");
         assert_eq!(id, 7);
@@ -399,8 +405,17 @@ mod tests {
         assert_eq!(channel("app.outbox"), "sluice_outbox_app_outbox");
         assert_eq!(channel(&"x".repeat(63)).len(), 63);
         let ddl = create_ddl("app.outbox");
-        assert!(ddl.contains("CREATE TABLE IF NOT EXISTS \"app\".\"outbox\""), "{ddl}");
-        assert!(ddl.contains("pg_notify('sluice_outbox_app_outbox', '')"), "{ddl}");
-        assert!(ddl.contains("TRIGGER \"outbox_sluice_notify\" AFTER INSERT ON \"app\".\"outbox\""), "{ddl}");
+        assert!(
+            ddl.contains("CREATE TABLE IF NOT EXISTS \"app\".\"outbox\""),
+            "{ddl}"
+        );
+        assert!(
+            ddl.contains("pg_notify('sluice_outbox_app_outbox', '')"),
+            "{ddl}"
+        );
+        assert!(
+            ddl.contains("TRIGGER \"outbox_sluice_notify\" AFTER INSERT ON \"app\".\"outbox\""),
+            "{ddl}"
+        );
     }
 }

@@ -120,9 +120,8 @@ pub fn rewrite_statement(sql: &str) -> Result<Rewritten, RewriteError> {
     while i < bytes.len() {
         match bytes[i] {
             b'\'' => {
-                let escapes = i > 0
-                    && matches!(bytes[i - 1], b'e' | b'E')
-                    && (i < 2 || !ident(bytes[i - 2]));
+                let escapes =
+                    i > 0 && matches!(bytes[i - 1], b'e' | b'E') && (i < 2 || !ident(bytes[i - 2]));
                 let mut j = i + 1;
                 loop {
                     match bytes.get(j) {
@@ -301,17 +300,20 @@ impl TableSink {
     async fn client(&self) -> Result<deadpool_postgres::Object, SinkError> {
         let client = self.pool.get().await.map_err(|e| match e {
             PoolError::Backend(e) => SinkError::Unavailable(self.said(&e)),
-            other => SinkError::Unavailable(self.url.scrub(&format!(
-                "postgres at {}: no connection: {other}",
+            other => SinkError::Unavailable(
                 self.url
-            ))),
+                    .scrub(&format!("postgres at {}: no connection: {other}", self.url)),
+            ),
         })?;
         if let Mode::Table { ddl, .. } = &self.mode
             && self.create
         {
             self.created
                 .get_or_try_init(|| async {
-                    client.batch_execute(ddl).await.map_err(|e| self.classify(&e))
+                    client
+                        .batch_execute(ddl)
+                        .await
+                        .map_err(|e| self.classify(&e))
                 })
                 .await?;
         }
@@ -344,7 +346,10 @@ impl TableSink {
         let ids: Vec<&str> = messages.iter().map(|m| m.id.as_str()).collect();
         let topics: Vec<&str> = messages.iter().map(|m| m.topic.as_str()).collect();
         let keys: Vec<Option<&str>> = messages.iter().map(|m| m.key.as_deref()).collect();
-        let headers: Vec<String> = messages.iter().map(|m| headers_json(m).to_string()).collect();
+        let headers: Vec<String> = messages
+            .iter()
+            .map(|m| headers_json(m).to_string())
+            .collect();
         let payloads: Vec<&[u8]> = messages.iter().map(|m| m.payload.as_slice()).collect();
         let published: Vec<i64> = messages
             .iter()
@@ -480,13 +485,13 @@ impl Values {
                 Param::Topic => Box::new(message.topic.clone()),
                 Param::Key => Box::new(message.key.clone()),
                 Param::Payload => Box::new(message.payload.clone()),
-                Param::PayloadText => Box::new(
-                    String::from_utf8(message.payload.clone()).map_err(|e| {
+                Param::PayloadText => {
+                    Box::new(String::from_utf8(message.payload.clone()).map_err(|e| {
                         SinkError::Rejected(format!(
                             "the payload is not UTF-8 text, which `$payload_text` needs: {e}"
                         ))
-                    })?,
-                ),
+                    })?)
+                }
                 Param::PayloadJson => Box::new(RawJson(message.payload.clone())),
                 Param::PublishedAt => {
                     Box::new(UNIX_EPOCH + Duration::from_millis(message.published_at))
@@ -554,7 +559,10 @@ mod tests {
     #[test]
     fn named_parameters_become_positional() {
         let r = rw("INSERT INTO t (a, b, c) VALUES ($id, $payload_json, $id) -- $nope\n");
-        assert_eq!(r.sql, "INSERT INTO t (a, b, c) VALUES ($1, $2, $1) -- $nope\n");
+        assert_eq!(
+            r.sql,
+            "INSERT INTO t (a, b, c) VALUES ($1, $2, $1) -- $nope\n"
+        );
         assert_eq!(r.params, vec![Param::Id, Param::PayloadJson]);
         let r = rw("SELECT $header_x_y,$key::text||$topic");
         assert_eq!(r.sql, "SELECT $1,$2::text||$3");
