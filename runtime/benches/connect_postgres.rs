@@ -39,7 +39,11 @@ fn main() {
     let n: usize = std::env::var("SLUICE_BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(if cfg!(debug_assertions) { 2_000 } else { 50_000 });
+        .unwrap_or(if cfg!(debug_assertions) {
+            2_000
+        } else {
+            50_000
+        });
     let samples = if cfg!(debug_assertions) { 2 } else { 5 };
     let server = PostgresServer::start().expect("postgres");
     let url = server.url();
@@ -47,10 +51,14 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let (mut raw, mut sink) = (Vec::new(), Vec::new());
+    let (mut raw, mut sink, mut direct, mut ceiling) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for sample in 0..samples {
         raw.push(rt.block_on(run_raw(&url, &format!("raw_{sample}"), n)));
         sink.push(rt.block_on(run_sink(&url, &format!("sink_{sample}"), n)));
+        direct.push(rt.block_on(run_direct(&url, &format!("direct_{sample}"), n)));
+        let noop = Arc::new(Noop(std::sync::atomic::AtomicUsize::new(0)));
+        ceiling.push(rt.block_on(run_stage(&url, &format!("noop_{sample}"), n, Some(noop))));
     }
     println!("| benchmark | A | B | ratio B/A |");
     println!("|---|---|---|---|");
@@ -59,12 +67,60 @@ fn main() {
         "| postgres rows/s, {n} × 64 B, batch {BATCH}, concurrency {CONCURRENCY} (raw tokio-postgres | table sink) | {ma:.0} | {mb:.0} | {:.2} |",
         mb / ma
     );
+    let mc = median(&direct);
+    println!(
+        "| postgres rows/s, the same, connector alone (raw tokio-postgres | `Sink::write_batch` without the engine) | {ma:.0} | {mc:.0} | {:.2} |",
+        mc / ma
+    );
+    let md = median(&ceiling);
+    println!(
+        "| msgs/s of the same batch stage with a sink that does nothing (table sink | no-op sink): the engine's ceiling | {mb:.0} | {md:.0} | {:.2} |",
+        md / mb
+    );
+}
+
+/// The connector without the engine: `write_batch` of 100 messages in a
+/// loop on `CONCURRENCY` tasks, to tell the connector's cost from the
+/// broker's and the stage runner's.
+async fn run_direct(url: &str, table: &str, n: usize) -> f64 {
+    let yaml = format!("url: \"{url}\"\ntable: {table}\n");
+    let config: sluice::connect::postgres::TableSinkConfig =
+        serde_saphyr::from_str(&yaml).expect("config");
+    let ctx = Context {
+        pipeline: "b".into(),
+        name: "direct".into(),
+        metrics: Arc::new(Metrics::new()),
+        health: Arc::new(Health::default()),
+    };
+    let sink = config.build(&ctx).await.expect("build");
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..CONCURRENCY)
+        .map(|worker| {
+            let sink = sink.clone();
+            tokio::spawn(async move {
+                let mut i = worker * BATCH;
+                while i < n {
+                    let batch: Vec<sluice::plugin::Message> = (i..i + BATCH)
+                        .map(|j| {
+                            sluice::plugin::Message::new(format!("m{j}"), "in", vec![b'a'; 64])
+                        })
+                        .collect();
+                    for result in sink.write_batch(&batch).await {
+                        result.expect("write");
+                    }
+                    i += BATCH * CONCURRENCY;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("worker");
+    }
+    n as f64 / started.elapsed().as_secs_f64()
 }
 
 async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .expect("connect");
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.expect("connect");
     tokio::spawn(connection);
     client
 }
@@ -89,7 +145,15 @@ async fn run_raw(url: &str, table: &str, n: usize) -> f64 {
     let values: Vec<String> = (0..BATCH)
         .map(|r| {
             let b = r * 6;
-            format!("(${}, ${}, ${}, ${}, ${}, ${})", b + 1, b + 2, b + 3, b + 4, b + 5, b + 6)
+            format!(
+                "(${}, ${}, ${}, ${}, ${}, ${})",
+                b + 1,
+                b + 2,
+                b + 3,
+                b + 4,
+                b + 5,
+                b + 6
+            )
         })
         .collect();
     let sql = format!(
@@ -138,7 +202,22 @@ async fn run_raw(url: &str, table: &str, n: usize) -> f64 {
     rows as f64 / took.as_secs_f64()
 }
 
+/// A sink that only counts: the ceiling of the engine and the broker.
+struct Noop(std::sync::atomic::AtomicUsize);
+
+#[async_trait::async_trait]
+impl sluice::connect::Sink for Noop {
+    async fn write(&self, _: &sluice::plugin::Message) -> Result<(), sluice::connect::SinkError> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 async fn run_sink(url: &str, table: &str, n: usize) -> f64 {
+    run_stage(url, table, n, None).await
+}
+
+async fn run_stage(url: &str, table: &str, n: usize, noop: Option<Arc<Noop>>) -> f64 {
     let dir = tempfile::tempdir().expect("dir");
     let broker: Arc<dyn Broker> =
         EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
@@ -168,13 +247,16 @@ async fn run_sink(url: &str, table: &str, n: usize) -> f64 {
         metrics: metrics.clone(),
         health: Arc::new(Health::default()),
     };
-    let built = def
-        .postgres
-        .as_ref()
-        .expect("postgres block")
-        .build(&ctx)
-        .await
-        .expect("build");
+    let built: Arc<dyn sluice::connect::Sink> = match &noop {
+        Some(noop) => noop.clone(),
+        None => def
+            .postgres
+            .as_ref()
+            .expect("postgres block")
+            .build(&ctx)
+            .await
+            .expect("build"),
+    };
     let setup = StageSetup {
         pipeline: "b".into(),
         handlers: (0..CONCURRENCY)
@@ -196,7 +278,11 @@ async fn run_sink(url: &str, table: &str, n: usize) -> f64 {
         .await
         .expect("engine");
     loop {
-        if count(&admin, table).await >= n {
+        let done = match &noop {
+            Some(noop) => noop.0.load(std::sync::atomic::Ordering::Relaxed),
+            None => count(&admin, table).await,
+        };
+        if done >= n {
             break;
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
