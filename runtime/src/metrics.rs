@@ -324,6 +324,18 @@ impl Metrics {
             .set(i64::try_from(lag).unwrap_or(i64::MAX));
     }
 
+    /// A source's upstream lag, if it has reported one.
+    pub fn source_lag_value(&self, pipeline: &str, source: &str) -> Option<u64> {
+        let labels = SourceLabels {
+            pipeline: pipeline.to_owned(),
+            source: source.to_owned(),
+        };
+        // `get` without creating: a source that never reported shows none.
+        self.source_lag
+            .get(&labels)
+            .map(|gauge| u64::try_from(gauge.get()).unwrap_or_default())
+    }
+
     /// Upstream messages a source has published so far.
     pub fn source_total(&self, pipeline: &str, source: &str) -> u64 {
         self.source_messages

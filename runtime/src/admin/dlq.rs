@@ -392,7 +392,12 @@ impl AdminState {
                     report.skip(&stored, reason);
                     continue;
                 }
-                let message = dlq::redrive_message(entry, &provenance);
+                let mut message = dlq::redrive_message(entry, &provenance);
+                if stage.kind == "source" {
+                    // A source's dead letter never reached the topic: it
+                    // goes back as new, to every stage reading the topic.
+                    message.headers.retain(|(name, _)| name != dlq::REDRIVE_TO);
+                }
                 if !request.dry_run {
                     if let (Some(interval), Some(last)) = (interval, last_publish) {
                         let wait = interval.saturating_sub(last.elapsed());

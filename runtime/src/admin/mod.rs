@@ -63,7 +63,7 @@ pub use server::{
     DEFAULT_BODY_BUDGET, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, ServerLimits, TlsError,
     tls_config,
 };
-pub use status::StageStatus;
+pub use status::{SourceStatus, StageStatus};
 pub use topics::{MessageView, ReadResponse, TopicView, payload_fields};
 
 /// Where the admin API listens unless `--admin`/`SLUICE_ADMIN` says
@@ -144,6 +144,10 @@ struct StageEntry {
     topic: String,
     consumer: String,
     dlq_topic: String,
+    /// `plugin`, or `sink:<connector>` for a sink.
+    kind: String,
+    /// A sink's target, for people (no password).
+    target: Option<String>,
 }
 
 impl AdminState {
@@ -175,13 +179,25 @@ impl AdminState {
                     .subscribers
                     .push(consumer.clone());
                 topics.entry(dlq_topic.clone()).or_default().is_dlq = true;
+                let connector = stage.sink.as_ref().and_then(|s| s.connector());
                 stages.push(StageEntry {
                     pipeline: pipeline.name.clone(),
                     stage: stage.name.clone(),
                     topic: stage.subscribe.topic.clone(),
                     consumer,
                     dlq_topic,
+                    kind: connector
+                        .map_or_else(|| "plugin".to_owned(), |c| format!("sink:{}", c.kind())),
+                    target: connector.map(|c| c.describe()),
                 });
+            }
+        }
+        for pipeline in pipelines.iter() {
+            for source in &pipeline.sources {
+                topics
+                    .entry(source.dlq_topic(&pipeline.name))
+                    .or_default()
+                    .is_dlq = true;
             }
         }
         for (topic, check) in crate::claim::topic_checks(&pipelines) {
@@ -381,6 +397,23 @@ impl AdminState {
         }
     }
 
+    /// The source `pipeline/source` as the DLQ endpoints see it: its
+    /// dead-letter topic is listed, shown, redriven and purged like a
+    /// stage's.
+    fn source_entry(&self, pipeline: &str, source: &str) -> Option<StageEntry> {
+        let p = self.inner.pipelines.iter().find(|p| p.name == pipeline)?;
+        let s = p.sources.iter().find(|s| s.name == source)?;
+        Some(StageEntry {
+            pipeline: pipeline.to_owned(),
+            stage: source.to_owned(),
+            topic: s.to.clone(),
+            consumer: consumer_name(pipeline, source),
+            dlq_topic: s.dlq_topic(pipeline),
+            kind: "source".into(),
+            target: None,
+        })
+    }
+
     /// The stage `pipeline/stage`: a loaded one, or (without pipelines) one
     /// whose default DLQ topic the broker has.
     async fn stage(&self, pipeline: &str, stage: &str) -> Result<Cow<'_, StageEntry>, ApiError> {
@@ -391,6 +424,7 @@ impl AdminState {
                 .iter()
                 .find(|s| s.pipeline == pipeline && s.stage == stage)
                 .map(Cow::Borrowed)
+                .or_else(|| self.source_entry(pipeline, stage).map(Cow::Owned))
                 .ok_or_else(|| ApiError::UnknownStage(format!("{pipeline}/{stage}")));
         }
         let dlq_topic = default_dlq(pipeline, stage);
@@ -402,6 +436,8 @@ impl AdminState {
                 topic: String::new(),
                 consumer: consumer_name(pipeline, stage),
                 dlq_topic,
+                kind: "plugin".into(),
+                target: None,
             })),
             Err(BrokerError::UnknownTopic(_)) => Err(ApiError::NoDlqTopic {
                 stage: format!("{pipeline}/{stage}"),
@@ -464,6 +500,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/health/ready", get(health::ready))
         .route("/metrics", get(scrape::metrics))
         .route("/v1/status", get(status::status))
+        .route("/v1/sources", get(status::sources))
         .route("/v1/topics", get(topics::list))
         .route("/v1/topics/{topic}", get(topics::stats))
         .route(

@@ -1,4 +1,5 @@
-//! `GET /v1/status`: one object per stage, what `sluice status` prints.
+//! `GET /v1/status`: one object per stage (a sink is a stage), and
+//! `GET /v1/sources`: one per source; what `sluice status` prints.
 //!
 //! Backlog numbers come from the broker at request time. Throughput comes
 //! from a sampler that reads each stage's processed counter once a second
@@ -42,6 +43,43 @@ pub struct StageStatus {
     pub processed_per_sec: f64,
     /// Deliveries settled since the daemon started.
     pub processed_total: u64,
+    /// `plugin`, or `sink:<connector>` (`sink:http`) for a sink.
+    #[serde(default = "plugin_kind")]
+    pub kind: String,
+    /// A sink's target, for people (never with a password).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// For a sink: whether it reaches its target (false during an outage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up: Option<bool>,
+}
+
+fn plugin_kind() -> String {
+    "plugin".into()
+}
+
+/// One source's state, as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceStatus {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The source.
+    pub source: String,
+    /// The connector: `redis`, `postgres`.
+    pub kind: String,
+    /// The upstream, for people (never with a password).
+    pub upstream: String,
+    /// The topic it publishes into.
+    pub topic: String,
+    /// Whether it reaches its upstream (false during an outage).
+    pub up: bool,
+    /// Upstream messages published into the topic since the daemon started.
+    pub read_total: u64,
+    /// Messages waiting upstream, where the upstream can tell.
+    pub lag: Option<u64>,
+    /// Messages in its dead-letter topic (upstream messages that could not
+    /// become messages).
+    pub dlq_depth: u64,
 }
 
 /// A stage's backlog as the broker reports it.
@@ -95,7 +133,52 @@ pub(super) async fn status(
             dlq_depth: backlog.dlq_depth,
             processed_per_sec: state.inner.rates.rate(index, Instant::now(), total),
             processed_total: total,
+            kind: stage.kind.clone(),
+            target: stage.target.clone(),
+            up: stage.target.as_ref().map(|_| {
+                !state
+                    .connectors()
+                    .is_down(&format!("{}/{}", stage.pipeline, stage.stage))
+            }),
         });
+    }
+    Ok(Json(out))
+}
+
+/// `GET /v1/sources`.
+pub(super) async fn sources(
+    State(state): State<AdminState>,
+) -> Result<Json<Vec<SourceStatus>>, ApiError> {
+    let mut out = Vec::new();
+    for pipeline in state.pipelines().iter() {
+        for source in &pipeline.sources {
+            let Some(connector) = source.connector() else {
+                continue;
+            };
+            let dlq_depth = match state
+                .broker()
+                .topic_stats(&source.dlq_topic(&pipeline.name))
+                .await
+            {
+                Ok(stats) => stats.depth,
+                Err(BrokerError::UnknownTopic(_)) => 0,
+                Err(err) => return Err(err.into()),
+            };
+            let metrics = state.metrics();
+            out.push(SourceStatus {
+                pipeline: pipeline.name.clone(),
+                source: source.name.clone(),
+                kind: connector.kind().to_owned(),
+                upstream: connector.describe(),
+                topic: source.to.clone(),
+                up: !state
+                    .connectors()
+                    .is_down(&format!("{}/{}", pipeline.name, source.name)),
+                read_total: metrics.source_total(&pipeline.name, &source.name),
+                lag: metrics.source_lag_value(&pipeline.name, &source.name),
+                dlq_depth,
+            });
+        }
     }
     Ok(Json(out))
 }

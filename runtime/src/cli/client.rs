@@ -189,6 +189,16 @@ impl Client {
         }
     }
 
+    /// The sources of the running daemon (`GET /v1/sources`).
+    pub(crate) fn sources(&self) -> Result<Vec<crate::admin::SourceStatus>, ClientError> {
+        match &self.transport {
+            Transport::Daemon(http) => http.get("/v1/sources", DEFAULT_TIMEOUT),
+            Transport::Direct(_) => Err(ClientError::Usage(
+                "status needs a running daemon; point --admin at one".into(),
+            )),
+        }
+    }
+
     /// Publishes one message to `topic`.
     ///
     /// To a daemon it goes as `POST /v1/topics/{topic}/messages`: the

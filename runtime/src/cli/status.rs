@@ -1,6 +1,9 @@
-//! `sluice status`: one line per stage of the running daemon: throughput,
-//! backlog, the age of its oldest unsettled message, in-flight work and
-//! dead letters. The first place to look when a pipeline is slow or stuck.
+//! `sluice status`: one line per stage of the running daemon (a sink is a
+//! stage, marked `(sink)`, with `DOWN` while its target is unreachable):
+//! throughput, backlog, the age of its oldest unsettled message, in-flight
+//! work and dead letters; then one line per source: what it has read, the
+//! upstream's lag, and whether it reaches its upstream. The first place to
+//! look when a pipeline is slow or stuck.
 
 use std::process::ExitCode;
 
@@ -9,9 +12,14 @@ use super::table;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// Print the daemon's JSON (one object per stage) instead of a table.
+    /// Print the daemon's JSON (one object per stage; with --sources, one per source)
+    /// instead of tables.
     #[arg(long)]
     json: bool,
+    /// With --json: print the sources instead of the stages.
+    #[arg(long, requires = "json")]
+    sources: bool,
+
     /// Not used: status always asks a running daemon, whose sampler the rates come from
     /// (on NATS, any daemon of the cluster). Accepted so that `--broker nats://...` gets
     /// that answer; SLUICE_BROKER is ignored here.
@@ -39,18 +47,34 @@ fn status(args: &Args) -> Result<(), ClientError> {
             "status needs a running daemon, whichever broker it runs on (the rates are sampled there); drop --broker and point --admin at a daemon".into(),
         ));
     }
-    let stages = Client::daemon(&args.admin)?.status()?;
+    let client = Client::daemon(&args.admin)?;
     let mut out = std::io::stdout().lock();
-    let written = if args.json {
-        serde_json::to_writer_pretty(&mut out, &stages)
+    if args.json {
+        let written = if args.sources {
+            serde_json::to_writer_pretty(&mut out, &client.sources()?)
+        } else {
+            serde_json::to_writer_pretty(&mut out, &client.status()?)
+        };
+        return written
             .map_err(std::io::Error::from)
             .and_then(|()| std::io::Write::write_all(&mut out, b"\n"))
-    } else {
+            .map_err(|e| ClientError::Failed(format!("cannot write output: {e}")));
+    }
+    let stages = client.status()?;
+    let sources = client.sources()?;
+    let written = {
         let rows: Vec<Vec<String>> = stages
             .iter()
             .map(|s| {
+                let name = match (s.kind.strip_prefix("sink:"), s.up) {
+                    (Some(kind), Some(false)) => {
+                        format!("{}/{} (sink:{kind}, DOWN)", s.pipeline, s.stage)
+                    }
+                    (Some(kind), _) => format!("{}/{} (sink:{kind})", s.pipeline, s.stage),
+                    (None, _) => format!("{}/{}", s.pipeline, s.stage),
+                };
                 vec![
-                    format!("{}/{}", s.pipeline, s.stage),
+                    name,
                     format!("{:.1}", s.processed_per_sec),
                     s.depth.to_string(),
                     table::age(s.oldest_age_seconds),
@@ -71,6 +95,30 @@ fn status(args: &Args) -> Result<(), ClientError> {
             ],
             &rows,
         )
+        .and_then(|()| {
+            if sources.is_empty() {
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = sources
+                .iter()
+                .map(|s| {
+                    vec![
+                        format!("{}/{} ({})", s.pipeline, s.source, s.kind),
+                        s.topic.clone(),
+                        s.read_total.to_string(),
+                        s.lag.map_or_else(|| "-".to_owned(), |l| l.to_string()),
+                        if s.up { "up" } else { "DOWN" }.to_owned(),
+                        s.dlq_depth.to_string(),
+                    ]
+                })
+                .collect();
+            std::io::Write::write_all(&mut out, b"\n")?;
+            table::print(
+                &mut out,
+                &["PIPELINE/SOURCE", "TO", "READ", "LAG", "UPSTREAM", "DLQ"],
+                &rows,
+            )
+        })
     };
     written.map_err(|e| ClientError::Failed(format!("cannot write output: {e}")))
 }

@@ -276,7 +276,7 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
     };
     let mut stage_names: HashMap<&str, usize> = HashMap::new();
     for (i, stage) in p.stages.iter().enumerate() {
-        let (section, index, _) = origin(i);
+        let (section, index, what) = origin(i);
         let s = |rest: &[Seg<'static>]| -> Vec<Seg<'static>> {
             let mut path = vec![K(section), I(index)];
             path.extend_from_slice(rest);
@@ -312,7 +312,7 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
             report(
                 &s(&[K("subscribe"), K("topic")]),
                 format!(
-                    "stage `{}` subscribes to `{input}`, which is not declared under `topics:`; {}",
+                    "{what} `{}` subscribes to `{input}`, which is not declared under `topics:`; {}",
                     stage.name,
                     declared_list()
                 ),
@@ -334,7 +334,7 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
                 report(
                     &path,
                     format!(
-                        "stage `{}` publishes to `{topic}`, which is not declared under \
+                        "{what} `{}` publishes to `{topic}`, which is not declared under \
                          `topics:`; {}",
                         stage.name,
                         declared_list()
@@ -345,7 +345,7 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
                 report(
                     &path,
                     format!(
-                        "stage `{}` publishes to `{topic}`, its own input: every output would \
+                        "{what} `{}` publishes to `{topic}`, its own input: every output would \
                          come back to it",
                         stage.name
                     ),
@@ -362,7 +362,7 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
                 report(
                     &path,
                     format!(
-                        "stage `{}` dead-letters to `{dlq}`, which is not declared under \
+                        "{what} `{}` dead-letters to `{dlq}`, which is not declared under \
                          `topics:` (only the default `{}` needs no declaration); {}",
                         stage.name,
                         default_dlq(&p.name, &stage.name),
@@ -374,7 +374,7 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
                 report(
                     &path,
                     format!(
-                        "stage `{}` dead-letters to `{dlq}`, its own input: failed messages \
+                        "{what} `{}` dead-letters to `{dlq}`, its own input: failed messages \
                          would be retried forever",
                         stage.name
                     ),
@@ -442,7 +442,7 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
                 report(
                     &s(&[K("dedup")]),
                     format!(
-                        "stage `{}` has both `dedup:` and `batch:`; dedup works per message, \
+                        "{what} `{}` has both `dedup:` and `batch:`; dedup works per message, \
                          so use one or the other",
                         stage.name
                     ),

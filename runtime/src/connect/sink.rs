@@ -162,3 +162,167 @@ impl StageHandler for SinkHandler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! A sink stage through the real engine and embedded broker, with a
+    //! scripted target: the outcome mapping and the hold of an outage,
+    //! whatever the connector.
+
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::broker::embedded::{EmbeddedBroker, EmbeddedOptions};
+    use crate::broker::{Broker, TopicSpec};
+    use crate::config::Stage;
+    use crate::connect::Health;
+    use crate::dlq::Provenance;
+    use crate::engine::{Engine, StageSetup};
+    use crate::metrics::Metrics;
+
+    /// Fails each message's first `outage` writes as unavailable; rejects
+    /// payloads starting with `bad`; asks once for a retry on `slow`.
+    struct Target {
+        outage: u32,
+        seen: Mutex<HashMap<String, u32>>,
+        written: Mutex<Vec<String>>,
+    }
+
+    #[async_trait]
+    impl Sink for Target {
+        async fn write(&self, message: &Message) -> Result<(), SinkError> {
+            let tries = {
+                let mut seen = self.seen.lock().expect("seen");
+                let n = seen.entry(message.id.clone()).or_default();
+                *n += 1;
+                *n
+            };
+            if tries <= self.outage {
+                return Err(SinkError::Unavailable("connection refused".into()));
+            }
+            if message.payload.starts_with(b"bad") {
+                return Err(SinkError::Rejected("HTTP 400: no".into()));
+            }
+            if message.payload.starts_with(b"slow") && tries == self.outage + 1 {
+                return Err(SinkError::Retry {
+                    reason: "HTTP 429".into(),
+                    after: Some(Duration::from_millis(20)),
+                });
+            }
+            self.written
+                .lock()
+                .expect("written")
+                .push(message.id.clone());
+            Ok(())
+        }
+    }
+
+    async fn run(
+        yaml: &str,
+        payloads: &[&str],
+        outage: u32,
+    ) -> (Arc<Target>, Vec<Provenance>, String) {
+        let dir = tempfile::tempdir().expect("dir");
+        let broker: Arc<dyn Broker> =
+            EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
+        for name in ["in", "p.s.dlq"] {
+            broker
+                .ensure_topic(&TopicSpec::new(name))
+                .await
+                .expect("topic");
+        }
+        let messages = payloads
+            .iter()
+            .enumerate()
+            .map(|(i, p)| crate::broker::Message::new(format!("m{i}"), "in", p.as_bytes().to_vec()))
+            .collect();
+        broker.publish(messages).await.expect("publish");
+        let stage: Stage = serde_saphyr::from_str(yaml).expect("a stage");
+        let target = Arc::new(Target {
+            outage,
+            seen: Mutex::default(),
+            written: Mutex::default(),
+        });
+        let metrics = Arc::new(Metrics::new());
+        let ctx = Context {
+            pipeline: "p".into(),
+            name: "s".into(),
+            metrics: metrics.clone(),
+            health: Arc::new(Health::new()),
+        };
+        let handlers = (0..stage.concurrency.get())
+            .map(|_| {
+                Box::new(SinkHandler::new(
+                    target.clone(),
+                    ctx.clone(),
+                    stage.timeout.get(),
+                    stage.retry.backoff.max.get(),
+                )) as Box<dyn StageHandler>
+            })
+            .collect();
+        let engine = Engine::start(
+            broker.clone(),
+            metrics.clone(),
+            None,
+            vec![StageSetup {
+                pipeline: "p".into(),
+                stage,
+                shutdown_timeout: Duration::from_secs(5),
+                handlers,
+            }],
+        )
+        .await
+        .expect("engine");
+        let bad = payloads.iter().filter(|p| p.starts_with("bad")).count();
+        for _ in 0..1000 {
+            let written = target.written.lock().expect("written").len();
+            let dead = broker.topic_stats("p.s.dlq").await.expect("stats").depth as usize;
+            if written + dead >= payloads.len() && dead >= bad {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        engine.shutdown().await;
+        let dead = broker
+            .read("p.s.dlq", 1, 100, Duration::ZERO)
+            .await
+            .expect("read dlq")
+            .iter()
+            .filter_map(|s| Provenance::read(&s.message))
+            .collect();
+        (target, dead, metrics.encode())
+    }
+
+    const STAGE: &str = "name: s\nsubscribe: in\nplugin: ''\nretry: {max_attempts: 2, backoff: {initial: 10ms, max: 40ms}}\n";
+
+    #[tokio::test]
+    async fn an_outage_spends_no_attempts_and_refusals_follow_the_outcome_table() {
+        let payloads = ["a", "bad one", "slow", "b"];
+        // Five unavailable writes per message against two attempts: had an
+        // outage spent attempts, every message would be dead-lettered.
+        let (target, dead, metrics) = run(STAGE, &payloads, 5).await;
+        let mut written = target.written.lock().expect("written").clone();
+        written.sort();
+        assert_eq!(written, ["m0", "m2", "m3"]);
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        assert_eq!(dead[0].kind, "rejected");
+        assert_eq!(dead[0].error, "HTTP 400: no");
+        assert_eq!(dead[0].attempts, 1);
+        assert!(
+            metrics.contains("outcome=\"unavailable\"} 20"),
+            "every held write counted: {metrics}"
+        );
+        assert!(metrics.contains("outcome=\"retry\"} 1"), "{metrics}");
+    }
+
+    #[tokio::test]
+    async fn a_batch_sink_holds_only_the_items_whose_target_is_down() {
+        let stage = format!("{STAGE}batch: {{max: 4, wait: 10ms}}\nconcurrency: 2\n");
+        let payloads = ["a", "b", "bad", "c", "d", "e"];
+        let (target, dead, _) = run(&stage, &payloads, 3).await;
+        assert_eq!(target.written.lock().expect("written").len(), 5);
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].kind, "rejected");
+    }
+}

@@ -362,3 +362,238 @@ async fn sleep_or_stop(pause: Duration, stop: &mut watch::Receiver<bool>) -> boo
     };
     stopped || *stop.borrow()
 }
+
+#[cfg(test)]
+mod tests {
+    //! The runner against the real embedded broker, with a scripted
+    //! upstream: the runner's own promises (publish before ack, ids, the
+    //! high-water mark, dead letters, outages), whatever the connector.
+
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::broker::embedded::{EmbeddedBroker, EmbeddedOptions};
+    use crate::broker::{ConsumerSpec, TopicSpec};
+    use crate::connect::Health;
+    use crate::metrics::Metrics;
+
+    /// What the scripted upstream saw, shared with the test.
+    #[derive(Default)]
+    struct Log {
+        /// Per `ack`, the upstream ids acked and how many messages the
+        /// topic held at that moment.
+        acks: Vec<(Vec<String>, u64)>,
+        /// Ids still to be read.
+        waiting: VecDeque<SourceMessage>,
+        /// Reads that fail before the next one succeeds.
+        failures: u32,
+    }
+
+    struct Scripted {
+        log: Arc<Mutex<Log>>,
+        broker: Arc<dyn Broker>,
+        last: Vec<String>,
+    }
+
+    #[async_trait]
+    impl Source for Scripted {
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::default()
+        }
+
+        async fn read(
+            &mut self,
+            max: usize,
+            wait: Duration,
+        ) -> Result<Vec<SourceMessage>, SourceError> {
+            let batch: Vec<SourceMessage> = {
+                let mut log = self.log.lock().expect("log");
+                if log.failures > 0 {
+                    log.failures -= 1;
+                    return Err(SourceError::Unavailable("connection refused".into()));
+                }
+                let n = max.min(log.waiting.len());
+                log.waiting.drain(..n).collect()
+            };
+            if batch.is_empty() {
+                tokio::time::sleep(wait.min(Duration::from_millis(20))).await;
+            }
+            self.last = batch.iter().map(|m| m.upstream_id.clone()).collect();
+            Ok(batch)
+        }
+
+        async fn ack(&mut self) -> Result<(), SourceError> {
+            let depth = self
+                .broker
+                .topic_stats("in")
+                .await
+                .map(|s| s.depth)
+                .unwrap_or_default();
+            let acked = std::mem::take(&mut self.last);
+            self.log.lock().expect("log").acks.push((acked, depth));
+            Ok(())
+        }
+    }
+
+    fn setup(
+        broker: &Arc<dyn Broker>,
+        log: &Arc<Mutex<Log>>,
+        mark: Option<u64>,
+    ) -> (SourceSetup, Arc<Health>, Arc<Metrics>) {
+        let metrics = Arc::new(Metrics::new());
+        let health = Arc::new(Health::new());
+        let setup = SourceSetup {
+            ctx: Context {
+                pipeline: "p".into(),
+                name: "src".into(),
+                metrics: metrics.clone(),
+                health: health.clone(),
+            },
+            source: Box::new(Scripted {
+                log: log.clone(),
+                broker: broker.clone(),
+                last: Vec::new(),
+            }),
+            topic: "in".into(),
+            dlq_topic: "p.src.dlq".into(),
+            high_water_mark: mark,
+            subscribers: vec!["p.work".into()],
+            read_max: 10,
+        };
+        (setup, health, metrics)
+    }
+
+    async fn broker(dir: &std::path::Path) -> Arc<dyn Broker> {
+        let broker: Arc<dyn Broker> =
+            EmbeddedBroker::open(EmbeddedOptions::new(dir)).expect("open the broker");
+        for name in ["in", "p.src.dlq"] {
+            broker
+                .ensure_topic(&TopicSpec {
+                    subscribed: name == "in",
+                    ..TopicSpec::new(name)
+                })
+                .await
+                .expect("topic");
+        }
+        broker
+            .ensure_consumer(&ConsumerSpec {
+                name: "p.work".into(),
+                topic: "in".into(),
+                filter: Default::default(),
+                ack_wait: Duration::from_secs(30),
+                max_ack_pending: None,
+                max_deliver: None,
+            })
+            .await
+            .expect("consumer");
+        broker
+    }
+
+    fn upstream(n: usize) -> VecDeque<SourceMessage> {
+        (0..n)
+            .map(|i| SourceMessage::new(format!("{i}"), format!("m{i}")))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn publishes_with_upstream_ids_before_acking_and_stops_at_the_mark() {
+        let dir = tempfile::tempdir().expect("dir");
+        let broker = broker(dir.path()).await;
+        let log = Arc::new(Mutex::new(Log {
+            waiting: upstream(95),
+            ..Log::default()
+        }));
+        let (setup, _, metrics) = setup(&broker, &log, Some(40));
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(run(setup, broker.clone(), stopped));
+        // Nothing consumes: the source fills the topic to its mark and waits.
+        for _ in 0..200 {
+            if metrics.source_total("p", "src") >= 40 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let _ = stop.send(true);
+        task.await.expect("runner");
+        {
+            let log = log.lock().expect("log");
+            let acked: Vec<String> = log.acks.iter().flat_map(|(ids, _)| ids.clone()).collect();
+            assert_eq!(acked.len(), 40, "acked exactly up to the mark");
+            assert_eq!(log.waiting.len(), 55, "the rest waits upstream");
+            let mut held = 0;
+            for (ids, depth) in &log.acks {
+                held += ids.len() as u64;
+                // Every acked message was already in the topic at its ack.
+                assert!(*depth >= held, "acked {held} with {depth} in the topic");
+            }
+        }
+        let stored = broker
+            .read("in", 1, 100, Duration::ZERO)
+            .await
+            .expect("read");
+        assert_eq!(stored.len(), 40);
+        assert!(stored.iter().all(|m| m.message.id.starts_with("src:")));
+        assert_eq!(stored[0].message.id, "src:0");
+    }
+
+    #[tokio::test]
+    async fn an_unportable_message_is_dead_lettered_and_an_outage_is_waited_out() {
+        let dir = tempfile::tempdir().expect("dir");
+        let broker = broker(dir.path()).await;
+        let mut waiting = upstream(3);
+        waiting[1]
+            .headers
+            .push(("bad".into(), "line\nbreak".into()));
+        waiting[2].problem = Some("the entry has no `payload` field".into());
+        let log = Arc::new(Mutex::new(Log {
+            waiting,
+            failures: 3,
+            ..Log::default()
+        }));
+        let (setup, health, metrics) = setup(&broker, &log, None);
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(run(setup, broker.clone(), stopped));
+        for _ in 0..300 {
+            if metrics.source_total("p", "src") >= 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = stop.send(true);
+        task.await.expect("runner");
+        assert_eq!(metrics.source_total("p", "src"), 3);
+        assert!(health.outages().is_empty(), "the outage ended");
+        assert!(
+            metrics
+                .encode()
+                .contains("sluice_connector_outages_total{connector=\"p/src\"} 1")
+        );
+        let good = broker
+            .read("in", 1, 10, Duration::ZERO)
+            .await
+            .expect("read");
+        assert_eq!(good.len(), 1);
+        let dead = broker
+            .read("p.src.dlq", 1, 10, Duration::ZERO)
+            .await
+            .expect("read dlq");
+        assert_eq!(dead.len(), 2);
+        let first = Provenance::read(&dead[0].message).expect("provenance");
+        assert_eq!(first.kind, "rejected");
+        assert!(
+            first.error.contains("not carried: header \"bad\""),
+            "{}",
+            first.error
+        );
+        assert!(dead[0].message.header("bad").is_none());
+        let second = Provenance::read(&dead[1].message).expect("provenance");
+        assert!(
+            second.error.contains("no `payload` field"),
+            "{}",
+            second.error
+        );
+        assert_eq!(dead[1].message.payload.as_ref(), b"m2");
+    }
+}
