@@ -501,3 +501,82 @@ fn password_never_shown() {
         "the URL is never shown redacted:\n{ready}\n{log}"
     );
 }
+
+/// `create: false` runs no DDL (the source waits, degraded, until the
+/// table exists; no trigger, so it polls); a row whose `headers` is not a
+/// JSON object is dead-lettered with the reason and leaves the outbox.
+#[test]
+fn outbox_without_create_and_a_bad_headers_row() {
+    let server = pg();
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        r#"
+name: manual
+topics:
+  - orders
+sources:
+  - name: from-outbox
+    to: orders
+    postgres:
+      url: "{url}"
+      outbox: app.outbox
+      create: false
+      poll: 100ms
+sinks:
+  - name: to-table
+    subscribe: orders
+    postgres:
+      url: "{url}"
+      table: received
+"#,
+        url = server.url()
+    );
+    let file = write_pipeline(dir.path(), "manual", &yaml);
+    let d = Daemon::start(&[&file], &dir.path().join("data"));
+    d.wait_until("the missing table reported", Duration::from_secs(60), |d| {
+        let ready = d.get("/health/ready").to_string();
+        ready.contains("manual/from-outbox") && ready.contains("does not exist")
+    });
+    assert!(!has_table(&server, "app.outbox"), "create: false ran DDL");
+    server
+        .psql(
+            "CREATE SCHEMA app; CREATE TABLE app.outbox (id bigserial PRIMARY KEY, payload bytea NOT NULL, \
+             key text, headers jsonb, created_at timestamptz NOT NULL DEFAULT now()); \
+             INSERT INTO app.outbox (payload, headers) VALUES ('good', '{\"a\": \"b\"}'), ('bad', '[1, 2]'), ('null', NULL)",
+        )
+        .expect("outbox");
+    wait_for(
+        "two rows downstream",
+        Duration::from_secs(120),
+        || has_table(&server, "received") && count(&server, "SELECT count(*) FROM received") >= 2,
+        || d.log(),
+    );
+    wait_for(
+        "the outbox to be empty",
+        Duration::from_secs(60),
+        || count(&server, "SELECT count(*) FROM app.outbox") == 0,
+        || d.log(),
+    );
+    let mut got = payloads(&server, "received");
+    got.sort();
+    assert_eq!(got, ["good", "null"]);
+    assert_eq!(
+        server
+            .psql("SELECT headers->>'a' FROM received WHERE id = 'from-outbox:1'")
+            .expect("row"),
+        "b"
+    );
+    assert_eq!(
+        count(
+            &server,
+            "SELECT count(*) FROM pg_proc WHERE proname = 'outbox_sluice_notify'"
+        ),
+        0,
+        "create: false made a trigger function"
+    );
+    let dead = d.read_all("manual.from-outbox.dlq");
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(header(&dead[0], "sluice-dlq-kind"), Some("rejected"));
+    let error = header(&dead[0], "sluice-dlq-error").unwrap_or_default();
+    assert!(error.contains("must be a JSON object"), "{error}");
+}

@@ -80,6 +80,9 @@ pub struct OutboxSource {
     pending: Vec<i64>,
     /// A transaction is open on `conn`.
     in_tx: bool,
+    /// The last read's transaction was lost with its connection: its
+    /// `ack` must fail (the rows are read again), not report success.
+    lost: bool,
     select: String,
     delete: String,
     lag: String,
@@ -103,6 +106,7 @@ impl OutboxSource {
             conn: None,
             pending: Vec::new(),
             in_tx: false,
+            lost: false,
         }
     }
 
@@ -110,6 +114,7 @@ impl OutboxSource {
         // Whatever broke, start again on a fresh connection: an open
         // transaction is rolled back by the server when this one closes.
         self.conn = None;
+        self.lost |= self.in_tx;
         self.in_tx = false;
         self.pending.clear();
         SourceError::Unavailable(format!(
@@ -296,6 +301,7 @@ impl Source for OutboxSource {
         // A read neither acked nor released (should not happen): give it
         // back first.
         self.rollback().await;
+        self.lost = false;
         self.connect().await?;
         let read = self.take(max).await?;
         if !read.is_empty() {
@@ -311,6 +317,12 @@ impl Source for OutboxSource {
     }
 
     async fn ack(&mut self) -> Result<(), SourceError> {
+        if std::mem::take(&mut self.lost) {
+            return Err(SourceError::Unavailable(format!(
+                "postgres outbox `{}`: the connection was lost before the commit; the rows are read again",
+                self.table
+            )));
+        }
         if !self.in_tx {
             return Ok(());
         }
@@ -335,6 +347,7 @@ impl Source for OutboxSource {
 
     async fn release(&mut self) {
         self.rollback().await;
+        self.lost = false;
     }
 
     async fn lag(&mut self) -> Option<u64> {
