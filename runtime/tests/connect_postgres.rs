@@ -580,3 +580,81 @@ sinks:
     let error = header(&dead[0], "sluice-dlq-error").unwrap_or_default();
     assert!(error.contains("must be a JSON object"), "{error}");
 }
+
+/// SQLSTATE classes decide the outcome: a serialization failure (40001)
+/// is retried until it succeeds, a check constraint (23514) is rejected
+/// at once with the server's message, and neither blocks the others.
+#[test]
+fn sqlstate_decides_retry_or_reject() {
+    let server = pg();
+    server
+        .psql(
+            "CREATE SEQUENCE tries; \
+             CREATE TABLE notes (id text PRIMARY KEY, body text CHECK (length(body) < 10)); \
+             CREATE FUNCTION write_note(i text, b text) RETURNS void LANGUAGE plpgsql AS $$ \
+             BEGIN \
+               IF i = 'flaky' AND nextval('tries') < 3 THEN \
+                 RAISE EXCEPTION 'could not serialize, try again' USING ERRCODE = '40001'; \
+               END IF; \
+               INSERT INTO notes VALUES (i, b) ON CONFLICT (id) DO NOTHING; \
+             END $$",
+        )
+        .expect("schema");
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        r#"
+name: classes
+topics:
+  - notes
+sinks:
+  - name: to-notes
+    subscribe: notes
+    retry: {{max_attempts: 5, backoff: {{initial: 10ms, max: 50ms}}}}
+    postgres:
+      url: "{}"
+      statement: SELECT write_note($id, $payload_text)
+"#,
+        server.url()
+    );
+    let file = write_pipeline(dir.path(), "classes", &yaml);
+    let d = Daemon::start(&[&file], &dir.path().join("data"));
+    d.publish(
+        "notes",
+        &[
+            Msg::new("flaky", "short"),
+            Msg::new("too-long", "far too long for the check"),
+            Msg::new("fine", "ok"),
+        ],
+    );
+    wait_for(
+        "flaky and fine written",
+        Duration::from_secs(120),
+        || count(&server, "SELECT count(*) FROM notes") >= 2,
+        || d.log(),
+    );
+    d.wait_until("the rejected note", Duration::from_secs(60), |d| {
+        d.depth("classes.to-notes.dlq") >= 1
+    });
+    let mut ids: Vec<String> = server
+        .psql("SELECT id FROM notes")
+        .expect("ids")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["fine", "flaky"]);
+    assert!(
+        count(&server, "SELECT last_value FROM tries") >= 3,
+        "flaky was not retried"
+    );
+    let dead = d.read_all("classes.to-notes.dlq");
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(header(&dead[0], "sluice-dlq-original-id"), Some("too-long"));
+    assert_eq!(header(&dead[0], "sluice-dlq-kind"), Some("rejected"));
+    assert_eq!(header(&dead[0], "sluice-dlq-attempts"), Some("1"));
+    let error = header(&dead[0], "sluice-dlq-error").unwrap_or_default();
+    assert!(
+        error.contains("23514") && error.contains("notes_body_check"),
+        "{error}"
+    );
+}
