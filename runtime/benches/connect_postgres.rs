@@ -92,7 +92,8 @@ async fn run_direct(url: &str, table: &str, n: usize) -> f64 {
         metrics: Arc::new(Metrics::new()),
         health: Arc::new(Health::default()),
     };
-    let sink = config.build(&ctx).await.expect("build");
+    let slots = std::num::NonZeroU32::new(CONCURRENCY as u32).expect("non-zero");
+    let sink = config.build_for(&ctx, slots).await.expect("build");
     let started = Instant::now();
     let tasks: Vec<_> = (0..CONCURRENCY)
         .map(|worker| {
@@ -253,7 +254,7 @@ async fn run_stage(url: &str, table: &str, n: usize, noop: Option<Arc<Noop>>) ->
             .postgres
             .as_ref()
             .expect("postgres block")
-            .build(&ctx)
+            .build_for(&ctx, stage.concurrency)
             .await
             .expect("build"),
     };

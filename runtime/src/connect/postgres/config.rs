@@ -170,6 +170,17 @@ impl SinkConfig for TableSinkConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<std::sync::Arc<dyn Sink>, BuildError> {
+        self.build_for(ctx, crate::config::default_concurrency())
+            .await
+    }
+
+    /// The sink with a pool of `concurrency` connections, one per worker
+    /// slot (opened on demand).
+    async fn build_for(
+        &self,
+        ctx: &Context,
+        concurrency: NonZeroU32,
+    ) -> Result<std::sync::Arc<dyn Sink>, BuildError> {
         let problems = self.check();
         if let Some(problem) = problems.first() {
             return Err(BuildError {
@@ -183,6 +194,7 @@ impl SinkConfig for TableSinkConfig {
             self.table.as_deref(),
             self.statement.as_deref(),
             self.create,
+            usize::try_from(concurrency.get()).unwrap_or(usize::MAX),
         )
         .map_err(|message| BuildError {
             connector: "sink",

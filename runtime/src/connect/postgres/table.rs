@@ -234,19 +234,18 @@ pub struct TableSink {
 
 /// How long a write waits for a free connection, or for a new one.
 const POOL_TIMEOUT: Duration = Duration::from_secs(10);
-/// The most connections a sink opens. The pool opens them on demand, one
-/// per worker slot writing at once, so a sink holds at most its
-/// `concurrency` of them.
-const POOL_MAX: usize = 256;
 
 impl TableSink {
     /// A sink writing to `table` or through `statement`, not yet
-    /// connected. `table` must have passed `check_sql_identifier`.
+    /// connected, with a pool of at most `pool_size` connections (the
+    /// stage's `concurrency`: one per worker slot, opened on demand).
+    /// `table` must have passed `check_sql_identifier`.
     pub fn new(
         url: SecretUrl,
         table: Option<&str>,
         statement: Option<&str>,
         create: bool,
+        pool_size: usize,
     ) -> Result<TableSink, String> {
         let config: tokio_postgres::Config = url
             .expose()
@@ -262,7 +261,7 @@ impl TableSink {
             },
         );
         let pool = Pool::builder(manager)
-            .max_size(POOL_MAX)
+            .max_size(pool_size.max(1))
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(POOL_TIMEOUT))
             .create_timeout(Some(POOL_TIMEOUT))
@@ -609,6 +608,15 @@ mod tests {
                 matches!(rewrite_statement(sql), Err(RewriteError::Unterminated(_))),
                 "{sql}"
             );
+        }
+    }
+
+    #[tokio::test]
+    async fn the_pool_is_as_big_as_the_concurrency() {
+        let url = SecretUrl::parse("postgres://u:pw@127.0.0.1:1/db").expect("url");
+        for size in [1, 4] {
+            let sink = TableSink::new(url.clone(), Some("t"), None, true, size).expect("sink");
+            assert_eq!(sink.pool.status().max_size, size);
         }
     }
 
