@@ -309,10 +309,13 @@ impl TableSink {
         {
             self.created
                 .get_or_try_init(|| async {
+                    // A table that cannot be created (no privilege, no
+                    // schema) is the target being unusable, not the
+                    // message's fault: it waits, and readiness says why.
                     client
                         .batch_execute(ddl)
                         .await
-                        .map_err(|e| self.classify(&e))
+                        .map_err(|e| SinkError::Unavailable(self.said(&e)))
                 })
                 .await?;
         }
