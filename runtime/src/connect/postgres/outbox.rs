@@ -21,6 +21,10 @@ use crate::connect::{Capabilities, SecretUrl, Source, SourceError, SourceMessage
 
 /// How long connecting may take before it counts as an outage.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a read (beyond its wait) or an ack may take: a server that
+/// stops answering is an outage, and the connection is dropped (its open
+/// transaction is rolled back by the server).
+const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The notification channel of an outbox table: `sluice_outbox_<table>`
 /// (a `.` becomes `_`), at most 63 bytes (a Postgres identifier).
@@ -298,6 +302,59 @@ impl Source for OutboxSource {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<SourceMessage>, SourceError> {
+        let limit = QUERY_TIMEOUT + CONNECT_TIMEOUT * 2 + wait;
+        match tokio::time::timeout(limit, self.read_now(max, wait)).await {
+            Ok(read) => read,
+            Err(_) => Err(self.hung("a read")),
+        }
+    }
+
+    async fn ack(&mut self) -> Result<(), SourceError> {
+        match tokio::time::timeout(QUERY_TIMEOUT, self.ack_now()).await {
+            Ok(done) => done,
+            Err(_) => Err(self.hung("the commit")),
+        }
+    }
+
+    async fn release(&mut self) {
+        if tokio::time::timeout(QUERY_TIMEOUT, self.rollback())
+            .await
+            .is_err()
+        {
+            let _ = self.hung("the rollback");
+        }
+        self.lost = false;
+    }
+
+    async fn lag(&mut self) -> Option<u64> {
+        match tokio::time::timeout(QUERY_TIMEOUT, self.lag_now()).await {
+            Ok(lag) => lag,
+            Err(_) => {
+                let _ = self.hung("the lag estimate");
+                None
+            }
+        }
+    }
+}
+
+impl OutboxSource {
+    /// The server did not answer `what` in time: drop the connection.
+    fn hung(&mut self, what: &str) -> SourceError {
+        self.conn = None;
+        self.lost |= self.in_tx;
+        self.in_tx = false;
+        self.pending.clear();
+        SourceError::Unavailable(format!(
+            "postgres outbox `{}` at {}: no answer to {what} in time; reconnecting",
+            self.table, self.url
+        ))
+    }
+
+    async fn read_now(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<SourceMessage>, SourceError> {
         // A read neither acked nor released (should not happen): give it
         // back first.
         self.rollback().await;
@@ -316,7 +373,7 @@ impl Source for OutboxSource {
         self.take(max).await
     }
 
-    async fn ack(&mut self) -> Result<(), SourceError> {
+    async fn ack_now(&mut self) -> Result<(), SourceError> {
         if std::mem::take(&mut self.lost) {
             return Err(SourceError::Unavailable(format!(
                 "postgres outbox `{}`: the connection was lost before the commit; the rows are read again",
@@ -345,12 +402,7 @@ impl Source for OutboxSource {
         }
     }
 
-    async fn release(&mut self) {
-        self.rollback().await;
-        self.lost = false;
-    }
-
-    async fn lag(&mut self) -> Option<u64> {
+    async fn lag_now(&mut self) -> Option<u64> {
         let conn = self.conn.as_ref()?;
         // An estimate from the primary key's ends: `count(*)` reads the
         // whole table. Inside an open read's transaction this is one
