@@ -709,4 +709,66 @@ fn outbox_kill9_mid_run_each_row_once() {
         "a row arrived under two ids, or was lost"
     );
     assert_eq!(count(&server, "SELECT count(*) FROM received"), n);
+    // The restart found the trigger there and left it alone.
+    assert_eq!(
+        count(
+            &server,
+            "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'outbox'::regclass AND NOT tgisinternal"
+        ),
+        1
+    );
+}
+
+/// `LISTEN/NOTIFY` wakes a waiting read: with `poll: 1h` and a read
+/// waiting an hour, an insert is read well within the test's limit, and
+/// acked rows leave the table.
+#[test]
+fn a_notification_wakes_the_outbox_read() {
+    use sluice::connect::{Context, Health, SourceConfig};
+    let server = pg();
+    let yaml = format!("url: \"{}\"\noutbox: woken\npoll: 1h\n", server.url());
+    let config: sluice::connect::postgres::OutboxConfig =
+        serde_saphyr::from_str(&yaml).expect("config");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let ctx = Context {
+            pipeline: "p".into(),
+            name: "woken".into(),
+            metrics: std::sync::Arc::new(sluice::metrics::Metrics::new()),
+            health: std::sync::Arc::new(Health::default()),
+        };
+        let mut source = config.build(&ctx).await.expect("build");
+        // Connects, creates the table and trigger, and listens.
+        let first = source.read(10, Duration::ZERO).await.expect("first read");
+        assert!(first.is_empty());
+        let url = server.url();
+        let producer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .expect("producer connects");
+            tokio::spawn(connection);
+            client
+                .execute(
+                    "INSERT INTO woken (payload, headers) VALUES ('hello', '{\"h\": \"v\"}')",
+                    &[],
+                )
+                .await
+                .expect("insert");
+        });
+        let read = tokio::time::timeout(
+            Duration::from_secs(120),
+            source.read(10, Duration::from_secs(3600)),
+        )
+        .await
+        .expect("no wake-up within 120 s: NOTIFY did not reach the reader")
+        .expect("read");
+        producer.await.expect("producer");
+        assert_eq!(read.len(), 1);
+        assert_eq!(&read[0].payload[..], b"hello");
+        assert_eq!(read[0].headers, vec![("h".to_owned(), "v".to_owned())]);
+        assert_eq!(source.lag().await, Some(1));
+        source.ack().await.expect("ack");
+    });
+    assert_eq!(count(&server, "SELECT count(*) FROM woken"), 0);
 }

@@ -35,14 +35,17 @@ pub(crate) fn channel(table: &str) -> String {
 }
 
 /// The DDL `create: true` runs (in one transaction, under an advisory
-/// lock so daemons starting together do not race): the table if it is
-/// missing, and a statement trigger that notifies [`channel`] on insert.
+/// lock so daemons starting together do not race, with a `lock_timeout`
+/// so producers never queue behind it for long): the table if it is
+/// missing, the notify function, and a statement trigger that notifies
+/// [`channel`] on insert, created only if missing (creating a trigger
+/// locks the table against inserts).
 pub(crate) fn create_ddl(table: &str) -> String {
     let quoted = quote_ident(table);
     let channel = channel(table);
     let function = quote_ident(&format!("{table}_sluice_notify"));
     let trigger = format!(
-        "\"{}_sluice_notify\"",
+        "{}_sluice_notify",
         table.rsplit('.').next().unwrap_or(table)
     );
     format!(
@@ -59,8 +62,15 @@ pub(crate) fn create_ddl(table: &str) -> String {
          \x20   RETURN NULL;\n\
          END\n\
          $sluice$;\n\
-         CREATE OR REPLACE TRIGGER {trigger} AFTER INSERT ON {quoted}\n\
-         \x20   FOR EACH STATEMENT EXECUTE FUNCTION {function}();"
+         DO $sluice$\n\
+         BEGIN\n\
+         \x20   IF NOT EXISTS (SELECT 1 FROM pg_trigger\n\
+         \x20                  WHERE tgname = '{trigger}' AND tgrelid = '{quoted}'::regclass) THEN\n\
+         \x20       CREATE TRIGGER \"{trigger}\" AFTER INSERT ON {quoted}\n\
+         \x20           FOR EACH STATEMENT EXECUTE FUNCTION {function}();\n\
+         \x20   END IF;\n\
+         END\n\
+         $sluice$;"
     )
 }
 
@@ -170,7 +180,8 @@ impl OutboxSource {
         });
         if self.create {
             let ddl = format!(
-                "BEGIN; SELECT pg_advisory_xact_lock(hashtext('sluice outbox ddl')); {}; COMMIT;",
+                "BEGIN; SET LOCAL lock_timeout = '5s'; \
+                 SELECT pg_advisory_xact_lock(hashtext('sluice outbox ddl')); {} COMMIT;",
                 create_ddl(&self.table)
             );
             if let Err(e) = client.batch_execute(&ddl).await {
