@@ -1,7 +1,8 @@
 //! Build support shared by the tests, the benchmarks and `cargo xtask`: builds
 //! the Wasm plugins in `plugins/` from source and says where they are; and,
-//! in [`nats`], real nats-server processes for end-to-end tests, and in
-//! [`moto`], a real S3 API (moto's server); in [`redis`], real redis-servers.
+//! in [`nats`], real nats-server processes for end-to-end tests, in
+//! [`moto`], a real S3 API (moto's server), in [`postgres`], a real
+//! Postgres server of the test's own, and in [`redis`], real redis-servers.
 //!
 //! The plugins live in their own cargo workspace (`plugins/Cargo.toml`) and are
 //! compiled for `wasm32-wasip2`, so a plain `cargo test` never builds them.
@@ -27,6 +28,7 @@ use anyhow::{Context, bail};
 
 pub mod moto;
 pub mod nats;
+pub mod postgres;
 pub mod redis;
 
 /// The Rust target every plugin is compiled for.

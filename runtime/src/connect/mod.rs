@@ -161,6 +161,17 @@ pub trait SinkConfig: Send + Sync {
     /// The sink, not yet connected (a target that is down at start-up is
     /// an outage, not a failed start). All worker slots share it.
     async fn build(&self, ctx: &Context) -> Result<Arc<dyn Sink>, BuildError>;
+    /// [`build`](Self::build) for a sink stage of `concurrency` worker
+    /// slots, for a connector that sizes a connection pool to them. The
+    /// default ignores it.
+    async fn build_for(
+        &self,
+        ctx: &Context,
+        concurrency: NonZeroU32,
+    ) -> Result<Arc<dyn Sink>, BuildError> {
+        let _ = concurrency;
+        self.build(ctx).await
+    }
 }
 
 /// A source as the pipeline file declares it: a name, a topic, and one

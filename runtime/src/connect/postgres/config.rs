@@ -8,6 +8,8 @@ use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::outbox::OutboxSource;
+use super::table::{TableSink, rewrite_statement};
 use crate::config::HumanDuration;
 use crate::connect::names::check_sql_identifier;
 use crate::connect::{
@@ -118,12 +120,13 @@ impl SourceConfig for OutboxConfig {
         usize::try_from(self.batch.get()).unwrap_or(usize::MAX)
     }
 
-    async fn build(&self, ctx: &Context) -> Result<Box<dyn Source>, BuildError> {
-        Err(BuildError {
-            connector: "source",
-            name: ctx.name.clone(),
-            message: "the Postgres outbox source is not built yet".into(),
-        })
+    async fn build(&self, _ctx: &Context) -> Result<Box<dyn Source>, BuildError> {
+        Ok(Box::new(OutboxSource::new(
+            self.url.clone(),
+            self.outbox.clone(),
+            self.create,
+            self.poll.get(),
+        )))
     }
 }
 
@@ -142,7 +145,11 @@ impl SinkConfig for TableSinkConfig {
                     problems.push(ConfigProblem::at(&["table"], e));
                 }
             }
-            (None, Some(_)) => {}
+            (None, Some(statement)) => {
+                if let Err(e) = rewrite_statement(statement) {
+                    problems.push(ConfigProblem::at(&["statement"], e.to_string()));
+                }
+            }
             (Some(_), Some(_)) => problems.push(ConfigProblem::at(
                 &["statement"],
                 "give `table` or `statement`, not both",
@@ -163,10 +170,37 @@ impl SinkConfig for TableSinkConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<std::sync::Arc<dyn Sink>, BuildError> {
-        Err(BuildError {
+        self.build_for(ctx, crate::config::default_concurrency())
+            .await
+    }
+
+    /// The sink with a pool of `concurrency` connections, one per worker
+    /// slot (opened on demand).
+    async fn build_for(
+        &self,
+        ctx: &Context,
+        concurrency: NonZeroU32,
+    ) -> Result<std::sync::Arc<dyn Sink>, BuildError> {
+        let problems = self.check();
+        if let Some(problem) = problems.first() {
+            return Err(BuildError {
+                connector: "sink",
+                name: ctx.name.clone(),
+                message: problem.message.clone(),
+            });
+        }
+        let sink = TableSink::new(
+            self.url.clone(),
+            self.table.as_deref(),
+            self.statement.as_deref(),
+            self.create,
+            usize::try_from(concurrency.get()).unwrap_or(usize::MAX),
+        )
+        .map_err(|message| BuildError {
             connector: "sink",
             name: ctx.name.clone(),
-            message: "the Postgres table sink is not built yet".into(),
-        })
+            message,
+        })?;
+        Ok(std::sync::Arc::new(sink))
     }
 }

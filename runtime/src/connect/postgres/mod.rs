@@ -2,7 +2,53 @@
 //! `FOR UPDATE SKIP LOCKED`, published, then deleted in the same
 //! transaction; `LISTEN/NOTIFY` wakes it) and a table sink (`INSERT ...
 //! ON CONFLICT (id) DO NOTHING`, or the user's own statement).
+//!
+//! Both speak to the server through `tokio-postgres` without TLS
+//! (`NoTls`). Identifiers come from the configuration only after
+//! [`check_sql_identifier`](crate::connect::names::check_sql_identifier),
+//! and are double-quoted when spliced; values are always bound.
 
 mod config;
+mod outbox;
+mod table;
 
 pub use config::{OutboxConfig, TableSinkConfig};
+pub use table::{Param, RewriteError, Rewritten, rewrite_statement};
+
+use crate::connect::SecretUrl;
+
+/// `app.outbox` as SQL: `"app"."outbox"`. Only for names that passed
+/// `check_sql_identifier` (no quotes inside).
+pub(crate) fn quote_ident(name: &str) -> String {
+    name.split('.')
+        .map(|part| format!("\"{part}\""))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// A client library error as text for logs, readiness and dead letters:
+/// the server's SQLSTATE, message and detail when it answered, else the
+/// error and its causes; the password scrubbed.
+pub(crate) fn describe(url: &SecretUrl, err: &tokio_postgres::Error) -> String {
+    let text = match err.as_db_error() {
+        Some(db) => {
+            let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+            if let Some(detail) = db.detail() {
+                text.push_str(": ");
+                text.push_str(detail);
+            }
+            text
+        }
+        None => {
+            let mut text = err.to_string();
+            let mut source = std::error::Error::source(err);
+            while let Some(cause) = source {
+                text.push_str(": ");
+                text.push_str(&cause.to_string());
+                source = cause.source();
+            }
+            text
+        }
+    };
+    url.scrub(&text)
+}
