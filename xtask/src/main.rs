@@ -267,6 +267,7 @@ const PYTHON_PACKAGES: &[&str] = &[
 /// Idempotent: a second run is a quick no-op.
 fn setup() -> anyhow::Result<()> {
     ensure_wasm_target()?;
+    ensure_test_servers()?;
     println!("== python3 -m pip install {}", PYTHON_PACKAGES.join(" "));
     run(Command::new("python3")
         .args([
@@ -279,6 +280,57 @@ fn setup() -> anyhow::Result<()> {
         ])
         .args(PYTHON_PACKAGES)
         .env("PIP_ROOT_USER_ACTION", "ignore")
+        .stdin(std::process::Stdio::null()))
+}
+
+/// The connector tests start their own `redis-server` and Postgres
+/// (`initdb`, `pg_ctl`). Installs the Debian packages when they are missing
+/// and this runs as root; otherwise says what to install. The system
+/// services the packages start are never used by the tests.
+fn ensure_test_servers() -> anyhow::Result<()> {
+    let has_redis = Command::new("redis-server")
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let has_postgres = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|dirs| {
+            dirs.filter_map(Result::ok)
+                .any(|d| d.path().join("bin").join("initdb").exists())
+        })
+        .unwrap_or(false)
+        || std::env::var_os("SLUICE_PG_BIN").is_some();
+    let mut missing = Vec::new();
+    if !has_redis {
+        missing.push("redis-server");
+    }
+    if !has_postgres {
+        missing.push("postgresql");
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+    if !root {
+        bail!(
+            "the connector tests need {} (Debian: `sudo apt-get install {}`), or set \
+             SLUICE_REDIS_SERVER / SLUICE_PG_BIN",
+            missing.join(" and "),
+            missing.join(" ")
+        );
+    }
+    println!("== apt-get install {}", missing.join(" "));
+    run(Command::new("apt-get")
+        .args(["update", "-qq"])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdin(std::process::Stdio::null()))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive")
         .stdin(std::process::Stdio::null()))
 }
 
