@@ -772,3 +772,65 @@ fn a_notification_wakes_the_outbox_read() {
     });
     assert_eq!(count(&server, "SELECT count(*) FROM woken"), 0);
 }
+
+/// A user without CREATE on the schema (Postgres 15's default for
+/// `public`) drains an outbox and fills a table made for it, with
+/// `create: true` (the default): only what is missing is created. A
+/// missing privilege holds messages until the GRANT.
+#[test]
+fn create_true_needs_no_create_privilege_when_all_exists() {
+    let server = pg();
+    server
+        .psql(
+            "CREATE ROLE app LOGIN PASSWORD 'app-pw-123'; \
+             REVOKE CREATE ON SCHEMA public FROM PUBLIC; \
+             CREATE TABLE outbox (id bigserial PRIMARY KEY, payload bytea NOT NULL, key text, \
+               headers jsonb, created_at timestamptz NOT NULL DEFAULT now()); \
+             CREATE FUNCTION outbox_sluice_notify() RETURNS trigger LANGUAGE plpgsql AS $$ \
+               BEGIN PERFORM pg_notify('sluice_outbox_outbox', ''); RETURN NULL; END $$; \
+             CREATE TRIGGER outbox_sluice_notify AFTER INSERT ON outbox \
+               FOR EACH STATEMENT EXECUTE FUNCTION outbox_sluice_notify(); \
+             CREATE TABLE received (id text PRIMARY KEY, topic text, key text, headers jsonb, \
+               payload bytea, published_at timestamptz); \
+             GRANT SELECT, UPDATE, DELETE ON outbox TO app; \
+             INSERT INTO outbox (payload) SELECT convert_to('row-' || g, 'UTF8') FROM generate_series(1, 500) g",
+        )
+        .expect("setup");
+    let url = format!(
+        "postgres://app:app-pw-123@127.0.0.1:{}/postgres",
+        server.port()
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    let file = write_pipeline(dir.path(), "outbox", &outbox_pipeline(&url));
+    let d = Daemon::start(&[&file], &dir.path().join("data"));
+    // No privilege on `received` yet: the sink holds the messages (a
+    // GRANT fixes it), it does not dead-letter them.
+    d.wait_until(
+        "the missing privilege reported",
+        Duration::from_secs(60),
+        |d| {
+            let ready = d.get("/health/ready").to_string();
+            ready.contains("outbox/to-table") && ready.contains("permission denied")
+        },
+    );
+    assert_eq!(d.depth("outbox.to-table.dlq"), 0);
+    server
+        .psql("GRANT SELECT, INSERT ON received TO app")
+        .expect("grant");
+    wait_for(
+        "every row downstream",
+        Duration::from_secs(120),
+        || count(&server, "SELECT count(*) FROM received") >= 500,
+        || d.log(),
+    );
+    assert_eq!(
+        count(&server, "SELECT count(DISTINCT payload) FROM received"),
+        500
+    );
+    wait_for(
+        "the outbox to be empty",
+        Duration::from_secs(60),
+        || count(&server, "SELECT count(*) FROM outbox") == 0,
+        || d.log(),
+    );
+}

@@ -97,6 +97,8 @@ pub struct OutboxSource {
     /// The last read's transaction was lost with its connection: its
     /// `ack` must fail (the rows are read again), not report success.
     lost: bool,
+    /// The table and trigger were found or created on this connection.
+    create_done: bool,
     select: String,
     delete: String,
     lag: String,
@@ -121,6 +123,7 @@ impl OutboxSource {
             pending: Vec::new(),
             in_tx: false,
             lost: false,
+            create_done: false,
         }
     }
 
@@ -179,6 +182,28 @@ impl OutboxSource {
             wake.notify_one();
         });
         if self.create {
+            // Only what is missing is created: a user without CREATE on
+            // the schema can drain an outbox made for it.
+            let trigger = format!(
+                "{}_sluice_notify",
+                self.table.rsplit('.').next().unwrap_or(&self.table)
+            );
+            let present = client
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = $1 AND tgrelid = to_regclass($2))",
+                    &[&trigger, &quote_ident(&self.table)],
+                )
+                .await
+                .and_then(|row| row.try_get::<_, bool>(0));
+            let present = match present {
+                Ok(present) => present,
+                Err(e) => return Err(self.unavailable(&e)),
+            };
+            if present {
+                self.create_done = true;
+            }
+        }
+        if self.create && !self.create_done {
             let ddl = format!(
                 "BEGIN; SET LOCAL lock_timeout = '5s'; \
                  SELECT pg_advisory_xact_lock(hashtext('sluice outbox ddl')); {} COMMIT;",
@@ -187,6 +212,7 @@ impl OutboxSource {
             if let Err(e) = client.batch_execute(&ddl).await {
                 return Err(self.unavailable(&e));
             }
+            self.create_done = true;
         }
         if let Err(e) = client
             .batch_execute(&format!("LISTEN \"{}\"", channel(&self.table)))

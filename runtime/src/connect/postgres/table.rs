@@ -7,7 +7,8 @@
 //! Errors map onto the sink outcomes by SQLSTATE class: 22 (data), 23
 //! (constraint) and 42 (syntax, undefined object) are the row's fault:
 //! `rejected` with the server's message; 08 (connection), 57 (operator
-//! intervention) and a lost connection or pool timeout are an outage:
+//! intervention), 42501 (a missing privilege: the setup's fault, fixed by
+//! a GRANT) and a lost connection or pool timeout are an outage:
 //! `unavailable`, held in place; 40 (serialisation, deadlock), 53
 //! (resources) and anything else: `retry`.
 
@@ -218,7 +219,12 @@ pub fn rewrite_statement(sql: &str) -> Result<Rewritten, RewriteError> {
 /// What the sink writes with.
 enum Mode {
     /// Rows in Sluice's layout: the multi-row insert and the DDL.
-    Table { insert: String, ddl: String },
+    Table {
+        insert: String,
+        ddl: String,
+        /// The table, quoted, for `to_regclass`.
+        quoted: String,
+    },
     /// The user's statement.
     Statement(Rewritten),
 }
@@ -280,6 +286,7 @@ impl TableSink {
                          ON CONFLICT (id) DO NOTHING"
                     ),
                     ddl: table_ddl(table),
+                    quoted,
                 }
             }
             (None, Some(statement)) => {
@@ -304,7 +311,9 @@ impl TableSink {
                     .scrub(&format!("postgres at {}: no connection: {other}", self.url)),
             ),
         })?;
-        if let Mode::Table { ddl, .. } = &self.mode
+        if let Mode::Table {
+            ddl, quoted: table, ..
+        } = &self.mode
             && self.create
         {
             self.created
@@ -312,6 +321,16 @@ impl TableSink {
                     // A table that cannot be created (no privilege, no
                     // schema) is the target being unusable, not the
                     // message's fault: it waits, and readiness says why.
+                    // Only a missing table is created: a user without
+                    // CREATE on the schema can write to a table made for it.
+                    let present = client
+                        .query_one("SELECT to_regclass($1) IS NOT NULL", &[table])
+                        .await
+                        .and_then(|row| row.try_get::<_, bool>(0))
+                        .map_err(|e| SinkError::Unavailable(self.said(&e)))?;
+                    if present {
+                        return Ok(());
+                    }
                     client
                         .batch_execute(ddl)
                         .await
@@ -329,7 +348,14 @@ impl TableSink {
     /// The outcome of a failed statement, by SQLSTATE class.
     fn classify(&self, err: &tokio_postgres::Error) -> SinkError {
         let text = self.said(err);
-        match err.code().map(|c| c.code().get(..2).unwrap_or_default()) {
+        let code = err.code().map(|c| c.code());
+        // A missing privilege (42501) is the target's setup, not the
+        // message: it waits for a GRANT instead of dead-lettering
+        // everything.
+        if code == Some("42501") {
+            return SinkError::Unavailable(text);
+        }
+        match code.map(|c| c.get(..2).unwrap_or_default()) {
             Some("22" | "23" | "42") => SinkError::Rejected(text),
             Some("08" | "57") | None => SinkError::Unavailable(text),
             Some(_) => SinkError::Retry {
