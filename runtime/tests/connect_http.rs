@@ -327,9 +327,8 @@ fn doc_snippet() -> String {
                 .expect("the README's signature section"),
             _ => 0,
         };
-        let start = at
-            + doc[at..].find("```python\n").expect("a ```python block")
-            + "```python\n".len();
+        let start =
+            at + doc[at..].find("```python\n").expect("a ```python block") + "```python\n".len();
         let len = doc[start..].find("```").expect("the block ends");
         doc[start..start + len].to_owned()
     };
