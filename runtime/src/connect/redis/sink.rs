@@ -17,7 +17,8 @@
 //! Errors: the server cannot be reached -> [`SinkError::Unavailable`]; a
 //! reply that will never succeed (`WRONGTYPE`: the key is not a stream)
 //! -> [`SinkError::Rejected`]; any other error reply (`OOM`, `BUSY`,
-//! `LOADING`, `TRYAGAIN`) -> [`SinkError::Retry`].
+//! `TRYAGAIN`) -> [`SinkError::Retry`]; `LOADING`/`MASTERDOWN` (not
+//! serving yet) -> [`SinkError::Unavailable`].
 
 use std::time::Duration;
 
@@ -127,12 +128,16 @@ impl RedisSink {
 }
 
 /// The error reply of a write as a sink error: `WRONGTYPE` (the key
-/// holds something that is not a stream) never succeeds; any other reply
-/// may later, and is retried (then dead-lettered once retries run out).
+/// holds something that is not a stream) never succeeds; `LOADING` and
+/// `MASTERDOWN` (a server starting up, a replica without its primary) are
+/// the server not serving yet, an outage that spends no attempts; any
+/// other reply may succeed later, and is retried (then dead-lettered once
+/// retries run out).
 fn classify_reply(stream: &str, text: &str, code: Option<&str>) -> SinkError {
     let reason = format!("redis stream `{stream}`: {text}");
     match code {
         Some("WRONGTYPE") => SinkError::Rejected(reason),
+        Some("LOADING" | "MASTERDOWN") => SinkError::Unavailable(reason),
         _ => SinkError::Retry {
             reason,
             after: None,
@@ -298,7 +303,16 @@ mod tests {
             classify_reply("s", "WRONGTYPE Operation against a key", Some("WRONGTYPE")),
             SinkError::Rejected(_)
         ));
-        for code in ["OOM", "BUSY", "LOADING", "TRYAGAIN"] {
+        for code in ["LOADING", "MASTERDOWN"] {
+            assert!(
+                matches!(
+                    classify_reply("s", code, Some(code)),
+                    SinkError::Unavailable(_)
+                ),
+                "{code}"
+            );
+        }
+        for code in ["OOM", "BUSY", "TRYAGAIN"] {
             assert!(
                 matches!(
                     classify_reply("s", code, Some(code)),
