@@ -75,6 +75,8 @@ pub trait Sink: Send + Sync {
 pub struct SinkHandler {
     sink: Arc<dyn Sink>,
     ctx: Context,
+    /// `<pipeline>/<sink>`, made once rather than per write.
+    label: String,
     timeout: Duration,
     backoff_max: Duration,
 }
@@ -90,6 +92,7 @@ impl SinkHandler {
     ) -> Self {
         SinkHandler {
             sink,
+            label: ctx.label(),
             ctx,
             timeout,
             backoff_max,
@@ -98,18 +101,18 @@ impl SinkHandler {
 
     /// The outcome of one write, with its outage (or recovery) reported.
     fn outcome(&self, result: Result<(), SinkError>) -> Outcome {
-        let label = self.ctx.label();
+        let label = &self.label;
         match result {
             Ok(()) => {
-                self.ctx.health.up(&self.ctx.metrics, &label);
+                self.ctx.health.up(&self.ctx.metrics, label);
                 Ok(Vec::new())
             }
             Err(SinkError::Rejected(reason)) => {
-                self.ctx.health.up(&self.ctx.metrics, &label);
+                self.ctx.health.up(&self.ctx.metrics, label);
                 Err(Failure::new(FailureKind::Rejected, reason))
             }
             Err(SinkError::Retry { reason, after }) => {
-                self.ctx.health.up(&self.ctx.metrics, &label);
+                self.ctx.health.up(&self.ctx.metrics, label);
                 Err(Failure {
                     kind: FailureKind::Retry,
                     message: reason,
@@ -117,7 +120,7 @@ impl SinkHandler {
                 })
             }
             Err(SinkError::Unavailable(why)) => {
-                self.ctx.health.down(&self.ctx.metrics, &label, &why);
+                self.ctx.health.down(&self.ctx.metrics, label, &why);
                 Err(Failure::new(FailureKind::Unavailable, why))
             }
         }
