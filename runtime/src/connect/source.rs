@@ -12,17 +12,26 @@
 //!    the broker's duplicate window (effectively-once into the topic).
 //!    An upstream message that cannot become a message (a header no broker
 //!    can carry) goes to the source's dead-letter topic with the reason.
-//! 3. **Then acknowledge upstream.** A publish that fails is retried
-//!    (the broker is down or full) until it succeeds or shutdown comes;
-//!    only a durable publish is ever acknowledged.
+//! 3. **Then acknowledge upstream**, read by read in the order they were
+//!    made. A publish that fails is retried (the broker is down or full)
+//!    until it succeeds or shutdown comes; only a durable publish is ever
+//!    acknowledged. A connector that can have several reads open
+//!    ([`Source::reads_in_flight`]) is read again while earlier reads are
+//!    being made durable, so the upstream round trip and the broker's
+//!    group commit overlap instead of taking turns.
 //! 4. **Outages**: an upstream error reconnects forever with backoff,
 //!    logged once per outage and shown by readiness and metrics.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures_util::FutureExt as _;
+use futures_util::StreamExt as _;
+use futures_util::stream::FuturesOrdered;
 use tokio::sync::watch;
 
 use super::{Capabilities, Context};
@@ -71,25 +80,37 @@ pub enum SourceError {
 }
 
 /// An upstream that messages are read from. The runner calls `read`, then
-/// publishes, then `ack`: one read in flight at a time.
+/// publishes, then `ack`, and acknowledges reads in the order it made
+/// them. With [`Source::reads_in_flight`] above 1 it reads again before
+/// the earlier reads are acknowledged.
 #[async_trait]
 pub trait Source: Send {
     /// What the upstream can do.
     fn capabilities(&self) -> Capabilities;
 
+    /// How many reads may be open (read, not yet acknowledged) at once.
+    /// 1 (the default) suits an upstream whose read holds something that
+    /// only its ack ends, such as a transaction; an upstream that acks
+    /// message by message can allow more.
+    fn reads_in_flight(&self) -> usize {
+        1
+    }
+
     /// Reads up to `max` messages (at least 1), waiting up to `wait` for
-    /// the first. Connects first if it is not connected. Messages a dead
-    /// reader left unacknowledged upstream are reclaimed here too.
+    /// the first (not at all when `wait` is zero). Connects first if it is
+    /// not connected. Messages a dead reader left unacknowledged upstream
+    /// are reclaimed here too.
     async fn read(&mut self, max: usize, wait: Duration)
     -> Result<Vec<SourceMessage>, SourceError>;
 
-    /// Acknowledges upstream everything the last `read` returned. Called
-    /// only once all of it is durably published.
+    /// Acknowledges upstream everything the oldest read not yet
+    /// acknowledged returned (reads that returned nothing do not count).
+    /// Called only once all of it is durably published.
     async fn ack(&mut self) -> Result<(), SourceError>;
 
-    /// Gives back what the last `read` returned without acknowledging it
-    /// (a rollback), so it is read again. Called when shutdown comes
-    /// before the publish was durable.
+    /// Gives back every read not yet acknowledged (a rollback), so it is
+    /// read again. Called when shutdown comes before the publish was
+    /// durable.
     async fn release(&mut self) {}
 
     /// How many messages wait upstream, if the upstream can tell
@@ -128,22 +149,23 @@ const FULL_POLL: Duration = Duration::from_millis(50);
 /// How often lag is asked for.
 const LAG_EVERY: Duration = Duration::from_secs(5);
 
-/// Runs one source until `stop` turns true. A read that is published and
-/// acknowledged when stop comes is finished; a publish still failing then
-/// is given back upstream (released), never acknowledged.
-pub async fn run(setup: SourceSetup, broker: Arc<dyn Broker>, mut stop: watch::Receiver<bool>) {
+/// Runs one source until `stop` turns true. Reads whose publish is
+/// durable when stop comes are acknowledged; the rest (a publish still
+/// failing, or cut short) are given back upstream (released), never
+/// acknowledged.
+pub async fn run(setup: SourceSetup, broker: Arc<dyn Broker>, stop: watch::Receiver<bool>) {
     // The connector apart, so the rest can be shared across awaits while
     // the connector is borrowed mutably.
     let SourceSetup {
         ctx,
-        mut source,
+        source,
         topic,
         dlq_topic,
         high_water_mark,
         subscribers,
         read_max,
     } = setup;
-    let setup = Route {
+    let route = Route {
         ctx,
         topic,
         dlq_topic,
@@ -151,81 +173,197 @@ pub async fn run(setup: SourceSetup, broker: Arc<dyn Broker>, mut stop: watch::R
         subscribers,
         read_max,
     };
-    let label = setup.ctx.label();
-    setup.ctx.metrics.connector_started(&label);
-    let mut pause = RETRY_MIN;
-    let mut lag_at = tokio::time::Instant::now();
-    while !*stop.borrow() {
-        let room = match room(&setup, &broker).await {
-            Ok(0) => {
-                if sleep_or_stop(FULL_POLL, &mut stop).await {
-                    break;
+    let label = route.ctx.label();
+    route.ctx.metrics.connector_started(&label);
+    let mut runner = Runner {
+        route: &route,
+        broker: &broker,
+        reads_in_flight: source.reads_in_flight().max(1),
+        source,
+        stop,
+        publishing: FuturesOrdered::new(),
+        held: 0,
+        pause: RETRY_MIN,
+    };
+    runner.run().await;
+    tracing::debug!(source = %label, "source stopped");
+}
+
+/// A read's publish: whether it became durable, and how many messages it held.
+type Publishing<'a> = Pin<Box<dyn Future<Output = (bool, u64)> + Send + 'a>>;
+
+/// One running source's loop and what it has in flight.
+struct Runner<'a> {
+    route: &'a Route,
+    broker: &'a Arc<dyn Broker>,
+    source: Box<dyn Source>,
+    stop: watch::Receiver<bool>,
+    reads_in_flight: usize,
+    /// The reads being published, oldest first: acknowledged in this order.
+    publishing: FuturesOrdered<Publishing<'a>>,
+    /// Messages read and not yet acknowledged: they count against the
+    /// high-water mark, wherever their publish stands.
+    held: u64,
+    /// The pause after the next upstream error.
+    pause: Duration,
+}
+
+impl<'a> Runner<'a> {
+    async fn run(&mut self) {
+        let label = self.route.ctx.label();
+        let mut lag_at = tokio::time::Instant::now();
+        while !*self.stop.borrow() {
+            // Acknowledge, in read order, every read already durable.
+            while let Some(Some((durable, count))) = self.publishing.next().now_or_never() {
+                if !self.settle(durable, count).await {
+                    return self.give_back().await;
+                }
+            }
+            let room = match room(self.route, self.broker).await {
+                Ok(room) => room.saturating_sub(usize::try_from(self.held).unwrap_or(usize::MAX)),
+                Err(err) => {
+                    tracing::warn!(source = %label, error = %err, "cannot read the topic's backlog; waiting");
+                    if self.sleep(RETRY_MAX).await {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            if room == 0 || self.publishing.len() >= self.reads_in_flight {
+                if self.publishing.is_empty() {
+                    if self.sleep(FULL_POLL).await {
+                        break;
+                    }
+                } else if !self.settle_oldest().await {
+                    return self.give_back().await;
                 }
                 continue;
             }
-            Ok(room) => room,
-            Err(err) => {
-                tracing::warn!(source = %label, error = %err, "cannot read the topic's backlog; waiting");
-                if sleep_or_stop(RETRY_MAX, &mut stop).await {
-                    break;
+            // With reads in flight, do not wait for new messages: their
+            // acknowledgements would wait too.
+            let wait = if self.publishing.is_empty() {
+                READ_WAIT
+            } else {
+                Duration::ZERO
+            };
+            let read = tokio::select! {
+                read = self.source.read(room.min(self.route.read_max).max(1), wait) => read,
+                _ = self.stop.wait_for(|s| *s) => break,
+            };
+            let messages = match read {
+                Ok(messages) => {
+                    self.route.ctx.health.up(&self.route.ctx.metrics, &label);
+                    self.pause = RETRY_MIN;
+                    messages
+                }
+                Err(SourceError::Unavailable(why)) => {
+                    self.route
+                        .ctx
+                        .health
+                        .down(&self.route.ctx.metrics, &label, &why);
+                    if self.sleep(self.pause).await {
+                        break;
+                    }
+                    self.pause = (self.pause * 2).min(RETRY_MAX);
+                    continue;
+                }
+            };
+            if lag_at.elapsed() >= LAG_EVERY {
+                lag_at = tokio::time::Instant::now();
+                if let Some(lag) = self.source.lag().await {
+                    self.route.ctx.metrics.set_source_lag(
+                        &self.route.ctx.pipeline,
+                        &self.route.ctx.name,
+                        lag,
+                    );
+                }
+            }
+            if messages.is_empty() {
+                // Nothing new: finish the oldest read before asking again.
+                if !self.publishing.is_empty() && !self.settle_oldest().await {
+                    return self.give_back().await;
                 }
                 continue;
             }
-        };
-        let read = tokio::select! {
-            read = source.read(room.min(setup.read_max).max(1), READ_WAIT) => read,
-            _ = stop.wait_for(|s| *s) => break,
-        };
-        let messages = match read {
-            Ok(messages) => {
-                setup.ctx.health.up(&setup.ctx.metrics, &label);
-                pause = RETRY_MIN;
-                messages
-            }
-            Err(SourceError::Unavailable(why)) => {
-                setup.ctx.health.down(&setup.ctx.metrics, &label, &why);
-                if sleep_or_stop(pause, &mut stop).await {
-                    break;
-                }
-                pause = (pause * 2).min(RETRY_MAX);
-                continue;
-            }
-        };
-        if lag_at.elapsed() >= LAG_EVERY {
-            lag_at = tokio::time::Instant::now();
-            if let Some(lag) = source.lag().await {
-                setup
-                    .ctx
-                    .metrics
-                    .set_source_lag(&setup.ctx.pipeline, &setup.ctx.name, lag);
-            }
+            let count = messages.len() as u64;
+            self.held += count;
+            let batch = to_messages(self.route, messages);
+            let (route, broker, mut stop) = (self.route, self.broker, self.stop.clone());
+            self.publishing.push_back(Box::pin(async move {
+                let durable = publish_until_durable(route, broker, batch, &mut stop).await;
+                (durable, count)
+            }));
         }
-        if messages.is_empty() {
-            continue;
+        self.give_back().await;
+    }
+
+    /// Waits for the oldest read's publish and settles it; false if stop
+    /// came first.
+    async fn settle_oldest(&mut self) -> bool {
+        let next = tokio::select! {
+            next = self.publishing.next() => next,
+            _ = self.stop.wait_for(|s| *s) => return false,
+        };
+        match next {
+            Some((durable, count)) => self.settle(durable, count).await,
+            None => true,
         }
-        let count = messages.len() as u64;
-        let batch = to_messages(&setup, messages);
-        if !publish_until_durable(&setup, &broker, batch, &mut stop).await {
-            source.release().await;
-            break;
+    }
+
+    /// After the oldest read's publish ended: acknowledges it upstream if
+    /// it is durable. False if it is not (stop came first).
+    async fn settle(&mut self, durable: bool, count: u64) -> bool {
+        if !durable {
+            return false;
         }
+        self.held = self.held.saturating_sub(count);
         // Acked upstream only now. A failed ack is not a loss: the
         // messages come back (a reclaim, a rolled-back transaction) and
         // their ids collapse in the duplicate window.
-        if let Err(SourceError::Unavailable(why)) = source.ack().await {
-            setup.ctx.health.down(&setup.ctx.metrics, &label, &why);
-            if sleep_or_stop(pause, &mut stop).await {
-                break;
+        if let Err(SourceError::Unavailable(why)) = self.source.ack().await {
+            let label = self.route.ctx.label();
+            self.route
+                .ctx
+                .health
+                .down(&self.route.ctx.metrics, &label, &why);
+            if self.sleep(self.pause).await {
+                return true;
             }
-            pause = (pause * 2).min(RETRY_MAX);
-            continue;
+            self.pause = (self.pause * 2).min(RETRY_MAX);
+            return true;
         }
-        setup
+        self.route
             .ctx
             .metrics
-            .count_source(&setup.ctx.pipeline, &setup.ctx.name, count);
+            .count_source(&self.route.ctx.pipeline, &self.route.ctx.name, count);
+        true
     }
-    tracing::debug!(source = %label, "source stopped");
+
+    /// At shutdown: acknowledges the reads already durable, in order, and
+    /// gives back the rest.
+    async fn give_back(&mut self) {
+        while let Some(next) = self.publishing.next().now_or_never() {
+            match next {
+                Some((true, count)) => {
+                    self.settle(true, count).await;
+                }
+                Some((false, _)) => break,
+                None => return,
+            }
+        }
+        if !self.publishing.is_empty() {
+            // Dropping the publishes in flight: each may still land in the
+            // topic; read again, its ids collapse in the duplicate window.
+            self.publishing = FuturesOrdered::new();
+            self.held = 0;
+            self.source.release().await;
+        }
+    }
+
+    /// Sleeps `pause`; true if stop came meanwhile.
+    async fn sleep(&mut self, pause: Duration) -> bool {
+        sleep_or_stop(pause, &mut self.stop).await
+    }
 }
 
 /// A running source's settings, without its connector.
@@ -388,18 +526,26 @@ mod tests {
         waiting: VecDeque<SourceMessage>,
         /// Reads that fail before the next one succeeds.
         failures: u32,
+        /// The most reads open (read, not acked) at once.
+        most_open: usize,
     }
 
     struct Scripted {
         log: Arc<Mutex<Log>>,
         broker: Arc<dyn Broker>,
-        last: Vec<String>,
+        /// The ids of each open read, oldest first.
+        open: VecDeque<Vec<String>>,
+        reads_in_flight: usize,
     }
 
     #[async_trait]
     impl Source for Scripted {
         fn capabilities(&self) -> Capabilities {
             Capabilities::default()
+        }
+
+        fn reads_in_flight(&self) -> usize {
+            self.reads_in_flight
         }
 
         async fn read(
@@ -419,7 +565,12 @@ mod tests {
             if batch.is_empty() {
                 tokio::time::sleep(wait.min(Duration::from_millis(20))).await;
             }
-            self.last = batch.iter().map(|m| m.upstream_id.clone()).collect();
+            if !batch.is_empty() {
+                self.open
+                    .push_back(batch.iter().map(|m| m.upstream_id.clone()).collect());
+                let mut log = self.log.lock().expect("log");
+                log.most_open = log.most_open.max(self.open.len());
+            }
             Ok(batch)
         }
 
@@ -430,7 +581,7 @@ mod tests {
                 .await
                 .map(|s| s.depth)
                 .unwrap_or_default();
-            let acked = std::mem::take(&mut self.last);
+            let acked = self.open.pop_front().expect("an ack follows a read");
             self.log.lock().expect("log").acks.push((acked, depth));
             Ok(())
         }
@@ -440,6 +591,7 @@ mod tests {
         broker: &Arc<dyn Broker>,
         log: &Arc<Mutex<Log>>,
         mark: Option<u64>,
+        reads_in_flight: usize,
     ) -> (SourceSetup, Arc<Health>, Arc<Metrics>) {
         let metrics = Arc::new(Metrics::new());
         let health = Arc::new(Health::new());
@@ -453,7 +605,8 @@ mod tests {
             source: Box::new(Scripted {
                 log: log.clone(),
                 broker: broker.clone(),
-                last: Vec::new(),
+                open: VecDeque::new(),
+                reads_in_flight,
             }),
             topic: "in".into(),
             dlq_topic: "p.src.dlq".into(),
@@ -504,7 +657,7 @@ mod tests {
             waiting: upstream(95),
             ..Log::default()
         }));
-        let (setup, _, metrics) = setup(&broker, &log, Some(40));
+        let (setup, _, metrics) = setup(&broker, &log, Some(40), 3);
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(run(setup, broker.clone(), stopped));
         // Nothing consumes: the source fills the topic to its mark and waits.
@@ -552,7 +705,7 @@ mod tests {
             failures: 3,
             ..Log::default()
         }));
-        let (setup, health, metrics) = setup(&broker, &log, None);
+        let (setup, health, metrics) = setup(&broker, &log, None, 1);
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(run(setup, broker.clone(), stopped));
         for _ in 0..300 {
@@ -595,5 +748,40 @@ mod tests {
             second.error
         );
         assert_eq!(dead[1].message.payload.as_ref(), b"m2");
+    }
+
+    #[tokio::test]
+    async fn reads_in_flight_are_acked_in_read_order_each_after_its_publish() {
+        let dir = tempfile::tempdir().expect("dir");
+        let broker = broker(dir.path()).await;
+        let log = Arc::new(Mutex::new(Log {
+            waiting: upstream(95),
+            ..Log::default()
+        }));
+        let (setup, _, metrics) = setup(&broker, &log, None, 3);
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(run(setup, broker.clone(), stopped));
+        for _ in 0..300 {
+            if metrics.source_total("p", "src") >= 95 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = stop.send(true);
+        task.await.expect("runner");
+        let log = log.lock().expect("log");
+        assert!(
+            log.most_open >= 2,
+            "the runner read again while a read was being published"
+        );
+        assert!(log.most_open <= 3, "never more reads open than allowed");
+        let acked: Vec<String> = log.acks.iter().flat_map(|(ids, _)| ids.clone()).collect();
+        let expected: Vec<String> = (0..95).map(|i| i.to_string()).collect();
+        assert_eq!(acked, expected, "every read acked once, in read order");
+        let mut held = 0;
+        for (ids, depth) in &log.acks {
+            held += ids.len() as u64;
+            assert!(*depth >= held, "acked {held} with {depth} in the topic");
+        }
     }
 }

@@ -16,6 +16,7 @@
 //! ([`SourceError::Unavailable`], scrubbed): the runner backs off and
 //! calls `read` again, which starts over at step 1.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -28,6 +29,9 @@ use crate::connect::{Capabilities, Source, SourceError, SourceMessage};
 
 /// The longest a `XREADGROUP` blocks, whatever the runner asks.
 const MAX_BLOCK: Duration = Duration::from_secs(5);
+/// Reads open at once: while one read's messages are made durable in the
+/// topic, the next ones are already read (BENCHMARKS.md).
+const READS_IN_FLIGHT: usize = 4;
 /// How long a reply may take beyond the block.
 const RESPONSE_GRACE: Duration = Duration::from_secs(10);
 
@@ -49,8 +53,8 @@ pub struct RedisSource {
     /// When `XAUTOCLAIM` last ran, and where its scan stands.
     claimed_at: Option<Instant>,
     claim_cursor: String,
-    /// The ids the last read returned, for `ack`.
-    unacked: Vec<String>,
+    /// The ids of each read not yet acknowledged, oldest first, for `ack`.
+    unacked: VecDeque<Vec<String>>,
 }
 
 impl RedisSource {
@@ -70,7 +74,7 @@ impl RedisSource {
             own_pending: Some("0".into()),
             claimed_at: None,
             claim_cursor: "0-0".into(),
-            unacked: Vec::new(),
+            unacked: VecDeque::new(),
         })
     }
 
@@ -241,7 +245,10 @@ impl RedisSource {
             }
         }
         self.xack(&gone).await?;
-        self.unacked = out.iter().map(|m| m.upstream_id.clone()).collect();
+        if !out.is_empty() {
+            self.unacked
+                .push_back(out.iter().map(|m| m.upstream_id.clone()).collect());
+        }
         Ok(out)
     }
 }
@@ -256,13 +263,17 @@ impl Source for RedisSource {
         }
     }
 
+    /// Entries are acked by id, so reads need not wait for each other.
+    fn reads_in_flight(&self) -> usize {
+        READS_IN_FLIGHT
+    }
+
     async fn read(
         &mut self,
         max: usize,
         wait: Duration,
     ) -> Result<Vec<SourceMessage>, SourceError> {
         let max = max.max(1);
-        self.unacked.clear();
         self.ensure_group().await?;
         // This consumer's own pending entries first: read before a crash
         // or an error, never acked.
@@ -286,18 +297,16 @@ impl Source for RedisSource {
                 return Ok(messages);
             }
         }
-        let entries = self.read_group(">", max, Some(wait)).await?;
+        let block = (!wait.is_zero()).then_some(wait);
+        let entries = self.read_group(">", max, block).await?;
         self.take_entries(entries).await
     }
 
     async fn ack(&mut self) -> Result<(), SourceError> {
-        let ids = std::mem::take(&mut self.unacked);
-        if let Err(err) = self.xack(&ids).await {
-            // Read again from this consumer's pending entries.
-            self.unacked = ids;
-            return Err(err);
-        }
-        Ok(())
+        let ids = self.unacked.pop_front().unwrap_or_default();
+        // On an error the entries stay pending for this consumer, and the
+        // error has set it to read its pending entries again first.
+        self.xack(&ids).await
     }
 
     async fn release(&mut self) {
