@@ -18,21 +18,25 @@ use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
 /// The longest line forwarded as one log event; longer lines are split.
 const MAX_LINE: usize = 4096;
-/// How many of the last stderr lines are kept to explain a trap.
+/// How many of the first stderr lines of a call are kept to explain a
+/// trap: where a JavaScript or Python guest prints its error message.
+const STDERR_HEAD_LINES: usize = 3;
+/// How many of the last stderr lines are kept too: where a Rust panic's
+/// message is, and a runtime's last words (`Redirecting call to abort()`).
 const STDERR_TAIL_LINES: usize = 3;
 /// How much of each kept stderr line.
 const STDERR_TAIL_LINE_BYTES: usize = 300;
 
 /// How many log bytes a plugin may still write during the current call.
 /// Shared by the `log` import and both output streams.
-/// It also keeps the last few stderr lines of the call (whatever the
-/// budget), because that is where a guest's panic message or traceback is,
-/// and a trap without it is hard to act on.
+/// It also keeps the first and the last few stderr lines of the call
+/// (whatever the budget), because that is where a guest's error message,
+/// panic or traceback is, and a trap without it is hard to act on.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LogBudget {
     remaining: Arc<AtomicUsize>,
     dropped: Arc<AtomicUsize>,
-    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    stderr_tail: Arc<Mutex<Excerpt>>,
     /// Whether `stderr_tail` holds anything, so the per-call reset can skip the lock.
     has_tail: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -50,15 +54,10 @@ impl LogBudget {
         self.dropped.swap(0, Ordering::Relaxed)
     }
 
-    /// The last lines the guest wrote to stderr during this call, joined.
+    /// The first and last lines the guest wrote to stderr during this
+    /// call, joined, with how many were left out between them.
     pub(crate) fn stderr_tail(&self) -> Option<String> {
-        let tail = self.stderr_tail.lock().ok()?;
-        (!tail.is_empty()).then(|| {
-            tail.iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>()
-                .join(" / ")
-        })
+        self.stderr_tail.lock().ok()?.render()
     }
 
     fn remember_stderr(&self, line: &[u8]) {
@@ -69,11 +68,8 @@ impl LogBudget {
         if text.is_empty() || text.starts_with("note: run with `RUST_BACKTRACE") {
             return;
         }
-        if let Ok(mut tail) = self.stderr_tail.lock() {
-            if tail.len() == STDERR_TAIL_LINES {
-                tail.pop_front();
-            }
-            tail.push_back(text.to_owned());
+        if let Ok(mut excerpt) = self.stderr_tail.lock() {
+            excerpt.push(text.to_owned());
             self.has_tail.store(true, Ordering::Relaxed);
         }
     }
@@ -91,6 +87,49 @@ impl LogBudget {
             self.dropped.fetch_add(wanted - granted, Ordering::Relaxed);
         }
         granted
+    }
+}
+
+/// The first [`STDERR_HEAD_LINES`] and last [`STDERR_TAIL_LINES`] stderr
+/// lines of a call, and how many fell between them: bounded, however much
+/// the guest writes.
+#[derive(Debug, Default)]
+struct Excerpt {
+    head: Vec<String>,
+    tail: VecDeque<String>,
+    skipped: usize,
+}
+
+impl Excerpt {
+    fn push(&mut self, line: String) {
+        if self.head.len() < STDERR_HEAD_LINES {
+            self.head.push(line);
+            return;
+        }
+        if self.tail.len() == STDERR_TAIL_LINES {
+            self.tail.pop_front();
+            self.skipped += 1;
+        }
+        self.tail.push_back(line);
+    }
+
+    fn clear(&mut self) {
+        self.head.clear();
+        self.tail.clear();
+        self.skipped = 0;
+    }
+
+    fn render(&self) -> Option<String> {
+        if self.head.is_empty() {
+            return None;
+        }
+        let mut parts: Vec<String> = self.head.clone();
+        if self.skipped > 0 {
+            let lines = if self.skipped == 1 { "line" } else { "lines" };
+            parts.push(format!("[{} more {lines}]", self.skipped));
+        }
+        parts.extend(self.tail.iter().cloned());
+        Some(parts.join(" / "))
     }
 }
 
@@ -286,6 +325,32 @@ mod tests {
     }
 
     #[test]
+    fn a_long_stderr_keeps_its_first_lines_and_its_last() {
+        let budget = LogBudget::default();
+        budget.reset(0);
+        let mut err = GuestOutput {
+            plugin: "t".into(),
+            stream: Stream::Stderr,
+            budget: budget.clone(),
+            line: Vec::new(),
+            tail: Vec::new(),
+        };
+        // A JavaScript guest's throw: the message first, then its stack,
+        // then the runtime's last words.
+        err.accept(b"Error: order 7 has no customer\nStack:\n");
+        for frame in 0..20 {
+            err.accept(format!("  at handle (frame {frame})\n").as_bytes());
+        }
+        err.accept(b"Redirecting call to abort() to mozalloc_abort\n");
+        assert_eq!(
+            budget.stderr_tail().as_deref(),
+            Some(
+                "Error: order 7 has no customer / Stack: / at handle (frame 0) / [17 more lines] / at handle (frame 18) / at handle (frame 19) / Redirecting call to abort() to mozalloc_abort"
+            )
+        );
+    }
+
+    #[test]
     fn the_stderr_tail_keeps_the_last_lines_even_past_the_budget() {
         let budget = LogBudget::default();
         budget.reset(0);
@@ -300,7 +365,7 @@ mod tests {
         err.accept(b"om\nnote: run with `RUST_BACKTRACE=1` environment variable\n");
         assert_eq!(
             budget.stderr_tail().as_deref(),
-            Some("two / thread 'main' panicked at src/lib.rs:3:5: / boom")
+            Some("one / two / thread 'main' panicked at src/lib.rs:3:5: / boom")
         );
         budget.reset(10);
         assert_eq!(budget.stderr_tail(), None, "each call starts clean");
