@@ -428,11 +428,16 @@ fn bad_plugin_files_get_one_clear_error_each() {
 
     let future = sluice_harness::plugin("future-version");
     let err = load_error(&future);
+    // Its imports are read first: `sluice:plugin/types@0.2.0` names the
+    // contract version it was built against.
     assert!(
-        err.contains("future-version.wasm") && err.contains("sluice:plugin/message-handler@0.2.0"),
+        err.contains("future-version.wasm") && err.contains("sluice:plugin@0.2.0"),
         "{err}"
     );
-    assert!(err.contains("expected sluice:plugin@0.1.0"), "{err}");
+    assert!(
+        err.contains("implements sluice:plugin@0.1.0") && err.contains("rebuild"),
+        "{err}"
+    );
 
     let missing = dir.path().join("missing.wasm");
     let err = load_error(&missing);

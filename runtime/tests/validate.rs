@@ -437,23 +437,16 @@ fn a_malformed_sha256_pin_is_rejected_at_its_position() {
     }
 }
 
+/// `validate` reads a plugin without compiling it; what loads it (`run`,
+/// `plugin test`) logs its SHA-256, the value a `sha256:` pin takes.
 #[test]
 fn loading_a_plugin_logs_its_sha256() {
     plugins();
     let uppercase = sluice_harness::plugin("uppercase");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("log.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "name: logged\ntopics: [in, out]\nstages:\n  - {{name: s, subscribe: in, plugin: {}, publish: [out]}}\n",
-            uppercase.display()
-        ),
-    )
-    .expect("write");
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["validate"])
-        .arg(&file)
+        .args(["plugin", "test"])
+        .arg(&uppercase)
+        .args(["--data", "x"])
         .env("SLUICE_CACHE_DIR", CACHE.path())
         .env("SLUICE_LOG", "info")
         .output()

@@ -16,7 +16,7 @@ use super::diagnostic::{Diagnostic, Diagnostics};
 use super::model::{Pipeline, default_dlq};
 use super::parse::{Document, locate, read_file};
 use super::tree::{Pos, Seg};
-use crate::plugin::PluginHost;
+use crate::plugin::{Inspection, PluginHost, check_memory};
 
 /// Loads the pipeline files and directories in `paths` (a directory
 /// contributes its `*.yaml` and `*.yml` files, sorted by name), expanding
@@ -594,12 +594,15 @@ fn check_unique_pipelines(docs: &[Document], diagnostics: &mut Diagnostics) {
     }
 }
 
-/// Loads each distinct plugin file once and reports those that cannot be
-/// used at every stage that names them.
+/// Inspects each distinct plugin file once, without compiling it (its
+/// world, imports and declared memory: milliseconds, where a compile of a
+/// Python or JS component takes seconds), and reports those that cannot be
+/// used at every stage that names them, and stages whose `memory` is below
+/// what their plugin needs to start.
 fn check_plugins(docs: &[Document], host: &PluginHost) -> Diagnostics {
     let mut diagnostics = Diagnostics::default();
-    // Each plugin file's SHA-256 once loaded, or why it cannot be.
-    let mut results: HashMap<PathBuf, Result<String, String>> = HashMap::new();
+    // Each plugin file's outline and SHA-256, or why it cannot be used.
+    let mut results: HashMap<PathBuf, Result<(Inspection, String), String>> = HashMap::new();
     for doc in docs {
         for (i, stage) in doc.pipeline.stages.iter().enumerate() {
             if stage.is_sink() {
@@ -614,15 +617,21 @@ fn check_plugins(docs: &[Document], host: &PluginHost) -> Diagnostics {
                         stage.plugin.display()
                     ));
                 }
-                host.load(&stage.plugin)
-                    .map(|plugin| plugin.sha256().to_owned())
-                    .map_err(|e| e.to_string())
+                host.inspect(&stage.plugin).map_err(|e| e.to_string())
             });
             let (field, message) = match result {
                 Err(message) => ("plugin", message.clone()),
-                Ok(sha256) => match stage.check_pin(sha256) {
-                    Ok(()) => continue,
+                Ok((inspection, sha256)) => match stage.check_pin(sha256) {
                     Err(message) => ("sha256", message),
+                    Ok(()) => match check_memory(
+                        &stage.plugin,
+                        inspection,
+                        stage.memory.bytes(),
+                        "the stage's `memory`",
+                    ) {
+                        Ok(()) => continue,
+                        Err(e) => ("memory", e.to_string()),
+                    },
                 },
             };
             let pos = locate(

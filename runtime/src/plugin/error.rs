@@ -88,6 +88,31 @@ pub enum LoadError {
         /// The plugin file.
         path: PathBuf,
     },
+    /// The component imports an interface the sandbox does not link.
+    #[error("{path}: imports `{import}`, which Sluice does not provide: {hint}")]
+    UnsupportedImport {
+        /// The plugin file.
+        path: PathBuf,
+        /// The import's full name.
+        import: String,
+        /// What to do about it.
+        hint: String,
+    },
+    /// The component's memories start larger than the memory limit.
+    #[error(
+        "{path}: needs at least {needs_mib} MiB of memory (its memories' declared initial \
+         size), more than the limit of {limit_mib} MiB; raise {setting} to at least {needs_mib}MiB"
+    )]
+    MemoryTooSmall {
+        /// The plugin file.
+        path: PathBuf,
+        /// What it declares, rounded up to MiB.
+        needs_mib: u64,
+        /// The limit it would get, in MiB.
+        limit_mib: u64,
+        /// The setting that sets the limit.
+        setting: &'static str,
+    },
     /// The component's exports or imports do not match the contract's types,
     /// or it imports something the sandbox does not provide.
     #[error("{path}: does not fit the sluice:plugin@{contract} contract: {reason}")]

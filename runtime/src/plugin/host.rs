@@ -13,6 +13,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllo
 use super::bindings::{batch, single};
 use super::cache::{CacheStatus, CompileCache};
 use super::error::{HostError, LoadError, chain};
+use super::inspect::{Inspection, inspect};
 use super::sandbox::StoreState;
 use super::{CONTRACT_VERSION, Plugin, PluginInner, Pre, World};
 
@@ -137,13 +138,14 @@ impl PluginHost {
     /// Like [`PluginHost::load`], for bytes already in memory; `path` names
     /// the plugin in errors and logs.
     pub fn load_bytes(&self, path: &Path, bytes: &[u8]) -> Result<Plugin, LoadError> {
-        check_header(path, bytes)?;
+        // Milliseconds: refuse what cannot work before a compile of seconds.
+        let inspection = self.inspect_bytes(path, bytes)?;
+        let world = inspection.world;
         let sha256 = super::cache::hex(&sha2::Sha256::digest(bytes));
         let (component, cache_status) =
             self.inner
                 .cache
                 .component(&self.inner.engine, bytes, &sha256, path)?;
-        let world = detect_world(&self.inner.engine, &component, path)?;
         let contract_error = |err: wasmtime::Error| LoadError::Contract {
             path: path.to_owned(),
             reason: chain(&err),
@@ -181,6 +183,59 @@ impl PluginHost {
     }
 }
 
+impl PluginHost {
+    /// Reads the plugin at `path` without compiling it: its world, what it
+    /// imports, and the memory it needs (checked against this host's
+    /// largest memory). What `sluice validate` checks.
+    ///
+    /// # Errors
+    ///
+    /// A [`LoadError`] naming what cannot work and what to do.
+    pub fn inspect(&self, path: impl AsRef<Path>) -> Result<(Inspection, String), LoadError> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let inspection = self.inspect_bytes(path, &bytes)?;
+        Ok((inspection, super::cache::hex(&sha2::Sha256::digest(&bytes))))
+    }
+
+    fn inspect_bytes(&self, path: &Path, bytes: &[u8]) -> Result<Inspection, LoadError> {
+        let inspection = inspect(path, bytes)?;
+        check_memory(
+            path,
+            &inspection,
+            self.inner.max_memory as u64,
+            "the memory limit (a stage's `memory:`, `--memory` of `plugin test`)",
+        )?;
+        Ok(inspection)
+    }
+}
+
+/// Refuses a component whose memories start above `limit` bytes.
+///
+/// # Errors
+///
+/// [`LoadError::MemoryTooSmall`], naming `setting`.
+pub fn check_memory(
+    path: &Path,
+    inspection: &Inspection,
+    limit: u64,
+    setting: &'static str,
+) -> Result<(), LoadError> {
+    const MIB: u64 = 1 << 20;
+    if inspection.min_memory <= limit {
+        return Ok(());
+    }
+    Err(LoadError::MemoryTooSmall {
+        path: path.to_owned(),
+        needs_mib: inspection.min_memory.div_ceil(MIB),
+        limit_mib: limit / MIB,
+        setting,
+    })
+}
+
 fn build_engine(config: &HostConfig) -> Result<Engine, HostError> {
     let mut pooling = PoolingAllocationConfig::default();
     pooling
@@ -196,84 +251,6 @@ fn build_engine(config: &HostConfig) -> Result<Engine, HostError> {
         .epoch_interruption(config.epoch_interruption)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pooling));
     Engine::new(&wasm).map_err(|e| HostError::Engine(chain(&e)))
-}
-
-/// Tells non-components apart before compiling, so each gets an error that
-/// says what it is and what was expected.
-fn check_header(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
-    const MAGIC: &[u8; 4] = b"\0asm";
-    const CORE_MODULE_VERSION: [u8; 4] = [1, 0, 0, 0];
-    match bytes.get(..8) {
-        Some(header) if header.starts_with(MAGIC) => {
-            if header[4..] == CORE_MODULE_VERSION {
-                Err(LoadError::CoreModule {
-                    path: path.to_owned(),
-                    contract: CONTRACT_VERSION,
-                })
-            } else {
-                Ok(())
-            }
-        }
-        _ => Err(LoadError::NotWasm {
-            path: path.to_owned(),
-        }),
-    }
-}
-
-const SINGLE_EXPORT: &str = "sluice:plugin/message-handler";
-const BATCH_EXPORT: &str = "sluice:plugin/batch-message-handler";
-
-/// Finds which of the two worlds the component implements from the names of
-/// its exports, and reports other worlds and other contract versions.
-fn detect_world(
-    engine: &Engine,
-    component: &wasmtime::component::Component,
-    path: &Path,
-) -> Result<World, LoadError> {
-    let exports: Vec<String> = component
-        .component_type()
-        .exports(engine)
-        .map(|(name, _)| name.to_owned())
-        .collect();
-    let at_version = |name: &str| format!("{name}@{CONTRACT_VERSION}");
-    let single = exports.iter().any(|e| *e == at_version(SINGLE_EXPORT));
-    let batch = exports.iter().any(|e| *e == at_version(BATCH_EXPORT));
-    match (single, batch) {
-        (true, true) => {
-            return Err(LoadError::AmbiguousWorld {
-                path: path.to_owned(),
-            });
-        }
-        (true, false) => return Ok(World::Handler),
-        (false, true) => return Ok(World::BatchHandler),
-        (false, false) => {}
-    }
-    let other_version = exports.iter().find(|e| {
-        e.strip_prefix(SINGLE_EXPORT)
-            .or_else(|| e.strip_prefix(BATCH_EXPORT))
-            .is_some_and(|rest| rest.starts_with('@'))
-    });
-    if let Some(found) = other_version {
-        return Err(LoadError::IncompatibleContract {
-            path: path.to_owned(),
-            found: found.clone(),
-            contract: CONTRACT_VERSION,
-        });
-    }
-    let found = if exports.is_empty() {
-        "nothing".to_owned()
-    } else {
-        exports
-            .iter()
-            .map(|e| format!("`{e}`"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    Err(LoadError::NotAPlugin {
-        path: path.to_owned(),
-        found,
-        contract: CONTRACT_VERSION,
-    })
 }
 
 /// Time as the epoch ticker sees it: the number of ticks so far.

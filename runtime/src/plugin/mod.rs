@@ -6,6 +6,8 @@
 //! [`Message`] and [`Emit`], and classified [`crate::Failure`]s, so a wasmtime
 //! upgrade touches one folder.
 //!
+//! - `inspect`: a component's imports, exports and declared memory, read
+//!   without compiling it (milliseconds, where a compile takes seconds).
 //! - `host`: the engine, linker, epoch ticker and plugin loading.
 //! - `cache`: compiled components on disk.
 //! - `sandbox`: what an instance can reach and its memory accounting.
@@ -17,6 +19,7 @@ mod bindings;
 mod cache;
 mod error;
 mod host;
+mod inspect;
 mod sandbox;
 mod stdio;
 mod worker;
@@ -27,7 +30,8 @@ use std::sync::Arc;
 pub use bindings::{Emit, HandlerError, Level, Message};
 pub use cache::{CacheStatus, DEFAULT_CACHE_MAX_BYTES};
 pub use error::{HostError, LoadError};
-pub use host::{HostConfig, PluginHost};
+pub use host::{HostConfig, PluginHost, check_memory};
+pub use inspect::Inspection;
 pub use worker::{Isolation, Limits, Outcome, Outputs, Worker, WorkerSettings};
 
 /// The contract version this host implements (`sluice:plugin@0.1.0`).
