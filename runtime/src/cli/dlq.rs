@@ -24,7 +24,13 @@ pub(crate) enum Command {
     List(ListArgs),
     /// Print one dead-lettered message in full, as JSON: provenance, headers and payload.
     ///
+    /// With --as-case, print it as a handler test case instead (the message as the handler
+    /// saw it, expecting success): a list item to append under `cases:` in a cases file, then
+    /// fix the handler until `sluice plugin test . --cases cases.yaml` passes, then redrive.
+    ///
     /// Example: sluice dlq show orders/route 42
+    ///
+    /// Example: sluice dlq show orders/route 42 --as-case >> cases.yaml
     Show(ShowArgs),
     /// Publish dead-lettered messages back to the topic they came from, for the stage that
     /// failed them to try again.
@@ -54,6 +60,34 @@ pub(crate) struct StageRef {
 impl std::fmt::Display for StageRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.pipeline, self.stage)
+    }
+}
+
+/// `<PIPELINE>/<STAGE>/<SEQ>`: one dead letter.
+#[derive(Debug, Clone)]
+pub(crate) struct EntryRef {
+    /// The stage.
+    pub stage: StageRef,
+    /// The entry's sequence in the stage's DLQ.
+    pub seq: u64,
+}
+
+pub(crate) fn entry_ref(text: &str) -> Result<EntryRef, String> {
+    let bad = || format!("`{text}` is not PIPELINE/STAGE/SEQ (for example orders/route/42)");
+    let (stage, seq) = text.rsplit_once('/').ok_or_else(bad)?;
+    Ok(EntryRef {
+        stage: stage_ref(stage).map_err(|_| bad())?,
+        seq: seq.parse().map_err(|_| bad())?,
+    })
+}
+
+impl EntryRef {
+    /// The entry, fetched through the daemon or NATS.
+    pub(crate) fn fetch(
+        &self,
+        connect: &ConnectArgs,
+    ) -> Result<crate::admin::DlqEntryDetail, ClientError> {
+        Client::connect(connect)?.dlq_show(&self.stage.pipeline, &self.stage.stage, self.seq)
     }
 }
 
@@ -95,6 +129,10 @@ pub(crate) struct ShowArgs {
     stage: StageRef,
     /// The entry's SEQ, as `dlq list` shows it.
     seq: u64,
+    /// Print the entry as a test case for `sluice plugin test --cases` (YAML, a list item
+    /// under `cases:`).
+    #[arg(long)]
+    as_case: bool,
     #[command(flatten)]
     connect: ConnectArgs,
 }
@@ -204,6 +242,10 @@ fn list(args: &ListArgs) -> Result<(), ClientError> {
 fn show(args: &ShowArgs) -> Result<(), ClientError> {
     let client = Client::connect(&args.connect)?;
     let entry = client.dlq_show(&args.stage.pipeline, &args.stage.stage, args.seq)?;
+    if args.as_case {
+        let yaml = super::cases::dlq_case_yaml(&args.stage.to_string(), args.seq, &entry);
+        return print_line(yaml.trim_end());
+    }
     print_json(&entry)
 }
 
@@ -320,6 +362,14 @@ mod tests {
         assert_eq!((r.pipeline.as_str(), r.stage.as_str()), ("orders", "route"));
         for bad in ["orders", "/route", "orders/", "a/b/c"] {
             assert!(stage_ref(bad).is_err(), "{bad}");
+        }
+        let e = entry_ref("orders/route/42").expect("valid");
+        assert_eq!(
+            (e.stage.to_string(), e.seq),
+            ("orders/route".to_owned(), 42)
+        );
+        for bad in ["orders/route", "orders/route/x", "orders/42", "a/b/c/1"] {
+            assert!(entry_ref(bad).is_err(), "{bad}");
         }
     }
 }

@@ -5,9 +5,11 @@
 //! operation failed, 2 the invocation or its inputs are wrong.
 
 mod args;
+mod cases;
 mod client;
 mod data;
 mod dlq;
+mod plugin_author;
 mod plugin_test;
 mod publish;
 mod run;
@@ -58,8 +60,10 @@ enum Command {
     /// stderr, and exits 2; on success prints `ok: <file> (pipeline <name>: N stages)` per
     /// pipeline and exits 0. A directory contributes its *.yaml and *.yml files. `${VAR}` and
     /// `${VAR:-default}` are expanded from the environment, as the daemon will. Each
-    /// stage's plugin is loaded (and compiled into the cache) to check that it is a Sluice
-    /// plugin.
+    /// stage's plugin is read without compiling it (milliseconds, even for a Python or JS
+    /// component): that it is a Sluice component of a known world and contract version,
+    /// that it imports nothing the sandbox does not link, and that the stage's `memory`
+    /// covers what it declares. `run` compiles it on first start and caches the result.
     ///
     /// Example: sluice validate pipelines/
     Validate(validate::Args),
@@ -70,7 +74,9 @@ enum Command {
     ///
     /// Example: sluice schema > sluice.schema.json, then start a pipeline file with
     /// `# yaml-language-server: $schema=./sluice.schema.json`
-    Schema,
+    ///
+    /// With --cases, the schema of handler test-case files (`sluice plugin test --cases`).
+    Schema(schema::Args),
     /// Publish one message to a topic, through the running daemon or straight to NATS.
     ///
     /// The payload comes from --data, --file PATH, or `-` (stdin). Prints what was stored as
@@ -123,6 +129,8 @@ enum Command {
     Data(data::Command),
 }
 
+// Parsed once per process, like `Command`.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum PluginCommand {
     /// Run a plugin once on one message and print what it emits.
@@ -134,7 +142,32 @@ enum PluginCommand {
     /// stderr.
     ///
     /// Example: sluice plugin test target/plugins/uppercase.wasm --data hello
+    ///
+    /// With --cases FILE, runs the file's test cases instead and prints one line per case,
+    /// with what was expected beside what happened under each that failed (exit 1). The
+    /// plugin may be a project directory, built first as by `sluice plugin build`.
+    ///
+    /// Example: sluice plugin test . --cases cases.yaml
     Test(plugin_test::Args),
+    /// Create a handler project in Rust, Python or JavaScript.
+    ///
+    /// Creates the directory NAME with a handler that builds (it upper-cases text, rejects
+    /// an empty payload and retries what starts with `later`: replace it with yours), a
+    /// README and its test cases (cases.yaml). The project carries what it needs: the
+    /// contract's WIT and the language's SDK. Nothing existing is overwritten.
+    ///
+    /// Example: sluice plugin new enrich --lang python
+    New(plugin_author::NewArgs),
+    /// Build the handler project in DIR into a WebAssembly component.
+    ///
+    /// Runs the language's own toolchain: cargo (target wasm32-wasip2), componentize-py, or
+    /// componentize-js (from the project's node_modules). It installs nothing: a missing tool
+    /// is named with the command that installs it. Tool output goes to stderr; the last line
+    /// of stdout is the path of the built .wasm. A Python or JS project whose files did not
+    /// change is not rebuilt.
+    ///
+    /// Example: sluice plugin build enrich
+    Build(plugin_author::BuildArgs),
 }
 
 /// Parses the command line, runs the command and returns its exit code.
@@ -154,8 +187,10 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::Plugin(PluginCommand::Test(args)) => plugin_test::run(args),
+        Command::Plugin(PluginCommand::New(args)) => plugin_author::new(args),
+        Command::Plugin(PluginCommand::Build(args)) => plugin_author::build(args),
         Command::Validate(args) => validate::run(args),
-        Command::Schema => schema::run(),
+        Command::Schema(args) => schema::run(args),
         Command::Publish(args) => publish::run(args),
         Command::Tail(args) => tail::run(args),
         Command::Dlq(command) => dlq::run(command),

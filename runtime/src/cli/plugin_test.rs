@@ -12,13 +12,28 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use base64::Engine as _;
 use serde::Serialize;
 
-use super::args;
+use super::{args, cases};
 use crate::plugin::{Emit, HostConfig, Limits, Message, Outputs, WorkerSettings};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The plugin: a WebAssembly component (e.g. target/plugins/uppercase.wasm).
-    wasm: PathBuf,
+    /// The plugin: a WebAssembly component (e.g. target/plugins/uppercase.wasm), or a
+    /// plugin project directory (built first, as by `sluice plugin build`).
+    plugin: PathBuf,
+    /// Run the test cases in FILE instead of one message: each case's input and the
+    /// outcome it expects (see docs/cases.md; `sluice schema --cases`). A mismatch prints
+    /// what was expected beside what happened; the exit code is 1 if any case fails.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["data", "file", "key", "headers", "id", "topic", "attempt"])]
+    cases: Option<PathBuf>,
+    /// Replay one dead letter, PIPELINE/STAGE/SEQ (as `sluice dlq list` shows it), fetched
+    /// through the running daemon (--admin) or NATS (--broker): the message as its handler saw
+    /// it. Passes (exit 0) when the plugin now handles it without failing; give the stage's
+    /// config with --config and its outputs with --publish.
+    #[arg(long, value_name = "PIPELINE/STAGE/SEQ", value_parser = super::dlq::entry_ref,
+          conflicts_with_all = ["cases", "data", "file", "key", "headers", "id", "topic", "attempt"])]
+    from_dlq: Option<super::dlq::EntryRef>,
+    #[command(flatten)]
+    connect: super::client::ConnectArgs,
     /// The payload, as text.
     #[arg(long, conflicts_with = "file")]
     data: Option<String>,
@@ -70,6 +85,47 @@ struct PrintedEmit<'a> {
 }
 
 pub(crate) fn run(args: Args) -> ExitCode {
+    let wasm = match super::plugin_author::component(&args.plugin) {
+        Ok(wasm) => wasm,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let cases = match (&args.cases, &args.from_dlq) {
+        (Some(path), _) => match cases::load(path) {
+            Ok(cases) => Some((cases, path.display().to_string())),
+            Err(err) => {
+                eprintln!("error: {err}");
+                return ExitCode::from(2);
+            }
+        },
+        // Fetched before any async runtime starts: the client blocks.
+        (None, Some(entry)) => match entry.fetch(&args.connect) {
+            Ok(detail) => {
+                let stage = entry.stage.to_string();
+                eprintln!(
+                    "replaying dead letter {} of {stage}, which failed with {}",
+                    entry.seq,
+                    cases::dlq_failure(&detail)
+                );
+                Some((
+                    cases::Loaded::one(cases::Case {
+                        name: format!("dead letter {stage}/{} ({})", entry.seq, detail.summary.id),
+                        input: cases::dlq_input(&detail),
+                        config: BTreeMap::new(),
+                        expect: cases::Expect {
+                            ok: Some(true),
+                            ..cases::Expect::default()
+                        },
+                    }),
+                    String::new(),
+                ))
+            }
+            Err(err) => return err.report(),
+        },
+        (None, None) => None,
+    };
     let payload = match read_payload(&args) {
         Ok(payload) => payload,
         Err(err) => {
@@ -88,7 +144,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let plugin = match host.load(&args.wasm) {
+    let plugin = match host.load(&wasm) {
         Ok(plugin) => plugin,
         Err(err) => {
             eprintln!("error: {err}");
@@ -111,6 +167,19 @@ pub(crate) fn run(args: Args) -> ExitCode {
         },
         ..WorkerSettings::default()
     };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some((loaded, source)) = cases {
+        return runtime.block_on(run_cases(&plugin, settings, &loaded, &source));
+    }
     let message = Message {
         id: args.id.clone(),
         topic: args.topic.clone(),
@@ -121,16 +190,6 @@ pub(crate) fn run(args: Args) -> ExitCode {
         published_at: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
-    };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
-            return ExitCode::from(2);
-        }
     };
     let outcome = runtime.block_on(async move { plugin.worker(settings).handle(&message).await });
     match outcome {
@@ -145,6 +204,63 @@ pub(crate) fn run(args: Args) -> ExitCode {
             eprintln!("{}: {}", failure.kind, failure.message);
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Runs every case of `loaded` and prints one line per case, with the
+/// difference under each that failed.
+async fn run_cases(
+    plugin: &crate::plugin::Plugin,
+    base: WorkerSettings,
+    loaded: &cases::Loaded,
+    source: &str,
+) -> ExitCode {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let file = &loaded.file;
+    let (mut passed, mut failed) = (0, 0);
+    let mut out = std::io::stdout().lock();
+    for (i, (case, pos)) in file.cases.iter().zip(&loaded.positions).enumerate() {
+        let mut config = (*base.config).clone();
+        config.extend(file.config.clone());
+        config.extend(case.config.clone());
+        let settings = WorkerSettings {
+            config: Arc::new(config),
+            outputs: if file.publish.is_empty() {
+                base.outputs.clone()
+            } else {
+                Outputs::Declared(file.publish.clone())
+            },
+            ..base.clone()
+        };
+        let message = case.input.message(i + 1, now);
+        let got = plugin.worker(settings).handle(&message).await;
+        // A replayed dead letter has no file to point into.
+        let place = if source.is_empty() {
+            String::new()
+        } else {
+            format!(" ({source}:{}:{})", pos.line, pos.col)
+        };
+        let line = match cases::check(&case.expect, &got) {
+            None => {
+                passed += 1;
+                format!("ok    {}{place}", case.name)
+            }
+            Some(diff) => {
+                failed += 1;
+                format!("FAIL  {}{place}\n{diff}", case.name)
+            }
+        };
+        if writeln!(out, "{line}").is_err() {
+            return ExitCode::FAILURE;
+        }
+    }
+    let _ = writeln!(out, "\n{passed} passed, {failed} failed");
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 

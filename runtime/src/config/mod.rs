@@ -33,7 +33,10 @@ pub use dedup::{Dedup, DedupKey, MissingKey, default_dedup_ttl};
 pub use diagnostic::{Diagnostic, Diagnostics};
 pub use interpolate::interpolate;
 pub use model::*;
+pub(crate) use parse::parse_yaml;
 pub use parse::{MAX_ALIAS_REPLAY, MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES};
+pub use tree::Pos;
+pub(crate) use tree::{Node, Seg};
 pub use units::{HumanDuration, HumanSize};
 pub use validate::{load, load_and_check_plugins, load_with};
 

@@ -237,6 +237,17 @@ fn explain_syntax_error(message: &str) -> String {
     }
 }
 
+/// Parses a YAML document of another kind than a pipeline (a test-cases
+/// file), under the same limits and with the same positioned errors, with
+/// no `${...}` interpolation.
+pub(crate) fn parse_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<(T, Node), Problem> {
+    let tree = parse_tree(text)?;
+    match T::deserialize(&tree) {
+        Ok(value) => Ok((value, tree)),
+        Err(e) => Err(problem(&tree, e)),
+    }
+}
+
 /// The position of `path` in a parsed document.
 pub(crate) fn locate(tree: &Node, path: &[Seg<'_>]) -> Pos {
     tree.locate(path)

@@ -1,0 +1,349 @@
+//! Building a project into a component with its language's own toolchain.
+//!
+//! Nothing is installed behind the user's back: a missing tool is reported
+//! as [`AuthorError::ToolMissing`] with the command that installs it. The
+//! tools' own output goes to stderr, so a caller's stdout stays its own.
+//!
+//! A Python or JS build is skipped when its inputs (every file of the
+//! project but `target/`, `node_modules/`, `__pycache__/` and dot-files, the
+//! world and the tool's version) hash to what the last build recorded in
+//! `target/<name>.wasm.inputs`: those tools never give the same bytes
+//! twice, so an unchanged project would otherwise cost a fresh compile in
+//! every daemon that loads it. Cargo makes that decision itself for Rust.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::files::{COMPONENTIZE_JS, COMPONENTIZE_PY};
+use crate::project::{Lang, Project};
+use crate::{AuthorError, io};
+
+/// The Rust target components are built for.
+pub const RUST_TARGET: &str = "wasm32-wasip2";
+
+/// The WASI features componentize-js links by default that Sluice does not
+/// offer: without `-d http -d fetch-event` the component imports
+/// `wasi:http` and cannot load.
+pub const JS_DISABLED_FEATURES: &[&str] = &["http", "fetch-event"];
+
+/// Variables of a calling cargo that must not leak into a plugin's cargo:
+/// host rustflags or wrappers (coverage, sccache) would be applied to Wasm
+/// code, an outer jobserver would not be ours, and neither would its target
+/// directory.
+pub const SCRUBBED_ENV: &[&str] = &[
+    "RUSTFLAGS",
+    "CARGO_ENCODED_RUSTFLAGS",
+    "CARGO_BUILD_RUSTFLAGS",
+    "RUSTC_WRAPPER",
+    "RUSTC_WORKSPACE_WRAPPER",
+    "CARGO_BUILD_TARGET",
+    "CARGO_MAKEFLAGS",
+    "CARGO_TARGET_DIR",
+];
+
+/// What a build produced.
+#[derive(Debug, Clone)]
+pub struct BuildReport {
+    /// The component.
+    pub wasm: PathBuf,
+    /// False when the last build's output was still current.
+    pub rebuilt: bool,
+}
+
+/// Builds `project` and returns where its component is.
+///
+/// # Errors
+///
+/// [`AuthorError::ToolMissing`] naming the tool and its install command;
+/// [`AuthorError::BuildFailed`] when the tool ran and failed (its output
+/// went to stderr); [`AuthorError::Io`] on a file error.
+pub fn build(project: &Project) -> Result<BuildReport, AuthorError> {
+    match project.lang {
+        Lang::Rust => build_rust(project),
+        Lang::Python | Lang::Js => build_componentized(project),
+    }
+}
+
+/// A Python or JS build: skipped when the inputs are unchanged.
+fn build_componentized(project: &Project) -> Result<BuildReport, AuthorError> {
+    let world = project.world()?;
+    let (mut cmd, version) = match project.lang {
+        Lang::Python => python_command(project, world.name())?,
+        _ => js_command(project, world.name())?,
+    };
+    let out = project.output();
+    let stamp_path = out.with_extension("wasm.inputs");
+    let stamp = inputs_hash(&project.dir, &[world.name(), &version])?;
+    if out.is_file() && std::fs::read_to_string(&stamp_path).is_ok_and(|s| s.trim() == stamp) {
+        return Ok(BuildReport {
+            wasm: out,
+            rebuilt: false,
+        });
+    }
+    let target = out.parent().unwrap_or(&project.dir);
+    std::fs::create_dir_all(target).map_err(io(format!("creating {}", target.display())))?;
+    let tmp = out.with_extension(format!("wasm.tmp{}", std::process::id()));
+    cmd.arg("-o").arg(&tmp);
+    run(&mut cmd, None)?;
+    std::fs::rename(&tmp, &out).map_err(io(format!("writing {}", out.display())))?;
+    std::fs::write(&stamp_path, format!("{stamp}\n"))
+        .map_err(io(format!("writing {}", stamp_path.display())))?;
+    Ok(BuildReport {
+        wasm: out,
+        rebuilt: true,
+    })
+}
+
+/// `componentize-py -d wit -w WORLD componentize app -p .`, and the tool's
+/// version.
+fn python_command(project: &Project, world: &str) -> Result<(Command, String), AuthorError> {
+    let install = format!("pip install componentize-py=={COMPONENTIZE_PY}");
+    let version = tool_version(Command::new("componentize-py").arg("--version"))
+        .ok_or_else(|| missing("componentize-py", &install))?;
+    warn_version("componentize-py", &version, COMPONENTIZE_PY, &install);
+    let mut cmd = Command::new("componentize-py");
+    cmd.current_dir(&project.dir)
+        .args(["-d", "wit", "-w", world, "componentize", "app", "-p", "."])
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    Ok((cmd, version))
+}
+
+/// `node componentize-js handler.js -w wit -n WORLD -d http -d fetch-event`,
+/// and the tool's version.
+fn js_command(project: &Project, world: &str) -> Result<(Command, String), AuthorError> {
+    let node_version = tool_version(Command::new("node").arg("--version")).ok_or_else(|| {
+        missing(
+            "node (Node.js)",
+            "your system's package manager (e.g. `apt install nodejs npm`), Node.js 18 or newer",
+        )
+    })?;
+    let Some(cli) = find_componentize_js(&project.dir) else {
+        return Err(missing(
+            "componentize-js",
+            &format!(
+                "`npm install` in {} (its package.json pins @bytecodealliance/componentize-js \
+                 {COMPONENTIZE_JS}), or `npm install --save-dev \
+                 @bytecodealliance/componentize-js@{COMPONENTIZE_JS}`",
+                project.dir.display()
+            ),
+        ));
+    };
+    let version =
+        probe_version(Command::new("node").arg(&cli).arg("--version")).map_err(|detail| {
+            AuthorError::ToolBroken {
+                tool: format!("componentize-js ({})", cli.display()),
+                detail,
+                install: "`rm -rf node_modules && npm install` in the project directory".to_owned(),
+            }
+        })?;
+    warn_version(
+        "componentize-js",
+        &version,
+        COMPONENTIZE_JS,
+        &format!("npm install --save-dev @bytecodealliance/componentize-js@{COMPONENTIZE_JS}"),
+    );
+    let mut cmd = Command::new("node");
+    cmd.current_dir(&project.dir)
+        .arg(&cli)
+        .args(["handler.js", "-w", "wit", "-n", world]);
+    for feature in JS_DISABLED_FEATURES {
+        cmd.args(["-d", feature]);
+    }
+    Ok((cmd, format!("{version} {node_version}")))
+}
+
+/// `node_modules/.bin/componentize-js` in `dir` or the nearest ancestor
+/// that has one, as Node itself resolves packages.
+fn find_componentize_js(dir: &Path) -> Option<PathBuf> {
+    dir.ancestors()
+        .map(|d| d.join("node_modules/@bytecodealliance/componentize-js/src/cli.js"))
+        .find(|p| p.is_file())
+}
+
+/// `cargo build --release --target wasm32-wasip2` in the project; the
+/// component is the `.wasm` cargo reports.
+fn build_rust(project: &Project) -> Result<BuildReport, AuthorError> {
+    let cargo = std::env::var_os("CARGO")
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| "cargo".into());
+    if tool_version(Command::new(&cargo).arg("--version")).is_none() {
+        return Err(missing("cargo", "rustup, from https://rustup.rs"));
+    }
+    if let Some(installed) =
+        tool_version(Command::new("rustup").args(["target", "list", "--installed"]))
+        && !installed.lines().any(|l| l.trim() == RUST_TARGET)
+    {
+        return Err(missing(
+            &format!("the Rust target {RUST_TARGET}"),
+            &format!("rustup target add {RUST_TARGET}"),
+        ));
+    }
+    let mut cmd = Command::new(&cargo);
+    cmd.current_dir(&project.dir)
+        .args(["build", "--release", "--target", RUST_TARGET])
+        .arg("--message-format=json-render-diagnostics");
+    for var in SCRUBBED_ENV {
+        cmd.env_remove(var);
+    }
+    let mut messages = String::new();
+    run(&mut cmd, Some(&mut messages))?;
+    let (wasm, fresh) = messages
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact")
+        .flat_map(|m| {
+            let fresh = m["fresh"] == true;
+            m["filenames"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|f| f.as_str().map(PathBuf::from))
+                .map(|p| (p, fresh))
+                .collect::<Vec<_>>()
+        })
+        .rfind(|(p, _)| p.extension().is_some_and(|e| e == "wasm"))
+        .ok_or_else(|| AuthorError::BuildFailed {
+            command: shown(&cmd),
+            status: "it built no .wasm".into(),
+            hint: Some(
+                "the package must be a library with `crate-type = [\"cdylib\"]` under [lib]".into(),
+            ),
+        })?;
+    Ok(BuildReport {
+        wasm,
+        rebuilt: !fresh,
+    })
+}
+
+/// Runs `cmd` with stdin closed and its stderr on ours; its stdout goes to
+/// `capture` when given, else to our stderr.
+fn run(cmd: &mut Command, capture: Option<&mut String>) -> Result<(), AuthorError> {
+    cmd.stdin(Stdio::null()).stderr(Stdio::inherit());
+    if capture.is_some() {
+        cmd.stdout(Stdio::piped());
+    } else {
+        cmd.stdout(std::io::stderr());
+    }
+    let command = shown(cmd);
+    let mut child = cmd.spawn().map_err(io(format!("running `{command}`")))?;
+    if let (Some(buf), Some(mut stdout)) = (capture, child.stdout.take()) {
+        stdout
+            .read_to_string(buf)
+            .map_err(io(format!("reading the output of `{command}`")))?;
+    }
+    let status = child.wait().map_err(io(format!("running `{command}`")))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(AuthorError::BuildFailed {
+            command,
+            status: status.to_string(),
+            hint: None,
+        })
+    }
+}
+
+/// A command line as a user could type it.
+fn shown(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+/// The first line of what `cmd` prints, or None when it cannot run.
+fn tool_version(cmd: &mut Command) -> Option<String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    Some(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// Like [`tool_version`], but a failure says why: the last lines of the
+/// tool's stderr (Node's "Cannot find package …" is the useful one).
+fn probe_version(cmd: &mut Command) -> Result<String, String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        return Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned());
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let useful: Vec<&str> = stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.contains("Error") || l.contains("error"))
+        .take(2)
+        .collect();
+    Err(if useful.is_empty() {
+        format!("it exited with {}", out.status)
+    } else {
+        useful.join("; ")
+    })
+}
+
+fn missing(tool: &str, install: &str) -> AuthorError {
+    AuthorError::ToolMissing {
+        tool: tool.to_owned(),
+        install: install.to_owned(),
+    }
+}
+
+/// Says so on stderr when a tool is not the release the SDK was tested with.
+fn warn_version(tool: &str, found: &str, pinned: &str, install: &str) {
+    if !found.contains(pinned) {
+        eprintln!(
+            "warning: {tool} {found} found; Sluice's SDK is tested with {pinned} (`{install}`)"
+        );
+    }
+}
+
+/// A hash of the project's sources and `extra`.
+fn inputs_hash(dir: &Path, extra: &[&str]) -> Result<String, AuthorError> {
+    let mut files = Vec::new();
+    collect(dir, dir, &mut files)?;
+    files.sort();
+    let mut hasher = blake3::Hasher::new();
+    for e in extra {
+        hasher.update(e.as_bytes()).update(b"\0");
+    }
+    for (rel, path) in files {
+        let bytes = std::fs::read(&path).map_err(io(format!("reading {}", path.display())))?;
+        hasher
+            .update(rel.as_bytes())
+            .update(b"\0")
+            .update(&(bytes.len() as u64).to_le_bytes())
+            .update(&bytes);
+    }
+    Ok(hasher.finalize().to_hex().to_string())
+}
+
+/// The project's source files under `dir`, as (relative path, path).
+fn collect(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> Result<(), AuthorError> {
+    let entries = std::fs::read_dir(dir).map_err(io(format!("reading {}", dir.display())))?;
+    for entry in entries {
+        let entry = entry.map_err(io(format!("reading {}", dir.display())))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') || ["target", "node_modules", "__pycache__"].contains(&&*name) {
+            continue;
+        }
+        let path = entry.path();
+        // Follows symlinks: a linked SDK is a source too.
+        if path.is_dir() {
+            collect(root, &path, out)?;
+        } else if path.is_file() {
+            let rel = path.strip_prefix(root).unwrap_or(&path);
+            out.push((rel.to_string_lossy().into_owned(), path));
+        }
+    }
+    Ok(())
+}

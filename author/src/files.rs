@@ -1,0 +1,118 @@
+//! What the `sluice` binary carries so that a project can be created and
+//! built outside this repository: the contract's WIT and the SDK of each
+//! language, as they are in the repository (compiled in, so they can never
+//! disagree with the runtime that loads the result).
+
+/// A file to write into a project: its path inside the project, its text.
+pub type File = (&'static str, &'static str);
+
+/// The contract, `sluice:plugin@0.1.0`. Every project has it at
+/// `wit/plugin.wit`.
+pub const WIT: File = ("wit/plugin.wit", include_str!("../../wit/plugin.wit"));
+
+/// The Python SDK, a single module beside `app.py`.
+pub const PYTHON_SDK: File = (
+    "sluice.py",
+    include_str!("../../plugins/python/sdk/sluice.py"),
+);
+
+/// The JavaScript SDK, a single module beside `handler.js`.
+pub const JS_SDK: File = ("sluice.js", include_str!("../../plugins/js/sdk/sluice.js"));
+
+/// The componentize-py release the Python SDK is written and tested
+/// against.
+pub const COMPONENTIZE_PY: &str = "0.25.1";
+
+/// The componentize-js release the JavaScript SDK is written and tested
+/// against.
+pub const COMPONENTIZE_JS: &str = "0.23.0";
+
+/// The preview2-shim release componentize-js imports without declaring it
+/// (jco lists it as an optional peer only), so a project pins it itself or
+/// `npm ci` leaves it out and componentize-js cannot start.
+pub const PREVIEW2_SHIM: &str = "0.25.0";
+
+/// The Rust SDK, vendored into `vendor/sluice-sdk/` of a Rust project until
+/// it is published. Its bindings read `../../wit`, which from there is the
+/// project's own `wit/`.
+pub const RUST_SDK: &[File] = &[
+    ("vendor/sluice-sdk/Cargo.toml", RUST_SDK_MANIFEST),
+    (
+        "vendor/sluice-sdk/src/lib.rs",
+        include_str!("../../plugins/sdk/src/lib.rs"),
+    ),
+    (
+        "vendor/sluice-sdk/src/config.rs",
+        include_str!("../../plugins/sdk/src/config.rs"),
+    ),
+    (
+        "vendor/sluice-sdk/src/error.rs",
+        include_str!("../../plugins/sdk/src/error.rs"),
+    ),
+    (
+        "vendor/sluice-sdk/src/log.rs",
+        include_str!("../../plugins/sdk/src/log.rs"),
+    ),
+    (
+        "vendor/sluice-sdk/src/message.rs",
+        include_str!("../../plugins/sdk/src/message.rs"),
+    ),
+];
+
+/// The vendored SDK's manifest: the repository's, without the workspace
+/// inheritance a standalone project cannot resolve.
+const RUST_SDK_MANIFEST: &str = r#"[package]
+name = "sluice-sdk"
+description = "Guest SDK for Sluice: write a stream handler as a plain Rust function and export it as a Wasm component."
+version = "0.1.0"
+edition = "2024"
+rust-version = "1.95"
+license = "Apache-2.0"
+publish = false
+
+[lib]
+name = "sluice_sdk"
+
+[features]
+default = ["json"]
+# JSON helpers: `Message::json` and `Emit::json`.
+json = ["dep:serde", "dep:serde_json"]
+
+[dependencies]
+serde = { version = "1", default-features = false, features = ["std"], optional = true }
+serde_json = { version = "1", optional = true }
+wit-bindgen = { version = "0.61.1", default-features = false, features = ["macros", "realloc", "std"] }
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_vendored_sdk_asks_for_what_the_repository_sdk_uses() {
+        let repo = include_str!("../../plugins/Cargo.toml");
+        assert!(
+            repo.contains(r#"wit-bindgen = { version = "0.61.1""#),
+            "the plugins workspace moved wit-bindgen: update RUST_SDK_MANIFEST"
+        );
+        let sdk = include_str!("../../plugins/sdk/src/lib.rs");
+        assert!(sdk.contains(r#"path: "../../wit""#));
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/sdk/src");
+        let mut on_disk: Vec<String> = std::fs::read_dir(src)
+            .expect("test step")
+            .map(|e| {
+                format!(
+                    "vendor/sluice-sdk/src/{}",
+                    e.expect("test step").file_name().to_string_lossy()
+                )
+            })
+            .collect();
+        on_disk.sort();
+        let mut carried: Vec<String> = RUST_SDK[1..].iter().map(|(p, _)| (*p).to_owned()).collect();
+        carried.sort();
+        assert_eq!(
+            carried, on_disk,
+            "a file was added to plugins/sdk/src: carry it here"
+        );
+    }
+}
