@@ -235,6 +235,18 @@ sinks:
 #[test]
 fn table_sink_exactly_once_across_kill9_in_multi_row_inserts() {
     let server = pg();
+    // The sink's own table, made beforehand with a trigger that takes 2 ms a
+    // row, so the kill lands mid-run however fast the machine: without it
+    // the sink once wrote all 5,000 rows between two polls.
+    server
+        .psql(
+            "CREATE TABLE app_events (id text PRIMARY KEY, topic text, key text, headers jsonb, \
+             payload bytea, published_at timestamptz); \
+             CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_sleep(0.002); RETURN NEW; END $$; \
+             CREATE TRIGGER slow BEFORE INSERT ON app_events FOR EACH ROW EXECUTE FUNCTION slow_insert();",
+        )
+        .expect("create the slow table");
     let dir = tempfile::tempdir().expect("dir");
     let file = write_pipeline(dir.path(), "sinks", &sink_pipeline(&server.url(), ""));
     let mut d = Daemon::start(&[&file], &dir.path().join("data"));
