@@ -334,29 +334,69 @@ fn fails_with(name: &str, wasm: &str, data: &str, wanted: &str) {
 }
 
 /// An exception that is not Reject or Retry traps, and the trap's text
-/// names it (the first lines of stderr), in both languages.
+/// names it (the first lines of stderr), in both languages. A handler on the
+/// raw bindings that returns a bare list instead of the contract's result
+/// traps with a hint that says what to return.
 #[test]
 fn an_uncaught_exception_traps_with_its_message() {
     let parent = tempfile::tempdir().expect("dir");
-    for (lang, file, from, to) in [
+    // (language, handler file, what the SDK handler is rewritten to, what the trap says)
+    let python_bare_list = "\nfrom wit_world.imports import types\n\n\
+        class MessageHandler:\n    def handle(self, msg):\n        \
+        return [types.Emit(topic='', key=None, headers=[], payload=msg.payload)]\n";
+    let js_bare_array = "\nexport const messageHandler = {\n  handle(msg) {\n    \
+        return [{ topic: \"\", key: undefined, headers: [], payload: msg.payload }];\n  },\n};\n";
+    let cases = [
         (
             "python",
             "app.py",
-            "return text.upper()",
-            "raise ValueError('no vowels in ' + text)",
+            Edit::Replace(
+                "return text.upper()",
+                "raise ValueError('no vowels in ' + text)",
+            ),
+            "ValueError: no vowels in xyz",
         ),
         (
             "js",
             "handler.js",
-            "return text.toUpperCase();",
-            "throw new RangeError(`no vowels in ${text}`);",
+            Edit::Replace(
+                "return text.toUpperCase();",
+                "throw new RangeError(`no vowels in ${text}`);",
+            ),
+            "RangeError: no vowels in xyz",
         ),
-    ] {
-        let name = format!("boom-{lang}");
+        (
+            "python",
+            "app.py",
+            Edit::Append("MessageHandler = sluice.handler(handle)", python_bare_list),
+            "hint: componentize-py traps this way when a Python handler on the raw bindings \
+             returns something other than Ok([emits])",
+        ),
+        (
+            "js",
+            "handler.js",
+            Edit::Append("export const messageHandler = handler(", js_bare_array),
+            "hint: a JavaScript handler on the raw bindings must return { tag: \"ok\", val: [emits] }",
+        ),
+    ];
+    for (i, (lang, file, edit, wanted)) in cases.into_iter().enumerate() {
+        let name = format!("boom-{i}-{lang}");
         let (dir, _) = new_project(parent.path(), &name, lang);
         let source = std::fs::read_to_string(dir.join(file)).expect("source");
-        assert!(source.contains(from));
-        std::fs::write(dir.join(file), source.replace(from, to)).expect("write");
+        let edited = match edit {
+            Edit::Replace(from, to) => {
+                assert!(source.contains(from), "{lang}: {from}");
+                source.replace(from, to)
+            }
+            // The SDK's export is renamed, and the raw one appended.
+            Edit::Append(export, raw) => {
+                assert!(source.contains(export), "{lang}: {export}");
+                let renamed = export.replace("MessageHandler =", "SdkHandler =");
+                let renamed = renamed.replace("export const messageHandler", "const sdkHandler");
+                source.replace(export, &renamed) + raw
+            }
+        };
+        std::fs::write(dir.join(file), edited).expect("write");
         let out = sluice(&dir, &["plugin", "test", ".", "--data", "xyz"]);
         assert_eq!(out.status.code(), Some(1), "{lang}");
         let err = text(&out.stderr);
@@ -364,13 +404,16 @@ fn an_uncaught_exception_traps_with_its_message() {
         let trap = &err[err
             .rfind("trap: ")
             .unwrap_or_else(|| panic!("{lang}: {err}"))..];
-        let wanted = if lang == "python" {
-            "ValueError: no vowels in xyz"
-        } else {
-            "RangeError: no vowels in xyz"
-        };
         assert!(trap.contains(wanted), "{lang}: {trap}");
     }
+}
+
+/// How a test rewrites a generated handler.
+enum Edit {
+    /// Replace the first text with the second.
+    Replace(&'static str, &'static str),
+    /// Rename the export that starts with the first text, and append the second.
+    Append(&'static str, &'static str),
 }
 
 /// What cannot work is refused from the component's outline, before any

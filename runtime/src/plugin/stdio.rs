@@ -27,6 +27,28 @@ const STDERR_TAIL_LINES: usize = 3;
 /// How much of each kept stderr line.
 const STDERR_TAIL_LINE_BYTES: usize = 300;
 
+/// What to do about a trap whose stderr shows a known toolchain failing to
+/// lower a handler's return value into the contract's result type: the
+/// toolchains' own words ("invalid variant", "unreachable") do not say that
+/// the handler returned the wrong shape, nor how to return the right one.
+pub(crate) fn trap_hint(stderr: &str) -> Option<&'static str> {
+    if stderr.contains("invalid variant specified for result") {
+        Some(
+            "a JavaScript handler on the raw bindings must return { tag: \"ok\", val: [emits] } \
+             or { tag: \"err\", val: { tag: \"reject\", val: reason } }; with the SDK (sluice.js) \
+             it returns its emits and throws Reject or Retry",
+        )
+    } else if stderr.contains("entered unreachable code") && stderr.contains("runtime/src/lib.rs") {
+        Some(
+            "componentize-py traps this way when a Python handler on the raw bindings returns \
+             something other than Ok([emits]) or Err(HandlerError_...); with the SDK (sluice.py) \
+             it returns its emits and raises Reject or Retry",
+        )
+    } else {
+        None
+    }
+}
+
 /// How many log bytes a plugin may still write during the current call.
 /// Shared by the `log` import and both output streams.
 /// It also keeps the first and the last few stderr lines of the call
@@ -291,6 +313,23 @@ impl tokio::io::AsyncWrite for GuestOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wrongly_shaped_result_gets_a_hint_and_other_traps_none() {
+        // Excerpts as the runtime quotes them, from real componentize-js 0.23
+        // and componentize-py 0.25.1 handlers that returned a bare list.
+        let js = "invalid variant specified for result / Stack: / \
+                  export_messageHandler_0_1_0$handle@initializer.js:368:13 / \
+                  Redirecting call to abort() to mozalloc_abort";
+        assert!(trap_hint(js).is_some_and(|h| h.contains("tag: \"ok\"")));
+        let py = "thread '<unnamed>' (1) panicked at runtime/src/lib.rs:1615:17: / \
+                  internal error: entered unreachable code";
+        assert!(trap_hint(py).is_some_and(|h| h.contains("Ok([emits])")));
+        let thrown = "boom here / Stack: / handle@handler.js:8:30";
+        assert_eq!(trap_hint(thrown), None);
+        let rust = "thread '<unnamed>' panicked at src/lib.rs:9:5: / index out of bounds";
+        assert_eq!(trap_hint(rust), None);
+    }
 
     #[test]
     fn budget_grants_what_is_left_and_counts_the_rest() {

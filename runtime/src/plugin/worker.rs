@@ -230,7 +230,12 @@ impl Worker {
             self.live = None;
             let mut failure = classify(err, &self.settings.limits);
             if let (FailureKind::Trap, Some(tail)) = (failure.kind, stderr_tail) {
-                failure.message = format!("{} (guest stderr: {tail})", failure.message);
+                failure.message = match super::stdio::trap_hint(&tail) {
+                    Some(hint) => {
+                        format!("{} (guest stderr: {tail}); hint: {hint}", failure.message)
+                    }
+                    None => format!("{} (guest stderr: {tail})", failure.message),
+                };
             }
             failure
         })
