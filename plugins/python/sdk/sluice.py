@@ -213,6 +213,13 @@ def _emit(value, raw):
 
 
 def _emits(value, raw):
+    # The commonest returns first, without the general checks: one text or
+    # bytes payload to the default output (every call pays for this path).
+    kind = type(value)
+    if kind is str:
+        return [_types.Emit(topic="", key=raw.key, headers=raw.headers, payload=value.encode("utf-8"))]
+    if kind is bytes:
+        return [_types.Emit(topic="", key=raw.key, headers=raw.headers, payload=value)]
     if value is None:
         return []
     if isinstance(value, list) and all(isinstance(v, (Emit, bytes, bytearray, str)) for v in value):
