@@ -54,6 +54,11 @@ pub const LANG_PLUGINS: &[LangPlugin] = &[
         lang: Lang::Js,
         source: "examples/router",
     },
+    LangPlugin {
+        name: "upper-batch-js",
+        lang: Lang::Js,
+        source: "examples/upper-batch",
+    },
     // No SDK: the raw componentize-js bindings.
     LangPlugin {
         name: "raw-js",

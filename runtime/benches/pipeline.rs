@@ -19,6 +19,12 @@
 //!   durable (`sync: always`). A batch's items are settled together, so
 //!   their fsyncs fold into the group commit. Target: batch ≥ 1.0 ×
 //!   unbatched.
+//! - **languages**: the same uppercase stage (durable, 40,000 × 64 B) with
+//!   the handler in Rust, Python and JavaScript (`uppercase`,
+//!   `uppercase-py`, `uppercase-js`), at concurrency 1 and 4. Targets:
+//!   Python ≥ 0.6 × Rust, JavaScript ≥ 0.4 × Rust. Also the JavaScript
+//!   logic as a batch stage (`upper-batch-js`, batch max 64) against the
+//!   unbatched Rust stage.
 //! - **daemon backlog RSS**: the real `sluice run` binary with a stage that
 //!   holds its first message for a minute, while 1,000,000 messages of 64 B
 //!   are published through the admin API: the daemon's VmRSS at 100k, 500k
@@ -144,6 +150,9 @@ fn main() {
             &batch,
         );
     }
+    if wants("languages") {
+        languages(&rt, &host);
+    }
     if wants("daemon-rss") {
         daemon_rss();
     }
@@ -220,7 +229,7 @@ async fn run_stage_as(n: usize, stage: Stage, handler: impl Fn() -> Box<dyn Stag
     }
     let setup = StageSetup {
         pipeline: "s".into(),
-        handlers: (0..CONCURRENCY).map(|_| handler()).collect(),
+        handlers: (0..stage.concurrency.get()).map(|_| handler()).collect(),
         stage,
         shutdown_timeout: Duration::from_secs(5),
     };
@@ -246,6 +255,68 @@ async fn run_stage_as(n: usize, stage: Stage, handler: impl Fn() -> Box<dyn Stag
     let rate = last_output.0 as f64 / last_output.1.as_secs_f64();
     engine.shutdown().await;
     rate
+}
+
+/// The uppercase example in Rust, Python and JavaScript, side by side.
+fn languages(rt: &tokio::runtime::Runtime, host: &PluginHost) {
+    let load = |name: &str| host.load(sluice_harness::plugin(name)).expect(name);
+    let (rust, python, js, js_batched) = (
+        load("uppercase"),
+        load("uppercase-py"),
+        load("uppercase-js"),
+        load("upper-batch-js"),
+    );
+    let js_batch_stage = stage("upper-batch-js", &[]);
+    for concurrency in [1, 4] {
+        let mut stage = stage("uppercase", &[]);
+        stage.concurrency = std::num::NonZeroU32::new(concurrency).expect("non-zero");
+        let settings = stage.worker_settings();
+        let mut rates = [Vec::new(), Vec::new(), Vec::new()];
+        for _ in 0..SAMPLES {
+            for (plugin, out) in [&rust, &python, &js].into_iter().zip(rates.iter_mut()) {
+                out.push(rt.block_on(run_stage_as(MESSAGES, stage.clone(), || {
+                    Box::new(plugin.worker(settings.clone())) as Box<dyn StageHandler>
+                })));
+            }
+        }
+        // JavaScript's way to throughput: a batch stage, which spreads the
+        // fixed cost of a call into the component over a batch.
+        let mut batched = js_batch_stage.clone();
+        batched.concurrency = stage.concurrency;
+        batched.batch = Some(sluice::config::Batch {
+            max: std::num::NonZeroU32::new(64).expect("64"),
+            wait: HumanDuration::millis(100),
+        });
+        let batch_settings = batched.worker_settings();
+        let mut js_batch = Vec::new();
+        for _ in 0..SAMPLES {
+            js_batch.push(rt.block_on(run_stage_as(MESSAGES, batched.clone(), || {
+                Box::new(js_batched.worker(batch_settings.clone())) as Box<dyn StageHandler>
+            })));
+        }
+        let [rust, python, js] = &rates;
+        report(
+            &format!(
+                "uppercase stage, durable, {MESSAGES} × 64 B, concurrency {concurrency}, msgs/s: Rust | Python"
+            ),
+            rust,
+            python,
+        );
+        report(
+            &format!(
+                "uppercase stage, durable, {MESSAGES} × 64 B, concurrency {concurrency}, msgs/s: Rust | JavaScript"
+            ),
+            rust,
+            js,
+        );
+        report(
+            &format!(
+                "uppercase stage, durable, {MESSAGES} × 64 B, concurrency {concurrency}, msgs/s: Rust | JavaScript, batch max 64"
+            ),
+            rust,
+            &js_batch,
+        );
+    }
 }
 
 /// The `uppercase` example's logic in native Rust.

@@ -15,6 +15,10 @@
 //!   show how much of the cost is the per-field lowering.
 //! - **start-up**: loading the example plugins cold (compiling) against warm
 //!   (from the compile cache).
+//! - **languages**: one call of the uppercase example (64 B) in Rust against
+//!   Python and JavaScript; and the Python and JS components' first compile
+//!   against their start from the compile cache (3 samples: a compile takes
+//!   seconds).
 
 #![allow(missing_docs)]
 
@@ -64,6 +68,55 @@ fn main() {
     }
     if wants("startup") {
         startup();
+    }
+    if wants("languages") {
+        languages(&rt, &host);
+    }
+}
+
+/// Per-call cost of the uppercase example in each language, and the Python
+/// and JS components' first compile against their start from the cache.
+fn languages(rt: &tokio::runtime::Runtime, host: &PluginHost) {
+    let msg = message(64, 0);
+    let worker = |name: &str| {
+        host.load(sluice_harness::plugin(name))
+            .expect(name)
+            .worker(WorkerSettings::default())
+    };
+    let mut rust = worker("uppercase");
+    for other in ["uppercase-py", "uppercase-js"] {
+        let mut measured = worker(other);
+        let (base, time) = compare(
+            2_000,
+            |n| rt.block_on(wasm_single(&mut rust, &msg, n)),
+            |n| rt.block_on(wasm_single(&mut measured, &msg, n)),
+        );
+        row(
+            &format!("one call, 64 B: uppercase (Rust) | {other}"),
+            base,
+            time,
+        );
+    }
+    for name in ["uppercase-py", "uppercase-js"] {
+        let path = sluice_harness::plugin(name);
+        let (mut cold, mut warm) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            let cache = tempfile::tempdir().expect("tempdir");
+            let host = PluginHost::new(HostConfig {
+                cache_dir: Some(cache.path().to_owned()),
+                max_instances: 4,
+                max_memory: 256 << 20,
+                ..HostConfig::default()
+            })
+            .expect("plugin host");
+            cold.push(load(&host, &path, 1));
+            warm.push(load(&host, &path, 1));
+        }
+        row(
+            &format!("start-up, load `{name}` (warm = from cache, cold = first compile)"),
+            median(warm),
+            median(cold),
+        );
     }
 }
 
