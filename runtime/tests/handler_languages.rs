@@ -542,19 +542,23 @@ fn a_dead_letter_replays_against_the_old_and_the_fixed_handler() {
     let seq = entry["seq"].as_u64().expect("seq").to_string();
     let from = format!("shop/shout/{seq}");
 
+    let replay = || {
+        sluice(
+            &dir,
+            &[
+                "plugin",
+                "test",
+                ".",
+                "--from-dlq",
+                &from,
+                "--admin",
+                &admin,
+            ],
+        )
+    };
+
     // Against the broken handler: the replay fails, naming what happened.
-    let out = sluice(
-        &dir,
-        &[
-            "plugin",
-            "test",
-            ".",
-            "--from-dlq",
-            &from,
-            "--admin",
-            &admin,
-        ],
-    );
+    let out = replay();
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
     assert!(
         text(&out.stderr).contains("which failed with trap after 2 attempt(s)"),
@@ -610,18 +614,7 @@ fn a_dead_letter_replays_against_the_old_and_the_fixed_handler() {
         "{}",
         text(&out.stdout)
     );
-    let out = sluice(
-        &dir,
-        &[
-            "plugin",
-            "test",
-            ".",
-            "--from-dlq",
-            &from,
-            "--admin",
-            &admin,
-        ],
-    );
+    let out = replay();
     assert!(
         out.status.success(),
         "{}\n{}",
@@ -633,4 +626,82 @@ fn a_dead_letter_replays_against_the_old_and_the_fixed_handler() {
         "{}",
         text(&out.stdout)
     );
+}
+
+/// The repository's Python and JavaScript router examples in one pipeline:
+/// each routes by a JSON field to the topics its config names, keeps the
+/// payload and key, and rejects what has no `type` (DLQ kind `rejected`).
+#[test]
+fn the_router_examples_route_in_a_pipeline() {
+    let dir = tempfile::tempdir().expect("dir");
+    let stage = |lang: &str| {
+        format!(
+            "  - name: route-{lang}\n    subscribe: in-{lang}\n    plugin: {}\n    \
+             publish: [{lang}.orders, {lang}.refunds]\n    concurrency: 2\n    \
+             config: {{ route.order: {lang}.orders, route.refund: {lang}.refunds }}\n",
+            plugin(&format!("router-{lang}"))
+        )
+    };
+    let yaml = format!(
+        "name: shop\ntopics: [in-py, in-js, py.orders, py.refunds, js.orders, js.refunds]\nstages:\n{}{}",
+        stage("py"),
+        stage("js")
+    );
+    let file = write_pipeline(dir.path(), "shop", &yaml);
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    let n = 200;
+    let messages: Vec<Msg> = (0..n)
+        .map(|i| {
+            let payload = match i % 10 {
+                0 => format!(r#"{{"id":{i}}}"#),
+                k if k % 2 == 0 => format!(r#"{{"type":"order","id":{i}}}"#),
+                _ => format!(r#"{{"type":"refund","id":{i}}}"#),
+            };
+            Msg::new(format!("r{i}"), payload).key(format!("c{}", i % 3))
+        })
+        .collect();
+    for lang in ["py", "js"] {
+        daemon.publish(&format!("in-{lang}"), &messages);
+    }
+    for lang in ["py", "js"] {
+        let (orders, refunds, dlq) = (
+            format!("{lang}.orders"),
+            format!("{lang}.refunds"),
+            format!("shop.route-{lang}.dlq"),
+        );
+        daemon.wait_until("all routed", Duration::from_secs(120), |d| {
+            d.depth(&orders) + d.depth(&refunds) + d.depth(&dlq) >= n
+        });
+        let (orders, refunds, dlq) = (
+            daemon.read_all(&orders),
+            daemon.read_all(&refunds),
+            daemon.read_all(&dlq),
+        );
+        assert_eq!(
+            (orders.len(), refunds.len(), dlq.len()),
+            (80, 100, 20),
+            "{lang}"
+        );
+        for (msgs, kind) in [(&orders, "order"), (&refunds, "refund")] {
+            for m in msgs {
+                let doc: serde_json::Value =
+                    serde_json::from_str(m["payload"].as_str().expect("text")).expect("json");
+                assert_eq!(doc["type"], kind, "{lang}: {m}");
+                let id = doc["id"].as_u64().expect("id");
+                assert_eq!(m["key"], format!("c{}", id % 3), "{lang}: key kept: {m}");
+            }
+        }
+        for entry in &dlq {
+            assert_eq!(
+                header(entry, "sluice-dlq-kind"),
+                Some("rejected"),
+                "{entry}"
+            );
+            assert!(
+                header(entry, "sluice-dlq-error")
+                    .is_some_and(|e| e.contains("field `type` is missing")),
+                "{lang}: {entry}"
+            );
+        }
+    }
 }
