@@ -288,6 +288,40 @@ async fn dlq_list_show_redrive_and_purge_work_on_nats_without_a_daemon() {
     assert_eq!(entry["source_topic"], "p.in");
     assert_eq!(entry["key"], "k1");
 
+    // The same entry as a test case, and replayed against a plugin, straight
+    // from NATS: the message as its handler saw it.
+    let out = nats.sluice(&["dlq", "show", "p/s", &m1.to_string(), "--as-case"]);
+    let case = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        case.contains(r#"payload: "bad order""#)
+            && case.contains(r#"key: "k1""#)
+            && case.contains(r#""trace": "t-1""#)
+            && case.contains("attempt: 3")
+            && !case.contains("sluice-dlq"),
+        "{case}"
+    );
+    let uppercase = sluice_harness::plugin("uppercase");
+    let from = format!("p/s/{m1}");
+    let out = nats.sluice(&[
+        "plugin",
+        "test",
+        uppercase.to_str().expect("utf-8"),
+        "--from-dlq",
+        &from,
+    ]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(
+        stderr(&out).contains("which failed with rejected after 3 attempt(s)"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).contains("1 passed, 0 failed"),
+        "{}",
+        stdout(&out)
+    );
+
     // A dry run changes nothing.
     let out = nats.sluice(&["dlq", "redrive", "p/s", "--dry-run"]);
     assert!(out.status.success(), "{}", stderr(&out));
