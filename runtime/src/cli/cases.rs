@@ -254,8 +254,18 @@ pub(crate) struct Loaded {
 }
 
 impl Loaded {
-    /// A file of one case, for a replay.
-    pub fn one(case: Case) -> Loaded {
+    /// One case for a replay of the dead letter `seq` of `stage`: the
+    /// message as its handler saw it, expected to succeed now.
+    pub fn dead_letter(stage: &str, seq: u64, entry: &DlqEntryDetail) -> Loaded {
+        let case = Case {
+            name: format!("dead letter {stage}/{seq} ({})", entry.summary.id),
+            input: dlq_input(entry),
+            config: BTreeMap::new(),
+            expect: Expect {
+                ok: Some(true),
+                ..Expect::default()
+            },
+        };
         Loaded {
             file: CasesFile {
                 config: BTreeMap::new(),

@@ -110,15 +110,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
                     cases::dlq_failure(&detail)
                 );
                 Some((
-                    cases::Loaded::one(cases::Case {
-                        name: format!("dead letter {stage}/{} ({})", entry.seq, detail.summary.id),
-                        input: cases::dlq_input(&detail),
-                        config: BTreeMap::new(),
-                        expect: cases::Expect {
-                            ok: Some(true),
-                            ..cases::Expect::default()
-                        },
-                    }),
+                    cases::Loaded::dead_letter(&stage, entry.seq, &detail),
                     String::new(),
                 ))
             }
