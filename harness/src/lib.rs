@@ -64,9 +64,21 @@ pub const PLUGINS: &[&str] = &[
 
 /// The repository root (the directory of the root `Cargo.toml`), so paths work
 /// whatever the current directory of a test or of xtask is.
+///
+/// Read at run time from the directory of the package cargo runs (a test,
+/// a bench, xtask: each a member directly under the root), and only
+/// without one from this crate's directory at build time: a target
+/// directory shared by two checkouts (CI's cache) can hold a build of this
+/// crate made in the other checkout, whose baked-in path points there.
 pub fn repo_root() -> PathBuf {
-    let harness = Path::new(env!("CARGO_MANIFEST_DIR"));
-    harness.parent().unwrap_or(harness).to_path_buf()
+    let is_root = |dir: &Path| dir.join("Cargo.toml").is_file() && dir.join("harness").is_dir();
+    let member = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .filter(|member| member.parent().is_some_and(is_root))
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    member
+        .parent()
+        .map_or_else(|| member.clone(), Path::to_path_buf)
 }
 
 /// Where the built components are copied: `<root>/target/plugins`.
