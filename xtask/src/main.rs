@@ -65,6 +65,7 @@ fn main() -> ExitCode {
 fn plugins() -> anyhow::Result<()> {
     let root = sluice_harness::repo_root();
     let mut built = sluice_harness::build_plugins()?;
+    ensure_lang_tools()?;
     built.extend(sluice_harness::build_lang_plugins()?);
     for path in &built {
         let size = std::fs::metadata(path)?.len();
@@ -287,6 +288,34 @@ fn setup() -> anyhow::Result<()> {
         .args(PYTHON_PACKAGES)
         .env("PIP_ROOT_USER_ACTION", "ignore")
         .stdin(std::process::Stdio::null()))?;
+    ensure_js_tools()
+}
+
+/// The Python and JavaScript toolchains the example handlers are built
+/// with, installed when missing, so `demo`, `plugins` and `bench` work on a
+/// fresh machine as `test` does (which runs the whole `setup` first).
+fn ensure_lang_tools() -> anyhow::Result<()> {
+    let pinned = sluice_author::files::COMPONENTIZE_PY;
+    let installed = Command::new("componentize-py")
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(pinned));
+    if !installed {
+        let package = format!("componentize-py=={pinned}");
+        println!("== python3 -m pip install {package}");
+        run(Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(["--no-input", &package])
+            .env("PIP_ROOT_USER_ACTION", "ignore")
+            .stdin(std::process::Stdio::null()))?;
+    }
     ensure_js_tools()
 }
 
