@@ -10,13 +10,41 @@ use std::fmt;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// A connection URL (`redis://`, `postgres://`, `https://`) whose password
-/// is never shown: `Display`, `Debug` and serialisation print `***` in its
-/// place. [`SecretUrl::expose`] gives the real text to the client library.
+/// A connection URL (`redis://`, `postgres://`, `https://`) whose secrets
+/// are never shown: `Display`, `Debug` and serialisation print `***` in
+/// their place. [`SecretUrl::expose`] gives the real text to the client
+/// library.
+///
+/// What counts as a secret: the password; every query value but a few
+/// harmless settings ([`SHOWN_QUERY_KEYS`]: `?token=***`, but
+/// `?sslmode=require`); and any path segment that looks like a token (16
+/// or more characters with a digit in them, or 24 or more), which is where
+/// webhook providers put theirs (`/services/T0/B0/XXXXXXXXXXXXXXXXXXXXXXXX`).
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretUrl {
     raw: String,
     shown: String,
+    /// The hidden parts as written in `raw` (and percent-decoded), for
+    /// [`SecretUrl::scrub`].
+    hidden: Vec<String>,
+}
+
+/// Query keys whose values are settings, not secrets, and stay visible.
+pub const SHOWN_QUERY_KEYS: &[&str] = &[
+    "sslmode",
+    "connect_timeout",
+    "application_name",
+    "target_session_attrs",
+    "protocol",
+];
+
+/// The shortest secret part that [`SecretUrl::scrub`] replaces in text.
+const MIN_SCRUBBED: usize = 3;
+
+/// Whether a path segment looks like a token rather than a word.
+fn looks_like_token(segment: &str) -> bool {
+    let len = segment.chars().count();
+    len >= 24 || (len >= 16 && segment.bytes().any(|b| b.is_ascii_digit()))
 }
 
 impl SecretUrl {
@@ -25,21 +53,82 @@ impl SecretUrl {
         let parsed = url::Url::parse(raw)
             .map_err(|e| format!("`{}` is not a URL: {e}", redact_unparsed(raw)))?;
         let mut shown = parsed.clone();
-        if shown.password().is_some() {
+        let mut hidden = Vec::new();
+        if let Some(password) = parsed.password() {
+            hidden.push(password.to_owned());
             let _ = shown.set_password(Some("***"));
         }
+        if !parsed.cannot_be_a_base()
+            && let Some(segments) = parsed.path_segments()
+        {
+            let segments: Vec<&str> = segments.collect();
+            if segments.iter().any(|s| looks_like_token(s)) {
+                let path: Vec<&str> = segments
+                    .iter()
+                    .map(|s| {
+                        if looks_like_token(s) {
+                            hidden.push((*s).to_owned());
+                            "***"
+                        } else {
+                            s
+                        }
+                    })
+                    .collect();
+                shown.set_path(&path.join("/"));
+            }
+        }
+        if parsed.query().is_some() {
+            let pairs: Vec<(String, String)> = parsed
+                .query_pairs()
+                .map(|(k, v)| {
+                    if SHOWN_QUERY_KEYS.contains(&k.as_ref()) || v.is_empty() {
+                        (k.into_owned(), v.into_owned())
+                    } else {
+                        hidden.push(v.clone().into_owned());
+                        (k.into_owned(), "***".to_owned())
+                    }
+                })
+                .collect();
+            // The raw (percent-encoded) values too, for `scrub`.
+            for part in parsed.query().unwrap_or_default().split('&') {
+                if let Some((k, v)) = part.split_once('=')
+                    && !SHOWN_QUERY_KEYS.contains(&k)
+                    && !v.is_empty()
+                {
+                    hidden.push(v.to_owned());
+                }
+            }
+            shown
+                .query_pairs_mut()
+                .clear()
+                .extend_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        }
+        let shown = shown.to_string().replace("%2A%2A%2A", "***");
+        // A part too short to hide without mangling the text around it
+        // (`?v=1`) is still hidden in the shown URL, not scrubbed from text.
+        hidden.retain(|h| h.len() >= MIN_SCRUBBED);
+        let decoded: Vec<String> = hidden
+            .iter()
+            .filter_map(|h| percent_decode(h).ok())
+            .filter(|d| d.len() >= MIN_SCRUBBED && !hidden.contains(d))
+            .collect();
+        hidden.extend(decoded);
+        // Longest first, so a part that contains another is replaced whole.
+        hidden.sort_by_key(|h| std::cmp::Reverse(h.len()));
+        hidden.dedup();
         Ok(SecretUrl {
             raw: raw.to_owned(),
-            shown: shown.to_string(),
+            shown,
+            hidden,
         })
     }
 
-    /// The URL with its password, for the client library only.
+    /// The URL with its secrets, for the client library only.
     pub fn expose(&self) -> &str {
         &self.raw
     }
 
-    /// The URL parsed (with its password: do not print it).
+    /// The URL parsed (with its secrets: do not print it).
     pub fn url(&self) -> url::Url {
         // Parsed once already in `parse`.
         url::Url::parse(&self.raw).unwrap_or_else(|_| {
@@ -52,25 +141,26 @@ impl SecretUrl {
         self.url().scheme().to_owned()
     }
 
-    /// The URL as shown to people: the password replaced by `***`.
+    /// The value of query parameter `key`, if given.
+    pub fn query_value(&self, key: &str) -> Option<String> {
+        self.url()
+            .query_pairs()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.into_owned())
+    }
+
+    /// The URL as shown to people: its secrets replaced by `***`.
     pub fn redacted(&self) -> &str {
         &self.shown
     }
 
-    /// Replaces every occurrence of this URL's password in `text` (a
-    /// client library's error message may quote the URL) by `***`.
+    /// Replaces every occurrence of this URL's secrets in `text` (a
+    /// client library's error message may quote the URL, or a part of
+    /// it) by `***`.
     pub fn scrub(&self, text: &str) -> String {
-        let url = self.url();
         let mut out = text.replace(&self.raw, &self.shown);
-        if let Some(password) = url.password()
-            && !password.is_empty()
-        {
-            out = out.replace(password, "***");
-            if let Ok(decoded) = percent_decode(password)
-                && !decoded.is_empty()
-            {
-                out = out.replace(&decoded, "***");
-            }
+        for part in &self.hidden {
+            out = out.replace(part.as_str(), "***");
         }
         out
     }
@@ -212,6 +302,43 @@ mod tests {
         assert!(!said.contains("s3cr"), "{said}");
         let json = serde_json::to_string(&url).expect("serialises");
         assert!(!json.contains("s3cr"), "{json}");
+    }
+
+    #[test]
+    fn query_values_and_token_like_path_segments_are_hidden() {
+        let hook = SecretUrl::parse(
+            "https://hooks.example/services/T0123/B0123/XXXXXXXXXXXXXXXXXXXXXXXX?token=abc123&sslmode=require",
+        )
+        .expect("parses");
+        assert_eq!(
+            hook.redacted(),
+            "https://hooks.example/services/T0123/B0123/***?token=***&sslmode=require"
+        );
+        let said = hook.scrub(
+            "error sending request for url (https://hooks.example/services/T0123/B0123/XXXXXXXXXXXXXXXXXXXXXXXX?token=abc123)",
+        );
+        assert!(!said.contains("XXXX") && !said.contains("abc123"), "{said}");
+
+        let uuid = SecretUrl::parse("https://webhook.example/6f1c2a7e-4d1b-4c39-9a57-0d8c1e2f3a4b")
+            .expect("parses");
+        assert_eq!(uuid.redacted(), "https://webhook.example/***");
+
+        // Ordinary words stay, so an operator can tell targets apart.
+        let plain =
+            SecretUrl::parse("https://api.example/v1/incoming-webhooks/orders").expect("parses");
+        assert_eq!(
+            plain.redacted(),
+            "https://api.example/v1/incoming-webhooks/orders"
+        );
+
+        let pg = SecretUrl::parse("postgres://app@db/app?password=p%40ss&sslmode=verify-full")
+            .expect("parses");
+        assert_eq!(
+            pg.redacted(),
+            "postgres://app@db/app?password=***&sslmode=verify-full"
+        );
+        assert!(!pg.scrub("bad password p@ss").contains("p@ss"));
+        assert_eq!(pg.query_value("sslmode").as_deref(), Some("verify-full"));
     }
 
     #[test]
