@@ -289,6 +289,54 @@ impl PostgresServer {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
+
+    /// Turns TLS on with this certificate and key (PEM), and accepts TCP
+    /// connections over TLS only (`hostssl`): a client that does not
+    /// speak TLS is refused, so a test that connects has proved TLS.
+    /// Restarts the server.
+    ///
+    /// # Errors
+    ///
+    /// When the files cannot be written or the server does not start.
+    pub fn enable_tls(&mut self, cert_pem: &str, key_pem: &str) -> anyhow::Result<()> {
+        let data = self.data();
+        let cert = data.join("server.crt");
+        let key = data.join("server.key");
+        std::fs::write(&cert, cert_pem)?;
+        std::fs::write(&key, key_pem)?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))?;
+        }
+        if self.as_postgres {
+            let status = Command::new("chown")
+                .arg("postgres:postgres")
+                .arg(&cert)
+                .arg(&key)
+                .status()?;
+            if !status.success() {
+                bail!("chown of the TLS files to postgres failed");
+            }
+        }
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))?;
+        std::io::Write::write_all(
+            &mut conf,
+            b"\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n",
+        )?;
+        let hba = data.join("pg_hba.conf");
+        let text = std::fs::read_to_string(&hba)?;
+        let only_tls: String = text
+            .lines()
+            .map(|line| match line.strip_prefix("host ") {
+                Some(rest) => format!("hostssl {rest}\n"),
+                None => format!("{line}\n"),
+            })
+            .collect();
+        std::fs::write(&hba, only_tls)?;
+        self.restart()
+    }
 }
 
 impl Drop for PostgresServer {

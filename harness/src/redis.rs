@@ -38,6 +38,8 @@ pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     password: Option<String>,
+    /// The TLS port, beside the plain one, when started with TLS.
+    tls_port: Option<u16>,
 }
 
 impl RedisServer {
@@ -65,9 +67,39 @@ impl RedisServer {
             port,
             dir,
             password: password.map(str::to_owned),
+            tls_port: None,
         };
         server.spawn()?;
         Ok(server)
+    }
+
+    /// [`start`](Self::start) with TLS too: a second port (`--tls-port`)
+    /// serves TLS with this certificate and key (PEM), clients not asked
+    /// for certificates. The plain port stays, for [`command`](Self::command)
+    /// and readiness. [`tls_url`](Self::tls_url) is the TLS address.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start); also when the files cannot be written.
+    pub fn start_with_tls(cert_pem: &str, key_pem: &str) -> anyhow::Result<RedisServer> {
+        let dir = tempfile::tempdir().context("a temporary directory for redis-server")?;
+        std::fs::write(dir.path().join("tls.crt"), cert_pem)?;
+        std::fs::write(dir.path().join("tls.key"), key_pem)?;
+        let mut server = RedisServer {
+            child: None,
+            port: free_port()?,
+            dir,
+            password: None,
+            tls_port: Some(free_port()?),
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    /// `rediss://localhost:TLS_PORT/0`, when started with TLS.
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_port
+            .map(|port| format!("rediss://localhost:{port}/0"))
     }
 
     /// The binary: `$SLUICE_REDIS_SERVER`, else `redis-server` on `$PATH`.
@@ -90,6 +122,17 @@ impl RedisServer {
             .arg(&log);
         if let Some(password) = &self.password {
             cmd.args(["--requirepass", password]);
+        }
+        if let Some(tls_port) = self.tls_port {
+            let crt = self.dir.path().join("tls.crt");
+            cmd.args(["--tls-port", &tls_port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(&crt)
+                .arg("--tls-key-file")
+                .arg(self.dir.path().join("tls.key"))
+                .arg("--tls-ca-cert-file")
+                .arg(&crt)
+                .args(["--tls-auth-clients", "no"]);
         }
         let child = cmd
             .stdin(Stdio::null())

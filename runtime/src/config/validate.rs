@@ -142,7 +142,7 @@ fn expand(paths: &[PathBuf], diagnostics: &mut Diagnostics) -> Vec<PathBuf> {
     files
 }
 
-/// Makes each stage's plugin path (and each HTTP sink's `tls_ca`)
+/// Makes each stage's plugin path (and each connector's `tls_ca`)
 /// absolute against the file's directory.
 fn resolve_plugins(pipeline: &mut Pipeline, file: &Path) {
     let dir = file.parent().unwrap_or(Path::new("."));
@@ -151,10 +151,11 @@ fn resolve_plugins(pipeline: &mut Pipeline, file: &Path) {
             stage.plugin = dir.join(&stage.plugin);
         }
     }
+    for source in &mut pipeline.sources {
+        source.resolve_paths(dir);
+    }
     for sink in &mut pipeline.sinks {
-        if let Some(http) = &mut sink.http {
-            http.resolve_paths(dir);
-        }
+        sink.resolve_paths(dir);
     }
 }
 

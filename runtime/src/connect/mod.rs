@@ -34,9 +34,11 @@ pub mod redis;
 mod secret;
 pub mod sink;
 pub mod source;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -142,6 +144,9 @@ pub trait SourceConfig: Send + Sync {
     fn redelivery_horizon(&self) -> Duration;
     /// The most messages one read takes (the block's `batch`).
     fn read_max(&self) -> usize;
+    /// Makes the block's relative file paths (`tls_ca`) absolute against
+    /// `dir`, the pipeline file's directory.
+    fn resolve_paths(&mut self, dir: &Path);
     /// The source, not yet connected: it connects on its first read and
     /// reconnects by itself, so an upstream that is down at start-up is
     /// an outage, not a failed start.
@@ -158,6 +163,9 @@ pub trait SinkConfig: Send + Sync {
     fn check(&self) -> Vec<ConfigProblem>;
     /// The target for people, with no password or secret.
     fn describe(&self) -> String;
+    /// Makes the block's relative file paths (`tls_ca`) absolute against
+    /// `dir`, the pipeline file's directory.
+    fn resolve_paths(&mut self, dir: &Path);
     /// The sink, not yet connected (a target that is down at start-up is
     /// an outage, not a failed start). All worker slots share it.
     async fn build(&self, ctx: &Context) -> Result<Arc<dyn Sink>, BuildError>;
@@ -213,6 +221,16 @@ impl SourceDef {
     /// The connector block (the first, if several were given).
     pub fn connector(&self) -> Option<&dyn SourceConfig> {
         self.connectors().into_iter().next()
+    }
+
+    /// Makes every block's relative paths absolute against `dir`.
+    pub fn resolve_paths(&mut self, dir: &Path) {
+        if let Some(c) = &mut self.redis {
+            c.resolve_paths(dir);
+        }
+        if let Some(c) = &mut self.postgres {
+            c.resolve_paths(dir);
+        }
     }
 
     /// The keys a source's connector block may have.
@@ -297,6 +315,19 @@ impl SinkDef {
     /// The connector block (the first, if several were given).
     pub fn connector(&self) -> Option<&dyn SinkConfig> {
         self.connectors().into_iter().next()
+    }
+
+    /// Makes every block's relative paths absolute against `dir`.
+    pub fn resolve_paths(&mut self, dir: &Path) {
+        if let Some(c) = &mut self.http {
+            c.resolve_paths(dir);
+        }
+        if let Some(c) = &mut self.postgres {
+            c.resolve_paths(dir);
+        }
+        if let Some(c) = &mut self.redis {
+            c.resolve_paths(dir);
+        }
     }
 
     /// The keys a sink's connector block may have.

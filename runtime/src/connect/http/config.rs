@@ -7,15 +7,15 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 use reqwest::Method;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use rustls_pki_types::CertificateDer;
-use rustls_pki_types::pem::PemObject;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::sink::{HttpSink, HttpSinkParts};
 
 use crate::config::HumanDuration;
-use crate::connect::{BuildError, ConfigProblem, Context, Secret, SecretUrl, Sink, SinkConfig};
+use crate::connect::{
+    BuildError, ConfigProblem, Context, Secret, SecretUrl, Sink, SinkConfig, tls,
+};
 
 /// An HTTP endpoint each message is sent to.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
@@ -55,6 +55,10 @@ pub fn default_request_timeout() -> HumanDuration {
 
 #[async_trait]
 impl SinkConfig for HttpSinkConfig {
+    fn resolve_paths(&mut self, dir: &Path) {
+        tls::resolve_ca(&mut self.tls_ca, dir);
+    }
+
     fn kind(&self) -> &'static str {
         "http"
     }
@@ -92,18 +96,7 @@ impl SinkConfig for HttpSinkConfig {
         if let Err(message) = self.header_map() {
             problems.push(ConfigProblem::at(&["headers"], message));
         }
-        if let Some(path) = &self.tls_ca
-            && !path.is_file()
-        {
-            problems.push(ConfigProblem::at(
-                &["tls_ca"],
-                format!(
-                    "CA file not found: {} (a relative `tls_ca` path is relative to the \
-                     pipeline file)",
-                    path.display()
-                ),
-            ));
-        }
+        tls::check_ca(self.tls_ca.as_deref(), &mut problems);
         problems
     }
 
@@ -125,7 +118,7 @@ impl SinkConfig for HttpSinkConfig {
             .map_err(|e| refuse(format!("`{}` is not a method: {e}", self.method)))?;
         let headers = self.header_map().map_err(refuse)?;
         let roots = match &self.tls_ca {
-            Some(path) => Some(read_roots(path).map_err(refuse)?),
+            Some(path) => Some(tls::read_roots(path).map_err(refuse)?),
             None => None,
         };
         let sink = HttpSink::new(HttpSinkParts {
@@ -153,16 +146,6 @@ const RESERVED: &[&str] = &[
 ];
 
 impl HttpSinkConfig {
-    /// Makes a relative `tls_ca` absolute against the pipeline file's
-    /// directory (`dir`), as plugin paths are.
-    pub fn resolve_paths(&mut self, dir: &Path) {
-        if let Some(path) = &mut self.tls_ca
-            && path.is_relative()
-        {
-            *path = dir.join(&*path);
-        }
-    }
-
     /// The extra headers, checked: valid names and values, none the sink
     /// sets itself. Values are marked sensitive (a token is never shown).
     fn header_map(&self) -> Result<HeaderMap, String> {
@@ -185,27 +168,6 @@ impl HttpSinkConfig {
         }
         Ok(map)
     }
-}
-
-/// The certificates of a PEM file, at least one.
-fn read_roots(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let pem = std::fs::read(path)
-        .map_err(|e| format!("cannot read the CA file {}: {e}", path.display()))?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| {
-            format!(
-                "the CA file {} is not PEM certificates: {e}",
-                path.display()
-            )
-        })?;
-    if certs.is_empty() {
-        return Err(format!(
-            "the CA file {} holds no PEM certificate (`-----BEGIN CERTIFICATE-----`)",
-            path.display()
-        ));
-    }
-    Ok(certs)
 }
 
 #[cfg(test)]

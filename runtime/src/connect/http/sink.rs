@@ -90,7 +90,9 @@ impl HttpSink {
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")));
         if url.scheme() == "https" {
-            builder = builder.tls_backend_preconfigured(tls_config(roots)?);
+            let mut tls = crate::connect::tls::client_config(roots)?;
+            tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+            builder = builder.tls_backend_preconfigured(tls);
         }
         let client = builder.build().map_err(|e| url.scrub(&error_chain(&e)))?;
         let mut target =
@@ -192,7 +194,7 @@ impl HttpSink {
     fn transport(&self, error: &reqwest::Error) -> SinkError {
         let chain = self.url.scrub(&error_chain(error));
         if error.is_connect() {
-            if is_tls_trust(error) {
+            if crate::connect::tls::is_trust_error(error) {
                 return SinkError::Unavailable(format!(
                     "the server's TLS certificate is not trusted ({chain}); give its CA in \
                      `tls_ca`, or fix the server's certificate"
@@ -230,43 +232,6 @@ impl Sink for HttpSink {
     async fn write_batch(&self, messages: &[Message]) -> Vec<Result<(), SinkError>> {
         futures_util::future::join_all(messages.iter().map(|m| self.write(m))).await
     }
-}
-
-/// The client's TLS: rustls (aws-lc-rs) trusting `roots` only, or the
-/// system's roots (`SSL_CERT_FILE`/`SSL_CERT_DIR`, else the OS store, read
-/// once). rustls's own WebPKI verifier rather than reqwest's platform
-/// verifier, which logs an error on every failed handshake: an untrusted
-/// target is reported once per outage instead (see `transport`).
-fn tls_config(roots: Option<Vec<CertificateDer<'static>>>) -> Result<rustls::ClientConfig, String> {
-    let mut store = rustls::RootCertStore::empty();
-    match roots {
-        Some(roots) => {
-            for cert in roots {
-                store
-                    .add(cert)
-                    .map_err(|e| format!("a certificate of `tls_ca` cannot be a root: {e}"))?;
-            }
-        }
-        None => {
-            let found = rustls_native_certs::load_native_certs();
-            let (added, _) = store.add_parsable_certificates(found.certs);
-            if added == 0 {
-                tracing::warn!(
-                    problems = ?found.errors,
-                    "no system CA certificates found: HTTPS targets will not be trusted unless \
-                     `tls_ca` names their CA"
-                );
-            }
-        }
-    }
-    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS set-up: {e}"))?
-        .with_root_certificates(store)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(config)
 }
 
 /// `Sluice-Signature: t=<t>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`.
@@ -404,35 +369,6 @@ fn error_chain(error: &reqwest::Error) -> String {
         source = cause.source();
     }
     text
-}
-
-/// Whether a connect error is a TLS certificate the client does not trust.
-fn is_tls_trust(error: &reqwest::Error) -> bool {
-    let mut source = error.source();
-    while let Some(cause) = source {
-        if let Some(tls) = cause.downcast_ref::<rustls::Error>()
-            && matches!(
-                tls,
-                rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented
-            )
-        {
-            return true;
-        }
-        if let Some(io) = cause.downcast_ref::<std::io::Error>()
-            && let Some(inner) = io.get_ref()
-            && let Some(tls) = inner.downcast_ref::<rustls::Error>()
-            && matches!(tls, rustls::Error::InvalidCertificate(_))
-        {
-            return true;
-        }
-        // rustls's words for a certificate it refused, wherever the
-        // client library wrapped the error.
-        if cause.to_string().contains("invalid peer certificate") {
-            return true;
-        }
-        source = cause.source();
-    }
-    false
 }
 
 #[cfg(test)]

@@ -3,17 +3,19 @@
 //! the Postgres connector.
 
 use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::connection;
 use super::outbox::OutboxSource;
 use super::table::{TableSink, rewrite_statement};
 use crate::config::HumanDuration;
 use crate::connect::names::check_sql_identifier;
 use crate::connect::{
-    BuildError, ConfigProblem, Context, SecretUrl, Sink, SinkConfig, Source, SourceConfig,
+    BuildError, ConfigProblem, Context, SecretUrl, Sink, SinkConfig, Source, SourceConfig, tls,
 };
 
 /// A transactional-outbox table that producers insert into, in the same
@@ -38,6 +40,16 @@ pub struct OutboxConfig {
     /// fallback to `LISTEN/NOTIFY`).
     #[serde(default = "default_poll")]
     pub poll: HumanDuration,
+    /// A PEM file of CA certificates to trust instead of the system's
+    /// roots, for a URL with `sslmode=require` or `verify-full` (relative
+    /// to the pipeline file).
+    #[serde(default)]
+    pub tls_ca: Option<PathBuf>,
+    /// How long one statement may run on the server before the server
+    /// cancels it (the session's `statement_timeout`), so a statement the
+    /// connector gave up on does not hold its locks.
+    #[serde(default = "default_statement_timeout")]
+    pub statement_timeout: HumanDuration,
 }
 
 /// true.
@@ -53,6 +65,11 @@ pub fn default_outbox_batch() -> NonZeroU32 {
 /// 1 s.
 pub fn default_poll() -> HumanDuration {
     HumanDuration::secs(1)
+}
+
+/// 30 s, the stage's default `timeout`.
+pub fn default_statement_timeout() -> HumanDuration {
+    HumanDuration::secs(30)
 }
 
 /// A Postgres table each message becomes a row of.
@@ -75,26 +92,76 @@ pub struct TableSinkConfig {
     /// Create `table` if it is missing.
     #[serde(default = "default_create")]
     pub create: bool,
+    /// A PEM file of CA certificates to trust instead of the system's
+    /// roots, for a URL with `sslmode=require` or `verify-full` (relative
+    /// to the pipeline file).
+    #[serde(default)]
+    pub tls_ca: Option<PathBuf>,
+    /// How long one statement may run on the server before the server
+    /// cancels it (the session's `statement_timeout`), so a statement the
+    /// connector gave up on does not hold its locks.
+    #[serde(default = "default_statement_timeout")]
+    pub statement_timeout: HumanDuration,
 }
 
-fn check_url(url: &SecretUrl, problems: &mut Vec<ConfigProblem>) {
+/// The problems of the connection options every Postgres block has.
+fn check_connection(
+    url: &SecretUrl,
+    tls_ca: Option<&Path>,
+    statement_timeout: &HumanDuration,
+    problems: &mut Vec<ConfigProblem>,
+) {
     if !matches!(url.scheme().as_str(), "postgres" | "postgresql") {
         problems.push(ConfigProblem::at(
             &["url"],
             format!("`{url}` is not a Postgres URL; use `postgres://user@host:5432/db`"),
         ));
     }
+    if let Some((key, message)) = connection::check(url, tls_ca) {
+        problems.push(ConfigProblem::at(&[key], message));
+    }
+    tls::check_ca(tls_ca, problems);
+    if statement_timeout.get().is_zero() {
+        problems.push(ConfigProblem::at(
+            &["statement_timeout"],
+            "`statement_timeout` must be longer than 0s",
+        ));
+    }
+}
+
+/// The connection settings of a block, or why they cannot be made.
+fn settings(
+    url: &SecretUrl,
+    tls_ca: Option<&Path>,
+    statement_timeout: &HumanDuration,
+    ctx: &Context,
+    connector: &'static str,
+) -> Result<connection::ConnectSettings, BuildError> {
+    connection::settings(url, tls_ca, statement_timeout.get()).map_err(|message| BuildError {
+        connector,
+        name: ctx.name.clone(),
+        message,
+    })
 }
 
 #[async_trait]
 impl SourceConfig for OutboxConfig {
+    fn resolve_paths(&mut self, dir: &std::path::Path) {
+        tls::resolve_ca(&mut self.tls_ca, dir);
+    }
+
     fn kind(&self) -> &'static str {
         "postgres"
     }
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        check_url(&self.url, &mut problems);
+        check_connection(
+            &self.url,
+            self.tls_ca.as_deref(),
+            &self.statement_timeout,
+            &mut problems,
+        );
         if let Err(e) = check_sql_identifier(&self.outbox, true) {
             problems.push(ConfigProblem::at(&["outbox"], e));
         }
@@ -120,9 +187,17 @@ impl SourceConfig for OutboxConfig {
         usize::try_from(self.batch.get()).unwrap_or(usize::MAX)
     }
 
-    async fn build(&self, _ctx: &Context) -> Result<Box<dyn Source>, BuildError> {
+    async fn build(&self, ctx: &Context) -> Result<Box<dyn Source>, BuildError> {
+        let settings = settings(
+            &self.url,
+            self.tls_ca.as_deref(),
+            &self.statement_timeout,
+            ctx,
+            "source",
+        )?;
         Ok(Box::new(OutboxSource::new(
             self.url.clone(),
+            settings,
             self.outbox.clone(),
             self.create,
             self.poll.get(),
@@ -132,13 +207,22 @@ impl SourceConfig for OutboxConfig {
 
 #[async_trait]
 impl SinkConfig for TableSinkConfig {
+    fn resolve_paths(&mut self, dir: &std::path::Path) {
+        tls::resolve_ca(&mut self.tls_ca, dir);
+    }
+
     fn kind(&self) -> &'static str {
         "postgres"
     }
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        check_url(&self.url, &mut problems);
+        check_connection(
+            &self.url,
+            self.tls_ca.as_deref(),
+            &self.statement_timeout,
+            &mut problems,
+        );
         match (&self.table, &self.statement) {
             (Some(table), None) => {
                 if let Err(e) = check_sql_identifier(table, true) {
@@ -189,8 +273,16 @@ impl SinkConfig for TableSinkConfig {
                 message: problem.message.clone(),
             });
         }
+        let settings = settings(
+            &self.url,
+            self.tls_ca.as_deref(),
+            &self.statement_timeout,
+            ctx,
+            "sink",
+        )?;
         let sink = TableSink::new(
             self.url.clone(),
+            settings,
             self.table.as_deref(),
             self.statement.as_deref(),
             self.create,

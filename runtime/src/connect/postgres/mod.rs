@@ -3,12 +3,14 @@
 //! transaction; `LISTEN/NOTIFY` wakes it) and a table sink (`INSERT ...
 //! ON CONFLICT (id) DO NOTHING`, or the user's own statement).
 //!
-//! Both speak to the server through `tokio-postgres` without TLS
-//! (`NoTls`). Identifiers come from the configuration only after
+//! Both speak to the server through `tokio-postgres`, over TLS when the
+//! URL's `sslmode` asks for it ([`connection`]). Identifiers come from the
+//! configuration only after
 //! [`check_sql_identifier`](crate::connect::names::check_sql_identifier),
 //! and are double-quoted when spliced; values are always bound.
 
 mod config;
+mod connection;
 mod outbox;
 mod table;
 
@@ -50,5 +52,13 @@ pub(crate) fn describe(url: &SecretUrl, err: &tokio_postgres::Error) -> String {
             text
         }
     };
-    url.scrub(&text)
+    let text = url.scrub(&text);
+    if crate::connect::tls::is_trust_error(err) {
+        format!(
+            "{text} (the server's TLS certificate is not trusted: give its CA in `tls_ca`, or \
+             fix the server's certificate)"
+        )
+    } else {
+        text
+    }
 }

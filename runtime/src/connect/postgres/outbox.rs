@@ -14,8 +14,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::Notify;
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client};
 
+use super::connection::ConnectSettings;
 use super::{describe, quote_ident};
 use crate::connect::{Capabilities, SecretUrl, Source, SourceError, SourceMessage};
 
@@ -86,6 +87,8 @@ struct Conn {
 /// The outbox source of one daemon: one dedicated connection.
 pub struct OutboxSource {
     url: SecretUrl,
+    /// The parsed URL, TLS and session settings.
+    settings: ConnectSettings,
     table: String,
     create: bool,
     poll: Duration,
@@ -107,7 +110,13 @@ pub struct OutboxSource {
 impl OutboxSource {
     /// A source for `table` (checked by `check_sql_identifier`), not yet
     /// connected.
-    pub fn new(url: SecretUrl, table: String, create: bool, poll: Duration) -> Self {
+    pub(crate) fn new(
+        url: SecretUrl,
+        settings: ConnectSettings,
+        table: String,
+        create: bool,
+        poll: Duration,
+    ) -> Self {
         let quoted = quote_ident(&table);
         OutboxSource {
             select: format!(
@@ -116,6 +125,7 @@ impl OutboxSource {
             delete: format!("DELETE FROM {quoted} WHERE id = ANY($1)"),
             lag: format!("SELECT coalesce(max(id) - min(id) + 1, 0)::bigint FROM {quoted}"),
             url,
+            settings,
             table,
             create,
             poll,
@@ -149,11 +159,11 @@ impl OutboxSource {
         self.conn = None;
         self.in_tx = false;
         self.pending.clear();
-        let config: tokio_postgres::Config =
-            self.url.expose().parse().map_err(|e| {
-                SourceError::Unavailable(self.url.scrub(&format!("postgres URL: {e}")))
-            })?;
-        let connecting = tokio::time::timeout(CONNECT_TIMEOUT, config.connect(NoTls)).await;
+        let connecting = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            self.settings.config.connect(self.settings.tls.clone()),
+        )
+        .await;
         let (client, mut connection) = match connecting {
             Ok(Ok(pair)) => pair,
             Ok(Err(e)) => return Err(self.unavailable(&e)),

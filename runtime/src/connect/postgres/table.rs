@@ -17,9 +17,9 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 
+use super::connection::ConnectSettings;
 use super::{describe, quote_ident};
 use crate::connect::{SecretUrl, Sink, SinkError};
 use crate::plugin::Message;
@@ -246,22 +246,19 @@ impl TableSink {
     /// connected, with a pool of at most `pool_size` connections (the
     /// stage's `concurrency`: one per worker slot, opened on demand).
     /// `table` must have passed `check_sql_identifier`.
-    pub fn new(
+    pub(crate) fn new(
         url: SecretUrl,
+        settings: ConnectSettings,
         table: Option<&str>,
         statement: Option<&str>,
         create: bool,
         pool_size: usize,
     ) -> Result<TableSink, String> {
-        let config: tokio_postgres::Config = url
-            .expose()
-            .parse()
-            .map_err(|e| url.scrub(&format!("postgres URL: {e}")))?;
-        let mut config = config;
+        let ConnectSettings { mut config, tls } = settings;
         config.connect_timeout(POOL_TIMEOUT);
         let manager = Manager::from_config(
             config,
-            NoTls,
+            tls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -354,6 +351,15 @@ impl TableSink {
         // everything.
         if code == Some("42501") {
             return SinkError::Unavailable(text);
+        }
+        // `statement_timeout` cancelled it: a slow statement, which may
+        // be this message's doing, so it spends an attempt (as the
+        // stage's own `timeout` does) rather than holding forever.
+        if code == Some("57014") {
+            return SinkError::Retry {
+                reason: text,
+                after: None,
+            };
         }
         match code.map(|c| c.get(..2).unwrap_or_default()) {
             Some("22" | "23" | "42") => SinkError::Rejected(text),
@@ -644,7 +650,10 @@ mod tests {
     async fn the_pool_is_as_big_as_the_concurrency() {
         let url = SecretUrl::parse("postgres://u:pw@127.0.0.1:1/db").expect("url");
         for size in [1, 4] {
-            let sink = TableSink::new(url.clone(), Some("t"), None, true, size).expect("sink");
+            let settings = super::super::connection::settings(&url, None, Duration::from_secs(30))
+                .expect("settings");
+            let sink =
+                TableSink::new(url.clone(), settings, Some("t"), None, true, size).expect("sink");
             assert_eq!(sink.pool.status().max_size, size);
         }
     }

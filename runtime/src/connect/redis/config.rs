@@ -2,6 +2,7 @@
 //! reference for the Redis connector.
 
 use std::num::NonZeroU32;
+use std::path::PathBuf;
 
 use async_trait::async_trait;
 use schemars::JsonSchema;
@@ -11,7 +12,7 @@ use super::{RedisSink, RedisSource};
 use crate::config::HumanDuration;
 use crate::connect::names::check_plain_name;
 use crate::connect::{
-    BuildError, ConfigProblem, Context, SecretUrl, Sink, SinkConfig, Source, SourceConfig,
+    BuildError, ConfigProblem, Context, SecretUrl, Sink, SinkConfig, Source, SourceConfig, tls,
 };
 
 /// A Redis stream read through a consumer group.
@@ -48,6 +49,10 @@ pub struct RedisSourceConfig {
     /// becomes a header.
     #[serde(default = "default_key_field")]
     pub key_field: String,
+    /// With `rediss://`: a PEM file of CA certificates to trust instead of
+    /// the system's roots (relative to the pipeline file).
+    #[serde(default)]
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// Where a new consumer group starts.
@@ -98,6 +103,10 @@ pub struct RedisSinkConfig {
     /// not appended twice.
     #[serde(default = "default_sink_dedup_ttl")]
     pub dedup_ttl: HumanDuration,
+    /// With `rediss://`: a PEM file of CA certificates to trust instead of
+    /// the system's roots (relative to the pipeline file).
+    #[serde(default)]
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// 24 h.
@@ -105,16 +114,28 @@ pub fn default_sink_dedup_ttl() -> HumanDuration {
     HumanDuration::secs(24 * 3600)
 }
 
-fn check_url(url: &SecretUrl, problems: &mut Vec<ConfigProblem>) {
+fn check_url(url: &SecretUrl, tls_ca: Option<&std::path::Path>, problems: &mut Vec<ConfigProblem>) {
     match url.scheme().as_str() {
-        "redis" => {}
-        // The client is built without TLS (see `Conn::new`).
-        "rediss" => problems.push(ConfigProblem::at(
-            &["url"],
-            format!(
-                "`{url}`: TLS (`rediss://`) is not supported by this build yet; use `redis://`"
-            ),
-        )),
+        "redis" => {
+            if tls_ca.is_some() {
+                problems.push(ConfigProblem::at(
+                    &["tls_ca"],
+                    format!("`tls_ca` is for TLS: write the URL as `rediss://` (it is `{url}`)"),
+                ));
+            }
+        }
+        "rediss" => {
+            if url.url().fragment() == Some("insecure") {
+                problems.push(ConfigProblem::at(
+                    &["url"],
+                    format!(
+                        "`{url}`: `#insecure` (no certificate check) is not supported; give \
+                         the server's CA certificate as `tls_ca`"
+                    ),
+                ));
+            }
+            tls::check_ca(tls_ca, problems);
+        }
         _ => problems.push(ConfigProblem::at(
             &["url"],
             format!(
@@ -126,13 +147,17 @@ fn check_url(url: &SecretUrl, problems: &mut Vec<ConfigProblem>) {
 
 #[async_trait]
 impl SourceConfig for RedisSourceConfig {
+    fn resolve_paths(&mut self, dir: &std::path::Path) {
+        tls::resolve_ca(&mut self.tls_ca, dir);
+    }
+
     fn kind(&self) -> &'static str {
         "redis"
     }
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        check_url(&self.url, &mut problems);
+        check_url(&self.url, self.tls_ca.as_deref(), &mut problems);
         for (key, value) in [("stream", &self.stream), ("group", &self.group)] {
             if let Err(e) = check_plain_name(value) {
                 problems.push(ConfigProblem::at(&[key], e));
@@ -180,13 +205,17 @@ impl SourceConfig for RedisSourceConfig {
 
 #[async_trait]
 impl SinkConfig for RedisSinkConfig {
+    fn resolve_paths(&mut self, dir: &std::path::Path) {
+        tls::resolve_ca(&mut self.tls_ca, dir);
+    }
+
     fn kind(&self) -> &'static str {
         "redis"
     }
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        check_url(&self.url, &mut problems);
+        check_url(&self.url, self.tls_ca.as_deref(), &mut problems);
         if let Err(e) = check_plain_name(&self.stream) {
             problems.push(ConfigProblem::at(&["stream"], e));
         }
@@ -270,19 +299,24 @@ mod tests {
     }
 
     #[test]
-    fn tls_urls_are_refused_by_check_and_when_built() {
-        let c = source("url: rediss://:hunter2@h:6380/0\nstream: s\ngroup: g\n");
-        let problems = c.check();
+    fn tls_options_are_checked() {
+        let ok = source("url: rediss://:hunter2@h:6380/0\nstream: s\ngroup: g\n");
+        assert!(ok.check().is_empty(), "{:?}", ok.check());
+        let insecure = source("url: rediss://:hunter2@h:6380/0#insecure\nstream: s\ngroup: g\n");
+        let problems = insecure.check();
         assert_eq!(paths(&problems), vec!["url"]);
         assert!(
-            !problems[0].message.contains("hunter2"),
+            problems[0].message.contains("tls_ca") && !problems[0].message.contains("hunter2"),
             "{:?}",
             problems[0]
         );
-        let url = SecretUrl::parse("rediss://:hunter2@h:6379/0").expect("url");
-        let err = super::super::Conn::new(&url, std::time::Duration::from_secs(1))
-            .err()
-            .expect("refused");
-        assert!(err.contains("rediss") && !err.contains("hunter2"), "{err}");
+        let plain_with_ca =
+            source("url: redis://h:6379/0\nstream: s\ngroup: g\ntls_ca: /etc/ca.pem\n");
+        assert_eq!(paths(&plain_with_ca.check()), vec!["tls_ca"]);
+        let missing_ca =
+            source("url: rediss://h:6379/0\nstream: s\ngroup: g\ntls_ca: /no/such/ca.pem\n");
+        let problems = missing_ca.check();
+        assert_eq!(paths(&problems), vec!["tls_ca"]);
+        assert!(problems[0].message.contains("/no/such/ca.pem"));
     }
 }

@@ -14,17 +14,18 @@ mod config;
 mod sink;
 mod source;
 
+use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, RedisError};
+use redis::{ErrorKind, RedisError, TlsCertificates};
 
 pub use config::{RedisSinkConfig, RedisSourceConfig, StartFrom};
 pub use sink::RedisSink;
 pub use source::RedisSource;
 
-use crate::connect::SecretUrl;
+use crate::connect::{SecretUrl, tls};
 
 /// A lazily connected, self-reconnecting connection to one server.
 pub(crate) struct Conn {
@@ -36,15 +37,44 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// A connection to `url`, not yet made. Fails only on a URL the
-    /// client library cannot use (the message is scrubbed).
-    pub(crate) fn new(url: &SecretUrl, response_timeout: Duration) -> Result<Conn, String> {
-        if url.scheme() == "rediss" {
-            return Err(format!(
-                "`{url}`: TLS (`rediss://`) is not supported by this build; use `redis://`"
-            ));
+    /// A connection to `url`, not yet made. `rediss://` speaks TLS,
+    /// trusting the CA certificates in `tls_ca` or else the system's
+    /// roots, and always checking the server's certificate and name.
+    /// Fails only on a URL or CA file the client library cannot use (the
+    /// message is scrubbed).
+    pub(crate) fn new(
+        url: &SecretUrl,
+        tls_ca: Option<&Path>,
+        response_timeout: Duration,
+    ) -> Result<Conn, String> {
+        let client = if url.scheme() == "rediss" {
+            if url.url().fragment() == Some("insecure") {
+                return Err(format!(
+                    "`{url}`: `#insecure` (no certificate check) is not supported; give the \
+                     server's CA certificate as `tls_ca`"
+                ));
+            }
+            // redis-rs builds its own rustls configuration, with the
+            // process's default provider.
+            tls::install_default_provider();
+            let root_cert = match tls_ca {
+                Some(path) => {
+                    tls::read_roots(path)?;
+                    Some(tls::read_pem(path)?)
+                }
+                None => None,
+            };
+            redis::Client::build_with_tls(
+                url.expose(),
+                TlsCertificates {
+                    client_tls: None,
+                    root_cert,
+                },
+            )
+        } else {
+            redis::Client::open(url.expose())
         }
-        let client = redis::Client::open(url.expose()).map_err(|e| url.scrub(&e.to_string()))?;
+        .map_err(|e| url.scrub(&e.to_string()))?;
         Ok(Conn {
             client,
             url: url.clone(),
@@ -83,7 +113,15 @@ impl Conn {
 
     /// The error as text, with the password scrubbed.
     pub(crate) fn scrub(&self, err: &RedisError) -> String {
-        self.url.scrub(&err.to_string())
+        let text = self.url.scrub(&err.to_string());
+        if tls::is_trust_error(err) {
+            format!(
+                "{text} (the server's TLS certificate is not trusted: give its CA in `tls_ca`, \
+                 or fix the server's certificate)"
+            )
+        } else {
+            text
+        }
     }
 }
 

@@ -1,0 +1,200 @@
+//! How the Postgres connector connects: the URL, its `sslmode`, the
+//! `tls_ca` to trust, and the server-side `statement_timeout`.
+//!
+//! | `sslmode` in the URL | what Sluice does |
+//! |---|---|
+//! | absent, `disable` | no TLS |
+//! | `prefer` | TLS if the server offers it (certificate verified), else none |
+//! | `require`, `verify-ca`, `verify-full` | TLS or no connection; the certificate and host name always verified |
+//!
+//! Unlike libpq, `require` verifies the certificate too: a connection
+//! that encrypts to whoever answers is not one Sluice makes. A private CA
+//! is given as `tls_ca`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use tokio_postgres::config::SslMode;
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use crate::connect::{SecretUrl, tls};
+
+/// What a connection needs: the client configuration and the TLS
+/// connector (used only when `sslmode` asks for TLS).
+pub(crate) struct ConnectSettings {
+    /// The parsed URL, with `ssl_mode` and `statement_timeout` set.
+    pub config: tokio_postgres::Config,
+    /// rustls, trusting `tls_ca` or the system's roots.
+    pub tls: MakeRustlsConnect,
+}
+
+/// The `sslmode` of `url` as tokio-postgres's mode, or an error naming
+/// the modes there are.
+pub(crate) fn ssl_mode(url: &SecretUrl) -> Result<SslMode, String> {
+    match url.query_value("sslmode").as_deref() {
+        None | Some("disable") => Ok(SslMode::Disable),
+        Some("prefer") => Ok(SslMode::Prefer),
+        Some("require" | "verify-ca" | "verify-full") => Ok(SslMode::Require),
+        Some(other) => Err(format!(
+            "`sslmode={other}` is not supported; use `disable`, `prefer`, `require`, \
+             `verify-ca` or `verify-full` (every TLS mode verifies the certificate)"
+        )),
+    }
+}
+
+/// What is wrong with the URL's TLS options, if anything (for
+/// `validate`): an unknown `sslmode`, `sslrootcert` (give `tls_ca`), or
+/// `tls_ca` without a TLS `sslmode`.
+pub(crate) fn check(url: &SecretUrl, tls_ca: Option<&Path>) -> Option<(&'static str, String)> {
+    if url.query_value("sslrootcert").is_some() {
+        return Some((
+            "url",
+            "`sslrootcert` in the URL is not read; give the CA file as `tls_ca`".into(),
+        ));
+    }
+    match ssl_mode(url) {
+        Err(e) => Some(("url", e)),
+        Ok(SslMode::Disable) if tls_ca.is_some() => Some((
+            "tls_ca",
+            "`tls_ca` is for TLS: add `?sslmode=verify-full` (or `require`) to the URL".into(),
+        )),
+        Ok(_) => None,
+    }
+}
+
+/// The settings for `url`: `sslmode` taken out of the URL (tokio-postgres
+/// knows only some of libpq's modes) and applied as the table above says;
+/// `statement_timeout` set for the session, so the server itself stops a
+/// statement the connector has given up on. The error never carries the
+/// password.
+pub(crate) fn settings(
+    url: &SecretUrl,
+    tls_ca: Option<&Path>,
+    statement_timeout: Duration,
+) -> Result<ConnectSettings, String> {
+    let mode = ssl_mode(url)?;
+    let mut config: tokio_postgres::Config = without_sslmode(url.expose())
+        .parse()
+        .map_err(|e| url.scrub(&format!("postgres URL: {e}")))?;
+    config.ssl_mode(mode);
+    let timeout_ms = statement_timeout.as_millis().max(1);
+    let options = match config.get_options() {
+        Some(given) if given.contains("statement_timeout") => given.to_owned(),
+        Some(given) => format!("{given} -c statement_timeout={timeout_ms}"),
+        None => format!("-c statement_timeout={timeout_ms}"),
+    };
+    config.options(&options);
+    let roots = tls_ca.map(tls::read_roots).transpose()?;
+    let tls = MakeRustlsConnect::new(tls::client_config(roots)?);
+    Ok(ConnectSettings { config, tls })
+}
+
+/// `raw` with its `sslmode` query parameter removed, the rest (encoding
+/// included) as written.
+fn without_sslmode(raw: &str) -> String {
+    let Some((head, query)) = raw.split_once('?') else {
+        return raw.to_owned();
+    };
+    let (query, fragment) = match query.split_once('#') {
+        Some((q, f)) => (q, Some(f)),
+        None => (query, None),
+    };
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|part| !part.is_empty() && part.split('=').next() != Some("sslmode"))
+        .collect();
+    let mut out = head.to_owned();
+    if !kept.is_empty() {
+        out.push('?');
+        out.push_str(&kept.join("&"));
+    }
+    if let Some(fragment) = fragment {
+        out.push('#');
+        out.push_str(fragment);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(raw: &str) -> SecretUrl {
+        SecretUrl::parse(raw).expect("a URL")
+    }
+
+    #[test]
+    fn libpq_modes_map_onto_verified_tls_or_none() {
+        let mode = |raw: &str| ssl_mode(&url(raw));
+        assert_eq!(mode("postgres://h/db"), Ok(SslMode::Disable));
+        assert_eq!(
+            mode("postgres://h/db?sslmode=disable"),
+            Ok(SslMode::Disable)
+        );
+        assert_eq!(mode("postgres://h/db?sslmode=prefer"), Ok(SslMode::Prefer));
+        for tls in ["require", "verify-ca", "verify-full"] {
+            assert_eq!(
+                mode(&format!("postgres://h/db?sslmode={tls}")),
+                Ok(SslMode::Require)
+            );
+        }
+        let err = mode("postgres://h/db?sslmode=allow").expect_err("not a mode we make");
+        assert!(err.contains("verify-full"), "{err}");
+    }
+
+    #[test]
+    fn sslmode_leaves_the_url_the_rest_stays_as_written() {
+        assert_eq!(
+            without_sslmode("postgres://u:p%40ss@h/db?sslmode=verify-full&options=-c%20x%3D1"),
+            "postgres://u:p%40ss@h/db?options=-c%20x%3D1"
+        );
+        assert_eq!(
+            without_sslmode("postgres://h/db?sslmode=require"),
+            "postgres://h/db"
+        );
+        assert_eq!(without_sslmode("postgres://h/db"), "postgres://h/db");
+    }
+
+    #[test]
+    fn settings_set_the_mode_and_the_statement_timeout() {
+        let s = settings(
+            &url("postgres://app:pw@h:5432/db?sslmode=verify-full"),
+            None,
+            Duration::from_secs(5),
+        )
+        .expect("settings");
+        assert_eq!(s.config.get_ssl_mode(), SslMode::Require);
+        assert_eq!(s.config.get_options(), Some("-c statement_timeout=5000"));
+        let own = settings(
+            &url("postgres://h/db?options=-c%20statement_timeout%3D100"),
+            None,
+            Duration::from_secs(5),
+        )
+        .expect("settings");
+        assert_eq!(own.config.get_options(), Some("-c statement_timeout=100"));
+    }
+
+    #[test]
+    fn checks_name_the_option_at_fault() {
+        assert_eq!(
+            check(&url("postgres://h/db?sslmode=verify-full"), None),
+            None
+        );
+        assert_eq!(
+            check(&url("postgres://h/db"), Some(Path::new("/ca.pem"))).map(|p| p.0),
+            Some("tls_ca")
+        );
+        assert_eq!(
+            check(
+                &url("postgres://h/db?sslrootcert=/ca.pem&sslmode=require"),
+                None
+            )
+            .map(|p| p.0),
+            Some("url")
+        );
+        assert_eq!(
+            check(&url("postgres://h/db?sslmode=bogus"), None).map(|p| p.0),
+            Some("url")
+        );
+    }
+}
