@@ -1124,3 +1124,140 @@ async fn dedup_records_take_complete_release_expire_and_survive_a_restart() {
         other => panic!("k1 is done after a restart: {other:?}"),
     }
 }
+
+// ---------------------------------------------------------------------
+// First deliveries have no pending records: the consumer's floor and its
+// settled runs say what was settled. Settles out of order must be as
+// durable as in order, across a SIGKILL.
+// ---------------------------------------------------------------------
+
+/// Set in the child of the out-of-order test: `<data dir>`.
+const FLOOR_CHILD_ENV: &str = "SLUICE_EMBEDDED_FLOOR_CHILD";
+
+/// Publishes f0..f29 (seqs 1..30), fetches them all, completes f29 down
+/// to f10 (each with an output) and then f5, prints `SETTLED` and waits
+/// to be killed. The settles run out of order while f0..f9 are still out.
+fn floor_child(dir: &str) {
+    use std::io::Write;
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let b = setup(Path::new(dir), SyncMode::Always, LONG).await;
+        b.ensure_topic(&topic("out")).await.expect("topic");
+        let ids: Vec<String> = (0..30).map(|i| format!("f{i}")).collect();
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        publish_ids(&b, "in", &refs).await;
+        let mut ds = Vec::new();
+        while ds.len() < 30 {
+            ds.extend(b.fetch("p.s", 30, ARRIVE).await.expect("fetch"));
+        }
+        let order: Vec<usize> = (10..30).rev().chain([5]).collect();
+        for i in order {
+            let d = ds
+                .iter()
+                .find(|d| d.message.id == format!("f{i}"))
+                .expect("delivered");
+            let output = msg(&format!("o-{}", d.message.id), "out");
+            b.complete(&Completion::new(&d.receipt, vec![output]))
+                .await
+                .expect("complete");
+        }
+        println!("SETTLED");
+        std::io::stdout().flush().expect("flush");
+        tokio::time::sleep(Duration::from_secs(600)).await;
+    });
+}
+
+#[test]
+fn settles_out_of_order_survive_a_kill_9_and_only_the_unsettled_come_back() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    if let Ok(dir) = std::env::var(FLOOR_CHILD_ENV) {
+        floor_child(&dir);
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(std::env::current_exe().expect("current_exe"))
+        .args([
+            "--exact",
+            "settles_out_of_order_survive_a_kill_9_and_only_the_unsettled_come_back",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(FLOOR_CHILD_ENV, dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn child");
+    let stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let settled = stdout
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.ends_with("SETTLED"));
+    child.kill().expect("SIGKILL the child");
+    child.wait().expect("wait");
+    assert!(settled, "the child settled before it was killed");
+
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let b = open(dir.path(), SyncMode::Always);
+        let outputs: Vec<String> = b
+            .read("out", 0, 1000, Duration::ZERO)
+            .await
+            .expect("read out")
+            .into_iter()
+            .map(|s| s.message.id)
+            .collect();
+        assert_eq!(outputs.len(), 21, "{outputs:?}");
+        let mut again = BTreeMap::new();
+        loop {
+            let ds = b.fetch("p.s", 100, QUIET).await.expect("fetch");
+            if ds.is_empty() {
+                break;
+            }
+            for d in ds {
+                again.insert(d.message.id.clone(), d.attempt);
+                b.ack(&d.receipt).await.expect("ack");
+            }
+        }
+        let expected: BTreeMap<String, u32> = [0, 1, 2, 3, 4, 6, 7, 8, 9]
+            .iter()
+            .map(|i| (format!("f{i}"), 2))
+            .collect();
+        assert_eq!(
+            again, expected,
+            "exactly the unsettled first deliveries come back, at attempt 2"
+        );
+    });
+}
+
+#[tokio::test]
+async fn a_clean_reopen_after_out_of_order_acks_delivers_only_what_is_unsettled() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let b = setup(dir.path(), SyncMode::Os, LONG).await;
+        publish_ids(&b, "in", &["a", "b", "c", "d", "e"]).await;
+        let ds = b.fetch("p.s", 5, ARRIVE).await.expect("fetch");
+        assert_eq!(ds.len(), 5);
+        // b and d settled; a, c and e still out; e then nak'd.
+        b.ack(&ds[1].receipt).await.expect("ack b");
+        b.ack(&ds[3].receipt).await.expect("ack d");
+        b.nak(&ds[4].receipt, Duration::ZERO).await.expect("nak e");
+    }
+    let b = open(dir.path(), SyncMode::Os);
+    let mut again = BTreeMap::new();
+    loop {
+        let ds = b.fetch("p.s", 10, QUIET).await.expect("fetch");
+        if ds.is_empty() {
+            break;
+        }
+        for d in ds {
+            again.insert(d.message.id.clone(), d.attempt);
+            b.ack(&d.receipt).await.expect("ack");
+        }
+    }
+    let expected: BTreeMap<String, u32> = [("a", 2), ("c", 2), ("e", 2)]
+        .iter()
+        .map(|(id, a)| (id.to_string(), *a))
+        .collect();
+    assert_eq!(again, expected);
+}

@@ -22,8 +22,8 @@ use tokio::sync::oneshot;
 use super::consumer::{Consumer, Pending};
 use super::retention;
 use super::store::{
-    DedupRecord, MessageRecordRef, PendingRecord, Store, TopicRecord, cursor_key, decode,
-    dedup_key, encode, expiry_key, msg_key, pending_key, storage,
+    DedupRecord, MessageRecordRef, PendingRecord, Position, Store, TopicRecord, cursor_key, decode,
+    dedup_key, encode, expiry_key, msg_key, pending_key, run_key, storage,
 };
 use super::topic::{Topic, TopicState};
 use super::{Shared, SyncMode};
@@ -130,14 +130,22 @@ pub(super) enum Done {
     /// durable (here, not in the caller, so a caller that gives up cannot
     /// leave it behind), or is released for redelivery if it failed.
     Settle(Reply<()>, Arc<Consumer>, u64),
-    /// Deliveries, applied to the consumer once written.
+    /// Deliveries, applied to the consumer once written: the cursor, the
+    /// first deliveries, the vanished entries, the entries whose pending
+    /// records were written (seq, attempt).
     Deliver(
         Reply<()>,
         Arc<Consumer>,
         Option<u64>,
         Vec<(u64, Pending)>,
         Vec<(u64, u32)>,
+        Vec<(u64, u32)>,
     ),
+    /// Pending records written (seq, attempt): those entries no longer
+    /// hold the floor down.
+    Recorded(Option<Reply<()>>, Arc<Consumer>, Vec<(u64, u32)>),
+    /// A position written: the settled runs it stored and deleted.
+    Runs(Arc<Consumer>, Vec<(u64, u64)>, Vec<u64>),
 }
 
 impl Done {
@@ -167,12 +175,26 @@ impl Done {
                 c.settled.notify_waiters();
                 drop(r.send(Err(e.clone())));
             }
-            (Done::Deliver(r, c, cursor, leases, vanished), None) => {
+            (Done::Deliver(r, c, cursor, leases, vanished, recorded), None) => {
                 c.drop_vanished(&vanished);
                 c.add_leases(cursor.unwrap_or(0), &leases);
+                c.mark_recorded(&recorded);
                 drop(r.send(Ok(())));
             }
             (Done::Deliver(r, ..), Some(e)) => drop(r.send(Err(e.clone()))),
+            (Done::Recorded(r, c, recorded), None) => {
+                c.mark_recorded(&recorded);
+                if let Some(r) = r {
+                    drop(r.send(Ok(())));
+                }
+            }
+            (Done::Recorded(r, ..), Some(e)) => {
+                if let Some(r) = r {
+                    drop(r.send(Err(e.clone())));
+                }
+            }
+            (Done::Runs(c, new_runs, dropped), None) => c.apply_runs(&new_runs, &dropped),
+            (Done::Runs(..), Some(_)) => {}
         }
     }
 }
@@ -191,6 +213,11 @@ pub(super) struct Group<'a> {
     pub refirst: Vec<u32>,
     /// Ids stored by this group (dedup key -> seq), not yet in the store.
     dedup: HashMap<Vec<u8>, u64>,
+    /// Cursors moved by this group's deliveries, by consumer id: each
+    /// consumer's position is written once, by [`Group::write_positions`].
+    cursors: HashMap<u32, (Arc<Consumer>, u64)>,
+    /// First deliveries this group settles, by consumer id.
+    settles: HashMap<u32, (Arc<Consumer>, Vec<u64>)>,
     /// The broker clock for this group.
     pub now: u64,
 }
@@ -205,6 +232,8 @@ impl<'a> Group<'a> {
             topics: HashMap::new(),
             refirst: Vec::new(),
             dedup: HashMap::new(),
+            cursors: HashMap::new(),
+            settles: HashMap::new(),
             now: now_millis(),
         }
     }
@@ -348,6 +377,75 @@ impl<'a> Group<'a> {
                 self.batch
                     .remove(&self.store.pending, pending_key(c.id, seq));
             }
+        }
+    }
+
+    /// Writes the position ([`super::store::Position`]) of every consumer
+    /// whose cursor moved in this group, that settles first deliveries in
+    /// it, or (`all`: the maintenance run) whose floor rose since it was
+    /// last written; with the settled runs to store and delete, and
+    /// pending records for first deliveries that hold the floor too far
+    /// below the cursor. Their `Done`s go to `early` (applied once
+    /// written: a later group can only be replayed after this one).
+    pub fn write_positions(&mut self, all: bool, early: &mut Vec<Done>) {
+        let mut moved = std::mem::take(&mut self.cursors);
+        let mut settles = std::mem::take(&mut self.settles);
+        let mut consumers: Vec<Arc<Consumer>> = Vec::new();
+        if all {
+            for topic in self.shared.topic_list() {
+                consumers.extend(topic.consumer_list());
+            }
+        } else {
+            consumers.extend(moved.values().map(|(c, _)| c.clone()));
+            consumers.extend(
+                settles
+                    .values()
+                    .filter(|(c, _)| !moved.contains_key(&c.id))
+                    .map(|(c, _)| c.clone()),
+            );
+        }
+        for c in consumers {
+            let explicit = moved.remove(&c.id).map(|(_, cursor)| cursor);
+            let mut settling = settles.remove(&c.id).map(|(_, s)| s).unwrap_or_default();
+            settling.sort_unstable();
+            let Some(update) = c.position_update(explicit.is_some(), &settling) else {
+                continue;
+            };
+            let cursor = explicit.unwrap_or(update.cursor).max(update.cursor);
+            let position = Position {
+                cursor,
+                floor: update.floor,
+            };
+            let store = &self.store;
+            self.batch
+                .insert(&store.cursors, cursor_key(c.id), position.encode());
+            for (start, end) in &update.new_runs {
+                self.batch
+                    .insert(&store.settled, run_key(c.id, *start), end.to_be_bytes());
+            }
+            for start in &update.dropped_runs {
+                self.batch.remove(&store.settled, run_key(c.id, *start));
+            }
+            if !update.new_runs.is_empty() || !update.dropped_runs.is_empty() {
+                early.push(Done::Runs(c.clone(), update.new_runs, update.dropped_runs));
+            }
+            if update.to_record.is_empty() {
+                continue;
+            }
+            let mut recorded = Vec::with_capacity(update.to_record.len());
+            for (seq, record) in &update.to_record {
+                match encode(record) {
+                    Ok(v) => {
+                        self.batch
+                            .insert(&store.pending, pending_key(c.id, *seq), v);
+                        recorded.push((*seq, record.attempt));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "embedded broker: encoding a pending record");
+                    }
+                }
+            }
+            early.push(Done::Recorded(None, c, recorded));
         }
     }
 
@@ -616,6 +714,15 @@ pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Op>) {
         }
     }
     reopener.finish();
+    if shared.health.write_failure().is_none()
+        && let Some(store) = shared.store.current()
+    {
+        // The last floors, so a clean stop delivers nothing twice.
+        let mut group = Group::new(&shared, store.clone());
+        let mut early = Vec::new();
+        group.write_positions(true, &mut early);
+        group.commit(false, false, early, Vec::new());
+    }
     if let Some(store) = shared.store.current()
         && let Err(e) = store.db.persist(PersistMode::SyncAll)
     {
@@ -662,9 +769,20 @@ fn process(shared: &Shared, store: Store, ops: &mut Vec<Op>) {
                 });
                 match result {
                     Ok(_) => {
-                        group
-                            .batch
-                            .remove(&group.store.pending, pending_key(consumer.id, seq));
+                        // A first delivery has no record to remove: the
+                        // floor covers it (`store::Position`).
+                        if consumer.is_recorded(seq) {
+                            group
+                                .batch
+                                .remove(&group.store.pending, pending_key(consumer.id, seq));
+                        } else {
+                            group
+                                .settles
+                                .entry(consumer.id)
+                                .or_insert_with(|| (consumer.clone(), Vec::new()))
+                                .1
+                                .push(seq);
+                        }
                         sync = true;
                         done.push(Done::Settle(reply, consumer, seq));
                     }
@@ -698,13 +816,16 @@ fn process(shared: &Shared, store: Store, ops: &mut Vec<Op>) {
                                 .remove(&group.store.pending, pending_key(consumer.id, *seq));
                         }
                         if let Some(c) = cursor {
-                            group.batch.insert(
-                                &group.store.cursors,
-                                cursor_key(consumer.id),
-                                c.to_be_bytes(),
-                            );
+                            let entry = group
+                                .cursors
+                                .entry(consumer.id)
+                                .or_insert_with(|| (consumer.clone(), c));
+                            entry.1 = entry.1.max(c);
                         }
-                        early.push(Done::Deliver(reply, consumer, cursor, leases, vanished));
+                        let recorded = records.iter().map(|(s, r)| (*s, r.attempt)).collect();
+                        early.push(Done::Deliver(
+                            reply, consumer, cursor, leases, vanished, recorded,
+                        ));
                     }
                     Err(e) => drop(reply.send(Err::<(), BrokerError>(e))),
                 }
@@ -720,7 +841,11 @@ fn process(shared: &Shared, store: Store, ops: &mut Vec<Op>) {
                         .batch
                         .insert(&group.store.pending, pending_key(consumer.id, seq), v);
                     sync = true;
-                    done.push(Done::Unit(reply));
+                    done.push(Done::Recorded(
+                        Some(reply),
+                        consumer,
+                        vec![(seq, record.attempt)],
+                    ));
                 }
                 Err(e) => drop(reply.send(Err(e))),
             },
@@ -745,5 +870,6 @@ fn process(shared: &Shared, store: Store, ops: &mut Vec<Op>) {
             }
         }
     }
+    group.write_positions(false, &mut early);
     group.commit(sync, force, early, done);
 }

@@ -5,12 +5,17 @@
 //! bounded by what is in flight or waiting for a redelivery; the backlog
 //! past the cursor stays on disk.
 //!
+//! A first delivery has no pending record in the store (see
+//! [`super::store::Position`]): it is in `unrecorded` until a record is
+//! written for it (a redelivery, a nak, or a floor held back too long), and
+//! the lowest unrecorded seq is the consumer's floor.
+//!
 //! A receipt is valid while its entry is leased with the same `attempt`.
 //! Taking an entry for redelivery bumps the attempt first, under the lock,
 //! so a stale holder can never settle what someone else now holds.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -37,8 +42,9 @@ pub(super) struct Pending {
 }
 
 impl Pending {
-    /// The durable form: leases are not persisted (a restart expires
-    /// them), nak delays are.
+    /// The durable form, for a redelivery, a nak or a floor held too far
+    /// back: leases are not persisted (a restart expires them), nak delays
+    /// are.
     pub fn record(&self) -> PendingRecord {
         PendingRecord {
             attempt: self.attempt,
@@ -63,6 +69,53 @@ pub(super) struct ConsumerState {
     pub leased: u64,
     /// (seq, published_at) of the message at the cursor, for `oldest_age`.
     pub cursor_age_cache: Option<(u64, u64)>,
+    /// Pending entries with no pending record in the store (first
+    /// deliveries): the lowest is the floor.
+    pub unrecorded: BTreeSet<u64>,
+    /// The floor may have risen since it was last written.
+    pub floor_dirty: bool,
+    /// Settled runs of first deliveries above the floor, as stored
+    /// (`settled` keyspace): start -> end (exclusive).
+    pub settled_runs: BTreeMap<u64, u64>,
+}
+
+impl ConsumerState {
+    /// A consumer state at `cursor` with nothing pending.
+    pub fn new(spec: ConsumerSpec, cursor: u64) -> ConsumerState {
+        ConsumerState {
+            spec,
+            cursor,
+            pending: BTreeMap::new(),
+            timers: BinaryHeap::new(),
+            leased: 0,
+            cursor_age_cache: None,
+            unrecorded: BTreeSet::new(),
+            floor_dirty: false,
+            settled_runs: BTreeMap::new(),
+        }
+    }
+}
+
+/// How far the floor may trail the cursor before the oldest unrecorded
+/// entries get pending records, so the floor can rise: this bounds what a
+/// crash delivers again (settled messages in `floor..cursor`) when one
+/// delivery is slow while thousands after it settle.
+pub(super) const MAX_FLOOR_LAG: u64 = 10_000;
+
+/// What the committer writes for a consumer's position.
+pub(super) struct PositionUpdate {
+    /// The cursor in memory.
+    pub cursor: u64,
+    /// The lowest unrecorded seq not being settled now, or the cursor.
+    pub floor: u64,
+    /// Unrecorded entries far below the cursor, to record now:
+    /// (seq, their durable form).
+    pub to_record: Vec<(u64, PendingRecord)>,
+    /// Runs of first deliveries settled now above the floor, to store:
+    /// (start, end exclusive).
+    pub new_runs: Vec<(u64, u64)>,
+    /// Stored runs now wholly below the floor, to delete (their starts).
+    pub dropped_runs: Vec<u64>,
 }
 
 /// A durable consumer.
@@ -211,6 +264,7 @@ impl Consumer {
             if st.pending.insert(seq, p).is_none_or(|old| !old.leased) {
                 st.leased += 1;
             }
+            st.unrecorded.insert(seq);
             st.timers.push(Reverse((p.due, seq)));
         }
         Self::compact_timers(&mut st);
@@ -232,7 +286,108 @@ impl Consumer {
         if p.leased {
             st.leased -= 1;
         }
+        if st.unrecorded.remove(&seq) {
+            st.floor_dirty = true;
+        }
         Some(p)
+    }
+
+    /// Whether `seq` has a pending record in the store (or is not pending).
+    pub fn is_recorded(&self, seq: u64) -> bool {
+        !self.state().unrecorded.contains(&seq)
+    }
+
+    /// Notes that pending records were written for these (seq, attempt):
+    /// each entry still at that attempt no longer holds the floor down.
+    pub fn mark_recorded(&self, entries: &[(u64, u32)]) {
+        let mut st = self.state();
+        for &(seq, attempt) in entries {
+            if st.pending.get(&seq).is_some_and(|p| p.attempt == attempt)
+                && st.unrecorded.remove(&seq)
+            {
+                st.floor_dirty = true;
+            }
+        }
+    }
+
+    /// The position to write, given the unrecorded entries this group
+    /// settles (`settling_now`, sorted), if the floor may have moved
+    /// (`force`: write it anyway); clears the dirty mark.
+    ///
+    /// The floor is the lowest unrecorded entry not settled now. Entries
+    /// settled now above it become runs: a run spans settled entries with
+    /// no unsettled first delivery between them, so a batch settled out of
+    /// order is one record, not one per message. When the floor trails
+    /// the cursor by more than [`MAX_FLOOR_LAG`], the oldest unrecorded
+    /// entries are handed out to be recorded (they stay unrecorded until
+    /// [`Consumer::mark_recorded`], after the write).
+    pub fn position_update(&self, force: bool, settling_now: &[u64]) -> Option<PositionUpdate> {
+        let mut st = self.state();
+        if !st.floor_dirty && !force && settling_now.is_empty() {
+            return None;
+        }
+        st.floor_dirty = false;
+        let cursor = st.cursor;
+        let settles = |seq: &u64| settling_now.binary_search(seq).is_ok();
+        let floor = st
+            .unrecorded
+            .iter()
+            .find(|seq| !settles(seq))
+            .copied()
+            .unwrap_or(cursor)
+            .min(cursor);
+        let mut new_runs: Vec<(u64, u64)> = Vec::new();
+        for &seq in settling_now.iter().filter(|s| **s >= floor) {
+            if let Some(last) = new_runs.last_mut()
+                && st.unrecorded.range(last.1..seq).all(settles)
+            {
+                last.1 = seq + 1;
+                continue;
+            }
+            new_runs.push((seq, seq + 1));
+        }
+        let dropped_runs = st
+            .settled_runs
+            .iter()
+            .take_while(|(start, _)| **start < floor)
+            .filter(|(_, end)| **end <= floor)
+            .map(|(start, _)| *start)
+            .collect();
+        let mut to_record = Vec::new();
+        if cursor - floor > MAX_FLOOR_LAG {
+            let below = cursor - MAX_FLOOR_LAG / 2;
+            for seq in st.unrecorded.range(..below) {
+                if let Some(p) = st.pending.get(seq)
+                    && !p.settling
+                {
+                    to_record.push((*seq, p.record()));
+                }
+            }
+        }
+        Some(PositionUpdate {
+            cursor,
+            floor,
+            to_record,
+            new_runs,
+            dropped_runs,
+        })
+    }
+
+    /// Applies the runs a written position stored and deleted.
+    pub fn apply_runs(&self, new_runs: &[(u64, u64)], dropped_runs: &[u64]) {
+        let mut st = self.state();
+        for start in dropped_runs {
+            st.settled_runs.remove(start);
+        }
+        st.settled_runs.extend(new_runs.iter().copied());
+    }
+
+    /// Whether a stored run covers `seq`.
+    pub fn in_settled_run(st: &ConsumerState, seq: u64) -> bool {
+        st.settled_runs
+            .range(..=seq)
+            .next_back()
+            .is_some_and(|(_, end)| seq < *end)
     }
 
     /// Removes every pending entry with seq in `seqs` or `< below`
@@ -378,4 +533,111 @@ fn lost(receipt: &Receipt) -> BrokerError {
 /// A duration in ms, saturating.
 pub(super) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::embedded::topic::TopicState;
+
+    /// A consumer at `cursor` whose first deliveries `seqs` are out.
+    fn consumer(cursor: u64, seqs: &[u64]) -> Consumer {
+        let topic = Arc::new(Topic::new(
+            1,
+            "t",
+            TopicState {
+                retention_ms: None,
+                first_seq: 1,
+                last_seq: cursor,
+                depth: cursor,
+                first_published_at: 0,
+            },
+        ));
+        let spec = ConsumerSpec {
+            name: "p.s".into(),
+            topic: "t".into(),
+            filter: Default::default(),
+            ack_wait: Duration::from_secs(30),
+            max_ack_pending: None,
+            max_deliver: None,
+        };
+        let c = Consumer::new(1, topic, ConsumerState::new(spec, 1));
+        let lease = Pending {
+            attempt: 1,
+            due: u64::MAX,
+            leased: true,
+            settling: false,
+            published_at: 0,
+        };
+        let leases: Vec<(u64, Pending)> = seqs.iter().map(|s| (*s, lease)).collect();
+        c.add_leases(cursor, &leases);
+        c
+    }
+
+    #[test]
+    fn the_floor_is_the_lowest_first_delivery_not_settled_now() {
+        let c = consumer(11, &(1..=10).collect::<Vec<_>>());
+        let u = c.position_update(false, &[1, 2, 3]).expect("an update");
+        assert_eq!((u.cursor, u.floor), (11, 4));
+        assert!(u.new_runs.is_empty(), "settled in order: no runs");
+        // Nothing out: the floor is the cursor.
+        let idle = consumer(11, &[]);
+        let u = idle.position_update(true, &[]).expect("forced");
+        assert_eq!(u.floor, 11);
+        assert!(
+            idle.position_update(false, &[]).is_none(),
+            "nothing to write"
+        );
+    }
+
+    #[test]
+    fn settles_above_the_floor_become_runs_split_by_what_is_still_out() {
+        let c = consumer(11, &(1..=10).collect::<Vec<_>>());
+        // 1 and 6 stay out; 2..=5 and 7..=10 settle now.
+        let u = c
+            .position_update(false, &[2, 3, 4, 5, 7, 8, 9, 10])
+            .expect("an update");
+        assert_eq!(u.floor, 1);
+        assert_eq!(u.new_runs, vec![(2, 6), (7, 11)]);
+        c.apply_runs(&u.new_runs, &u.dropped_runs);
+        let st = c.state();
+        assert!(Consumer::in_settled_run(&st, 5) && Consumer::in_settled_run(&st, 10));
+        assert!(!Consumer::in_settled_run(&st, 6) && !Consumer::in_settled_run(&st, 1));
+    }
+
+    #[test]
+    fn runs_below_a_risen_floor_are_dropped() {
+        let c = consumer(11, &(1..=10).collect::<Vec<_>>());
+        let u = c.position_update(false, &[3, 4]).expect("an update");
+        c.apply_runs(&u.new_runs, &u.dropped_runs);
+        for seq in [3, 4] {
+            c.take_lease(&Receipt {
+                consumer: "p.s".into(),
+                seq,
+                attempt: 1,
+                handle: String::new(),
+            })
+            .expect("lease");
+            c.settled(seq);
+        }
+        // 1 and 2 settle now: the floor passes the run [3, 5).
+        let u = c.position_update(false, &[1, 2]).expect("an update");
+        assert_eq!(u.floor, 5);
+        assert_eq!(u.dropped_runs, vec![3]);
+    }
+
+    #[test]
+    fn a_floor_held_far_below_the_cursor_gets_its_holders_recorded() {
+        let cursor = MAX_FLOOR_LAG + 100;
+        let c = consumer(cursor, &[1, 2, cursor - 1]);
+        let u = c.position_update(true, &[]).expect("an update");
+        assert_eq!(u.floor, 1);
+        let recorded: Vec<u64> = u.to_record.iter().map(|(s, _)| *s).collect();
+        assert_eq!(recorded, vec![1, 2], "the old ones, not the recent one");
+        c.mark_recorded(&[(1, 1), (2, 1)]);
+        let u = c.position_update(true, &[]).expect("an update");
+        assert_eq!(u.floor, cursor - 1);
+        assert!(u.to_record.is_empty());
+        assert!(c.is_recorded(1) && !c.is_recorded(cursor - 1));
+    }
 }

@@ -4,7 +4,9 @@
 //! elapsed nak delays), then reads new messages past the cursor, skipping
 //! those the filter rejects. The new attempts and the cursor are written
 //! through the committer before anything is returned, so a delivery count
-//! is never lower after a crash than what a handler saw. Reads run on the
+//! is never lower after a crash than what a handler saw: a redelivery
+//! writes its pending record, and a first delivery is covered by the
+//! cursor having moved past it (`store::Position`). Reads run on the
 //! calling task: they are served from fjall's memtables and block cache.
 
 use std::sync::Arc;
@@ -31,7 +33,7 @@ fn deadline(wait: Duration) -> Instant {
 }
 
 /// A stored record as a message of `topic`.
-fn message(topic: &Topic, rec: MessageRecord) -> Message {
+pub(super) fn message(topic: &Topic, rec: MessageRecord) -> Message {
     Message {
         id: rec.id,
         topic: topic.name.to_string(),
@@ -184,8 +186,9 @@ impl EmbeddedBroker {
                             settling: false,
                             published_at: m.published_at,
                         };
+                        // No pending record: the cursor and floor cover
+                        // a first delivery (`store::Position`).
                         leases.push((seq, p));
-                        records.push((seq, p.record()));
                         deliveries.push(Delivery {
                             receipt: receipt(consumer, seq, 1),
                             message: m,

@@ -48,7 +48,7 @@ use tokio::sync::oneshot;
 
 use self::commit::{Group, Op, Reply};
 use self::consumer::{Consumer, ConsumerState, millis};
-use self::store::{ConsumerRecord, Store, StoreSlot, cursor_key, encode};
+use self::store::{ConsumerRecord, Position, Store, StoreSlot, cursor_key, encode};
 use self::topic::{Topic, TopicState};
 use super::{
     Broker, BrokerError, Completion, ConsumerSpec, ConsumerStats, Delivery, Message, PublishAck,
@@ -408,14 +408,7 @@ impl Broker for EmbeddedBroker {
                     Err(_) => {
                         let id = g.shared.next_id(false);
                         let cursor = g.topic_state(&topic).first_seq;
-                        let state = ConsumerState {
-                            spec: spec.clone(),
-                            cursor,
-                            pending: Default::default(),
-                            timers: Default::default(),
-                            leased: 0,
-                            cursor_age_cache: None,
-                        };
+                        let state = ConsumerState::new(spec.clone(), cursor);
                         let consumer = Arc::new(Consumer::new(id, topic.clone(), state));
                         g.shared
                             .consumers
@@ -423,8 +416,15 @@ impl Broker for EmbeddedBroker {
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
                             .insert(spec.name.clone(), consumer.clone());
                         topic.add_consumer(consumer);
-                        g.batch
-                            .insert(&store.cursors, cursor_key(id), cursor.to_be_bytes());
+                        g.batch.insert(
+                            &store.cursors,
+                            cursor_key(id),
+                            Position {
+                                cursor,
+                                floor: cursor,
+                            }
+                            .encode(),
+                        );
                         ConsumerRecord { id, ..record }
                     }
                 };

@@ -4,7 +4,9 @@
 //! Leases do not survive a restart: the data directory is locked to one
 //! process, so every lease of the previous one is dead, and its entries are
 //! due for redelivery at once (with their delivery counts, so a poison
-//! message still reaches max_attempts). Nak delays are kept.
+//! message still reaches max_attempts). Nak delays are kept. First
+//! deliveries have no records: the consumer's position says which seqs
+//! they were ([`first_deliveries`]).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -12,7 +14,8 @@ use std::sync::Arc;
 
 use super::consumer::{Consumer, ConsumerState, Pending};
 use super::store::{
-    ConsumerRecord, PendingRecord, Store, TopicRecord, cursor_key, decode, key_seq, storage,
+    ConsumerRecord, PendingRecord, Position, Store, TopicRecord, cursor_key, decode, key_seq,
+    msg_key, storage,
 };
 use super::topic::{Topic, TopicState};
 use crate::broker::{BrokerError, ConsumerSpec, now_millis};
@@ -27,6 +30,53 @@ pub(super) struct Loaded {
     pub next_topic_id: u32,
     /// The next free consumer id.
     pub next_consumer_id: u32,
+}
+
+/// Adds the first deliveries the position covers: every seq in
+/// `floor..cursor` with no pending record and in no settled run, whose
+/// message is still stored and passes the filter, was delivered once and
+/// not settled. Each
+/// is due now, at attempt 1 (its next delivery is attempt 2), and stays
+/// unrecorded, holding the floor, until then.
+fn first_deliveries(
+    store: &Store,
+    topic: &Topic,
+    position: Position,
+    now: u64,
+    state: &mut ConsumerState,
+) -> Result<(), BrokerError> {
+    if position.floor >= position.cursor {
+        return Ok(());
+    }
+    for guard in store
+        .messages
+        .range(msg_key(topic.id, position.floor)..msg_key(topic.id, position.cursor))
+    {
+        let (k, v) = guard
+            .into_inner()
+            .map_err(|e| storage("reading messages", e))?;
+        let seq = key_seq(&k)?;
+        if state.pending.contains_key(&seq) || Consumer::in_settled_run(state, seq) {
+            continue;
+        }
+        let message = super::fetch::message(topic, decode(&v)?);
+        if !state.spec.accepts(&message) {
+            continue;
+        }
+        state.pending.insert(
+            seq,
+            Pending {
+                attempt: 1,
+                due: now,
+                leased: false,
+                settling: false,
+                published_at: message.published_at,
+            },
+        );
+        state.timers.push(Reverse((now, seq)));
+        state.unrecorded.insert(seq);
+    }
+    Ok(())
 }
 
 /// Reads the store's topics, consumers and pending entries.
@@ -71,16 +121,22 @@ pub(super) fn load(store: &Store) -> Result<Loaded, BrokerError> {
             tracing::warn!(consumer = %name, topic = %rec.topic, "consumer of a missing topic ignored");
             continue;
         };
-        let cursor = match store
+        let position = match store
             .cursors
             .get(cursor_key(rec.id))
             .map_err(|e| storage("reading a cursor", e))?
         {
-            Some(b) => <[u8; 8]>::try_from(&*b)
-                .map(u64::from_be_bytes)
-                .map_err(|_| BrokerError::Storage(format!("malformed cursor of {name}")))?,
-            None => topic.snapshot().first_seq,
+            Some(b) => Position::decode(&b)
+                .ok_or_else(|| BrokerError::Storage(format!("malformed cursor of {name}")))?,
+            None => {
+                let first = topic.snapshot().first_seq;
+                Position {
+                    cursor: first,
+                    floor: first,
+                }
+            }
         };
+        let cursor = position.cursor;
         let mut pending = BTreeMap::new();
         let mut timers = BinaryHeap::new();
         for guard in store.pending.prefix(rec.id.to_be_bytes()) {
@@ -110,14 +166,19 @@ pub(super) fn load(store: &Store) -> Result<Loaded, BrokerError> {
             max_ack_pending: rec.max_ack_pending,
             max_deliver: None,
         };
-        let state = ConsumerState {
-            spec,
-            cursor,
-            pending,
-            timers,
-            leased: 0,
-            cursor_age_cache: None,
-        };
+        let mut state = ConsumerState::new(spec, cursor);
+        state.pending = pending;
+        state.timers = timers;
+        for guard in store.settled.prefix(rec.id.to_be_bytes()) {
+            let (k, v) = guard
+                .into_inner()
+                .map_err(|e| storage("reading settled runs", e))?;
+            let end = <[u8; 8]>::try_from(&*v)
+                .map(u64::from_be_bytes)
+                .map_err(|_| BrokerError::Storage(format!("malformed settled run of {name}")))?;
+            state.settled_runs.insert(key_seq(&k)?, end);
+        }
+        first_deliveries(store, &topic, position, now, &mut state)?;
         let consumer = Arc::new(Consumer::new(rec.id, topic.clone(), state));
         topic.add_consumer(consumer.clone());
         consumers.insert(name, consumer);

@@ -10,6 +10,8 @@
 //!   entries that pointed at them.
 //! - **Duplicate window.** Entries older than the window leave the index.
 //! - **Stage dedup records** past their TTL are removed.
+//! - **Floors** that rose since the last group are written
+//!   ([`super::store::Position`]).
 //!
 //! A topic with no consumers (a DLQ) keeps everything until `remove` or
 //! its age retention.
@@ -76,11 +78,14 @@ pub(super) fn maintain(shared: &Shared) -> Result<(), BrokerError> {
         }
     }
     super::idempotency::sweep(&mut group)?;
+    // Floors that rose since the last group (the pipeline went idle).
+    let mut early = Vec::new();
+    group.write_positions(true, &mut early);
     if group.batch.is_empty() {
         return Ok(());
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
-    group.commit(false, false, Vec::new(), vec![super::commit::unit(tx)]);
+    group.commit(false, false, early, vec![super::commit::unit(tx)]);
     rx.blocking_recv()
         .map_err(|_| BrokerError::Unavailable("maintenance reply lost".into()))?
 }

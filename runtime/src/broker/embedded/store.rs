@@ -6,8 +6,9 @@
 //! | `messages` | topic id (u32 BE) + seq (u64 BE) | [`MessageRecord`] |
 //! | `topics` | topic name | [`TopicRecord`] (id, retention, counters) |
 //! | `consumers` | consumer name | [`ConsumerRecord`] (id, topic, spec) |
-//! | `cursors` | consumer id (u32 BE) | next seq to read (u64 BE) |
+//! | `cursors` | consumer id (u32 BE) | next seq to read, then the floor (u64 BE each; see [`Position`]) |
 //! | `pending` | consumer id (u32 BE) + seq (u64 BE) | [`PendingRecord`] |
+//! | `settled` | consumer id (u32 BE) + first seq (u64 BE) | end seq, exclusive (u64 BE): first deliveries settled above the floor |
 //! | `dedup` | topic id (u32 BE) + message id | [`DedupRecord`] |
 //! | `dedup_expiry` | published ms (u64 BE) + topic id + message id | empty |
 //! | `idempotency` | consumer name + 0 + SHA-256 of the dedup key | [`crate::dedup::Record`] (COMPLETED) |
@@ -62,6 +63,9 @@ pub(super) struct Store {
     pub cursors: Keyspace,
     /// Delivered-but-unsettled entries by (consumer, seq).
     pub pending: Keyspace,
+    /// Runs of first deliveries settled above their consumer's floor, by
+    /// (consumer, first seq) (see [`Position`]).
+    pub settled: Keyspace,
     /// The duplicate window: (topic, message id) -> seq.
     pub dedup: Keyspace,
     /// The duplicate window in time order, for expiry.
@@ -126,6 +130,7 @@ impl Store {
             consumers: ks("consumers", SMALL_MEMTABLE_BYTES)?,
             cursors: ks("cursors", SMALL_MEMTABLE_BYTES)?,
             pending: ks("pending", SMALL_MEMTABLE_BYTES)?,
+            settled: ks("settled", SMALL_MEMTABLE_BYTES)?,
             // Every publish probes the window for an id that is almost
             // never there: that is a bloom filter check per table, and the
             // filters must stay in memory (pinned, ~1.2 B per id) or each
@@ -336,9 +341,68 @@ pub(super) fn pending_key(consumer_id: u32, seq: u64) -> [u8; 12] {
     id_seq_key(consumer_id, seq)
 }
 
+/// Key of a settled run of consumer `consumer_id` starting at `start`.
+pub(super) fn run_key(consumer_id: u32, start: u64) -> [u8; 12] {
+    id_seq_key(consumer_id, start)
+}
+
 /// Key of a consumer's cursor.
 pub(super) fn cursor_key(consumer_id: u32) -> [u8; 4] {
     consumer_id.to_be_bytes()
+}
+
+/// A consumer's durable position: where its next read starts, and its
+/// floor.
+///
+/// A first delivery writes no pending record (that was two LSM entries
+/// per message per consumer: the record, then its tombstone at the ack).
+/// Instead every seq in `floor..cursor` without a pending record and not
+/// in a settled run (the `settled` keyspace) counts, after a restart, as
+/// delivered once and not settled: it is delivered again (attempt 2) if
+/// its message is still stored and the filter takes it. Every seq below
+/// `floor` is settled.
+///
+/// A settle is as durable as before, in the same write batch as its
+/// outputs: the batch raises the floor past it (settled in order), or
+/// stores it in a settled run (settled while an earlier delivery is still
+/// out); runs below the floor are deleted as it rises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Position {
+    /// The next seq to read.
+    pub cursor: u64,
+    /// Every seq below is settled.
+    pub floor: u64,
+}
+
+impl Position {
+    /// The stored form: cursor and floor, big-endian.
+    pub fn encode(self) -> [u8; 16] {
+        let mut v = [0u8; 16];
+        v[..8].copy_from_slice(&self.cursor.to_be_bytes());
+        v[8..].copy_from_slice(&self.floor.min(self.cursor).to_be_bytes());
+        v
+    }
+
+    /// Reads a stored position. Eight bytes (the cursor alone) is the
+    /// format before floors, when every delivery had a pending record: its
+    /// floor is the cursor.
+    pub fn decode(bytes: &[u8]) -> Option<Position> {
+        let be = |b: &[u8]| <[u8; 8]>::try_from(b).ok().map(u64::from_be_bytes);
+        match bytes.len() {
+            8 => {
+                let cursor = be(bytes)?;
+                Some(Position {
+                    cursor,
+                    floor: cursor,
+                })
+            }
+            16 => Some(Position {
+                cursor: be(&bytes[..8])?,
+                floor: be(&bytes[8..])?,
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// `id` BE followed by `seq` BE.
@@ -429,4 +493,32 @@ pub(super) fn guard_panic<T>(
             dir.parent().unwrap_or(dir).display()
         )))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_position_round_trips_and_the_old_cursor_form_has_its_floor_at_the_cursor() {
+        let p = Position {
+            cursor: 42,
+            floor: 7,
+        };
+        assert_eq!(Position::decode(&p.encode()), Some(p));
+        assert_eq!(
+            Position::decode(&42u64.to_be_bytes()),
+            Some(Position {
+                cursor: 42,
+                floor: 42
+            })
+        );
+        assert_eq!(Position::decode(&[1, 2, 3]), None);
+        // A floor is never above the cursor.
+        let odd = Position {
+            cursor: 5,
+            floor: 9,
+        };
+        assert_eq!(Position::decode(&odd.encode()).map(|p| p.floor), Some(5));
+    }
 }

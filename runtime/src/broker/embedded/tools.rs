@@ -392,13 +392,14 @@ struct Names {
 }
 
 /// The store's keyspaces with their names.
-fn keyspaces(store: &Store) -> [(&'static str, &fjall::Keyspace); 8] {
+fn keyspaces(store: &Store) -> [(&'static str, &fjall::Keyspace); 9] {
     [
         ("messages", &store.messages),
         ("topics", &store.topics),
         ("consumers", &store.consumers),
         ("cursors", &store.cursors),
         ("pending", &store.pending),
+        ("settled", &store.settled),
         ("dedup", &store.dedup),
         ("dedup_expiry", &store.dedup_expiry),
         ("idempotency", &store.idempotency),
@@ -573,7 +574,7 @@ fn journal_touches(names: &Names, after: &[journal::Batch]) -> Vec<Touch> {
                 }
             }
             ("messages", _) => {}
-            ("cursors" | "pending", Some(id)) => {
+            ("cursors" | "pending" | "settled", Some(id)) => {
                 consumers.insert(
                     names
                         .consumers
