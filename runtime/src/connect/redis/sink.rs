@@ -1,6 +1,6 @@
 //! The Redis sink: appends each message to a stream, effectively once.
 //!
-//! One Lua script per message does, atomically:
+//! A Lua script does, for each message, atomically:
 //!
 //! ```text
 //! SET sluice:dedup:<stream>:<message id> 1 NX PX <dedup_ttl>
@@ -9,10 +9,12 @@
 //!
 //! so a message redelivered (a crash after the write, before the ack)
 //! within `dedup_ttl` is not appended twice. An `XADD` that fails removes
-//! the dedup key again, so a retry can write it. A batch is one pipeline
-//! of script calls (one round trip); the script is sent by `EVALSHA` and
-//! loaded (`SCRIPT LOAD`) when the server does not know it (after a
-//! restart).
+//! the dedup key again, so a retry can write it. One script call takes up
+//! to [`PER_CALL`] messages and answers for each (a call per message cost
+//! the server more in call overhead than in the writes); a batch is one
+//! pipeline of such calls (one round trip). The script is sent by
+//! `EVALSHA` and loaded (`SCRIPT LOAD`) when the server does not know it
+//! (after a restart).
 //!
 //! Errors: the server cannot be reached -> [`SinkError::Unavailable`]; a
 //! reply that will never succeed (`WRONGTYPE`: the key is not a stream)
@@ -33,30 +35,47 @@ use crate::plugin::Message;
 /// How long a reply may take (the stage's `timeout` bounds a write too).
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// `KEYS[1]` the dedup key, `KEYS[2]` the stream; `ARGV[1]` the dedup TTL
-/// in ms, `ARGV[2]` the `MAXLEN ~` bound (`0`: no trim), `ARGV[3..]` the
-/// entry's fields and values. Returns 1 when appended, 0 when the id was
-/// already written.
+/// Most messages one script call takes: a call runs atomically, so this
+/// bounds how long it holds the server.
+const PER_CALL: usize = 128;
+
+/// `KEYS[1]` the stream, `KEYS[2..]` one dedup key per message; `ARGV[1]`
+/// the dedup TTL in ms, `ARGV[2]` the `MAXLEN ~` bound (`0`: no trim),
+/// then per message the number of field and value arguments and those.
+/// Returns, per message, 1 when appended, 0 when its id was already
+/// written, or the error reply of its `SET` or `XADD`.
 const SCRIPT: &str = r"
-if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then
-  return 0
+local out = {}
+local a = 3
+for m = 2, #KEYS do
+  local n = tonumber(ARGV[a])
+  local set = redis.pcall('SET', KEYS[m], '1', 'NX', 'PX', ARGV[1])
+  if type(set) == 'table' and set.err then
+    out[#out + 1] = set
+  elseif not set then
+    out[#out + 1] = 0
+  else
+    local args = {'XADD', KEYS[1]}
+    if ARGV[2] ~= '0' then
+      args[#args + 1] = 'MAXLEN'
+      args[#args + 1] = '~'
+      args[#args + 1] = ARGV[2]
+    end
+    args[#args + 1] = '*'
+    for i = a + 1, a + n do
+      args[#args + 1] = ARGV[i]
+    end
+    local added = redis.pcall(unpack(args))
+    if type(added) == 'table' and added.err then
+      redis.call('DEL', KEYS[m])
+      out[#out + 1] = added
+    else
+      out[#out + 1] = 1
+    end
+  end
+  a = a + 1 + n
 end
-local args = {'XADD', KEYS[2]}
-if ARGV[2] ~= '0' then
-  args[#args + 1] = 'MAXLEN'
-  args[#args + 1] = '~'
-  args[#args + 1] = ARGV[2]
-end
-args[#args + 1] = '*'
-for i = 3, #ARGV do
-  args[#args + 1] = ARGV[i]
-end
-local added = redis.pcall(unpack(args))
-if type(added) == 'table' and added.err then
-  redis.call('DEL', KEYS[1])
-  return added
-end
-return 1
+return out
 ";
 
 /// Appends messages to one stream.
@@ -82,20 +101,25 @@ impl RedisSink {
         })
     }
 
-    /// The pipeline of script calls for `messages`.
+    /// The pipeline of script calls for `messages`, [`PER_CALL`] each.
     fn pipeline(&self, messages: &[Message]) -> redis::Pipeline {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        for message in messages {
+        for chunk in messages.chunks(PER_CALL) {
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(self.script.get_hash())
-                .arg(2)
-                .arg(dedup_key(&self.stream, &message.id))
-                .arg(&self.stream)
-                .arg(self.ttl_ms)
-                .arg(self.maxlen);
-            for (name, value) in entry_fields(message) {
-                cmd.arg(name).arg(value);
+                .arg(1 + chunk.len())
+                .arg(&self.stream);
+            for message in chunk {
+                cmd.arg(dedup_key(&self.stream, &message.id));
+            }
+            cmd.arg(self.ttl_ms).arg(self.maxlen);
+            for message in chunk {
+                let fields = entry_fields(message);
+                cmd.arg(fields.len() * 2);
+                for (name, value) in fields {
+                    cmd.arg(name).arg(value);
+                }
             }
             pipe.add_command(cmd);
         }
@@ -166,6 +190,21 @@ pub(crate) fn entry_fields(message: &Message) -> Vec<(&str, &[u8])> {
     fields
 }
 
+/// The replies of the script calls (one per [`PER_CALL`] messages) as one
+/// reply per message: a call's array is split; a call that failed as a
+/// whole (`NOSCRIPT`, `BUSY`) answers for each of its messages.
+fn per_message(calls: Vec<Value>, messages: usize) -> Vec<Result<Value, RedisError>> {
+    let mut out = Vec::with_capacity(messages);
+    for (i, call) in calls.into_iter().enumerate() {
+        let in_call = PER_CALL.min(messages.saturating_sub(i * PER_CALL));
+        match call {
+            Value::Array(items) => out.extend(items.into_iter().map(Ok)),
+            other => out.extend(std::iter::repeat_n(other, in_call).map(Ok)),
+        }
+    }
+    out
+}
+
 fn is_noscript(result: &Result<Value, RedisError>) -> bool {
     match result {
         Ok(Value::ServerError(err)) => err.code() == "NOSCRIPT",
@@ -205,7 +244,7 @@ impl Sink for RedisSink {
         for attempt in 0..2 {
             let replies: Vec<Result<Value, RedisError>> =
                 match pipe.query_async::<Vec<Value>>(&mut manager).await {
-                    Ok(values) => values.into_iter().map(Ok).collect(),
+                    Ok(calls) => per_message(calls, messages.len()),
                     Err(err) if is_outage(&err) => {
                         let e = self.unavailable(&err);
                         return messages.iter().map(|_| Err(e.clone())).collect();
@@ -288,13 +327,29 @@ mod tests {
     }
 
     #[test]
+    fn call_replies_split_into_one_per_message() {
+        let calls = vec![
+            Value::Array(vec![Value::Int(1); PER_CALL]),
+            Value::Array(vec![Value::Int(0), Value::Int(1)]),
+        ];
+        let replies = per_message(calls, PER_CALL + 2);
+        assert_eq!(replies.len(), PER_CALL + 2);
+        assert!(matches!(replies[PER_CALL], Ok(Value::Int(0))));
+        // A call refused whole answers for each of its messages.
+        let replies = per_message(vec![Value::Int(7), Value::Nil], PER_CALL + 2);
+        assert_eq!(replies.len(), PER_CALL + 2);
+        assert!(matches!(replies[PER_CALL - 1], Ok(Value::Int(7))));
+        assert!(matches!(replies[PER_CALL + 1], Ok(Value::Nil)));
+    }
+
+    #[test]
     fn the_script_sets_the_dedup_key_before_it_appends() {
         let set = SCRIPT.find("'NX', 'PX'").expect("SET NX PX");
         let add = SCRIPT.find("'XADD'").expect("XADD");
         assert!(set < add);
         assert!(SCRIPT.contains("'MAXLEN'") && SCRIPT.contains("'~'"));
         // A failed XADD gives the dedup key back, so a retry writes.
-        assert!(SCRIPT.contains("redis.call('DEL', KEYS[1])"));
+        assert!(SCRIPT.contains("redis.call('DEL', KEYS[m])"));
     }
 
     #[test]
