@@ -21,13 +21,11 @@
 
 #![allow(missing_docs)]
 
-#[path = "../tests/e2e/mod.rs"]
-mod e2e;
-
 use std::time::{Duration, Instant};
 
 use redis::{AsyncCommands, Value};
 use sluice_harness::redis::RedisServer;
+use sluice_tests::{Daemon, write_pipeline};
 
 const SAMPLES: usize = 5;
 /// The read batch (`COUNT`, the source's `batch`) and the write batch (one
@@ -231,8 +229,8 @@ sinks:
 "#,
         plugin = sluice_harness::plugin("identity").display(),
     );
-    let file = e2e::write_pipeline(dir.path(), "bench", &yaml);
-    let daemon = e2e::Daemon::start(&[&file], &dir.path().join("data"));
+    let file = write_pipeline(dir.path(), "bench", &yaml);
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
     let mut conn = rt.block_on(connect(url));
     // The group exists once the source has read (an empty stream) once.
     let started = Instant::now();

@@ -1,0 +1,180 @@
+//! `sluice plugin test`, the real binary against real plugins.
+
+use sluice_tests::sluice_bin;
+use std::process::{Command, Output, Stdio};
+
+fn sluice(args: &[&str]) -> Output {
+    Command::new(sluice_bin())
+        .args(args)
+        .env("SLUICE_LOG", "warn")
+        .env_remove("SLUICE_CACHE_DIR")
+        .arg("--no-cache")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sluice")
+}
+
+fn plugin(name: &str) -> String {
+    sluice_harness::plugin(name).display().to_string()
+}
+
+fn json_lines(output: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+#[test]
+fn uppercase_prints_hello_upper_cased() {
+    let out = sluice(&["plugin", "test", &plugin("uppercase"), "--data", "hello"]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let emits = json_lines(&out);
+    assert_eq!(emits.len(), 1);
+    assert_eq!(emits[0]["payload"], "HELLO");
+    assert_eq!(emits[0]["topic"], "out");
+}
+
+#[test]
+fn flags_reach_the_handler() {
+    let out = sluice(&[
+        "plugin",
+        "test",
+        &plugin("router"),
+        "--data",
+        r#"{"kind":"refund"}"#,
+        "--key",
+        "k9",
+        "--header",
+        "a=b=c",
+        "--config",
+        "field=kind",
+        "--config",
+        "route.refund=payments.refunds",
+        "--publish",
+        "payments.refunds",
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let emits = json_lines(&out);
+    assert_eq!(emits[0]["topic"], "payments.refunds");
+    assert_eq!(emits[0]["key"], "k9");
+    assert_eq!(emits[0]["headers"], serde_json::json!([["a", "b=c"]]));
+}
+
+#[test]
+fn binary_payloads_are_printed_as_base64() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("payload.bin");
+    std::fs::write(&file, [0xff, b'a', 0x00]).expect("write");
+    let out = sluice(&[
+        "plugin",
+        "test",
+        &plugin("identity"),
+        "--file",
+        file.to_str().expect("utf-8 path"),
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let emits = json_lines(&out);
+    assert_eq!(emits[0]["payload_base64"], "/2EA");
+    assert!(emits[0].get("payload").is_none());
+}
+
+#[test]
+fn failures_print_the_kind_and_exit_1() {
+    let cases: [(&[&str], &str); 4] = [
+        (&["router", "--data", "not json"], "rejected: "),
+        (&["spin", "--timeout", "200ms"], "timeout: "),
+        (&["stackbomb"], "trap: "),
+        (&["membomb", "--memory", "32MiB"], "out-of-memory: "),
+    ];
+    for (args, prefix) in cases {
+        let path = plugin(args[0]);
+        let mut full = vec!["plugin", "test", path.as_str()];
+        full.extend(&args[1..]);
+        let out = sluice(&full);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.lines().any(|l| l.starts_with(prefix)),
+            "{args:?}: expected a line starting {prefix:?}, got {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "nothing is emitted on failure");
+    }
+}
+
+#[test]
+fn bad_files_and_flags_exit_2_with_one_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = dir.path().join("readme.wasm");
+    std::fs::write(&text, "hello").expect("write");
+    let out = sluice(&["plugin", "test", text.to_str().expect("utf-8 path")]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "one error: {stderr}");
+    assert!(
+        stderr.contains("readme.wasm") && stderr.contains("not a WebAssembly file"),
+        "{stderr}"
+    );
+
+    let out = sluice(&["plugin", "test", &plugin("uppercase"), "--timeout", "soon"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected a duration"));
+}
+
+/// Runs `plugin test` on `chatty` with logs at `info` and returns stderr.
+fn chatty_stderr(config: &[&str]) -> String {
+    let path = plugin("chatty");
+    let mut cmd = Command::new(sluice_bin());
+    cmd.args(["plugin", "test", &path, "--no-cache", "--data", "x"])
+        .env("SLUICE_LOG", "info")
+        .stdin(Stdio::null());
+    for entry in config {
+        cmd.args(["--config", entry]);
+    }
+    let out = cmd.output().expect("run sluice");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn guest_stdout_stderr_and_log_reach_the_host_log() {
+    let stderr = chatty_stderr(&["lines=2"]);
+    for channel in ["stdout line 0", "stderr line 1", "log line 1"] {
+        assert!(
+            stderr.contains(channel),
+            "{channel:?} missing from the log:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn guest_output_is_capped_per_call() {
+    // 3 channels x 2000 lines x 200 bytes = 1.2 MB written; the default budget is 64 KiB.
+    let stderr = chatty_stderr(&["lines=2000", "bytes=200"]);
+    assert!(
+        stderr.len() < 200_000,
+        "log output is bounded, got {} bytes",
+        stderr.len()
+    );
+    assert!(
+        stderr.contains("dropped"),
+        "the drop is reported:\n{}",
+        &stderr[stderr.len().saturating_sub(500)..]
+    );
+}

@@ -1,0 +1,645 @@
+//! The Redis Streams source and sink end to end: a real redis-server per
+//! test (`sluice_harness::redis`), the real `sluice` binary, real plugins.
+//! Every delivery check is set-based, by the entry's `id` field in the
+//! output stream: each input exactly once, none lost, none twice.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use redis::{Commands, Value};
+use sluice_harness::redis::RedisServer;
+use sluice_tests::{Backend, Daemon, counts, header, plugin, write_pipeline};
+
+const LONG: Duration = Duration::from_secs(240);
+
+fn server() -> RedisServer {
+    RedisServer::start().unwrap_or_else(|e| panic!("starting redis-server: {e:#}"))
+}
+
+fn client(url: &str) -> redis::Connection {
+    let client = redis::Client::open(url).expect("a redis URL");
+    let started = Instant::now();
+    loop {
+        match client.get_connection() {
+            Ok(conn) => return conn,
+            Err(e) if started.elapsed() < Duration::from_secs(30) => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("connecting to redis: {e}"),
+        }
+    }
+}
+
+/// Appends `n` entries `payload = "msg-<i>"` (ids `<prefix><i>` in a
+/// field `n`) to `stream`, in pipelines of 1,000.
+fn produce(conn: &mut redis::Connection, stream: &str, from: usize, n: usize) {
+    for chunk in (from..from + n).collect::<Vec<_>>().chunks(1000) {
+        let mut pipe = redis::pipe();
+        for i in chunk {
+            pipe.cmd("XADD")
+                .arg(stream)
+                .arg("*")
+                .arg("payload")
+                .arg(format!("msg-{i}"))
+                .arg("n")
+                .arg(i.to_string())
+                .ignore();
+        }
+        pipe.exec(conn).expect("XADD");
+    }
+}
+
+/// Every entry of `stream`, as field maps, oldest first.
+fn entries(conn: &mut redis::Connection, stream: &str) -> Vec<BTreeMap<String, String>> {
+    let mut out = Vec::new();
+    let mut from = "-".to_string();
+    loop {
+        let page: Value = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg(&from)
+            .arg("+")
+            .arg("COUNT")
+            .arg(1000)
+            .query(conn)
+            .expect("XRANGE");
+        let Value::Array(page) = page else {
+            return out;
+        };
+        if page.is_empty() {
+            return out;
+        }
+        for entry in &page {
+            let Value::Array(pair) = entry else { continue };
+            let id: String = redis::from_redis_value(pair[0].clone()).expect("id");
+            let fields: Vec<String> = redis::from_redis_value(pair[1].clone()).expect("fields");
+            let map = fields
+                .chunks(2)
+                .map(|c| (c[0].clone(), c[1].clone()))
+                .collect();
+            out.push(map);
+            from = format!("({id}");
+        }
+    }
+}
+
+fn len(conn: &mut redis::Connection, stream: &str) -> usize {
+    conn.xlen(stream).expect("XLEN")
+}
+
+/// The group's pending count (`XPENDING` summary).
+fn pending(conn: &mut redis::Connection, stream: &str, group: &str) -> u64 {
+    let summary: Value = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(group)
+        .query(conn)
+        .expect("XPENDING");
+    match summary {
+        Value::Array(parts) => redis::from_redis_value(parts[0].clone()).expect("count"),
+        other => panic!("XPENDING replied {other:?}"),
+    }
+}
+
+/// The group's lag (`XINFO GROUPS`).
+fn lag(conn: &mut redis::Connection, stream: &str, group: &str) -> Option<u64> {
+    let groups: Vec<BTreeMap<String, Value>> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .query(conn)
+        .expect("XINFO GROUPS");
+    groups
+        .into_iter()
+        .find(|g| g.get("name") == Some(&Value::BulkString(group.as_bytes().to_vec())))
+        .and_then(|g| redis::from_redis_value(g.get("lag")?.clone()).ok())
+}
+
+/// Asserts that `out` holds exactly the ids `want` (each once) and
+/// returns the entries.
+fn assert_exactly_once(
+    conn: &mut redis::Connection,
+    out: &str,
+    want: usize,
+) -> Vec<BTreeMap<String, String>> {
+    let got = entries(conn, out);
+    let ids = counts(got.iter().map(|e| e.get("id").map_or("", String::as_str)));
+    let dupes: Vec<_> = ids.iter().filter(|(_, c)| **c > 1).collect();
+    assert!(dupes.is_empty(), "{out}: duplicate ids {dupes:?}");
+    assert_eq!(ids.len(), want, "{out}: distinct ids");
+    assert_eq!(got.len(), want, "{out}: entries");
+    got
+}
+
+/// `in` -> stage `upper` (uppercase) -> `up` -> sink `out` (Redis stream
+/// `out`), with the source `src` reading the Redis stream `in`.
+fn upper_pipeline(dir: &Path, url: &str, extra_source: &str) -> std::path::PathBuf {
+    let yaml = format!(
+        r#"
+name: rp
+topics: [in, up]
+sources:
+  - name: src
+    to: in
+    redis:
+      url: "{url}"
+      stream: in
+      group: g
+      start: oldest
+      batch: 200
+{extra_source}
+stages:
+  - name: upper
+    subscribe: in
+    plugin: {plugin}
+    publish: [up]
+    concurrency: 4
+sinks:
+  - name: out
+    subscribe: up
+    concurrency: 2
+    batch:
+      max: 100
+      wait: 20ms
+    redis:
+      url: "{url}"
+      stream: out
+"#,
+        plugin = plugin("uppercase"),
+    );
+    write_pipeline(dir, "rp", &yaml)
+}
+
+fn wait_for_len(daemon: &Daemon, conn: &mut redis::Connection, stream: &str, n: usize) {
+    daemon.wait_until(&format!("{n} entries in {stream}"), LONG, |_| {
+        len(conn, stream) >= n
+    });
+}
+
+fn metrics(daemon: &Daemon) -> String {
+    reqwest::blocking::get(format!("{}/metrics", daemon.base))
+        .expect("GET /metrics")
+        .text()
+        .expect("metrics text")
+}
+
+/// Waits until the group has nothing pending (the last acks are sent
+/// after the publish).
+fn wait_no_pending(daemon: &Daemon, conn: &mut redis::Connection, stream: &str, group: &str) {
+    daemon.wait_until("no pending entries upstream", LONG, |_| {
+        pending(conn, stream, group) == 0
+    });
+}
+
+#[test]
+fn five_thousand_entries_arrive_uppercased_exactly_once() {
+    let redis = server();
+    let mut conn = client(&redis.url());
+    let n = 5_000;
+    produce(&mut conn, "in", 0, n);
+    let dir = tempfile::tempdir().expect("dir");
+    let file = upper_pipeline(dir.path(), &redis.url(), "");
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    wait_for_len(&daemon, &mut conn, "out", n);
+    wait_no_pending(&daemon, &mut conn, "in", "g");
+    let got = assert_exactly_once(&mut conn, "out", n);
+    for entry in &got {
+        let payload = &entry["payload"];
+        assert!(payload.starts_with("MSG-"), "{payload}");
+        // The upstream field `n` travelled as a header.
+        assert_eq!(payload, &format!("MSG-{}", entry["n"]));
+    }
+    // The dedup keys are where the docs say.
+    let keys: Vec<String> = conn.keys("sluice:dedup:out:*").expect("KEYS");
+    assert_eq!(keys.len(), n);
+}
+
+#[test]
+fn start_new_skips_what_was_there_and_an_existing_group_keeps_its_place() {
+    let redis = server();
+    let mut conn = client(&redis.url());
+    produce(&mut conn, "in", 0, 10);
+    // A group that exists already, at the end: `start: oldest` below does
+    // not move it.
+    let _: Value = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg("in")
+        .arg("old")
+        .arg("$")
+        .query(&mut conn)
+        .expect("XGROUP CREATE");
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        r#"
+name: rp
+topics: [in, in2]
+sources:
+  - name: fresh
+    to: in
+    redis: {{url: "{url}", stream: in, group: fresh, start: new}}
+  - name: kept
+    to: in2
+    redis: {{url: "{url}", stream: in, group: old, start: oldest}}
+sinks:
+  - name: out
+    subscribe: in
+    redis: {{url: "{url}", stream: out}}
+  - name: out2
+    subscribe: in2
+    redis: {{url: "{url}", stream: out2}}
+"#,
+        url = redis.url(),
+    );
+    let file = write_pipeline(dir.path(), "rp", &yaml);
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    daemon.wait_until("the group `fresh` exists", LONG, |_| {
+        lag(&mut conn, "in", "fresh").is_some()
+    });
+    produce(&mut conn, "in", 10, 5);
+    wait_for_len(&daemon, &mut conn, "out", 5);
+    wait_for_len(&daemon, &mut conn, "out2", 5);
+    wait_no_pending(&daemon, &mut conn, "in", "fresh");
+    std::thread::sleep(Duration::from_millis(500));
+    for out in ["out", "out2"] {
+        let got = assert_exactly_once(&mut conn, out, 5);
+        let mut payloads: Vec<&str> = got.iter().map(|e| e["payload"].as_str()).collect();
+        payloads.sort_unstable();
+        assert_eq!(
+            payloads,
+            vec!["msg-10", "msg-11", "msg-12", "msg-13", "msg-14"],
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn a_redis_restart_mid_run_loses_nothing_and_is_shown() {
+    let mut redis = server();
+    let url = redis.url();
+    let mut conn = client(&url);
+    let n = 10_000;
+    produce(&mut conn, "in", 0, n);
+    let dir = tempfile::tempdir().expect("dir");
+    let file = upper_pipeline(dir.path(), &url, "");
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    daemon.wait_until("some output", LONG, |_| len(&mut conn, "out") > 200);
+    let at_stop = len(&mut conn, "out");
+    redis.stop();
+    assert!(at_stop < n, "the restart came after the end ({at_stop})");
+    // During the outage: readiness names the source, the gauge says 0.
+    daemon.wait_until("readiness degraded", LONG, |d| {
+        let ready = d.get("/health/ready");
+        ready["status"] == "degraded"
+            && ready["reasons"].as_array().is_some_and(|r| {
+                r.iter()
+                    .any(|r| r.as_str().unwrap_or("").contains("rp/src"))
+            })
+    });
+    daemon.wait_until("connector_up 0", LONG, |d| {
+        metrics(d).contains("sluice_connector_up{connector=\"rp/src\"} 0")
+    });
+    // More entries arrive while it is down (written after it is back).
+    redis.start_again().expect("redis back");
+    let mut conn = client(&url);
+    produce(&mut conn, "in", n, 1_000);
+    wait_for_len(&daemon, &mut conn, "out", n + 1_000);
+    wait_no_pending(&daemon, &mut conn, "in", "g");
+    assert_exactly_once(&mut conn, "out", n + 1_000);
+    let text = metrics(&daemon);
+    let outages = text
+        .lines()
+        .find(|l| l.starts_with("sluice_connector_outages_total{connector=\"rp/src\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(outages >= 1.0, "{text}");
+    daemon.wait_until("ready again", LONG, |d| {
+        d.get("/health/ready")["status"] == "ready"
+    });
+}
+
+#[test]
+fn kill9_mid_run_then_restart_loses_and_duplicates_nothing() {
+    let redis = server();
+    let mut conn = client(&redis.url());
+    let n = 10_000;
+    produce(&mut conn, "in", 0, n);
+    let dir = tempfile::tempdir().expect("dir");
+    let file = upper_pipeline(dir.path(), &redis.url(), "      consumer: c1");
+    let mut daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    daemon.wait_until("some output", LONG, |_| len(&mut conn, "out") > 500);
+    daemon.kill9();
+    let at_kill = len(&mut conn, "out");
+    daemon.restart();
+    wait_for_len(&daemon, &mut conn, "out", n);
+    wait_no_pending(&daemon, &mut conn, "in", "g");
+    // A little longer: anything redelivered would land now.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_exactly_once(&mut conn, "out", n);
+    assert!(at_kill < n, "the kill came after the end ({at_kill})");
+}
+
+#[test]
+fn a_dead_consumers_entries_are_reclaimed() {
+    let redis = server();
+    let mut conn = client(&redis.url());
+    let _: Value = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg("in")
+        .arg("g")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query(&mut conn)
+        .expect("XGROUP CREATE");
+    produce(&mut conn, "in", 0, 100);
+    // `ghost` reads them all and dies without acking.
+    let _: Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("g")
+        .arg("ghost")
+        .arg("COUNT")
+        .arg(1000)
+        .arg("STREAMS")
+        .arg("in")
+        .arg(">")
+        .query(&mut conn)
+        .expect("XREADGROUP");
+    assert_eq!(pending(&mut conn, "in", "g"), 100);
+    // One of them is deleted meanwhile: XAUTOCLAIM reports it gone.
+    let first: Value = redis::cmd("XRANGE")
+        .arg("in")
+        .arg("-")
+        .arg("+")
+        .arg("COUNT")
+        .arg(1)
+        .query(&mut conn)
+        .expect("XRANGE");
+    let Value::Array(first) = first else {
+        panic!("XRANGE")
+    };
+    let Value::Array(pair) = &first[0] else {
+        panic!("entry")
+    };
+    let first_id: String = redis::from_redis_value(pair[0].clone()).expect("id");
+    let _: i64 = conn.xdel("in", &[&first_id]).expect("XDEL");
+    produce(&mut conn, "in", 100, 50);
+    let dir = tempfile::tempdir().expect("dir");
+    let file = upper_pipeline(dir.path(), &redis.url(), "      claim_idle: 2s");
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    wait_for_len(&daemon, &mut conn, "out", 149);
+    wait_no_pending(&daemon, &mut conn, "in", "g");
+    let got = assert_exactly_once(&mut conn, "out", 149);
+    assert!(got.iter().any(|e| e["payload"] == "MSG-1"));
+    assert!(
+        !got.iter().any(|e| e["payload"] == "MSG-0"),
+        "deleted entry came out"
+    );
+}
+
+#[test]
+fn backpressure_keeps_the_topic_at_its_mark_and_the_rest_in_redis() {
+    let redis = server();
+    let mut conn = client(&redis.url());
+    let n = 20_000;
+    produce(&mut conn, "in", 0, n);
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        r#"
+name: bp
+topics:
+  - name: in
+    high_water_mark: 1000
+  - done
+sources:
+  - name: src
+    to: in
+    redis:
+      url: "{url}"
+      stream: in
+      group: g
+      start: oldest
+      batch: 100
+stages:
+  - name: slow
+    subscribe: in
+    plugin: {plugin}
+    config:
+      ms: 5
+    publish: [done]
+"#,
+        url = redis.url(),
+        plugin = plugin("sleepy"),
+    );
+    let file = write_pipeline(dir.path(), "bp", &yaml);
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    let pid = daemon.pid().expect("pid");
+    daemon.wait_until("the topic fills", LONG, |d| d.depth("in") >= 900);
+    let mut max_depth = 0;
+    let mut rss = Vec::new();
+    for i in 0..60 {
+        max_depth = max_depth.max(daemon.depth("in"));
+        if i % 10 == 0 {
+            rss.push(vm_rss_kb(pid));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The source reports what waits upstream (XINFO GROUPS lag).
+    daemon.wait_until("a source lag in /metrics", LONG, |d| {
+        metrics(d).lines().any(|l| {
+            l.starts_with("sluice_source_lag{")
+                && l.contains("source=\"src\"")
+                && l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) > Some(1000.0)
+        })
+    });
+    let waiting = lag(&mut conn, "in", "g").unwrap_or(0) + pending(&mut conn, "in", "g");
+    let done = daemon.depth("done");
+    eprintln!(
+        "backpressure: max topic depth {max_depth}, waiting upstream {waiting}, done {done}, \
+         VmRSS kB samples {rss:?}"
+    );
+    assert!(max_depth <= 1000 + 100, "depth {max_depth} passed the mark");
+    assert!(
+        waiting > 10_000,
+        "the rest should wait in Redis, only {waiting} do"
+    );
+    let max_rss = rss.iter().copied().max().unwrap_or(0);
+    assert!(max_rss < 200 * 1024, "VmRSS {max_rss} kB");
+}
+
+fn vm_rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn poison_entries_and_a_non_stream_target_are_dead_lettered() {
+    let redis = server();
+    let mut conn = client(&redis.url());
+    let _: () = conn.set("out", "not a stream").expect("SET");
+    let _: String = conn
+        .xadd("in", "*", &[("other", "no payload here")])
+        .expect("XADD");
+    produce(&mut conn, "in", 0, 3);
+    let dir = tempfile::tempdir().expect("dir");
+    let file = upper_pipeline(dir.path(), &redis.url(), "");
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    daemon.wait_until("the poison entry in rp.src.dlq", LONG, |d| {
+        d.depth("rp.src.dlq") >= 1
+    });
+    daemon.wait_until("three rejected writes in rp.out.dlq", LONG, |d| {
+        d.depth("rp.out.dlq") >= 3
+    });
+    wait_no_pending(&daemon, &mut conn, "in", "g");
+    let poison = daemon.read_all("rp.src.dlq");
+    assert_eq!(poison.len(), 1, "{poison:?}");
+    let text = poison[0].to_string();
+    assert!(text.contains("no `payload` field"), "{text}");
+    assert_eq!(header(&poison[0], "other"), Some("no payload here"));
+    let rejected = daemon.read_all("rp.out.dlq");
+    assert_eq!(rejected.len(), 3);
+    for m in &rejected {
+        let text = m.to_string();
+        assert!(text.contains("rejected"), "{text}");
+        assert!(text.contains("WRONGTYPE"), "{text}");
+    }
+    // The target key is untouched, and no dedup key is left behind, so a
+    // replay after fixing the target writes them.
+    let still: String = conn.get("out").expect("GET");
+    assert_eq!(still, "not a stream");
+    let keys: Vec<String> = conn.keys("sluice:dedup:*").expect("KEYS");
+    assert!(keys.is_empty(), "{keys:?}");
+}
+
+#[test]
+fn an_out_of_memory_target_is_retried_until_it_takes_the_writes() {
+    let upstream = server();
+    let target = server();
+    let mut up = client(&upstream.url());
+    let mut down = client(&target.url());
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query(&mut down)
+        .expect("CONFIG SET maxmemory");
+    produce(&mut up, "in", 0, 200);
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        r#"
+name: rp
+topics: [in]
+sources:
+  - name: src
+    to: in
+    redis: {{url: "{up}", stream: in, group: g, start: oldest}}
+sinks:
+  - name: out
+    subscribe: in
+    retry:
+      max_attempts: 1000
+      backoff: {{initial: 50ms, max: 200ms}}
+    batch: {{max: 50, wait: 10ms}}
+    redis: {{url: "{down}", stream: out}}
+"#,
+        up = upstream.url(),
+        down = target.url(),
+    );
+    let file = write_pipeline(dir.path(), "rp", &yaml);
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    // The target refuses (OOM): retried, nothing written, nothing lost.
+    daemon.wait_until("retries counted", LONG, |d| {
+        metrics(d)
+            .lines()
+            .any(|l| l.contains("retry") && l.contains("stage=\"out\"") && !l.ends_with(" 0"))
+    });
+    assert_eq!(len(&mut down, "out"), 0);
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query(&mut down)
+        .expect("CONFIG SET maxmemory 0");
+    wait_for_len(&daemon, &mut down, "out", 200);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_exactly_once(&mut down, "out", 200);
+    assert_eq!(daemon.depth("rp.out.dlq"), 0);
+}
+
+#[test]
+fn the_password_never_appears() {
+    let redis = RedisServer::start_with_password(Some("hunter2"))
+        .unwrap_or_else(|e| panic!("starting redis-server: {e:#}"));
+    let port = redis.port();
+    drop(redis); // down: every contact fails
+    let url = format!("redis://:hunter2@127.0.0.1:{port}/0");
+    let dir = tempfile::tempdir().expect("dir");
+    let file = upper_pipeline(dir.path(), &url, "");
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    daemon.wait_until("the outage is shown", LONG, |d| {
+        d.get("/health/ready")["status"] == "degraded"
+    });
+    let ready = daemon.get("/health/ready").to_string();
+    let status = daemon.get("/v1/status").to_string();
+    let log = daemon.log();
+    for (what, text) in [("ready", &ready), ("status", &status), ("log", &log)] {
+        assert!(
+            !text.contains("hunter2"),
+            "{what} shows the password: {text}"
+        );
+    }
+    // Readiness says which server is down, with the password as `***`;
+    // so does the log.
+    assert!(ready.contains("redis://:***@127.0.0.1"), "{ready}");
+    assert!(log.contains("redis://:***@127.0.0.1"), "{log}");
+    // Status names the sink's target the same way.
+    assert!(status.contains("redis://:***@127.0.0.1"), "{status}");
+}
+
+#[test]
+fn a_wrong_password_is_an_outage_without_the_password() {
+    let redis = RedisServer::start_with_password(Some("right-one"))
+        .unwrap_or_else(|e| panic!("starting redis-server: {e:#}"));
+    let url = format!("redis://:hunter2@127.0.0.1:{}/0", redis.port());
+    let dir = tempfile::tempdir().expect("dir");
+    let file = upper_pipeline(dir.path(), &url, "");
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    daemon.wait_until("the outage is shown", LONG, |d| {
+        let ready = d.get("/health/ready").to_string();
+        ready.contains("rp/src")
+    });
+    let ready = daemon.get("/health/ready").to_string();
+    assert!(!ready.contains("hunter2"), "{ready}");
+    assert!(ready.contains("***"), "{ready}");
+    assert!(!daemon.log().contains("hunter2"), "{}", daemon.log());
+}
+
+fn two_daemons_share_one_group(backend: &Backend) {
+    let redis = server();
+    let mut conn = client(&redis.url());
+    let n = 4_000;
+    produce(&mut conn, "in", 0, n);
+    let dir = tempfile::tempdir().expect("dir");
+    let file = upper_pipeline(dir.path(), &redis.url(), "");
+    let a = Daemon::start_on(backend, &[&file], &dir.path().join("a"));
+    let b = Daemon::start_on(backend, &[&file], &dir.path().join("b"));
+    wait_for_len(&a, &mut conn, "out", n);
+    wait_no_pending(&b, &mut conn, "in", "g");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_exactly_once(&mut conn, "out", n);
+    // Both were consumers of the group.
+    let consumers: Vec<Value> = redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg("in")
+        .arg("g")
+        .query(&mut conn)
+        .expect("XINFO CONSUMERS");
+    assert_eq!(consumers.len(), 2, "{consumers:?}");
+}
+
+#[test]
+fn several_daemons_on_nats_are_competing_consumers() {
+    two_daemons_share_one_group(&Backend::nats());
+}

@@ -1,0 +1,689 @@
+//! Pipelines end to end, on both brokers: the real `sluice run` binary,
+//! real plugins, driven over the admin API, with kill -9 and SIGTERM. Every
+//! check is set-based, by message id.
+//!
+//! Each test body takes a [`Backend`] and runs twice, as `embedded::<name>`
+//! (the daemon's own broker in its data directory) and `nats::<name>` (a
+//! fresh nats-server of the test's own, `--broker nats://...`), through the
+//! [`on_both_brokers!`] list at the end: the same assertions, so a
+//! behaviour that differs between the brokers fails one of the two. Where a
+//! test kills the daemon, on NATS the nats-server keeps running.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sluice::engine::emit_id;
+use sluice_tests::{Backend, Daemon, Msg, counts, header, on_both_brokers, plugin, write_pipeline};
+
+const LONG: Duration = Duration::from_secs(180);
+
+fn payloads(messages: &[Value]) -> Vec<String> {
+    messages
+        .iter()
+        .map(|m| m["payload"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+fn orders_10k_every_input_is_routed_or_dead_lettered_exactly_once(backend: &Backend) {
+    sluice_harness::plugin("router");
+    sluice_harness::plugin("uppercase");
+    let data = tempfile::tempdir().expect("data dir");
+    let orders = sluice_harness::repo_root().join("pipelines/orders.yaml");
+    let daemon = Daemon::start_on(backend, &[&orders], data.path());
+
+    let regions = ["eu", "us", "eu", "us", "eu", "us", "eu", "us", "eu", "mars"];
+    let n = 10_000;
+    let messages: Vec<Msg> = (0..n)
+        .map(|i| {
+            let region = regions[i % regions.len()];
+            // Every 97th message is not JSON: rejected by the router.
+            let payload = match i % 97 {
+                0 => format!("not json {i}"),
+                _ => json!({"region": region, "n": i}).to_string(),
+            };
+            Msg::new(format!("o{i}"), payload).key(format!("customer-{}", i % 50))
+        })
+        .collect();
+    daemon.publish("orders", &messages);
+
+    // The oracle: where each input must end up, by id.
+    let mut expect_eu = BTreeSet::new();
+    let mut expect_us = BTreeSet::new();
+    let mut expect_dlq = BTreeSet::new();
+    for (i, m) in messages.iter().enumerate() {
+        let routed = emit_id("orders", "route", &m.id, 0);
+        match (i % 97, regions[i % regions.len()]) {
+            (0, _) | (_, "mars") => expect_dlq.insert(m.id.clone()),
+            (_, "eu") => expect_eu.insert(emit_id("orders", "eu", &routed, 0)),
+            _ => expect_us.insert(emit_id("orders", "us", &routed, 0)),
+        };
+    }
+    let total = expect_eu.len() + expect_us.len() + expect_dlq.len();
+    assert_eq!(total, n);
+    daemon.wait_until("all 10k settled", LONG, |d| {
+        d.depth("orders.eu.done") + d.depth("orders.us.done") + d.depth("orders.dlq") >= total
+    });
+    std::thread::sleep(Duration::from_millis(500));
+
+    let check = |topic: &str, expected: &BTreeSet<String>| {
+        let got = daemon.read_all(topic);
+        let ids = counts(got.iter().map(|m| m["id"].as_str().unwrap_or_default()));
+        let dupes: Vec<_> = ids.iter().filter(|(_, c)| **c > 1).collect();
+        assert!(dupes.is_empty(), "{topic}: duplicates {dupes:?}");
+        let got: BTreeSet<String> = ids.keys().map(|s| (*s).to_owned()).collect();
+        assert_eq!(
+            got.len(),
+            expected.len(),
+            "{topic}: {} missing, {} unexpected",
+            expected.difference(&got).count(),
+            got.difference(expected).count()
+        );
+        assert_eq!(&got, expected, "{topic}");
+    };
+    check("orders.eu.done", &expect_eu);
+    check("orders.us.done", &expect_us);
+    check("orders.dlq", &expect_dlq);
+
+    // Outputs are upper-cased; DLQ entries keep the original payload and
+    // say why, with provenance.
+    let eu = daemon.read_all("orders.eu.done");
+    assert!(
+        payloads(&eu)
+            .iter()
+            .all(|p| p.contains("\"REGION\":\"EU\""))
+    );
+    for entry in daemon.read_all("orders.dlq") {
+        // Not JSON: the router rejects it. Region `mars`: the router picks
+        // topic `mars`, which the stage does not declare.
+        let kind = match entry["payload"].as_str() {
+            Some(p) if p.starts_with("not json") => "rejected",
+            _ => "undeclared-topic",
+        };
+        assert_eq!(header(&entry, "sluice-dlq-kind"), Some(kind), "{entry}");
+        assert_eq!(header(&entry, "sluice-dlq-attempts"), Some("1"), "{entry}");
+        assert_eq!(header(&entry, "sluice-dlq-stage"), Some("route"));
+        assert_eq!(header(&entry, "sluice-dlq-source-topic"), Some("orders"));
+        assert!(
+            entry["key"]
+                .as_str()
+                .is_some_and(|k| k.starts_with("customer-"))
+        );
+    }
+}
+
+fn fan_out_gives_every_subscriber_every_message(backend: &Backend) {
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        r#"
+name: fan
+topics: [in, out.a, out.b]
+stages:
+  - name: a
+    subscribe: in
+    plugin: {stamp}
+    publish: [out.a]
+  - name: b
+    subscribe: in
+    plugin: {stamp}
+    publish: [out.b]
+    config: {{sleep_ms: 2}}
+"#,
+        stamp = plugin("stamp")
+    );
+    let file = write_pipeline(dir.path(), "fan", &yaml);
+    let daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
+    let messages: Vec<Msg> = (0..500).map(|i| Msg::new(format!("f{i}"), "x")).collect();
+    daemon.publish("in", &messages);
+    daemon.wait_until("both branches", LONG, |d| {
+        d.read_all("out.a").len() == 500 && d.read_all("out.b").len() == 500
+    });
+    for topic in ["out.a", "out.b"] {
+        let got = daemon.read_all(topic);
+        let inputs: BTreeSet<&str> = got.iter().filter_map(|m| header(m, "x-input-id")).collect();
+        assert_eq!(inputs.len(), 500, "{topic}");
+    }
+}
+
+fn poison_pipeline(dir: &std::path::Path, mode: &str) -> std::path::PathBuf {
+    let yaml = format!(
+        r#"
+name: poison
+topics: [in, out]
+stages:
+  - name: work
+    subscribe: in
+    plugin: {fail}
+    publish: [out]
+    concurrency: 4
+    config: {{fraction: 0.01, mode: {mode}}}
+    retry:
+      max_attempts: 3
+      backoff: {{initial: 10ms, max: 50ms, jitter: 0.5}}
+"#,
+        fail = plugin("fail")
+    );
+    write_pipeline(dir, &format!("poison-{mode}"), &yaml)
+}
+
+fn poison_run(backend: &Backend, mode: &str, attempts: &str, kind: &str) {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = poison_pipeline(dir.path(), mode);
+    let daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
+    let n = 3000;
+    let messages: Vec<Msg> = (0..n).map(|i| Msg::new(format!("p{i}"), "x")).collect();
+    daemon.publish("in", &messages);
+    daemon.wait_until("all settled", LONG, |d| {
+        d.depth("out") + d.depth("poison.work.dlq") >= n
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let out = daemon.read_all("out");
+    let dlq = daemon.read_all("poison.work.dlq");
+    assert_eq!(out.len() + dlq.len(), n, "nothing lost, nothing doubled");
+    // About 1% is poison (the plugin picks by a hash of the id).
+    assert!(
+        (10..=60).contains(&dlq.len()),
+        "{} dead-lettered",
+        dlq.len()
+    );
+    let out_ids: BTreeSet<&str> = out.iter().filter_map(|m| m["id"].as_str()).collect();
+    for entry in &dlq {
+        assert_eq!(
+            header(entry, "sluice-dlq-attempts"),
+            Some(attempts),
+            "{entry}"
+        );
+        assert_eq!(header(entry, "sluice-dlq-kind"), Some(kind), "{entry}");
+        assert_eq!(header(entry, "sluice-dlq-pipeline"), Some("poison"));
+        assert_eq!(header(entry, "sluice-dlq-source-topic"), Some("in"));
+        assert!(header(entry, "sluice-dlq-source-seq").is_some());
+        let first: u64 = header(entry, "sluice-dlq-first-failure")
+            .and_then(|v| v.parse().ok())
+            .expect("first");
+        let last: u64 = header(entry, "sluice-dlq-last-failure")
+            .and_then(|v| v.parse().ok())
+            .expect("last");
+        assert!(first <= last);
+        let original = header(entry, "sluice-dlq-original-id").expect("original id");
+        let output_id = emit_id("poison", "work", original, 0);
+        assert!(
+            !out_ids.contains(output_id.as_str()),
+            "{original} both output and DLQ"
+        );
+    }
+}
+
+fn poison_retries_land_in_the_dlq_after_exactly_max_attempts(backend: &Backend) {
+    poison_run(backend, "retry", "3", "retry");
+}
+
+fn poison_rejects_land_in_the_dlq_at_once(backend: &Backend) {
+    poison_run(backend, "reject", "1", "rejected");
+}
+
+fn stamp_pipeline(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
+    let yaml = format!(
+        r#"
+name: crashy
+topics: [in, out]
+shutdown_timeout: 5s
+stages:
+  - name: work
+    subscribe: in
+    plugin: {stamp}
+    publish: [out]
+{extra}
+"#,
+        stamp = plugin("stamp")
+    );
+    write_pipeline(dir, "crashy", &yaml)
+}
+
+/// Asserts `out` holds exactly one output per input `c0..c{n}`.
+fn assert_exactly_once(out: &[Value], prefix: &str, n: usize) {
+    let by_input = counts(out.iter().filter_map(|m| header(m, "x-input-id")));
+    let dupes: Vec<_> = by_input.iter().filter(|(_, c)| **c > 1).collect();
+    assert!(dupes.is_empty(), "duplicate outputs: {dupes:?}");
+    let ids = counts(out.iter().filter_map(|m| m["id"].as_str()));
+    assert!(ids.values().all(|c| *c == 1), "duplicate output ids");
+    let missing: Vec<String> = (0..n)
+        .map(|i| format!("{prefix}{i}"))
+        .filter(|id| !by_input.contains_key(id.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} lost, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    assert_eq!(out.len(), n);
+}
+
+fn kill_9_five_times_loses_nothing_and_duplicates_nothing(backend: &Backend) {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = stamp_pipeline(
+        dir.path(),
+        "    concurrency: 4\n    config: {sleep_ms: 1}\n",
+    );
+    let data = dir.path().join("data");
+    let mut daemon = Daemon::start_on(backend, &[&file], &data);
+    let n = 20_000;
+    let messages: Vec<Msg> = (0..n)
+        .map(|i| Msg::new(format!("c{i}"), format!("m{i}")))
+        .collect();
+    daemon.publish("in", &messages);
+    let mut seen_at_kill = Vec::new();
+    for round in 0..5u64 {
+        // Let it work a while, at a different point each round.
+        std::thread::sleep(Duration::from_millis(
+            300 + fastrand::u64(0..700) + round * 50,
+        ));
+        seen_at_kill.push(daemon.depth("out"));
+        daemon.kill9();
+        daemon.restart();
+    }
+    daemon.wait_until("all 20k outputs", LONG, |d| d.depth("out") >= n);
+    std::thread::sleep(Duration::from_millis(500));
+    let out = daemon.read_all("out");
+    assert_exactly_once(&out, "c", n);
+    let reinvoked = out
+        .iter()
+        .filter(|m| header(m, "x-attempt").is_some_and(|a| a != "1"))
+        .count();
+    eprintln!(
+        "outputs seen at each kill: {seen_at_kill:?}; outputs from a redelivery: {reinvoked}"
+    );
+    assert!(
+        seen_at_kill.iter().any(|s| *s > 0 && *s < n),
+        "the kills should land mid-run: {seen_at_kill:?}"
+    );
+}
+
+fn sigterm_under_load_drains_in_time_and_redelivers_nothing_done(backend: &Backend) {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = stamp_pipeline(
+        dir.path(),
+        "    concurrency: 2\n    config: {sleep_ms: 20}\n",
+    );
+    let data = dir.path().join("data");
+    let mut daemon = Daemon::start_on(backend, &[&file], &data);
+    let n = 600;
+    let messages: Vec<Msg> = (0..n).map(|i| Msg::new(format!("t{i}"), "x")).collect();
+    daemon.publish("in", &messages);
+    daemon.wait_until("some progress", LONG, |d| d.depth("out") >= 20);
+    let (status, took) = daemon.sigterm();
+    assert!(
+        status.success(),
+        "exit status {status:?}; log:\n{}",
+        daemon.log()
+    );
+    // shutdown_timeout is 5 s; each call takes 20 ms, so it drains well within.
+    assert!(took < Duration::from_secs(5 + 3), "took {took:?}");
+    daemon.restart();
+    let before_restart = daemon.read_all("out");
+    daemon.wait_until("all outputs", LONG, |d| d.depth("out") >= n);
+    std::thread::sleep(Duration::from_millis(300));
+    let out = daemon.read_all("out");
+    assert_exactly_once(&out, "t", n);
+    // Nothing finished before the shutdown ran again after it.
+    let done_before: BTreeSet<&str> = before_restart
+        .iter()
+        .filter_map(|m| header(m, "x-input-id"))
+        .collect();
+    let handled_after: Vec<&Value> = out[before_restart.len()..].iter().collect();
+    assert!(
+        handled_after
+            .iter()
+            .all(|m| header(m, "x-input-id").is_some_and(|id| !done_before.contains(id)))
+    );
+}
+
+fn a_handler_slower_than_ack_wait_is_not_redelivered(backend: &Backend) {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = stamp_pipeline(
+        dir.path(),
+        "    concurrency: 3\n    ack_wait: 1s\n    timeout: 10s\n    config: {sleep_ms: 3000}\n",
+    );
+    let daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
+    let messages: Vec<Msg> = (0..3).map(|i| Msg::new(format!("s{i}"), "x")).collect();
+    daemon.publish("in", &messages);
+    daemon.wait_until("3 outputs", LONG, |d| d.read_all("out").len() >= 3);
+    // Give a wrongful redelivery time to show up.
+    std::thread::sleep(Duration::from_secs(4));
+    let out = daemon.read_all("out");
+    assert_eq!(out.len(), 3);
+    assert!(
+        out.iter().all(|m| header(m, "x-attempt") == Some("1")),
+        "{out:?}"
+    );
+}
+
+fn per_key_ordering_serialises_keys_and_parallelises_across_them(backend: &Backend) {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = stamp_pipeline(
+        dir.path(),
+        "    concurrency: 4\n    ordering: {key: key}\n    retry: {max_attempts: 5}\n    config: {sleep_ms: 20, fail_until_attempt: 3, retry_after_ms: 1000}\n",
+    );
+    let daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
+    let keys = ["k0", "k1", "k2", "k3"];
+    let mut messages = Vec::new();
+    for i in 0..10 {
+        for key in keys {
+            // k0's third message fails twice before it succeeds.
+            let payload = if key == "k0" && i == 2 {
+                format!("FAIL {key} {i}")
+            } else {
+                format!("{key} {i}")
+            };
+            messages.push(Msg::new(format!("{key}-{i}"), payload).key(key));
+        }
+    }
+    daemon.publish("in", &messages);
+    daemon.wait_until("40 outputs", LONG, |d| d.read_all("out").len() >= 40);
+    let out = daemon.read_all("out");
+    assert_eq!(out.len(), 40);
+    let span = |m: &Value| -> (u64, u64) {
+        let n = |h| header(m, h).and_then(|v| v.parse().ok()).expect("stamp");
+        (n("x-start-us"), n("x-end-us"))
+    };
+    let mut per_key: BTreeMap<&str, Vec<(u64, u64, usize)>> = BTreeMap::new();
+    for m in &out {
+        let key = m["key"].as_str().expect("key");
+        let input = header(m, "x-input-id").expect("input id");
+        let index: usize = input
+            .rsplit('-')
+            .next()
+            .and_then(|i| i.parse().ok())
+            .expect("index");
+        let (start, end) = span(m);
+        per_key.entry(key).or_default().push((start, end, index));
+    }
+    for (key, spans) in &mut per_key {
+        spans.sort();
+        let order: Vec<usize> = spans.iter().map(|s| s.2).collect();
+        assert_eq!(
+            order,
+            (0..10).collect::<Vec<_>>(),
+            "{key} handled out of order"
+        );
+        for pair in spans.windows(2) {
+            assert!(pair[0].1 <= pair[1].0, "{key}: two messages ran at once");
+        }
+    }
+    // Different keys overlapped in time.
+    let firsts: Vec<(u64, u64)> = keys
+        .iter()
+        .map(|k| (per_key[k][0].0, per_key[k][0].1))
+        .collect();
+    let overlaps = firsts
+        .iter()
+        .enumerate()
+        .any(|(i, a)| firsts.iter().skip(i + 1).any(|b| a.0 < b.1 && b.0 < a.1));
+    let any_overlap = overlaps || {
+        let all: Vec<(u64, u64, &str)> = per_key
+            .iter()
+            .flat_map(|(k, s)| s.iter().map(move |x| (x.0, x.1, *k)))
+            .collect();
+        all.iter()
+            .any(|a| all.iter().any(|b| a.2 != b.2 && a.0 < b.1 && b.0 < a.1))
+    };
+    assert!(any_overlap, "different keys never ran in parallel");
+    // The failing message held back only k0: every other key finished
+    // before k0's failing message finally succeeded.
+    let k0_fail_end = per_key["k0"][2].1;
+    for key in ["k1", "k2", "k3"] {
+        let last_end = per_key[key].last().expect("spans").1;
+        assert!(
+            last_end < k0_fail_end,
+            "{key} was held back by k0's failure"
+        );
+    }
+    let retried = out
+        .iter()
+        .find(|m| header(m, "x-input-id") == Some("k0-2"))
+        .expect("k0-2");
+    assert_eq!(header(retried, "x-attempt"), Some("3"));
+}
+
+fn redrive_once_is_enough_and_a_message_that_fails_again_returns_to_the_dlq(backend: &Backend) {
+    let dir = tempfile::tempdir().expect("dir");
+    let stamp = plugin("stamp");
+    let yaml = format!(
+        r#"
+name: rd
+topics: [in, out.a, out.b, out.c, out.b2]
+stages:
+  - name: b2
+    subscribe: out.b
+    plugin: {stamp}
+    publish: [out.b2]
+  - name: a
+    subscribe: in
+    plugin: {stamp}
+    publish: [out.a]
+  - name: b
+    subscribe: in
+    plugin: {stamp}
+    publish: [out.b]
+    config: {{fail_until_attempt: 100, heal_on_redrive: true}}
+    retry: {{max_attempts: 2, backoff: {{initial: 10ms}}}}
+  - name: c
+    subscribe: in
+    plugin: {stamp}
+    publish: [out.c]
+    config: {{fail_until_attempt: 100}}
+    retry: {{max_attempts: 2, backoff: {{initial: 10ms}}}}
+"#
+    );
+    let file = write_pipeline(dir.path(), "rd", &yaml);
+    let daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
+    let messages: Vec<Msg> = (0..10)
+        .map(|i| {
+            Msg::new(
+                format!("r{i}"),
+                if i % 3 == 0 {
+                    format!("FAIL {i}")
+                } else {
+                    format!("ok {i}")
+                },
+            )
+        })
+        .collect();
+    daemon.publish("in", &messages);
+    let settled = |d: &Daemon| {
+        d.read_all("out.a").len() == 10
+            && d.read_all("out.b2").len() + d.read_all("rd.b.dlq").len() == 10
+            && d.read_all("out.c").len() + d.read_all("rd.c.dlq").len() == 10
+    };
+    daemon.wait_until("first pass", LONG, settled);
+    assert_eq!(daemon.read_all("rd.b.dlq").len(), 4);
+    assert_eq!(daemon.read_all("rd.c.dlq").len(), 4);
+
+    // A dry run changes nothing.
+    let dry = daemon.post("/v1/dlq/rd/b/redrive", json!({"dry_run": true}));
+    assert_eq!(dry["redriven"], 4, "{dry}");
+    assert_eq!(daemon.read_all("rd.b.dlq").len(), 4);
+
+    // Redrive b: the fixed handler succeeds; only b runs again.
+    let first = daemon.post("/v1/dlq/rd/b/redrive", json!({}));
+    assert_eq!(first["redriven"], 4, "{first}");
+    daemon.wait_until("b redriven", LONG, |d| d.read_all("out.b2").len() == 10);
+    let second = daemon.post("/v1/dlq/rd/b/redrive", json!({}));
+    assert_eq!(second["redriven"], 0, "{second}");
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(
+        daemon.read_all("out.b2").len(),
+        10,
+        "second redrive made outputs"
+    );
+    assert_eq!(
+        daemon.read_all("out.a").len(),
+        10,
+        "the redrive re-ran stage a"
+    );
+    assert!(daemon.read_all("rd.b.dlq").is_empty());
+    // Outputs of a redriven message flow on downstream like any other (b's
+    // outputs are consumed by b2, so they are counted in out.b2).
+    let downstream = daemon.read_all("out.b2");
+    let inputs: BTreeSet<&str> = downstream
+        .iter()
+        .filter_map(|m| header(m, "x-input-id"))
+        .collect();
+    assert_eq!(inputs.len(), 10, "{downstream:?}");
+    assert!(
+        downstream
+            .iter()
+            .all(|m| header(m, "sluice-redrive-to").is_none())
+    );
+
+    // Redrive c: it fails again and comes back with its attempts counted.
+    // At 5 msgs/s the first redriven message is back in the DLQ long before
+    // the redrive ends; the redrive must not pick it up again.
+    let redriven = daemon.post("/v1/dlq/rd/c/redrive", json!({"rate": 5}));
+    assert_eq!(redriven["redriven"], 4, "{redriven}");
+    daemon.wait_until("c back in the DLQ", LONG, |d| {
+        let dlq = d.read_all("rd.c.dlq");
+        dlq.len() == 4
+            && dlq
+                .iter()
+                .all(|e| header(e, "sluice-redrives") == Some("1"))
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    let dlq = daemon.read_all("rd.c.dlq");
+    assert_eq!(dlq.len(), 4, "it must not loop");
+    for entry in &dlq {
+        assert_eq!(header(entry, "sluice-dlq-attempts"), Some("2"));
+        assert!(
+            entry["id"]
+                .as_str()
+                .is_some_and(|id| id.ends_with("~r1@rd/c")),
+            "{entry}"
+        );
+    }
+    assert_eq!(daemon.read_all("out.c").len(), 6);
+}
+
+fn quickstart_shows_outputs_and_one_dead_letter(backend: &Backend) {
+    sluice_harness::plugin("uppercase");
+    let data = tempfile::tempdir().expect("data dir");
+    let quickstart = sluice_harness::repo_root().join("pipelines/quickstart.yaml");
+    let daemon = Daemon::start_on(backend, &[&quickstart], data.path());
+    daemon.publish(
+        "greetings",
+        &[Msg::new("g1", "hello"), Msg::new("g2", "sluice")],
+    );
+    // The demo's poison: not UTF-8, so the uppercase handler rejects it.
+    daemon.publish_bytes("greetings", "g3", &[0xff, 0xfe]);
+    daemon.wait_until("outputs and the dead letter", LONG, |d| {
+        d.read_all("greetings.upper").len() == 2 && d.read_all("quickstart.shout.dlq").len() == 1
+    });
+    assert_eq!(
+        payloads(&daemon.read_all("greetings.upper")),
+        ["HELLO", "SLUICE"]
+    );
+    let dlq = daemon.read_all("quickstart.shout.dlq");
+    assert_eq!(dlq[0]["id"], "g3", "{dlq:?}");
+    let headers = &dlq[0]["headers"];
+    let header = |name: &str| {
+        headers
+            .as_array()
+            .and_then(|hs| hs.iter().find(|h| h[0] == name))
+            .map(|h| h[1].clone())
+    };
+    assert_eq!(
+        header("sluice-dlq-kind"),
+        Some("rejected".into()),
+        "{dlq:?}"
+    );
+    assert_eq!(header("sluice-dlq-attempts"), Some("1".into()), "{dlq:?}");
+}
+
+on_both_brokers!(
+    orders_10k_every_input_is_routed_or_dead_lettered_exactly_once,
+    fan_out_gives_every_subscriber_every_message,
+    poison_retries_land_in_the_dlq_after_exactly_max_attempts,
+    poison_rejects_land_in_the_dlq_at_once,
+    kill_9_five_times_loses_nothing_and_duplicates_nothing,
+    sigterm_under_load_drains_in_time_and_redelivers_nothing_done,
+    a_handler_slower_than_ack_wait_is_not_redelivered,
+    per_key_ordering_serialises_keys_and_parallelises_across_them,
+    redrive_once_is_enough_and_a_message_that_fails_again_returns_to_the_dlq,
+    quickstart_shows_outputs_and_one_dead_letter,
+);
+
+/// Large messages meet the stage's byte budget before its count limit:
+/// with a backlog of 3 MiB messages and a 300 ms handler, the stage holds
+/// about `IN_FLIGHT_BYTES` / 3 MiB of them (plus the one the fetch loop
+/// waits with), not the `DEFAULT_IN_FLIGHT` its count limit would allow;
+/// the rest waits in the broker, and every message is still processed.
+/// The budget is the engine's, the same on both brokers; this runs on the
+/// embedded one, whose messages may be this large, and whose topic keeps
+/// what was published before any stage subscribed, so the whole backlog
+/// is there before the stage starts, however fast this machine publishes.
+#[test]
+fn large_messages_are_held_within_the_byte_budget() {
+    use sluice::engine::{DEFAULT_IN_FLIGHT, IN_FLIGHT_BYTES};
+    const SIZE: usize = 3 << 20;
+    let fit = IN_FLIGHT_BYTES / SIZE;
+    let n = fit * 2 + 10;
+    assert!(
+        n < DEFAULT_IN_FLIGHT,
+        "the count limit must not be what binds"
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    let data = dir.path().join("data");
+    let pipeline = |stage: &str, topic: &str| {
+        write_pipeline(
+            dir.path(),
+            "big",
+            &format!(
+                "name: big\ntopics: [in, out, idle]\nstages:\n  - name: {stage}\n    subscribe: {topic}\n    plugin: {}\n    concurrency: 1\n    config: {{ms: 300}}\n    publish: [out]\n",
+                plugin("sleepy")
+            ),
+        )
+    };
+    // The backlog first, while the stage reads another topic.
+    {
+        let daemon = Daemon::start(&[&pipeline("parked", "idle")], &data);
+        let payload = vec![b'b'; SIZE];
+        std::thread::scope(|s| {
+            for producer in 0..4 {
+                let (daemon, payload) = (&daemon, &payload);
+                s.spawn(move || {
+                    for i in (producer..n).step_by(4) {
+                        daemon.publish_bytes("in", &format!("big-{i}"), payload);
+                    }
+                });
+            }
+        });
+        assert_eq!(daemon.depth("in"), n);
+    }
+    let daemon = Daemon::start(&[&pipeline("slow", "in")], &data);
+    let held = std::sync::atomic::AtomicUsize::new(0);
+    while daemon.depth("out") < n {
+        held.fetch_max(in_flight(&daemon), std::sync::atomic::Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let held = held.into_inner();
+    eprintln!("{n} messages of {SIZE} B: at most {held} held at once (budget fits {fit})");
+    assert!(
+        held <= fit + 2,
+        "the stage held {held} messages of {SIZE} B at once; its byte budget fits {fit}"
+    );
+    assert!(
+        held >= fit / 2,
+        "the stage did not fill its budget ({held})"
+    );
+    let status = daemon.get("/v1/status");
+    assert_eq!(status[0]["processed_total"], n, "{status}");
+    assert_eq!(status[0]["dlq_depth"], 0, "{status}");
+    assert_eq!(daemon.depth("out"), n, "every message processed once");
+}
+
+/// Deliveries the daemon's only stage holds now.
+fn in_flight(daemon: &Daemon) -> usize {
+    let held = daemon.get("/v1/status")[0]["in_flight"]
+        .as_u64()
+        .expect("in_flight");
+    usize::try_from(held).expect("fits")
+}
