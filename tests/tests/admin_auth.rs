@@ -19,15 +19,14 @@
 //!
 //! Tokens never appear in the daemon's log.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::net::TcpStream;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use reqwest::blocking::Client;
 use serde_json::Value;
-use sluice_tests::{CACHE, plugin, sluice_bin, write_pipeline};
+use sluice_tests::{Daemon, Exited, plugin};
 
 const FULL: &str = "full-token-3f9a1c";
 const READ: &str = "read-token-77be20";
@@ -48,136 +47,26 @@ stages:
     )
 }
 
-/// A `sluice run` child, its admin base URL and its log.
-struct Daemon {
-    child: Child,
-    base: String,
-    addr: String,
-    log: Arc<Mutex<String>>,
-    _dir: tempfile::TempDir,
+/// The `shop` pipeline in a directory of its own, with `args` after it
+/// and `env`; ready.
+fn start_shop(args: &[&str], env: &[(&str, &str)]) -> Daemon {
+    start_yaml(&shop_yaml(), args, env)
 }
 
-impl Daemon {
-    /// Starts the daemon with `args` after the pipeline and `env`, and
-    /// waits for its ready line.
-    fn start(args: &[&str], env: &[(&str, &str)]) -> Daemon {
-        Daemon::start_yaml(&shop_yaml(), args, env)
-    }
-
-    /// [`start`](Self::start) with another pipeline file.
-    fn start_yaml(yaml: &str, args: &[&str], env: &[(&str, &str)]) -> Daemon {
-        match Daemon::spawn_yaml(yaml, args, env) {
-            Ok(daemon) => daemon,
-            Err((output, _)) => panic!("daemon did not start: {output}"),
-        }
-    }
-
-    /// Starts it, or returns its log and exit status when it exits first.
-    fn spawn(
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> Result<Daemon, (String, Option<std::process::ExitStatus>)> {
-        Daemon::spawn_yaml(&shop_yaml(), args, env)
-    }
-
-    fn spawn_yaml(
-        yaml: &str,
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> Result<Daemon, (String, Option<std::process::ExitStatus>)> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = write_pipeline(dir.path(), "pipeline", yaml);
-        let mut command = Command::new(sluice_bin());
-        command
-            .arg("run")
-            .arg(&file)
-            .arg("--data-dir")
-            .arg(dir.path().join("data"));
-        if !args.contains(&"--admin") {
-            command.args(["--admin", "127.0.0.1:0"]);
-        }
-        command
-            .args(args)
-            .env("SLUICE_CACHE_DIR", CACHE.path())
-            .env("SLUICE_LOG", "warn,sluice=info")
-            .env_remove("SLUICE_BROKER")
-            .env_remove("SLUICE_ADMIN_TOKEN")
-            .env_remove("SLUICE_ADMIN_READ_TOKEN")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = command.spawn().expect("spawn sluice run");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel::<(String, String)>();
-        let log: Arc<Mutex<String>> = Arc::default();
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if let Some(rest) = line.split("admin on ").nth(1) {
-                    let url = rest.split(';').next().unwrap_or_default().to_owned();
-                    let addr = url.split("://").nth(1).unwrap_or_default().to_owned();
-                    let _ = tx.send((url, addr));
-                }
-                let mut log = sink.lock().unwrap_or_else(|e| e.into_inner());
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Ok((base, addr)) = rx.recv_timeout(Duration::from_millis(200)) {
-                return Ok(Daemon {
-                    child,
-                    base,
-                    addr,
-                    log,
-                    _dir: dir,
-                });
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                // Let the reader thread take the last lines.
-                std::thread::sleep(Duration::from_millis(300));
-                let text = log.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                return Err((text, Some(status)));
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let text = log.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                return Err((text, None));
-            }
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// Runs the real CLI against this daemon with `env`.
-    fn cli(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
-        Command::new(sluice_bin())
-            .args(args)
-            .env("SLUICE_ADMIN", &self.base)
-            .env_remove("SLUICE_BROKER")
-            .env_remove("SLUICE_ADMIN_TOKEN")
-            .env_remove("SLUICE_ADMIN_READ_TOKEN")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .output()
-            .expect("run sluice")
-    }
+/// [`start_shop`] with another pipeline.
+fn start_yaml(yaml: &str, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+    Daemon::with_yaml(yaml)
+        .args(args)
+        .envs(env.iter().copied())
+        .start()
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// [`start_shop`], or its log and exit status when it exits first.
+fn try_start_shop(args: &[&str], env: &[(&str, &str)]) -> Result<Daemon, Exited> {
+    Daemon::with_yaml(&shop_yaml())
+        .args(args)
+        .envs(env.iter().copied())
+        .try_start()
 }
 
 fn http() -> Client {
@@ -189,7 +78,7 @@ fn http() -> Client {
 }
 
 fn with_tokens() -> Daemon {
-    Daemon::start(
+    start_shop(
         &[],
         &[
             ("SLUICE_ADMIN_TOKEN", FULL),
@@ -391,16 +280,16 @@ fn browsers_cannot_reach_in_by_body_type_host_or_origin() {
 
 #[test]
 fn a_non_loopback_bind_needs_a_token_or_admin_insecure() {
-    let refused = Daemon::spawn(&["--admin", "0.0.0.0:0"], &[]);
+    let refused = try_start_shop(&["--admin", "0.0.0.0:0"], &[]);
     match refused {
         Ok(_) => panic!("the daemon started on 0.0.0.0 without a token"),
-        Err((log, status)) => {
+        Err(Exited { log, status }) => {
             assert_eq!(status.and_then(|s| s.code()), Some(2), "{log}");
             assert!(log.contains("SLUICE_ADMIN_TOKEN"), "{log}");
             assert!(log.contains("--admin-insecure"), "{log}");
         }
     }
-    let insecure = Daemon::start(&["--admin", "0.0.0.0:0", "--admin-insecure"], &[]);
+    let insecure = start_shop(&["--admin", "0.0.0.0:0", "--admin-insecure"], &[]);
     assert!(insecure.addr.starts_with("0.0.0.0:"), "{}", insecure.addr);
     let port = insecure.addr.rsplit(':').next().expect("port");
     let status = http()
@@ -408,7 +297,7 @@ fn a_non_loopback_bind_needs_a_token_or_admin_insecure() {
         .send()
         .expect("GET");
     assert_eq!(status.status(), 200);
-    let with_token = Daemon::start(&["--admin", "0.0.0.0:0"], &[("SLUICE_ADMIN_TOKEN", FULL)]);
+    let with_token = start_shop(&["--admin", "0.0.0.0:0"], &[("SLUICE_ADMIN_TOKEN", FULL)]);
     assert!(with_token.addr.starts_with("0.0.0.0:"));
 }
 
@@ -497,7 +386,7 @@ fn tls_serves_https_and_the_cli_trusts_it_with_admin_ca() {
     let cert_flag = cert_file.display().to_string();
     let key_flag = key_file.display().to_string();
 
-    let d = Daemon::start(
+    let d = start_shop(
         &["--admin-tls-cert", &cert_flag, "--admin-tls-key", &key_flag],
         &[("SLUICE_ADMIN_TOKEN", FULL)],
     );
@@ -549,7 +438,7 @@ fn tls_serves_https_and_the_cli_trusts_it_with_admin_ca() {
 
 #[test]
 fn idle_sockets_neither_delay_a_request_nor_outstay_the_header_timeout() {
-    let d = Daemon::start(&[], &[("SLUICE_ADMIN_HEADER_TIMEOUT", "2s")]);
+    let d = start_shop(&[], &[("SLUICE_ADMIN_HEADER_TIMEOUT", "2s")]);
     let idle: Vec<TcpStream> = (0..300)
         .map(|_| TcpStream::connect(&d.addr).expect("connect"))
         .collect();
@@ -588,7 +477,7 @@ fn idle_sockets_neither_delay_a_request_nor_outstay_the_header_timeout() {
 
 #[test]
 fn health_splits_liveness_from_readiness_and_metrics_match_their_type() {
-    let d = Daemon::start(&[], &[]);
+    let d = start_shop(&[], &[]);
     let http = http();
     let live: Value = http
         .get(d.url("/health/live"))
@@ -683,7 +572,7 @@ stages:
 "#,
         sleepy = plugin("sleepy"),
     );
-    let mut d = Daemon::start_yaml(&yaml, &[], &[]);
+    let mut d = start_yaml(&yaml, &[], &[]);
     let http = http();
     let r = http
         .post(d.url("/v1/topics/in/messages"))
@@ -708,11 +597,7 @@ stages:
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let term = Command::new("kill")
-        .args(["-TERM", &d.child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(term.success());
+    d.term();
     // While the handler call in hand finishes, ingest says 503.
     let deadline = Instant::now() + Duration::from_secs(20);
     let refused = loop {
@@ -744,14 +629,14 @@ stages:
     );
     let live = http.get(d.url("/health/live")).send().expect("GET");
     assert_eq!(live.status(), 200);
-    let exit = d.child.wait().expect("exit");
+    let exit = d.wait();
     assert!(exit.success(), "{exit:?}\n{}", d.log());
 }
 
 #[test]
 fn request_bodies_in_flight_have_a_global_budget() {
     use std::io::Write;
-    let d = Daemon::start(&[], &[("SLUICE_ADMIN_BODY_BUDGET", "1MiB")]);
+    let d = start_shop(&[], &[("SLUICE_ADMIN_BODY_BUDGET", "1MiB")]);
     let http = http();
     // A slow client announces 768 KiB and sends a little: its body holds
     // that much of the budget while it dribbles.
@@ -849,7 +734,7 @@ fn request_bodies_in_flight_have_a_global_budget() {
 #[test]
 fn metrics_and_probes_answer_at_once_with_nats_down() {
     let mut nats = sluice_harness::nats::NatsServer::start().expect("nats-server");
-    let d = Daemon::start(&["--broker", &nats.url()], &[]);
+    let d = start_shop(&["--broker", &nats.url()], &[]);
     let http = http();
     let body = http
         .get(d.url("/metrics"))
@@ -881,7 +766,7 @@ fn metrics_and_probes_answer_at_once_with_nats_down() {
 
 #[test]
 fn connections_past_the_cap_are_closed_at_once() {
-    let d = Daemon::start(
+    let d = start_shop(
         &[],
         &[
             ("SLUICE_ADMIN_MAX_CONNECTIONS", "20"),
