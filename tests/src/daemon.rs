@@ -455,6 +455,21 @@ impl Daemon {
             .expect("json")
     }
 
+    /// `/health/ready` as `(status, its reasons joined by "; ")`.
+    pub fn readiness(&self) -> (String, String) {
+        let r = self.get("/health/ready");
+        let reasons = r["reasons"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .unwrap_or_default();
+        (r["status"].as_str().unwrap_or_default().to_owned(), reasons)
+    }
+
     /// `POST path` with a JSON body, as JSON.
     pub fn post(&self, path: &str, body: Value) -> Value {
         let response = self

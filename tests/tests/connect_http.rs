@@ -293,21 +293,6 @@ fn ready(daemon: &Daemon) -> Value {
     daemon.get("/health/ready")
 }
 
-/// `(status, reasons joined)` of `/health/ready`.
-fn readiness(daemon: &Daemon) -> (String, String) {
-    let r = ready(daemon);
-    let reasons = r["reasons"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .collect::<Vec<_>>()
-                .join("; ")
-        })
-        .unwrap_or_default();
-    (r["status"].as_str().unwrap_or_default().to_owned(), reasons)
-}
-
 // ---------------------------------------------------------------------
 // The signature snippet of docs/connectors/http.md
 // ---------------------------------------------------------------------
@@ -596,14 +581,14 @@ fn an_unreachable_target_holds_messages_without_spending_attempts(backend: &Back
     // Not started yet.
     daemon.publish("out", &batch(0));
     wait_for("readiness degraded naming the sink", &daemon, || {
-        let (status, reasons) = readiness(&daemon);
+        let (status, reasons) = daemon.readiness();
         status == "degraded" && reasons.contains("hooks/notify")
     });
     // Many rounds of backoff (max 500ms) pass: with 3 attempts each, a
     // message whose attempts were spent would be dead-lettered by now.
     std::thread::sleep(Duration::from_secs(4));
     assert!(dlq(&daemon, "hooks", "notify").is_empty());
-    let (_, reasons) = readiness(&daemon);
+    let (_, reasons) = daemon.readiness();
     assert!(reasons.contains("cannot connect"), "{reasons}");
 
     let mut receiver = Receiver::start_on(port, None, always(200), hits.clone());
@@ -611,14 +596,14 @@ fn an_unreachable_target_holds_messages_without_spending_attempts(backend: &Back
         delivered(&receiver.hits(), None).len() == 10
     });
     wait_for("readiness back to ready", &daemon, || {
-        readiness(&daemon).0 == "ready"
+        daemon.readiness().0 == "ready"
     });
 
     // Stopped mid-run.
     receiver.stop();
     daemon.publish("out", &batch(10));
     wait_for("readiness degraded again", &daemon, || {
-        let (status, reasons) = readiness(&daemon);
+        let (status, reasons) = daemon.readiness();
         status == "degraded" && reasons.contains("hooks/notify")
     });
     std::thread::sleep(Duration::from_secs(4));
@@ -903,7 +888,7 @@ fn tls_ca_trusts_a_self_signed_receiver_and_an_untrusted_one_is_held_and_said() 
         "readiness says the certificate is not trusted",
         &daemon,
         || {
-            let (status, reasons) = readiness(&daemon);
+            let (status, reasons) = daemon.readiness();
             status == "degraded"
                 && reasons.contains("secure/untrusted")
                 && reasons.contains("not trusted")
@@ -1017,7 +1002,7 @@ fn the_url_password_secret_and_header_values_never_show() {
     // Down first: the connect errors (which quote the URL) are logged and
     // shown in readiness.
     wait_for("readiness degraded", &daemon, || {
-        readiness(&daemon).0 == "degraded"
+        daemon.readiness().0 == "degraded"
     });
     let down_ready = ready(&daemon).to_string();
     let down_status = daemon.get("/v1/status").to_string();

@@ -9,7 +9,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::Value;
 use sluice_harness::postgres::PostgresServer;
 use sluice_harness::redis::RedisServer;
 use sluice_tests::{Daemon, Msg, header, write_pipeline};
@@ -22,21 +21,6 @@ fn certificate() -> (String, String) {
     let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
         .expect("a self-signed certificate");
     (cert.cert.pem(), cert.signing_key.serialize_pem())
-}
-
-/// `(status, reasons joined)` of `/health/ready`.
-fn readiness(daemon: &Daemon) -> (String, String) {
-    let r = daemon.get("/health/ready");
-    let reasons = r["reasons"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .collect::<Vec<_>>()
-                .join("; ")
-        })
-        .unwrap_or_default();
-    (r["status"].as_str().unwrap_or_default().to_owned(), reasons)
 }
 
 fn write_ca(dir: &Path, pem: &str) {
@@ -92,7 +76,7 @@ fn redis_over_tls_moves_every_entry_and_an_untrusted_server_is_held_and_said() {
             .collect::<Vec<_>>(),
     );
     daemon.wait_until("readiness says the certificate is not trusted", LONG, |d| {
-        let (status, reasons) = readiness(d);
+        let (status, reasons) = d.readiness();
         status == "degraded"
             && reasons.contains("secure/untrusted")
             && reasons.contains("not trusted")
@@ -179,7 +163,7 @@ fn postgres_over_tls_with_verify_full_and_plaintext_is_refused() {
     daemon.publish("plain", &[Msg::new("p1", "x")]);
     daemon.publish("untrusted", &[Msg::new("u1", "x")]);
     daemon.wait_until("readiness names both held sinks", LONG, |d| {
-        let (status, reasons) = readiness(d);
+        let (status, reasons) = d.readiness();
         status == "degraded"
             && reasons.contains("pgtls/no-tls")
             && reasons.contains("pgtls/no-ca")
@@ -187,7 +171,7 @@ fn postgres_over_tls_with_verify_full_and_plaintext_is_refused() {
     });
     assert_eq!(daemon.depth("pgtls.no-tls.dlq"), 0);
     assert_eq!(daemon.depth("pgtls.no-ca.dlq"), 0);
-    let (_, reasons) = readiness(&daemon);
+    let (_, reasons) = daemon.readiness();
     assert!(
         !reasons.contains(server.password()),
         "no password in readiness: {reasons}"
