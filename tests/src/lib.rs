@@ -120,6 +120,33 @@ fn newest_file(path: &Path) -> Option<(PathBuf, SystemTime)> {
 pub static CACHE: LazyLock<tempfile::TempDir> =
     LazyLock::new(|| tempfile::tempdir().expect("a cache dir"));
 
+/// Runs `sluice ARGS` to its exit (killed, and the test failed, after 2
+/// minutes), with the shared compile cache and no broker taken from the
+/// environment: for commands that end by themselves, such as `data
+/// check` or a `run` that must refuse to start.
+pub fn sluice_to_exit<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(sluice_bin())
+        .args(args)
+        .env("SLUICE_CACHE_DIR", CACHE.path())
+        .env_remove("SLUICE_BROKER")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice");
+    let started = std::time::Instant::now();
+    while child.try_wait().expect("try_wait").is_none() {
+        if started.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_string_lossy()).collect();
+            panic!("sluice {shown:?} did not exit within 2 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("output")
+}
+
 /// The path of a plugin built from `plugins/`, as text for YAML.
 pub fn plugin(name: &str) -> String {
     sluice_harness::plugin(name).display().to_string()

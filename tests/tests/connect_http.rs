@@ -25,7 +25,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,7 +37,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
-use sluice_tests::{Backend, Daemon, Msg, on_both_brokers, sluice_bin, write_pipeline};
+use sluice_tests::{Backend, Daemon, Msg, on_both_brokers, sluice_to_exit, write_pipeline};
 
 // ---------------------------------------------------------------------
 // The receiver
@@ -923,39 +922,21 @@ fn a_tls_ca_file_without_certificates_refuses_start_up() {
          \x20   subscribe: a\n\
          \x20   http: {url: 'https://127.0.0.1:9/x', tls_ca: ca.pem}\n",
     );
-    let out = run_to_exit(&pipeline, &dir.path().join("data"));
+    let data = dir.path().join("data");
+    let out = sluice_to_exit(&[
+        "run".as_ref(),
+        pipeline.as_os_str(),
+        "--data-dir".as_ref(),
+        data.as_os_str(),
+        "--admin".as_ref(),
+        "127.0.0.1:0".as_ref(),
+    ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("hook") && err.contains("holds no PEM certificate"),
         "{err}"
     );
-}
-
-/// `sluice run` that is expected to exit by itself.
-fn run_to_exit(pipeline: &Path, data: &Path) -> std::process::Output {
-    let mut child = Command::new(sluice_bin())
-        .arg("run")
-        .arg(pipeline)
-        .arg("--data-dir")
-        .arg(data)
-        .args(["--admin", "127.0.0.1:0"])
-        .env("SLUICE_CACHE_DIR", sluice_tests::CACHE.path())
-        .env_remove("SLUICE_BROKER")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let started = Instant::now();
-    while child.try_wait().expect("try_wait").is_none() {
-        if started.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            panic!("sluice run did not refuse to start");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().expect("output")
 }
 
 // ---------------------------------------------------------------------

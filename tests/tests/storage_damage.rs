@@ -11,13 +11,13 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
+use std::time::Duration;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use sluice::broker::embedded::journal;
-use sluice_tests::{Daemon, Msg, plugin, sluice_bin, write_pipeline};
+use sluice_tests::{Daemon, Msg, plugin, sluice_to_exit, write_pipeline};
 
 /// Messages published to `side` (no stage reads it, so all stay stored).
 const N: usize = 3000;
@@ -111,28 +111,6 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (u64, Vec<u8>)> {
     out
 }
 
-/// Runs `sluice ARGS` to completion (at most 2 minutes).
-fn sluice(args: &[&str]) -> Output {
-    let mut child = Command::new(sluice_bin())
-        .args(args)
-        .env("SLUICE_CACHE_DIR", sluice_tests::CACHE.path())
-        .env_remove("SLUICE_BROKER")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sluice");
-    let started = Instant::now();
-    while child.try_wait().expect("try_wait").is_none() {
-        if started.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            panic!("sluice {args:?} did not exit within 2 minutes");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().expect("output")
-}
-
 fn text(out: &Output) -> String {
     format!(
         "exit {:?}\nstdout:\n{}\nstderr:\n{}",
@@ -159,7 +137,7 @@ fn damage_in_the_journal_refuses_to_start_and_changes_no_file() {
     let file = file.display().to_string();
 
     // The undamaged directory checks clean.
-    let clean = sluice(&["data", "check", "--data-dir", &data.display().to_string()]);
+    let clean = sluice_to_exit(&["data", "check", "--data-dir", &data.display().to_string()]);
     assert_eq!(clean.status.code(), Some(0), "{}", text(&clean));
     assert!(String::from_utf8_lossy(&clean.stdout).contains("ok:"));
 
@@ -176,7 +154,7 @@ fn damage_in_the_journal_refuses_to_start_and_changes_no_file() {
         let before = snapshot(&copy);
         let d = copy.display().to_string();
 
-        let run = sluice(&["run", &file, "--data-dir", &d, "--admin", "127.0.0.1:0"]);
+        let run = sluice_to_exit(&["run", &file, "--data-dir", &d, "--admin", "127.0.0.1:0"]);
         let stderr = String::from_utf8_lossy(&run.stderr);
         assert!(
             !run.status.success() && run.status.code().is_some(),
@@ -196,7 +174,7 @@ fn damage_in_the_journal_refuses_to_start_and_changes_no_file() {
         assert_eq!(snapshot(&copy), before, "{pct}%: a file changed");
 
         // check: exit 1, the journal named, the topic's lost range.
-        let check = sluice(&["data", "check", "--data-dir", &d]);
+        let check = sluice_to_exit(&["data", "check", "--data-dir", &d]);
         let out = String::from_utf8_lossy(&check.stdout);
         assert_eq!(check.status.code(), Some(1), "{pct}%: {}", text(&check));
         assert!(
@@ -209,7 +187,7 @@ fn damage_in_the_journal_refuses_to_start_and_changes_no_file() {
         // salvage: a new directory with everything before the damage, the
         // loss reported from the first missing seq, nothing changed here.
         let to = dir.path().join(format!("salvaged-{pct}"));
-        let salvage = sluice(&[
+        let salvage = sluice_to_exit(&[
             "data",
             "salvage",
             "--data-dir",
@@ -256,7 +234,7 @@ fn a_torn_tail_starts_with_everything_before_it_intact() {
         .expect("cut");
 
     let d = data.display().to_string();
-    let check = sluice(&["data", "check", "--data-dir", &d]);
+    let check = sluice_to_exit(&["data", "check", "--data-dir", &d]);
     assert_eq!(check.status.code(), Some(0), "{}", text(&check));
     assert!(
         String::from_utf8_lossy(&check.stdout).contains("torn tail"),
@@ -269,7 +247,7 @@ fn a_torn_tail_starts_with_everything_before_it_intact() {
     assert!(kept >= N - CHUNK, "only {kept} of {N} messages kept");
 
     // The tools refuse a directory a daemon holds.
-    let busy = sluice(&["data", "check", "--data-dir", &d]);
+    let busy = sluice_to_exit(&["data", "check", "--data-dir", &d]);
     assert_eq!(busy.status.code(), Some(2), "{}", text(&busy));
     assert!(String::from_utf8_lossy(&busy.stderr).contains("in use"));
 
@@ -325,7 +303,7 @@ fn a_damaged_table_block_is_reported_and_quarantined() {
     std::fs::write(&table, &bytes).expect("write table");
     let d = data.display().to_string();
 
-    let check = sluice(&["data", "check", "--data-dir", &d]);
+    let check = sluice_to_exit(&["data", "check", "--data-dir", &d]);
     let out = String::from_utf8_lossy(&check.stdout).into_owned();
     assert_eq!(check.status.code(), Some(1), "{}", text(&check));
     let line = out
@@ -337,7 +315,7 @@ fn a_damaged_table_block_is_reported_and_quarantined() {
     let (from, to): (u64, u64) = (from.parse().expect("from"), to.parse().expect("to"));
     assert!(from >= 1 && from <= to && to <= n as u64, "{line}");
 
-    let q = sluice(&[
+    let q = sluice_to_exit(&[
         "data",
         "quarantine",
         "--data-dir",
@@ -355,7 +333,7 @@ fn a_damaged_table_block_is_reported_and_quarantined() {
         report.contains(&format!("topic side seq {from}..={to}")),
         "{report}"
     );
-    let clean = sluice(&["data", "check", "--data-dir", &d]);
+    let clean = sluice_to_exit(&["data", "check", "--data-dir", &d]);
     assert_eq!(clean.status.code(), Some(0), "{}", text(&clean));
 
     let mut daemon = Daemon::start(&[file.as_path()], &data);
