@@ -263,9 +263,11 @@ async fn read_body(
     // large payload costs its size once, not chunks + a collected copy.
     let expected = hint.exact().and_then(|n| usize::try_from(n).ok());
     let reserved = expected.unwrap_or(0).min(limit);
-    budget.take(state, reserved)?;
-    let mut buf = bytes::BytesMut::with_capacity(reserved);
     let mut body = body;
+    if let Err(busy) = budget.take(state, reserved) {
+        return Err(refuse_busy(busy, body, limit).await);
+    }
+    let mut buf = bytes::BytesMut::with_capacity(reserved);
     while let Some(frame) = body.frame().await {
         let frame = frame
             .map_err(|e| ApiError::BadRequest(format!("cannot read the request body: {e}")))?;
@@ -274,11 +276,41 @@ async fn read_body(
                 return Err(too_large());
             }
             let beyond = (buf.len() + chunk.len()).saturating_sub(reserved.max(buf.len()));
-            budget.take(state, beyond)?;
+            if let Err(busy) = budget.take(state, beyond) {
+                // Give back what this request held before waiting on it.
+                drop((buf, budget));
+                return Err(refuse_busy(busy, body, limit).await);
+            }
             buf.extend_from_slice(&chunk);
         }
     }
     Ok((buf.freeze(), budget))
+}
+
+/// How long a refused request's body is read and dropped, at most.
+const DISCARD_FOR: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Answers a request that found the budget full (`busy`, or 413 when it
+/// could never fit), after reading and dropping the rest of its body: a
+/// client still sending would otherwise see the connection reset under
+/// it instead of the 503 and its `Retry-After`. The bytes are not kept,
+/// so this costs no memory; `limit` and [`DISCARD_FOR`] bound the rest.
+async fn refuse_busy(error: ApiError, mut body: axum::body::Body, limit: usize) -> ApiError {
+    use http_body_util::BodyExt;
+    if !matches!(error, ApiError::Busy { .. }) {
+        return error;
+    }
+    let drain = async {
+        let mut seen = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            seen += frame.data_ref().map_or(0, Bytes::len);
+            if seen > limit {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DISCARD_FOR, drain).await;
+    error
 }
 
 /// `POST /v1/topics/{topic}/batch`.
