@@ -23,7 +23,7 @@ use super::consumer::{Consumer, Pending};
 use super::retention;
 use super::store::{
     DedupRecord, MessageRecordRef, PendingRecord, Position, Store, TopicRecord, cursor_key, decode,
-    dedup_key, encode, expiry_key, msg_key, pending_key, run_key, storage,
+    dedup_key, encode, msg_key, pending_key, run_key, storage,
 };
 use super::topic::{Topic, TopicState};
 use super::{Shared, SyncMode};
@@ -262,6 +262,11 @@ impl<'a> Group<'a> {
         topics: &[Arc<Topic>],
     ) -> Result<Vec<PublishAck>, BrokerError> {
         let window = self.shared.dedup_window_ms;
+        if window > 0 {
+            self.store
+                .window
+                .rotate(&mut self.batch, self.now, window)?;
+        }
         let mut acks = Vec::with_capacity(messages.len());
         for (m, topic) in messages.iter().zip(topics) {
             let dk = if window > 0 {
@@ -273,24 +278,16 @@ impl<'a> Group<'a> {
                     });
                     continue;
                 }
-                if let Some(bytes) = self
-                    .store
-                    .dedup
-                    .get(&dk)
-                    .map_err(|e| storage("reading the duplicate window", e))?
+                // An entry past the window (its generation not yet
+                // cleared) is replaced by the new one.
+                if let Some(old) = self.store.window.get(&dk)?
+                    && self.now.saturating_sub(old.at) < window
                 {
-                    let old: DedupRecord = decode(&bytes)?;
-                    if self.now.saturating_sub(old.at) < window {
-                        acks.push(PublishAck {
-                            seq: old.seq,
-                            duplicate: true,
-                        });
-                        continue;
-                    }
-                    // Expired but not yet swept: replace it, and its
-                    // expiry entry, so the sweep never deletes the new one.
-                    self.batch
-                        .remove(&self.store.dedup_expiry, expiry_key(old.at, &dk));
+                    acks.push(PublishAck {
+                        seq: old.seq,
+                        duplicate: true,
+                    });
+                    continue;
                 }
                 Some(dk)
             } else {
@@ -321,13 +318,9 @@ impl<'a> Group<'a> {
             self.batch
                 .insert(&store.messages, msg_key(topic.id, seq), value);
             if let Some(dk) = dk {
-                self.batch.insert(
-                    &store.dedup,
-                    dk.as_slice(),
-                    encode(&DedupRecord { seq, at: now })?,
-                );
-                self.batch
-                    .insert(&store.dedup_expiry, expiry_key(now, &dk), &[][..]);
+                store
+                    .window
+                    .insert(&mut self.batch, &dk, DedupRecord { seq, at: now })?;
                 self.dedup.insert(dk, seq);
             }
             acks.push(PublishAck {

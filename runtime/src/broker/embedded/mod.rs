@@ -34,6 +34,7 @@ mod retention;
 mod store;
 pub mod tools;
 mod topic;
+mod window;
 
 use std::collections::HashMap;
 use std::fs::File;

@@ -8,7 +8,8 @@
 //! - **Too old.** A topic with `retention` drops messages (oldest first)
 //!   published longer ago than that, settled or not, with the pending
 //!   entries that pointed at them.
-//! - **Duplicate window.** Entries older than the window leave the index.
+//! - **Duplicate window.** A generation a window old starts the next one,
+//!   and the other is cleared whole ([`super::window`]).
 //! - **Stage dedup records** past their TTL are removed.
 //! - **Floors** that rose since the last group are written
 //!   ([`super::store::Position`]).
@@ -20,7 +21,7 @@ use std::sync::Arc;
 
 use super::Shared;
 use super::commit::Group;
-use super::store::{MessageRecord, decode, expiry_key, key_seq, msg_key, storage};
+use super::store::{MessageRecord, decode, key_seq, msg_key, storage};
 use super::topic::Topic;
 use crate::broker::BrokerError;
 
@@ -59,23 +60,10 @@ pub(super) fn maintain(shared: &Shared) -> Result<(), BrokerError> {
             expire(&mut group, &topic, cutoff, &mut budget)?;
         }
     }
-    if shared.dedup_window_ms > 0 && budget > 0 {
-        let cutoff = group.now.saturating_sub(shared.dedup_window_ms);
-        let store = group.store.clone();
-        let end = expiry_key(cutoff, &[]);
-        for guard in store.dedup_expiry.range(..end.as_slice()) {
-            if budget == 0 {
-                break;
-            }
-            let key = guard
-                .key()
-                .map_err(|e| storage("reading the duplicate window", e))?;
-            if let Some(dk) = key.get(8..) {
-                group.batch.remove(&store.dedup, dk);
-            }
-            group.batch.remove(&store.dedup_expiry, key);
-            budget -= 1;
-        }
+    if shared.dedup_window_ms > 0 {
+        // An idle broker drops an expired generation too.
+        let window = group.store.window.clone();
+        window.rotate(&mut group.batch, group.now, shared.dedup_window_ms)?;
     }
     super::idempotency::sweep(&mut group)?;
     // Floors that rose since the last group (the pipeline went idle).

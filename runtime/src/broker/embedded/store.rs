@@ -9,14 +9,11 @@
 //! | `cursors` | consumer id (u32 BE) | next seq to read, then the floor (u64 BE each; see [`Position`]) |
 //! | `pending` | consumer id (u32 BE) + seq (u64 BE) | [`PendingRecord`] |
 //! | `settled` | consumer id (u32 BE) + first seq (u64 BE) | end seq, exclusive (u64 BE): first deliveries settled above the floor |
-//! | `dedup` | topic id (u32 BE) + message id | [`DedupRecord`] |
-//! | `dedup_expiry` | published ms (u64 BE) + topic id + message id | empty |
+//! | `dedup`, `dedup_b` | topic id (u32 BE) + message id | [`DedupRecord`]: the duplicate window's two generations ([`super::window`]) |
 //! | `idempotency` | consumer name + 0 + SHA-256 of the dedup key | [`crate::dedup::Record`] (COMPLETED) |
 //!
 //! Big-endian integers make byte order equal numeric order, so a topic's
-//! messages and a consumer's pending entries are contiguous ranges, and the
-//! expiry index is ordered by time. The expiry key ends with the dedup key,
-//! so expiring an entry needs no read.
+//! messages and a consumer's pending entries are contiguous ranges.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,6 +24,7 @@ use fjall::config::{BloomConstructionPolicy, FilterPolicy, FilterPolicyEntry, Pi
 use fjall::{Database, Keyspace, KeyspaceCreateOptions};
 use serde::{Deserialize, Serialize};
 
+use super::window::DedupWindow;
 use crate::broker::BrokerError;
 
 /// Block cache shared by all keyspaces. Reads of a backlog go through it,
@@ -40,7 +38,7 @@ use crate::broker::BrokerError;
 const CACHE_BYTES: u64 = 8 * 1024 * 1024;
 /// Write buffer of the `messages` keyspace: the biggest writer.
 const MESSAGES_MEMTABLE_BYTES: u64 = 4 * 1024 * 1024;
-/// Write buffer of each of the two duplicate-window keyspaces.
+/// Write buffer of each duplicate-window generation.
 const DEDUP_MEMTABLE_BYTES: u64 = 4 * 1024 * 1024;
 /// Write buffer of the small bookkeeping keyspaces.
 const SMALL_MEMTABLE_BYTES: u64 = 2 * 1024 * 1024;
@@ -66,10 +64,8 @@ pub(super) struct Store {
     /// Runs of first deliveries settled above their consumer's floor, by
     /// (consumer, first seq) (see [`Position`]).
     pub settled: Keyspace,
-    /// The duplicate window: (topic, message id) -> seq.
-    pub dedup: Keyspace,
-    /// The duplicate window in time order, for expiry.
-    pub dedup_expiry: Keyspace,
+    /// The duplicate window: (topic, message id) -> seq, in generations.
+    pub window: DedupWindow,
     /// Stage dedup records (COMPLETED) by (consumer, key).
     pub idempotency: Keyspace,
 }
@@ -124,6 +120,13 @@ impl Store {
             })
             .map_err(|e| storage(format!("opening keyspace {name}"), e))
         };
+        // Stores written before the window had generations kept an expiry
+        // index beside it; the generations need none.
+        if db.keyspace_exists("dedup_expiry") {
+            let old = ks("dedup_expiry", SMALL_MEMTABLE_BYTES)?;
+            db.delete_keyspace(old)
+                .map_err(|e| storage("removing the old keyspace dedup_expiry", e))?;
+        }
         Ok(Store {
             messages: ks("messages", MESSAGES_MEMTABLE_BYTES)?,
             topics: ks("topics", SMALL_MEMTABLE_BYTES)?,
@@ -136,8 +139,10 @@ impl Store {
             // filters must stay in memory (pinned, ~1.2 B per id) or each
             // probe reloads a filter block through the small cache (this
             // took 1M publishes from 4 s to 25 s before it was pinned).
-            dedup: probed("dedup", DEDUP_MEMTABLE_BYTES)?,
-            dedup_expiry: ks("dedup_expiry", DEDUP_MEMTABLE_BYTES)?,
+            window: DedupWindow::open([
+                probed("dedup", DEDUP_MEMTABLE_BYTES)?,
+                probed("dedup_b", DEDUP_MEMTABLE_BYTES)?,
+            ])?,
             // Likewise, a stage's dedup check probes for a key that is
             // usually not there.
             idempotency: probed("idempotency", SMALL_MEMTABLE_BYTES)?,
@@ -228,7 +233,7 @@ impl StoreSlot {
     pub fn reopen(&self) -> Result<(), BrokerError> {
         let store = Store::open(&self.dir)?;
         let mut probe = store.db.batch();
-        probe.remove(&store.dedup, PROBE_KEY);
+        probe.remove(&store.messages, PROBE_KEY);
         probe
             .commit()
             .map_err(|e| storage("writing a probe batch", e))?;
@@ -244,7 +249,7 @@ impl StoreSlot {
     }
 }
 
-/// A key no record has (dedup keys start with a topic id; no topic has
+/// A key no record has (message keys start with a topic id; no topic has
 /// id 0xffffffff), written as a tombstone to prove writes work.
 const PROBE_KEY: &[u8] = b"\xff\xff\xff\xffprobe";
 
@@ -327,7 +332,8 @@ pub(super) struct PendingRecord {
 pub(super) struct DedupRecord {
     /// The seq the id was stored at.
     pub seq: u64,
-    /// When (ms since epoch); also the expiry key's prefix.
+    /// When (ms since epoch): the entry is in the window until `at` plus
+    /// the window.
     pub at: u64,
 }
 
@@ -436,14 +442,6 @@ pub(super) fn idempotency_key(scope: &str, digest: &[u8; 32]) -> Vec<u8> {
     k.extend_from_slice(scope.as_bytes());
     k.push(0);
     k.extend_from_slice(digest);
-    k
-}
-
-/// Key of the expiry-index entry of a dedup entry written at `at`.
-pub(super) fn expiry_key(at: u64, dedup_key: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + dedup_key.len());
-    k.extend_from_slice(&at.to_be_bytes());
-    k.extend_from_slice(dedup_key);
     k
 }
 

@@ -393,6 +393,7 @@ struct Names {
 
 /// The store's keyspaces with their names.
 fn keyspaces(store: &Store) -> [(&'static str, &fjall::Keyspace); 9] {
+    let [dedup, dedup_b] = store.window.keyspaces();
     [
         ("messages", &store.messages),
         ("topics", &store.topics),
@@ -400,8 +401,8 @@ fn keyspaces(store: &Store) -> [(&'static str, &fjall::Keyspace); 9] {
         ("cursors", &store.cursors),
         ("pending", &store.pending),
         ("settled", &store.settled),
-        ("dedup", &store.dedup),
-        ("dedup_expiry", &store.dedup_expiry),
+        dedup,
+        dedup_b,
         ("idempotency", &store.idempotency),
     ]
 }
