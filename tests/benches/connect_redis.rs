@@ -1,8 +1,8 @@
 //! The Redis source and sink against a raw Redis loop, side by side in
 //! one run (samples alternate A, B, A, B, ...; figures are medians).
 //!
-//! `cargo bench -p sluice --bench connect_redis`; in the debug test
-//! profile (`cargo test -p sluice --bench connect_redis`) it runs a small
+//! `cargo bench -p sluice-tests --bench connect_redis`; in the debug
+//! test profile (`cargo test -p sluice-tests --bench connect_redis`) it runs a small
 //! N, to check that it works. `SLUICE_BENCH_N` sets N.
 //!
 //! - **A, raw loop**: one Rust task with one connection: `XREADGROUP COUNT
