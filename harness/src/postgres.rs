@@ -337,6 +337,43 @@ impl PostgresServer {
         std::fs::write(&hba, only_tls)?;
         self.restart()
     }
+
+    /// After [`enable_tls`](Self::enable_tls): every TLS connection must
+    /// also show a client certificate that `client_ca_pem` vouches for
+    /// (`clientcert=verify-ca`; a self-signed client certificate can be
+    /// its own CA). Restarts the server.
+    pub fn require_client_certs(&mut self, client_ca_pem: &str) -> anyhow::Result<()> {
+        let data = self.data();
+        let ca = data.join("client-ca.crt");
+        std::fs::write(&ca, client_ca_pem)?;
+        if self.as_postgres {
+            let status = Command::new("chown")
+                .arg("postgres:postgres")
+                .arg(&ca)
+                .status()?;
+            if !status.success() {
+                bail!("chown of the client CA to postgres failed");
+            }
+        }
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))?;
+        std::io::Write::write_all(&mut conf, b"\nssl_ca_file = 'client-ca.crt'\n")?;
+        let hba = data.join("pg_hba.conf");
+        let text = std::fs::read_to_string(&hba)?;
+        let verified: String = text
+            .lines()
+            .map(|line| {
+                if line.starts_with("hostssl ") {
+                    format!("{line} clientcert=verify-ca\n")
+                } else {
+                    format!("{line}\n")
+                }
+            })
+            .collect();
+        std::fs::write(&hba, verified)?;
+        self.restart()
+    }
 }
 
 impl Drop for PostgresServer {

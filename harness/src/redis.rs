@@ -96,6 +96,29 @@ impl RedisServer {
         Ok(server)
     }
 
+    /// [`start_with_tls`](Self::start_with_tls), and the TLS port accepts
+    /// only clients whose certificate `client_ca_pem` vouches for (a
+    /// self-signed client certificate can be its own CA).
+    pub fn start_with_client_auth(
+        cert_pem: &str,
+        key_pem: &str,
+        client_ca_pem: &str,
+    ) -> anyhow::Result<RedisServer> {
+        let dir = tempfile::tempdir().context("a temporary directory for redis-server")?;
+        std::fs::write(dir.path().join("tls.crt"), cert_pem)?;
+        std::fs::write(dir.path().join("tls.key"), key_pem)?;
+        std::fs::write(dir.path().join("client-ca.crt"), client_ca_pem)?;
+        let mut server = RedisServer {
+            child: None,
+            port: free_port()?,
+            dir,
+            password: None,
+            tls_port: Some(free_port()?),
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
     /// `rediss://localhost:TLS_PORT/0`, when started with TLS.
     pub fn tls_url(&self) -> Option<String> {
         self.tls_port
@@ -125,14 +148,20 @@ impl RedisServer {
         }
         if let Some(tls_port) = self.tls_port {
             let crt = self.dir.path().join("tls.crt");
+            let client_ca = self.dir.path().join("client-ca.crt");
+            let (ca, auth) = if client_ca.is_file() {
+                (client_ca, "yes")
+            } else {
+                (crt.clone(), "no")
+            };
             cmd.args(["--tls-port", &tls_port.to_string()])
                 .arg("--tls-cert-file")
                 .arg(&crt)
                 .arg("--tls-key-file")
                 .arg(self.dir.path().join("tls.key"))
                 .arg("--tls-ca-cert-file")
-                .arg(&crt)
-                .args(["--tls-auth-clients", "no"]);
+                .arg(&ca)
+                .args(["--tls-auth-clients", auth]);
         }
         let child = cmd
             .stdin(Stdio::null())

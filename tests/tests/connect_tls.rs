@@ -3,8 +3,10 @@
 //! certificate, the real `sluice` binary. A connector given the
 //! certificate as `tls_ca` moves every message; one without it is held
 //! (nothing dead-lettered) and readiness says the certificate is not
-//! trusted. Also the Postgres `statement_timeout`: the server itself
-//! cancels a statement that runs too long.
+//! trusted. A Redis that requires client certificates (mutual TLS) takes
+//! the one in `tls_cert`/`tls_key`, and a connector without one is held
+//! with a reason that names them. Also the Postgres `statement_timeout`:
+//! the server itself cancels a statement that runs too long.
 
 use std::path::Path;
 use std::time::Duration;
@@ -96,6 +98,83 @@ fn redis_over_tls_moves_every_entry_and_an_untrusted_server_is_held_and_said() {
 }
 
 #[test]
+fn redis_with_client_certificates_takes_tls_cert_and_holds_a_client_without_one() {
+    let (cert, key) = certificate();
+    // The client's own self-signed certificate: the server trusts it as
+    // the CA of its clients.
+    let client = rcgen::generate_simple_self_signed(vec!["sluice-client".into()])
+        .expect("a client certificate");
+    let (client_cert, client_key) = (client.cert.pem(), client.signing_key.serialize_pem());
+    let server = RedisServer::start_with_client_auth(&cert, &key, &client_cert)
+        .unwrap_or_else(|e| panic!("starting redis-server with client auth: {e:#}"));
+    let tls_url = server.tls_url().expect("a TLS port");
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_ca(dir.path(), &cert);
+    std::fs::write(dir.path().join("certs/client.pem"), &client_cert).expect("write");
+    std::fs::write(dir.path().join("certs/client.key"), &client_key).expect("write");
+    let pipeline = write_pipeline(
+        dir.path(),
+        "mutual",
+        &format!(
+            "name: mutual\n\
+             topics: [in, copy]\n\
+             sources:\n\
+             \x20 - name: from-redis\n\
+             \x20   to: in\n\
+             \x20   redis: {{url: '{tls_url}', stream: m-in, group: g, start: oldest, tls_ca: certs/ca.pem, tls_cert: certs/client.pem, tls_key: certs/client.key}}\n\
+             sinks:\n\
+             \x20 - name: to-redis\n\
+             \x20   subscribe: in\n\
+             \x20   redis: {{url: '{tls_url}', stream: m-out, tls_ca: certs/ca.pem, tls_cert: certs/client.pem, tls_key: certs/client.key}}\n\
+             \x20 - name: anonymous\n\
+             \x20   subscribe: copy\n\
+             \x20   retry: {{max_attempts: 2, backoff: {{initial: 100ms, max: 500ms}}}}\n\
+             \x20   redis: {{url: '{tls_url}', stream: never, tls_ca: certs/ca.pem}}\n"
+        ),
+    );
+    for i in 0..100 {
+        let reply = server
+            .command(&["XADD", "m-in", "*", "payload", &format!("m-{i}")])
+            .expect("XADD");
+        assert!(reply.starts_with('$'), "{reply}");
+    }
+    let daemon = Daemon::start(&[&pipeline], &dir.path().join("data"));
+    daemon.wait_until("100 entries arrive over mutual TLS", LONG, |_| {
+        server
+            .command(&["XLEN", "m-out"])
+            .is_ok_and(|r| r == ":100")
+    });
+    daemon.publish(
+        "copy",
+        &(0..3)
+            .map(|i| Msg::new(format!("c{i}"), "x"))
+            .collect::<Vec<_>>(),
+    );
+    daemon.wait_until(
+        "readiness says the server wants a client certificate",
+        LONG,
+        |d| {
+            let (status, reasons) = d.readiness();
+            status == "degraded"
+                && reasons.contains("mutual/anonymous")
+                && reasons.contains("tls_cert")
+        },
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        daemon.depth("mutual.anonymous.dlq"),
+        0,
+        "held, not dead-lettered"
+    );
+    assert_eq!(server.command(&["EXISTS", "never"]).expect("EXISTS"), ":0");
+    let log = daemon.log();
+    assert!(
+        !log.contains("PRIVATE KEY"),
+        "the key never reaches the log:\n{log}"
+    );
+}
+
+#[test]
 fn postgres_over_tls_with_verify_full_and_plaintext_is_refused() {
     let (cert, key) = certificate();
     let mut server = PostgresServer::start().unwrap_or_else(|e| panic!("starting postgres: {e:#}"));
@@ -175,6 +254,75 @@ fn postgres_over_tls_with_verify_full_and_plaintext_is_refused() {
     assert!(
         !reasons.contains(server.password()),
         "no password in readiness: {reasons}"
+    );
+}
+
+#[test]
+fn postgres_with_client_certificates_takes_tls_cert_and_holds_a_client_without_one() {
+    let (cert, key) = certificate();
+    let client = rcgen::generate_simple_self_signed(vec!["sluice-client".into()])
+        .expect("a client certificate");
+    let (client_cert, client_key) = (client.cert.pem(), client.signing_key.serialize_pem());
+    let mut server = PostgresServer::start().unwrap_or_else(|e| panic!("starting postgres: {e:#}"));
+    server
+        .enable_tls(&cert, &key)
+        .unwrap_or_else(|e| panic!("turning TLS on: {e:#}"));
+    server
+        .require_client_certs(&client_cert)
+        .unwrap_or_else(|e| panic!("requiring client certificates: {e:#}"));
+    let url = format!("{}?sslmode=verify-full", server.url());
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_ca(dir.path(), &cert);
+    std::fs::write(dir.path().join("certs/client.pem"), &client_cert).expect("write");
+    std::fs::write(dir.path().join("certs/client.key"), &client_key).expect("write");
+    let pipeline = write_pipeline(
+        dir.path(),
+        "pgmutual",
+        &format!(
+            "name: pgmutual\n\
+             topics: [events, anonymous]\n\
+             sinks:\n\
+             \x20 - name: to-table\n\
+             \x20   subscribe: events\n\
+             \x20   postgres: {{url: '{url}', table: mutual_rows, tls_ca: certs/ca.pem, tls_cert: certs/client.pem, tls_key: certs/client.key}}\n\
+             \x20 - name: no-cert\n\
+             \x20   subscribe: anonymous\n\
+             \x20   postgres: {{url: '{url}', table: never_anonymous, tls_ca: certs/ca.pem}}\n"
+        ),
+    );
+    let daemon = Daemon::start(&[&pipeline], &dir.path().join("data"));
+    daemon.publish(
+        "events",
+        &(0..50)
+            .map(|i| Msg::new(format!("e{i}"), "x"))
+            .collect::<Vec<_>>(),
+    );
+    daemon.publish("anonymous", &[Msg::new("a1", "x")]);
+    daemon.wait_until("50 rows arrive over mutual TLS", LONG, |_| {
+        server
+            .psql("SELECT count(*) FROM mutual_rows")
+            .is_ok_and(|n| n == "50")
+    });
+    daemon.wait_until(
+        "readiness says the server wants a client certificate",
+        LONG,
+        |d| {
+            let (status, reasons) = d.readiness();
+            status == "degraded"
+                && reasons.contains("pgmutual/no-cert")
+                && reasons.contains("tls_cert")
+        },
+    );
+    assert_eq!(
+        daemon.depth("pgmutual.no-cert.dlq"),
+        0,
+        "held, not dead-lettered"
+    );
+    assert_eq!(
+        server
+            .psql("SELECT to_regclass('never_anonymous') IS NULL")
+            .expect("psql"),
+        "t"
     );
 }
 

@@ -6,12 +6,16 @@
 //! `SSL_CERT_DIR`, else the OS store). The server's certificate is always
 //! verified, host name included: there is no switch that turns the check
 //! off, only `tls_ca` to name a private CA.
+//!
+//! A server that asks clients for a certificate (mutual TLS) gets the one
+//! in `tls_cert` (PEM, the chain leaf first), proven with the private key
+//! in `tls_key` (PEM: PKCS#8, PKCS#1 or SEC1).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::ConfigProblem;
 
@@ -41,12 +45,144 @@ pub fn read_pem(path: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("cannot read the CA file {}: {e}", path.display()))
 }
 
+/// The TLS files a connector's block names: `tls_ca`, `tls_cert`,
+/// `tls_key` (absolute once the pipeline is loaded).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TlsFiles<'a> {
+    /// CA certificates to trust instead of the system's roots.
+    pub ca: Option<&'a Path>,
+    /// This client's certificate chain, for mutual TLS.
+    pub cert: Option<&'a Path>,
+    /// The private key of `cert`.
+    pub key: Option<&'a Path>,
+}
+
+/// A client certificate chain and its private key, read and checked.
+pub struct Identity {
+    /// The chain, leaf first.
+    pub certs: Vec<CertificateDer<'static>>,
+    /// The private key.
+    pub key: PrivateKeyDer<'static>,
+    /// The same two as PEM, for a client library that parses PEM itself.
+    pub pem: (Vec<u8>, Vec<u8>),
+}
+
+impl<'a> TlsFiles<'a> {
+    /// The files of a block with these three options.
+    pub fn new(
+        ca: &'a Option<PathBuf>,
+        cert: &'a Option<PathBuf>,
+        key: &'a Option<PathBuf>,
+    ) -> TlsFiles<'a> {
+        TlsFiles {
+            ca: ca.as_deref(),
+            cert: cert.as_deref(),
+            key: key.as_deref(),
+        }
+    }
+
+    /// The first option given, if any (to name it when TLS is off).
+    pub fn first_given(&self) -> Option<&'static str> {
+        [
+            ("tls_ca", self.ca),
+            ("tls_cert", self.cert),
+            ("tls_key", self.key),
+        ]
+        .into_iter()
+        .find_map(|(name, path)| path.map(|_| name))
+    }
+
+    /// The problems with the files (for `validate`): a missing file, a
+    /// certificate without its key or the reverse.
+    pub fn check(&self, problems: &mut Vec<ConfigProblem>) {
+        check_ca(self.ca, problems);
+        for (name, path) in [("tls_cert", self.cert), ("tls_key", self.key)] {
+            if let Some(path) = path
+                && !path.is_file()
+            {
+                problems.push(ConfigProblem::at(
+                    &[name],
+                    format!(
+                        "file not found: {} (a relative `{name}` path is relative to the \
+                         pipeline file)",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+        match (self.cert, self.key) {
+            (Some(_), None) => problems.push(ConfigProblem::at(
+                &["tls_cert"],
+                "`tls_cert` needs `tls_key`, the file with its private key",
+            )),
+            (None, Some(_)) => problems.push(ConfigProblem::at(
+                &["tls_key"],
+                "`tls_key` needs `tls_cert`, the certificate it is the key of",
+            )),
+            _ => {}
+        }
+    }
+
+    /// The roots of `tls_ca`, if given.
+    pub fn roots(&self) -> Result<Option<Vec<CertificateDer<'static>>>, String> {
+        self.ca.map(read_roots).transpose()
+    }
+
+    /// The client identity of `tls_cert` and `tls_key`, if given.
+    pub fn identity(&self) -> Result<Option<Identity>, String> {
+        let (Some(cert), Some(key)) = (self.cert, self.key) else {
+            return Ok(None);
+        };
+        let cert_pem = std::fs::read(cert)
+            .map_err(|e| format!("cannot read `tls_cert` {}: {e}", cert.display()))?;
+        let certs = CertificateDer::pem_slice_iter(&cert_pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("`tls_cert` {} is not PEM certificates: {e}", cert.display()))?;
+        if certs.is_empty() {
+            return Err(format!(
+                "`tls_cert` {} holds no PEM certificate (`-----BEGIN CERTIFICATE-----`)",
+                cert.display()
+            ));
+        }
+        let key_pem = std::fs::read(key)
+            .map_err(|e| format!("cannot read `tls_key` {}: {e}", key.display()))?;
+        // The key's bytes never reach a message: only the file's name.
+        let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|_| {
+            format!(
+                "`tls_key` {} holds no PEM private key (PKCS#8, PKCS#1 or SEC1)",
+                key.display()
+            )
+        })?;
+        Ok(Some(Identity {
+            certs,
+            key: private,
+            pem: (cert_pem, key_pem),
+        }))
+    }
+
+    /// A rustls client configuration for these files
+    /// ([`client_config`]).
+    pub fn client_config(&self) -> Result<rustls::ClientConfig, String> {
+        client_config(self.roots()?, self.identity()?)
+    }
+}
+
+/// Makes the relative paths among `paths` absolute against the pipeline
+/// file's directory.
+pub fn resolve_all(dir: &Path, paths: [&mut Option<PathBuf>; 3]) {
+    for path in paths {
+        resolve_ca(path, dir);
+    }
+}
+
 /// A rustls client configuration (aws-lc-rs) trusting `roots` only, or
-/// the system's roots. rustls's own WebPKI verifier rather than a
+/// the system's roots, and showing `identity` to a server that asks for a
+/// client certificate. rustls's own WebPKI verifier rather than a
 /// platform verifier, which logs an error on every failed handshake: an
 /// untrusted server is reported once per outage by the connector instead.
 pub fn client_config(
     roots: Option<Vec<CertificateDer<'static>>>,
+    identity: Option<Identity>,
 ) -> Result<rustls::ClientConfig, String> {
     let mut store = rustls::RootCertStore::empty();
     match roots {
@@ -70,11 +206,76 @@ pub fn client_config(
         }
     }
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS set-up: {e}"))?
-        .with_root_certificates(store)
-        .with_no_client_auth())
+        .with_root_certificates(store);
+    match identity {
+        Some(identity) => builder
+            .with_client_auth_cert(identity.certs, identity.key)
+            .map_err(|e| format!("`tls_cert` and `tls_key` cannot be used together: {e}")),
+        None => Ok(builder.with_no_client_auth()),
+    }
+}
+
+/// What an operator should do about a TLS handshake that failed over
+/// certificates, if `error` is one: the server's certificate is not
+/// trusted, or the server refused (or asked for) this client's.
+pub fn trust_hint(error: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    if is_trust_error(error) {
+        return Some(
+            "the server's TLS certificate is not trusted: give its CA in `tls_ca`, or fix the \
+             server's certificate",
+        );
+    }
+    if is_client_refused(error) {
+        return Some(
+            "the server refused this client's TLS certificate, or wants one: give a \
+             certificate it accepts as `tls_cert`, with its key as `tls_key`",
+        );
+    }
+    None
+}
+
+/// Whether the server's TLS alert says it did not accept this client's
+/// certificate (or the lack of one).
+fn is_client_refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    use rustls::AlertDescription as A;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(cause) = source {
+        let tls = cause.downcast_ref::<rustls::Error>().or_else(|| {
+            cause
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(rustls::Error::AlertReceived(alert)) = tls
+            && matches!(
+                alert,
+                A::CertificateRequired
+                    | A::BadCertificate
+                    | A::UnknownCA
+                    | A::CertificateUnknown
+                    | A::UnsupportedCertificate
+                    | A::CertificateRevoked
+                    | A::CertificateExpired
+                    | A::AccessDenied
+            )
+        {
+            return true;
+        }
+        // The same, where a client library turned the error into text.
+        let text = cause.to_string();
+        if text.contains("received fatal alert: CertificateRequired")
+            || text.contains("received fatal alert: BadCertificate")
+            || text.contains("received fatal alert: UnknownCA")
+            || text.contains("received fatal alert: CertificateUnknown")
+        {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// Makes aws-lc-rs the process's default rustls provider, for a client
@@ -138,4 +339,65 @@ pub fn is_trust_error(error: &(dyn std::error::Error + 'static)) -> bool {
         source = cause.source();
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn paths(problems: &[ConfigProblem]) -> Vec<String> {
+        problems.iter().map(|p| p.path.join(".")).collect()
+    }
+
+    #[test]
+    fn a_certificate_needs_its_key_and_each_file_must_exist() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cert = dir.path().join("client.pem");
+        std::fs::write(&cert, "x").expect("write");
+        let missing = dir.path().join("nope.key");
+        let mut problems = Vec::new();
+        TlsFiles {
+            cert: Some(&cert),
+            ..TlsFiles::default()
+        }
+        .check(&mut problems);
+        assert_eq!(paths(&problems), ["tls_cert"]);
+        assert!(problems[0].message.contains("needs `tls_key`"));
+        let mut problems = Vec::new();
+        TlsFiles {
+            cert: Some(&cert),
+            key: Some(&missing),
+            ..TlsFiles::default()
+        }
+        .check(&mut problems);
+        assert_eq!(paths(&problems), ["tls_key"]);
+        assert!(problems[0].message.contains("not found"));
+    }
+
+    #[test]
+    fn an_identity_is_read_and_a_bad_key_is_named_without_its_bytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let made = rcgen::generate_simple_self_signed(vec!["client".into()]).expect("cert");
+        let cert = dir.path().join("client.pem");
+        let key = dir.path().join("client.key");
+        std::fs::write(&cert, made.cert.pem()).expect("write");
+        std::fs::write(&key, made.signing_key.serialize_pem()).expect("write");
+        let files = TlsFiles {
+            cert: Some(&cert),
+            key: Some(&key),
+            ..TlsFiles::default()
+        };
+        let identity = files.identity().expect("read").expect("given");
+        assert_eq!(identity.certs.len(), 1);
+        assert!(files.client_config().is_ok());
+        // A key file that holds a certificate instead: refused by name.
+        let wrong = TlsFiles {
+            cert: Some(&cert),
+            key: Some(&cert),
+            ..TlsFiles::default()
+        };
+        let error = wrong.identity().err().expect("refused");
+        assert!(error.contains("no PEM private key"), "{error}");
+        assert!(!error.contains("BEGIN"), "{error}");
+    }
 }

@@ -11,6 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::sink::{HttpSink, HttpSinkParts};
+use crate::connect::tls::TlsFiles;
 
 use crate::config::HumanDuration;
 use crate::connect::{
@@ -41,6 +42,13 @@ pub struct HttpSinkConfig {
     /// roots (relative to the pipeline file).
     #[serde(default)]
     pub tls_ca: Option<PathBuf>,
+    /// For a receiver that requires client certificates: this client's
+    /// certificate (PEM, relative to the pipeline file).
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM).
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// `POST`.
@@ -56,7 +64,10 @@ pub fn default_request_timeout() -> HumanDuration {
 #[async_trait]
 impl SinkConfig for HttpSinkConfig {
     fn resolve_paths(&mut self, dir: &Path) {
-        tls::resolve_ca(&mut self.tls_ca, dir);
+        tls::resolve_all(
+            dir,
+            [&mut self.tls_ca, &mut self.tls_cert, &mut self.tls_key],
+        );
     }
 
     fn kind(&self) -> &'static str {
@@ -96,7 +107,19 @@ impl SinkConfig for HttpSinkConfig {
         if let Err(message) = self.header_map() {
             problems.push(ConfigProblem::at(&["headers"], message));
         }
-        tls::check_ca(self.tls_ca.as_deref(), &mut problems);
+        let files = TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key);
+        files.check(&mut problems);
+        if self.url.scheme() != "https"
+            && let Some(option) = files.first_given()
+        {
+            problems.push(ConfigProblem::at(
+                &[option],
+                format!(
+                    "`{option}` is for TLS: the URL `{}` is not https://",
+                    self.url
+                ),
+            ));
+        }
         problems
     }
 
@@ -117,10 +140,9 @@ impl SinkConfig for HttpSinkConfig {
         let method = Method::from_bytes(self.method.as_bytes())
             .map_err(|e| refuse(format!("`{}` is not a method: {e}", self.method)))?;
         let headers = self.header_map().map_err(refuse)?;
-        let roots = match &self.tls_ca {
-            Some(path) => Some(tls::read_roots(path).map_err(refuse)?),
-            None => None,
-        };
+        let files = TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key);
+        let roots = files.roots().map_err(refuse)?;
+        let identity = files.identity().map_err(refuse)?;
         let sink = HttpSink::new(HttpSinkParts {
             url: self.url.clone(),
             method,
@@ -128,6 +150,7 @@ impl SinkConfig for HttpSinkConfig {
             headers,
             timeout: self.timeout.get(),
             roots,
+            identity,
         })
         .map_err(refuse)?;
         Ok(std::sync::Arc::new(sink))

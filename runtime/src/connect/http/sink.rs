@@ -65,6 +65,9 @@ pub struct HttpSinkParts {
     pub timeout: Duration,
     /// The only roots trusted (`tls_ca`), when given; else the system's.
     pub roots: Option<Vec<CertificateDer<'static>>>,
+    /// The client certificate shown to a receiver that asks for one
+    /// (`tls_cert`, `tls_key`).
+    pub identity: Option<crate::connect::tls::Identity>,
 }
 
 impl HttpSink {
@@ -78,6 +81,7 @@ impl HttpSink {
             headers,
             timeout,
             roots,
+            identity,
         } = parts;
         let mut builder = reqwest::Client::builder()
             .timeout(timeout)
@@ -90,7 +94,7 @@ impl HttpSink {
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")));
         if url.scheme() == "https" {
-            let mut tls = crate::connect::tls::client_config(roots)?;
+            let mut tls = crate::connect::tls::client_config(roots, identity)?;
             tls.alpn_protocols = vec![b"http/1.1".to_vec()];
             builder = builder.tls_backend_preconfigured(tls);
         }
@@ -194,11 +198,8 @@ impl HttpSink {
     fn transport(&self, error: &reqwest::Error) -> SinkError {
         let chain = self.url.scrub(&error_chain(error));
         if error.is_connect() {
-            if crate::connect::tls::is_trust_error(error) {
-                return SinkError::Unavailable(format!(
-                    "the server's TLS certificate is not trusted ({chain}); give its CA in \
-                     `tls_ca`, or fix the server's certificate"
-                ));
+            if let Some(hint) = crate::connect::tls::trust_hint(error) {
+                return SinkError::Unavailable(format!("{hint} ({chain})"));
             }
             return SinkError::Unavailable(format!("cannot connect to {}: {chain}", self.url));
         }
@@ -462,6 +463,7 @@ mod tests {
             headers: HeaderMap::new(),
             timeout,
             roots: None,
+            identity: None,
         })
         .expect("sink")
     }

@@ -3,7 +3,7 @@
 //! the Postgres connector.
 
 use std::num::NonZeroU32;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use async_trait::async_trait;
 use schemars::JsonSchema;
@@ -14,6 +14,7 @@ use super::outbox::OutboxSource;
 use super::table::{TableSink, rewrite_statement};
 use crate::config::HumanDuration;
 use crate::connect::names::check_sql_identifier;
+use crate::connect::tls::TlsFiles;
 use crate::connect::{
     BuildError, ConfigProblem, Context, SecretUrl, Sink, SinkConfig, Source, SourceConfig, tls,
 };
@@ -45,6 +46,14 @@ pub struct OutboxConfig {
     /// to the pipeline file).
     #[serde(default)]
     pub tls_ca: Option<PathBuf>,
+    /// For a server that requires client certificates (`hostssl ... cert`
+    /// or `clientcert=verify-full`): this client's certificate (PEM,
+    /// relative to the pipeline file).
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM).
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
     /// How long one statement may run on the server before the server
     /// cancels it (the session's `statement_timeout`), so a statement the
     /// connector gave up on does not hold its locks.
@@ -97,6 +106,14 @@ pub struct TableSinkConfig {
     /// to the pipeline file).
     #[serde(default)]
     pub tls_ca: Option<PathBuf>,
+    /// For a server that requires client certificates (`hostssl ... cert`
+    /// or `clientcert=verify-full`): this client's certificate (PEM,
+    /// relative to the pipeline file).
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM).
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
     /// How long one statement may run on the server before the server
     /// cancels it (the session's `statement_timeout`), so a statement the
     /// connector gave up on does not hold its locks.
@@ -107,7 +124,7 @@ pub struct TableSinkConfig {
 /// The problems of the connection options every Postgres block has.
 fn check_connection(
     url: &SecretUrl,
-    tls_ca: Option<&Path>,
+    files: TlsFiles<'_>,
     statement_timeout: &HumanDuration,
     problems: &mut Vec<ConfigProblem>,
 ) {
@@ -117,10 +134,10 @@ fn check_connection(
             format!("`{url}` is not a Postgres URL; use `postgres://user@host:5432/db`"),
         ));
     }
-    if let Some((key, message)) = connection::check(url, tls_ca) {
+    if let Some((key, message)) = connection::check(url, files) {
         problems.push(ConfigProblem::at(&[key], message));
     }
-    tls::check_ca(tls_ca, problems);
+    files.check(problems);
     if statement_timeout.get().is_zero() {
         problems.push(ConfigProblem::at(
             &["statement_timeout"],
@@ -132,12 +149,12 @@ fn check_connection(
 /// The connection settings of a block, or why they cannot be made.
 fn settings(
     url: &SecretUrl,
-    tls_ca: Option<&Path>,
+    files: TlsFiles<'_>,
     statement_timeout: &HumanDuration,
     ctx: &Context,
     connector: &'static str,
 ) -> Result<connection::ConnectSettings, BuildError> {
-    connection::settings(url, tls_ca, statement_timeout.get()).map_err(|message| BuildError {
+    connection::settings(url, files, statement_timeout.get()).map_err(|message| BuildError {
         connector,
         name: ctx.name.clone(),
         message,
@@ -147,7 +164,10 @@ fn settings(
 #[async_trait]
 impl SourceConfig for OutboxConfig {
     fn resolve_paths(&mut self, dir: &std::path::Path) {
-        tls::resolve_ca(&mut self.tls_ca, dir);
+        tls::resolve_all(
+            dir,
+            [&mut self.tls_ca, &mut self.tls_cert, &mut self.tls_key],
+        );
     }
 
     fn kind(&self) -> &'static str {
@@ -158,7 +178,7 @@ impl SourceConfig for OutboxConfig {
         let mut problems = Vec::new();
         check_connection(
             &self.url,
-            self.tls_ca.as_deref(),
+            TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key),
             &self.statement_timeout,
             &mut problems,
         );
@@ -190,7 +210,7 @@ impl SourceConfig for OutboxConfig {
     async fn build(&self, ctx: &Context) -> Result<Box<dyn Source>, BuildError> {
         let settings = settings(
             &self.url,
-            self.tls_ca.as_deref(),
+            TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key),
             &self.statement_timeout,
             ctx,
             "source",
@@ -208,7 +228,10 @@ impl SourceConfig for OutboxConfig {
 #[async_trait]
 impl SinkConfig for TableSinkConfig {
     fn resolve_paths(&mut self, dir: &std::path::Path) {
-        tls::resolve_ca(&mut self.tls_ca, dir);
+        tls::resolve_all(
+            dir,
+            [&mut self.tls_ca, &mut self.tls_cert, &mut self.tls_key],
+        );
     }
 
     fn kind(&self) -> &'static str {
@@ -219,7 +242,7 @@ impl SinkConfig for TableSinkConfig {
         let mut problems = Vec::new();
         check_connection(
             &self.url,
-            self.tls_ca.as_deref(),
+            TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key),
             &self.statement_timeout,
             &mut problems,
         );
@@ -275,7 +298,7 @@ impl SinkConfig for TableSinkConfig {
         }
         let settings = settings(
             &self.url,
-            self.tls_ca.as_deref(),
+            TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key),
             &self.statement_timeout,
             ctx,
             "sink",

@@ -11,13 +11,13 @@
 //! that encrypts to whoever answers is not one Sluice makes. A private CA
 //! is given as `tls_ca`.
 
-use std::path::Path;
 use std::time::Duration;
 
 use tokio_postgres::config::SslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::connect::{SecretUrl, tls};
+use crate::connect::SecretUrl;
+use crate::connect::tls::TlsFiles;
 
 /// What a connection needs: the client configuration and the TLS
 /// connector (used only when `sslmode` asks for TLS).
@@ -43,9 +43,17 @@ pub(crate) fn ssl_mode(url: &SecretUrl) -> Result<SslMode, String> {
 }
 
 /// What is wrong with the URL's TLS options, if anything (for
-/// `validate`): an unknown `sslmode`, `sslrootcert` (give `tls_ca`), or
-/// `tls_ca` without a TLS `sslmode`.
-pub(crate) fn check(url: &SecretUrl, tls_ca: Option<&Path>) -> Option<(&'static str, String)> {
+/// `validate`): an unknown `sslmode`, `sslrootcert` or `sslcert` (give
+/// `tls_ca`, `tls_cert`), or a TLS file without a TLS `sslmode`.
+pub(crate) fn check(url: &SecretUrl, files: TlsFiles<'_>) -> Option<(&'static str, String)> {
+    for (param, option) in [("sslcert", "tls_cert"), ("sslkey", "tls_key")] {
+        if url.query_value(param).is_some() {
+            return Some((
+                "url",
+                format!("`{param}` in the URL is not read; give the file as `{option}`"),
+            ));
+        }
+    }
     if url.query_value("sslrootcert").is_some() {
         return Some((
             "url",
@@ -54,10 +62,14 @@ pub(crate) fn check(url: &SecretUrl, tls_ca: Option<&Path>) -> Option<(&'static 
     }
     match ssl_mode(url) {
         Err(e) => Some(("url", e)),
-        Ok(SslMode::Disable) if tls_ca.is_some() => Some((
-            "tls_ca",
-            "`tls_ca` is for TLS: add `?sslmode=verify-full` (or `require`) to the URL".into(),
-        )),
+        Ok(SslMode::Disable) => files.first_given().map(|option| {
+            (
+                option,
+                format!(
+                    "`{option}` is for TLS: add `?sslmode=verify-full` (or `require`) to the URL"
+                ),
+            )
+        }),
         Ok(_) => None,
     }
 }
@@ -69,7 +81,7 @@ pub(crate) fn check(url: &SecretUrl, tls_ca: Option<&Path>) -> Option<(&'static 
 /// password.
 pub(crate) fn settings(
     url: &SecretUrl,
-    tls_ca: Option<&Path>,
+    files: TlsFiles<'_>,
     statement_timeout: Duration,
 ) -> Result<ConnectSettings, String> {
     let mode = ssl_mode(url)?;
@@ -84,8 +96,7 @@ pub(crate) fn settings(
         None => format!("-c statement_timeout={timeout_ms}"),
     };
     config.options(&options);
-    let roots = tls_ca.map(tls::read_roots).transpose()?;
-    let tls = MakeRustlsConnect::new(tls::client_config(roots)?);
+    let tls = MakeRustlsConnect::new(files.client_config()?);
     Ok(ConnectSettings { config, tls })
 }
 
@@ -159,7 +170,7 @@ mod tests {
     fn settings_set_the_mode_and_the_statement_timeout() {
         let s = settings(
             &url("postgres://app:pw@h:5432/db?sslmode=verify-full"),
-            None,
+            TlsFiles::default(),
             Duration::from_secs(5),
         )
         .expect("settings");
@@ -167,7 +178,7 @@ mod tests {
         assert_eq!(s.config.get_options(), Some("-c statement_timeout=5000"));
         let own = settings(
             &url("postgres://h/db?options=-c%20statement_timeout%3D100"),
-            None,
+            TlsFiles::default(),
             Duration::from_secs(5),
         )
         .expect("settings");
@@ -177,23 +188,52 @@ mod tests {
     #[test]
     fn checks_name_the_option_at_fault() {
         assert_eq!(
-            check(&url("postgres://h/db?sslmode=verify-full"), None),
+            check(
+                &url("postgres://h/db?sslmode=verify-full"),
+                TlsFiles::default()
+            ),
             None
         );
         assert_eq!(
-            check(&url("postgres://h/db"), Some(Path::new("/ca.pem"))).map(|p| p.0),
+            check(
+                &url("postgres://h/db"),
+                TlsFiles {
+                    ca: Some(std::path::Path::new("/ca.pem")),
+                    ..TlsFiles::default()
+                }
+            )
+            .map(|p| p.0),
             Some("tls_ca")
         );
         assert_eq!(
             check(
-                &url("postgres://h/db?sslrootcert=/ca.pem&sslmode=require"),
-                None
+                &url("postgres://h/db"),
+                TlsFiles {
+                    key: Some(std::path::Path::new("/client.key")),
+                    ..TlsFiles::default()
+                }
+            )
+            .map(|p| p.0),
+            Some("tls_key")
+        );
+        assert_eq!(
+            check(
+                &url("postgres://h/db?sslmode=require&sslkey=/k.pem"),
+                TlsFiles::default()
             )
             .map(|p| p.0),
             Some("url")
         );
         assert_eq!(
-            check(&url("postgres://h/db?sslmode=bogus"), None).map(|p| p.0),
+            check(
+                &url("postgres://h/db?sslrootcert=/ca.pem&sslmode=require"),
+                TlsFiles::default()
+            )
+            .map(|p| p.0),
+            Some("url")
+        );
+        assert_eq!(
+            check(&url("postgres://h/db?sslmode=bogus"), TlsFiles::default()).map(|p| p.0),
             Some("url")
         );
     }

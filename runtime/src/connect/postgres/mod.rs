@@ -53,12 +53,18 @@ pub(crate) fn describe(url: &SecretUrl, err: &tokio_postgres::Error) -> String {
         }
     };
     let text = url.scrub(&text);
-    if crate::connect::tls::is_trust_error(err) {
-        format!(
-            "{text} (the server's TLS certificate is not trusted: give its CA in `tls_ca`, or \
-             fix the server's certificate)"
-        )
-    } else {
-        text
+    match crate::connect::tls::trust_hint(err) {
+        Some(hint) => format!("{text} ({hint})"),
+        // A server that wants client certificates (`clientcert=` in
+        // pg_hba.conf) says so after the handshake, as an auth error.
+        None if err
+            .as_db_error()
+            .is_some_and(|db| db.message().contains("client certificate")) =>
+        {
+            format!(
+                "{text} (give a client certificate the server accepts as `tls_cert`, with its key as `tls_key`)"
+            )
+        }
+        None => text,
     }
 }

@@ -650,8 +650,12 @@ mod tests {
     async fn the_pool_is_as_big_as_the_concurrency() {
         let url = SecretUrl::parse("postgres://u:pw@127.0.0.1:1/db").expect("url");
         for size in [1, 4] {
-            let settings = super::super::connection::settings(&url, None, Duration::from_secs(30))
-                .expect("settings");
+            let settings = super::super::connection::settings(
+                &url,
+                Default::default(),
+                Duration::from_secs(30),
+            )
+            .expect("settings");
             let sink =
                 TableSink::new(url.clone(), settings, Some("t"), None, true, size).expect("sink");
             assert_eq!(sink.pool.status().max_size, size);

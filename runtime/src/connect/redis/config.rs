@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::{RedisSink, RedisSource};
 use crate::config::HumanDuration;
 use crate::connect::names::check_plain_name;
+use crate::connect::tls::TlsFiles;
 use crate::connect::{
     BuildError, ConfigProblem, Context, SecretUrl, Sink, SinkConfig, Source, SourceConfig, tls,
 };
@@ -53,6 +54,13 @@ pub struct RedisSourceConfig {
     /// the system's roots (relative to the pipeline file).
     #[serde(default)]
     pub tls_ca: Option<PathBuf>,
+    /// With `rediss://`, for a server that requires client certificates:
+    /// this client's certificate (PEM, relative to the pipeline file).
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM).
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// Where a new consumer group starts.
@@ -107,6 +115,27 @@ pub struct RedisSinkConfig {
     /// the system's roots (relative to the pipeline file).
     #[serde(default)]
     pub tls_ca: Option<PathBuf>,
+    /// With `rediss://`, for a server that requires client certificates:
+    /// this client's certificate (PEM, relative to the pipeline file).
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM).
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl RedisSourceConfig {
+    /// The block's TLS files.
+    pub fn tls(&self) -> TlsFiles<'_> {
+        TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key)
+    }
+}
+
+impl RedisSinkConfig {
+    /// The block's TLS files.
+    pub fn tls(&self) -> TlsFiles<'_> {
+        TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key)
+    }
 }
 
 /// 24 h.
@@ -114,13 +143,13 @@ pub fn default_sink_dedup_ttl() -> HumanDuration {
     HumanDuration::secs(24 * 3600)
 }
 
-fn check_url(url: &SecretUrl, tls_ca: Option<&std::path::Path>, problems: &mut Vec<ConfigProblem>) {
+fn check_url(url: &SecretUrl, tls: TlsFiles<'_>, problems: &mut Vec<ConfigProblem>) {
     match url.scheme().as_str() {
         "redis" => {
-            if tls_ca.is_some() {
+            if let Some(option) = tls.first_given() {
                 problems.push(ConfigProblem::at(
-                    &["tls_ca"],
-                    format!("`tls_ca` is for TLS: write the URL as `rediss://` (it is `{url}`)"),
+                    &[option],
+                    format!("`{option}` is for TLS: write the URL as `rediss://` (it is `{url}`)"),
                 ));
             }
         }
@@ -134,7 +163,7 @@ fn check_url(url: &SecretUrl, tls_ca: Option<&std::path::Path>, problems: &mut V
                     ),
                 ));
             }
-            tls::check_ca(tls_ca, problems);
+            tls.check(problems);
         }
         _ => problems.push(ConfigProblem::at(
             &["url"],
@@ -148,7 +177,10 @@ fn check_url(url: &SecretUrl, tls_ca: Option<&std::path::Path>, problems: &mut V
 #[async_trait]
 impl SourceConfig for RedisSourceConfig {
     fn resolve_paths(&mut self, dir: &std::path::Path) {
-        tls::resolve_ca(&mut self.tls_ca, dir);
+        tls::resolve_all(
+            dir,
+            [&mut self.tls_ca, &mut self.tls_cert, &mut self.tls_key],
+        );
     }
 
     fn kind(&self) -> &'static str {
@@ -157,7 +189,7 @@ impl SourceConfig for RedisSourceConfig {
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        check_url(&self.url, self.tls_ca.as_deref(), &mut problems);
+        check_url(&self.url, self.tls(), &mut problems);
         for (key, value) in [("stream", &self.stream), ("group", &self.group)] {
             if let Err(e) = check_plain_name(value) {
                 problems.push(ConfigProblem::at(&[key], e));
@@ -206,7 +238,10 @@ impl SourceConfig for RedisSourceConfig {
 #[async_trait]
 impl SinkConfig for RedisSinkConfig {
     fn resolve_paths(&mut self, dir: &std::path::Path) {
-        tls::resolve_ca(&mut self.tls_ca, dir);
+        tls::resolve_all(
+            dir,
+            [&mut self.tls_ca, &mut self.tls_cert, &mut self.tls_key],
+        );
     }
 
     fn kind(&self) -> &'static str {
@@ -215,7 +250,7 @@ impl SinkConfig for RedisSinkConfig {
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        check_url(&self.url, self.tls_ca.as_deref(), &mut problems);
+        check_url(&self.url, self.tls(), &mut problems);
         if let Err(e) = check_plain_name(&self.stream) {
             problems.push(ConfigProblem::at(&["stream"], e));
         }

@@ -14,18 +14,18 @@ mod config;
 mod sink;
 mod source;
 
-use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, RedisError, TlsCertificates};
+use redis::{ClientTlsConfig, ErrorKind, RedisError, TlsCertificates};
 
 pub use config::{RedisSinkConfig, RedisSourceConfig, StartFrom};
 pub use sink::RedisSink;
 pub use source::RedisSource;
 
-use crate::connect::{SecretUrl, tls};
+use crate::connect::SecretUrl;
+use crate::connect::tls::{self, TlsFiles};
 
 /// A lazily connected, self-reconnecting connection to one server.
 pub(crate) struct Conn {
@@ -39,12 +39,13 @@ pub(crate) struct Conn {
 impl Conn {
     /// A connection to `url`, not yet made. `rediss://` speaks TLS,
     /// trusting the CA certificates in `tls_ca` or else the system's
-    /// roots, and always checking the server's certificate and name.
-    /// Fails only on a URL or CA file the client library cannot use (the
+    /// roots, always checking the server's certificate and name, and
+    /// showing `tls_cert` to a server that asks for a client certificate.
+    /// Fails only on a URL or TLS file the client library cannot use (the
     /// message is scrubbed).
     pub(crate) fn new(
         url: &SecretUrl,
-        tls_ca: Option<&Path>,
+        files: TlsFiles<'_>,
         response_timeout: Duration,
     ) -> Result<Conn, String> {
         let client = if url.scheme() == "rediss" {
@@ -55,19 +56,24 @@ impl Conn {
                 ));
             }
             // redis-rs builds its own rustls configuration, with the
-            // process's default provider.
+            // process's default provider, from PEM (checked here first,
+            // so a bad file is refused with its name).
             tls::install_default_provider();
-            let root_cert = match tls_ca {
+            let root_cert = match files.ca {
                 Some(path) => {
                     tls::read_roots(path)?;
                     Some(tls::read_pem(path)?)
                 }
                 None => None,
             };
+            let client_tls = files.identity()?.map(|identity| ClientTlsConfig {
+                client_cert: identity.pem.0,
+                client_key: identity.pem.1,
+            });
             redis::Client::build_with_tls(
                 url.expose(),
                 TlsCertificates {
-                    client_tls: None,
+                    client_tls,
                     root_cert,
                 },
             )
@@ -114,13 +120,9 @@ impl Conn {
     /// The error as text, with the password scrubbed.
     pub(crate) fn scrub(&self, err: &RedisError) -> String {
         let text = self.url.scrub(&err.to_string());
-        if tls::is_trust_error(err) {
-            format!(
-                "{text} (the server's TLS certificate is not trusted: give its CA in `tls_ca`, \
-                 or fix the server's certificate)"
-            )
-        } else {
-            text
+        match tls::trust_hint(err) {
+            Some(hint) => format!("{text} ({hint})"),
+            None => text,
         }
     }
 }
