@@ -82,32 +82,35 @@ impl RedisServer {
     ///
     /// As [`start`](Self::start); also when the files cannot be written.
     pub fn start_with_tls(cert_pem: &str, key_pem: &str) -> anyhow::Result<RedisServer> {
-        let dir = tempfile::tempdir().context("a temporary directory for redis-server")?;
-        std::fs::write(dir.path().join("tls.crt"), cert_pem)?;
-        std::fs::write(dir.path().join("tls.key"), key_pem)?;
-        let mut server = RedisServer {
-            child: None,
-            port: free_port()?,
-            dir,
-            password: None,
-            tls_port: Some(free_port()?),
-        };
-        server.spawn()?;
-        Ok(server)
+        RedisServer::start_tls(cert_pem, key_pem, None)
     }
 
     /// [`start_with_tls`](Self::start_with_tls), and the TLS port accepts
     /// only clients whose certificate `client_ca_pem` vouches for (a
     /// self-signed client certificate can be its own CA).
+    ///
+    /// # Errors
+    ///
+    /// As [`start_with_tls`](Self::start_with_tls).
     pub fn start_with_client_auth(
         cert_pem: &str,
         key_pem: &str,
         client_ca_pem: &str,
     ) -> anyhow::Result<RedisServer> {
+        RedisServer::start_tls(cert_pem, key_pem, Some(client_ca_pem))
+    }
+
+    fn start_tls(
+        cert_pem: &str,
+        key_pem: &str,
+        client_ca_pem: Option<&str>,
+    ) -> anyhow::Result<RedisServer> {
         let dir = tempfile::tempdir().context("a temporary directory for redis-server")?;
         std::fs::write(dir.path().join("tls.crt"), cert_pem)?;
         std::fs::write(dir.path().join("tls.key"), key_pem)?;
-        std::fs::write(dir.path().join("client-ca.crt"), client_ca_pem)?;
+        if let Some(ca) = client_ca_pem {
+            std::fs::write(dir.path().join("client-ca.crt"), ca)?;
+        }
         let mut server = RedisServer {
             child: None,
             port: free_port()?,

@@ -30,16 +30,20 @@ fn write_ca(dir: &Path, pem: &str) {
     std::fs::write(dir.join("certs/ca.pem"), pem).expect("write ca");
 }
 
-#[test]
-fn redis_over_tls_moves_every_entry_and_an_untrusted_server_is_held_and_said() {
-    let (cert, key) = certificate();
-    let server = RedisServer::start_with_tls(&cert, &key)
-        .unwrap_or_else(|e| panic!("starting redis-server with TLS: {e:#}"));
+/// Over `server`'s TLS port: a source and a sink with the TLS options
+/// `good` move `n` entries from `in` to `out`; a sink with `held` on
+/// topic `copy` is held (nothing dead-lettered, nothing written) with
+/// `reason` in readiness. Returns the daemon's log.
+fn redis_moves_all_and_holds_one(
+    server: &RedisServer,
+    dir: &Path,
+    good: &str,
+    held: &str,
+    reason: &str,
+) -> String {
     let tls_url = server.tls_url().expect("a TLS port");
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_ca(dir.path(), &cert);
     let pipeline = write_pipeline(
-        dir.path(),
+        dir,
         "secure",
         &format!(
             "name: secure\n\
@@ -47,29 +51,27 @@ fn redis_over_tls_moves_every_entry_and_an_untrusted_server_is_held_and_said() {
              sources:\n\
              \x20 - name: from-redis\n\
              \x20   to: in\n\
-             \x20   redis: {{url: '{tls_url}', stream: tls-in, group: g, start: oldest, tls_ca: certs/ca.pem}}\n\
+             \x20   redis: {{url: '{tls_url}', stream: in, group: g, start: oldest{good}}}\n\
              sinks:\n\
              \x20 - name: to-redis\n\
              \x20   subscribe: in\n\
-             \x20   redis: {{url: '{tls_url}', stream: tls-out, tls_ca: certs/ca.pem}}\n\
-             \x20 - name: untrusted\n\
+             \x20   redis: {{url: '{tls_url}', stream: out{good}}}\n\
+             \x20 - name: held\n\
              \x20   subscribe: copy\n\
              \x20   retry: {{max_attempts: 2, backoff: {{initial: 100ms, max: 500ms}}}}\n\
-             \x20   redis: {{url: '{tls_url}', stream: never}}\n"
+             \x20   redis: {{url: '{tls_url}', stream: never{held}}}\n"
         ),
     );
     // Over the plain port, as an outside producer.
     for i in 0..200 {
         let reply = server
-            .command(&["XADD", "tls-in", "*", "payload", &format!("m-{i}")])
+            .command(&["XADD", "in", "*", "payload", &format!("m-{i}")])
             .expect("XADD");
         assert!(reply.starts_with('$'), "{reply}");
     }
-    let daemon = Daemon::start(&[&pipeline], &dir.path().join("data"));
+    let daemon = Daemon::start(&[&pipeline], &dir.join("data"));
     daemon.wait_until("200 entries arrive over TLS", LONG, |_| {
-        server
-            .command(&["XLEN", "tls-out"])
-            .is_ok_and(|r| r == ":200")
+        server.command(&["XLEN", "out"]).is_ok_and(|r| r == ":200")
     });
     daemon.publish(
         "copy",
@@ -77,20 +79,34 @@ fn redis_over_tls_moves_every_entry_and_an_untrusted_server_is_held_and_said() {
             .map(|i| Msg::new(format!("c{i}"), "x"))
             .collect::<Vec<_>>(),
     );
-    daemon.wait_until("readiness says the certificate is not trusted", LONG, |d| {
+    daemon.wait_until(&format!("readiness says `{reason}`"), LONG, |d| {
         let (status, reasons) = d.readiness();
-        status == "degraded"
-            && reasons.contains("secure/untrusted")
-            && reasons.contains("not trusted")
+        status == "degraded" && reasons.contains("secure/held") && reasons.contains(reason)
     });
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(
-        daemon.depth("secure.untrusted.dlq"),
+        daemon.depth("secure.held.dlq"),
         0,
         "held, not dead-lettered"
     );
     assert_eq!(server.command(&["EXISTS", "never"]).expect("EXISTS"), ":0");
-    let log = daemon.log();
+    daemon.log()
+}
+
+#[test]
+fn redis_over_tls_moves_every_entry_and_an_untrusted_server_is_held_and_said() {
+    let (cert, key) = certificate();
+    let server = RedisServer::start_with_tls(&cert, &key)
+        .unwrap_or_else(|e| panic!("starting redis-server with TLS: {e:#}"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_ca(dir.path(), &cert);
+    let log = redis_moves_all_and_holds_one(
+        &server,
+        dir.path(),
+        ", tls_ca: certs/ca.pem",
+        "",
+        "not trusted",
+    );
     assert!(
         log.contains("not trusted") && log.contains("tls_ca"),
         "the log says why and what to do:\n{log}"
@@ -107,67 +123,17 @@ fn redis_with_client_certificates_takes_tls_cert_and_holds_a_client_without_one(
     let (client_cert, client_key) = (client.cert.pem(), client.signing_key.serialize_pem());
     let server = RedisServer::start_with_client_auth(&cert, &key, &client_cert)
         .unwrap_or_else(|e| panic!("starting redis-server with client auth: {e:#}"));
-    let tls_url = server.tls_url().expect("a TLS port");
     let dir = tempfile::tempdir().expect("tempdir");
     write_ca(dir.path(), &cert);
     std::fs::write(dir.path().join("certs/client.pem"), &client_cert).expect("write");
     std::fs::write(dir.path().join("certs/client.key"), &client_key).expect("write");
-    let pipeline = write_pipeline(
+    let log = redis_moves_all_and_holds_one(
+        &server,
         dir.path(),
-        "mutual",
-        &format!(
-            "name: mutual\n\
-             topics: [in, copy]\n\
-             sources:\n\
-             \x20 - name: from-redis\n\
-             \x20   to: in\n\
-             \x20   redis: {{url: '{tls_url}', stream: m-in, group: g, start: oldest, tls_ca: certs/ca.pem, tls_cert: certs/client.pem, tls_key: certs/client.key}}\n\
-             sinks:\n\
-             \x20 - name: to-redis\n\
-             \x20   subscribe: in\n\
-             \x20   redis: {{url: '{tls_url}', stream: m-out, tls_ca: certs/ca.pem, tls_cert: certs/client.pem, tls_key: certs/client.key}}\n\
-             \x20 - name: anonymous\n\
-             \x20   subscribe: copy\n\
-             \x20   retry: {{max_attempts: 2, backoff: {{initial: 100ms, max: 500ms}}}}\n\
-             \x20   redis: {{url: '{tls_url}', stream: never, tls_ca: certs/ca.pem}}\n"
-        ),
+        ", tls_ca: certs/ca.pem, tls_cert: certs/client.pem, tls_key: certs/client.key",
+        ", tls_ca: certs/ca.pem",
+        "tls_cert",
     );
-    for i in 0..100 {
-        let reply = server
-            .command(&["XADD", "m-in", "*", "payload", &format!("m-{i}")])
-            .expect("XADD");
-        assert!(reply.starts_with('$'), "{reply}");
-    }
-    let daemon = Daemon::start(&[&pipeline], &dir.path().join("data"));
-    daemon.wait_until("100 entries arrive over mutual TLS", LONG, |_| {
-        server
-            .command(&["XLEN", "m-out"])
-            .is_ok_and(|r| r == ":100")
-    });
-    daemon.publish(
-        "copy",
-        &(0..3)
-            .map(|i| Msg::new(format!("c{i}"), "x"))
-            .collect::<Vec<_>>(),
-    );
-    daemon.wait_until(
-        "readiness says the server wants a client certificate",
-        LONG,
-        |d| {
-            let (status, reasons) = d.readiness();
-            status == "degraded"
-                && reasons.contains("mutual/anonymous")
-                && reasons.contains("tls_cert")
-        },
-    );
-    std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(
-        daemon.depth("mutual.anonymous.dlq"),
-        0,
-        "held, not dead-lettered"
-    );
-    assert_eq!(server.command(&["EXISTS", "never"]).expect("EXISTS"), ":0");
-    let log = daemon.log();
     assert!(
         !log.contains("PRIVATE KEY"),
         "the key never reaches the log:\n{log}"
