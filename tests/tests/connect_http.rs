@@ -908,6 +908,95 @@ fn tls_ca_trusts_a_self_signed_receiver_and_an_untrusted_one_is_held_and_said() 
     assert_eq!(log.matches("not trusted").count(), 1, "{log}");
 }
 
+/// [`tls_acceptor`] that also requires a client certificate issued by
+/// (or equal to, when self-signed) `client_ca`.
+fn tls_acceptor_requiring(
+    cert: &rcgen::CertifiedKey<rcgen::KeyPair>,
+    client_ca: &rcgen::CertifiedKey<rcgen::KeyPair>,
+) -> tokio_rustls::TlsAcceptor {
+    let key = rustls_pki_types::PrivateKeyDer::Pkcs8(rustls_pki_types::PrivatePkcs8KeyDer::from(
+        cert.signing_key.serialize_der(),
+    ));
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(client_ca.cert.der().clone()).expect("client CA");
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .expect("client verifier");
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(vec![cert.cert.der().clone()], key)
+        .expect("server config");
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+#[test]
+fn a_receiver_that_requires_client_certificates_gets_tls_cert_and_one_without_is_held() {
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
+        .expect("a self-signed certificate");
+    let client = rcgen::generate_simple_self_signed(vec!["sluice-client".into()])
+        .expect("a client certificate");
+    let receiver = Receiver::start_on(
+        0,
+        Some(tls_acceptor_requiring(&cert, &client)),
+        always(200),
+        Hits::default(),
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("certs")).expect("mkdir");
+    std::fs::write(dir.path().join("certs/ca.pem"), cert.cert.pem()).expect("write ca");
+    std::fs::write(dir.path().join("certs/client.pem"), client.cert.pem()).expect("write");
+    std::fs::write(
+        dir.path().join("certs/client.key"),
+        client.signing_key.serialize_pem(),
+    )
+    .expect("write");
+    let pipeline = write_pipeline(
+        dir.path(),
+        "mutual",
+        &format!(
+            "name: mutual\n\
+             topics: [a, b]\n\
+             sinks:\n\
+             \x20 - name: with-cert\n\
+             \x20   subscribe: a\n\
+             \x20   http: {{url: '{}', tls_ca: certs/ca.pem, tls_cert: certs/client.pem, tls_key: certs/client.key}}\n\
+             \x20 - name: anonymous\n\
+             \x20   subscribe: b\n\
+             \x20   retry: {{max_attempts: 2, backoff: {{initial: 100ms, max: 500ms}}}}\n\
+             \x20   http: {{url: '{}', tls_ca: certs/ca.pem}}\n",
+            receiver.url("https", "/with-cert"),
+            receiver.url("https", "/anonymous"),
+        ),
+    );
+    let daemon = Daemon::start(&[&pipeline], &dir.path().join("data"));
+    let msgs = |p: &str| -> Vec<Msg> {
+        (0..5)
+            .map(|i| Msg::new(format!("{p}{i}"), format!("m {i}")))
+            .collect()
+    };
+    daemon.publish("a", &msgs("a"));
+    daemon.publish("b", &msgs("b"));
+    wait_for("the sink with a certificate delivers", &daemon, || {
+        delivered(&receiver.hits(), Some("/with-cert")).len() == 5
+    });
+    wait_for("readiness says to give tls_cert", &daemon, || {
+        let (status, reasons) = daemon.readiness();
+        status == "degraded" && reasons.contains("mutual/anonymous") && reasons.contains("tls_cert")
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        dlq(&daemon, "mutual", "anonymous").is_empty(),
+        "held, not dead-lettered"
+    );
+    assert!(delivered(&receiver.hits(), Some("/anonymous")).is_empty());
+}
+
 #[test]
 fn a_tls_ca_file_without_certificates_refuses_start_up() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -197,10 +197,13 @@ impl HttpSink {
     /// after the request was sent is worth another attempt.
     fn transport(&self, error: &reqwest::Error) -> SinkError {
         let chain = self.url.scrub(&error_chain(error));
+        // Before `is_connect`: with TLS 1.3 a server that refuses this
+        // client's certificate says so after the client's side of the
+        // handshake is done, so the refusal arrives with the answer.
+        if let Some(hint) = crate::connect::tls::trust_hint(error) {
+            return SinkError::Unavailable(format!("{hint} ({chain})"));
+        }
         if error.is_connect() {
-            if let Some(hint) = crate::connect::tls::trust_hint(error) {
-                return SinkError::Unavailable(format!("{hint} ({chain})"));
-            }
             return SinkError::Unavailable(format!("cannot connect to {}: {chain}", self.url));
         }
         if error.is_timeout() {
