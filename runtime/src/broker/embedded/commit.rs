@@ -23,7 +23,7 @@ use super::consumer::{Consumer, Pending};
 use super::retention;
 use super::store::{
     DedupRecord, MessageRecordRef, PendingRecord, Position, Store, TopicRecord, cursor_key, decode,
-    dedup_key, encode, msg_key, pending_key, run_key, storage,
+    dedup_key, delete_message, encode, msg_key, pending_key, run_key, storage,
 };
 use super::topic::{Topic, TopicState};
 use super::{Shared, SyncMode};
@@ -346,7 +346,7 @@ impl<'a> Group<'a> {
                 .contains_key(msg_key(topic.id, seq))
                 .map_err(|e| storage("reading a message", e))?
             {
-                self.batch.remove(&store.messages, msg_key(topic.id, seq));
+                delete_message(&mut self.batch, &store.messages, &msg_key(topic.id, seq));
                 removed.push(seq);
             }
         }

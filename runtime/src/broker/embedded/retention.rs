@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::Shared;
 use super::commit::Group;
-use super::store::{MessageRecord, decode, key_seq, msg_key, storage};
+use super::store::{MessageRecord, decode, delete_message, key_seq, msg_key, storage};
 use super::topic::Topic;
 use crate::broker::BrokerError;
 
@@ -98,7 +98,7 @@ fn delete_below(
         }
         let key = guard.key().map_err(|e| storage("reading a message", e))?;
         next = key_seq(&key)? + 1;
-        group.batch.remove(&store.messages, key);
+        delete_message(&mut group.batch, &store.messages, &key);
         deleted += 1;
         *budget -= 1;
     }
@@ -139,7 +139,7 @@ fn expire(
             break;
         }
         next = Some(key_seq(&key)? + 1);
-        group.batch.remove(&store.messages, key);
+        delete_message(&mut group.batch, &store.messages, &key);
         deleted += 1;
         *budget -= 1;
     }
@@ -152,4 +152,41 @@ fn expire(
     group.refirst.push(topic.id);
     group.drop_pending(topic, &[], next);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::store::{Store, delete_message, msg_key};
+
+    /// Why consumed messages go with weak tombstones: messages deleted
+    /// before their memtable is flushed cost the tables nothing.
+    #[test]
+    fn messages_deleted_before_their_flush_never_reach_a_table() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path()).expect("open");
+        let mut batch = store.db.batch();
+        for seq in 1..=10_000 {
+            batch.insert(&store.messages, msg_key(1, seq), vec![b'x'; 64]);
+        }
+        batch.commit().expect("commit");
+        let mut batch = store.db.batch();
+        for seq in 1..=10_000 {
+            delete_message(&mut batch, &store.messages, &msg_key(1, seq));
+        }
+        // One message stays, so the flush has something to write.
+        batch.insert(&store.messages, msg_key(1, 10_001), vec![b'y'; 64]);
+        batch.commit().expect("commit");
+        store.messages.rotate_memtable_and_wait().expect("flush");
+        let left: Vec<_> = store
+            .messages
+            .iter()
+            .map(|g| g.key().expect("key").to_vec())
+            .collect();
+        assert_eq!(left, vec![msg_key(1, 10_001).to_vec()]);
+        assert!(
+            store.messages.disk_space() < 16 * 1024,
+            "{} bytes of tables for one message",
+            store.messages.disk_space()
+        );
+    }
 }

@@ -21,7 +21,7 @@ use std::sync::RwLock;
 
 use bytes::Bytes;
 use fjall::config::{BloomConstructionPolicy, FilterPolicy, FilterPolicyEntry, PinningPolicy};
-use fjall::{Database, Keyspace, KeyspaceCreateOptions};
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, OwnedWriteBatch};
 use serde::{Deserialize, Serialize};
 
 use super::window::DedupWindow;
@@ -340,6 +340,21 @@ pub(super) struct DedupRecord {
 /// Key of message `seq` in topic `topic_id`.
 pub(super) fn msg_key(topic_id: u32, seq: u64) -> [u8; 12] {
     id_seq_key(topic_id, seq)
+}
+
+/// Deletes message `key` in `batch` with a *weak* tombstone (fjall's
+/// single delete), which vanishes together with the value it meets in a
+/// flush or compaction. A plain tombstone must outlive the value until the
+/// last level, so every consumed message would be written to the tables
+/// twice (message, then tombstone) and compacted on; this way a message
+/// deleted before its memtable is flushed is never written to a table.
+///
+/// Safe because a message key is written once: seqs only grow, a batch
+/// that stored a seq also stored the topic's counter past it, and no topic
+/// id is reused. (A weak delete over two versions would bring back the
+/// older one.)
+pub(super) fn delete_message(batch: &mut OwnedWriteBatch, messages: &Keyspace, key: &[u8]) {
+    batch.remove_weak(messages, key);
 }
 
 /// Key of the pending entry of `seq` for consumer `consumer_id`.
