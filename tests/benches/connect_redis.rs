@@ -13,7 +13,9 @@
 //!   (concurrency 2) -> Redis sink (concurrency 2, `batch: {max: b}`, the
 //!   dedup script per message); until N entries are in `out`.
 //!
-//! Each for a batch size b of 100 and of 1,000.
+//! Each for a batch size b of 100 and of 1,000; and b = 100 with a
+//! `high_water_mark` of 1,000 on the source's topic, where the source
+//! reads only as fast as the topic drains.
 //!
 //! Both start timing when the producer starts appending N entries of 64 B
 //! (in pipelines of 1,000) to `in`, with the reader already waiting: the
@@ -29,8 +31,10 @@ use sluice_tests::{Daemon, write_pipeline};
 
 const SAMPLES: usize = 5;
 /// The read batch (`COUNT`, the source's `batch`) and the write batch (one
-/// pipeline, the sink's `batch.max`), the same on both sides.
-const BATCHES: [usize; 2] = [100, 1000];
+/// pipeline, the sink's `batch.max`), the same on both sides; and the
+/// `high_water_mark` of the source's topic, if any (the raw loop holds
+/// nothing, so it has none).
+const CASES: [(usize, Option<u64>); 3] = [(100, None), (1000, None), (100, Some(1000))];
 
 fn main() {
     let n: usize = std::env::var("SLUICE_BENCH_N")
@@ -50,21 +54,22 @@ fn main() {
     let server = RedisServer::start().expect("redis-server");
     let url = server.url();
     let mut rows = Vec::new();
-    for batch in BATCHES {
+    for (batch, mark) in CASES {
         let (mut raw, mut sluice) = (Vec::new(), Vec::new());
         for sample in 0..samples {
-            let run = format!("{batch}-{sample}");
+            let run = format!("{batch}-{}-{sample}", mark.unwrap_or(0));
             raw.push(rt.block_on(raw_loop(&url, n, batch, &run)));
-            sluice.push(through_sluice(&rt, &url, n, batch, &run));
+            sluice.push(through_sluice(&rt, &url, n, batch, mark, &run));
         }
-        rows.push((batch, raw, sluice));
+        rows.push((batch, mark, raw, sluice));
     }
     println!("| benchmark | A | B | ratio B/A |");
     println!("|---|---|---|---|");
-    for (batch, raw, sluice) in rows {
+    for (batch, mark, raw, sluice) in rows {
+        let mark = mark.map_or_else(String::new, |m| format!(", high_water_mark {m}"));
         report(
             &format!(
-                "redis stream -> redis stream, {n} x 64 B, batch {batch}, entries/s: raw XREADGROUP+XADD+XACK loop | sluice source -> identity -> sink (embedded, durable)"
+                "redis stream -> redis stream, {n} x 64 B, batch {batch}{mark}, entries/s: raw XREADGROUP+XADD+XACK loop | sluice source -> identity -> sink (embedded, durable)"
             ),
             &raw,
             &sluice,
@@ -202,14 +207,16 @@ fn through_sluice(
     url: &str,
     n: usize,
     batch: usize,
+    mark: Option<u64>,
     run: &str,
 ) -> f64 {
     let (input, output) = (format!("in-{run}"), format!("out-{run}"));
+    let mark = mark.map_or_else(String::new, |m| format!(", high_water_mark: {m}"));
     let dir = tempfile::tempdir().expect("dir");
     let yaml = format!(
         r#"
 name: bench
-topics: [in, mid]
+topics: [{{name: in{mark}}}, mid]
 sources:
   - name: src
     to: in

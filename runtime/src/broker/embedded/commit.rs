@@ -36,6 +36,12 @@ const MAX_GROUP_OPS: usize = 4096;
 /// How often maintenance (retention, duplicate-window expiry) runs.
 const MAINTENANCE_EVERY: Duration = Duration::from_millis(200);
 
+/// How soon after a settle what every consumer settled is deleted
+/// ([`retention::prune`]). A topic's depth is what its high-water mark
+/// counts: at 200 ms a source or producer held at a mark of 1,000 could
+/// move at most 5,000 messages a second, whatever the stage's speed.
+const PRUNE_AFTER: Duration = Duration::from_millis(10);
+
 /// Where an op's result goes.
 pub(super) type Reply<T> = oneshot::Sender<Result<T, BrokerError>>;
 
@@ -668,10 +674,15 @@ impl Reopener {
 /// The committer thread's loop: groups ops until the channel closes.
 pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Op>) {
     let mut last_maintenance = Instant::now();
+    // When settled messages are next deleted, if any were settled since.
+    let mut prune_at: Option<Instant> = None;
     let mut reopener = Reopener::default();
     let mut ops = Vec::with_capacity(MAX_GROUP_OPS);
     loop {
-        let wait = MAINTENANCE_EVERY.saturating_sub(last_maintenance.elapsed());
+        let mut wait = MAINTENANCE_EVERY.saturating_sub(last_maintenance.elapsed());
+        if let Some(at) = prune_at {
+            wait = wait.min(at.saturating_duration_since(Instant::now()));
+        }
         match rx.recv_timeout(wait) {
             Ok(op) => {
                 ops.push(op);
@@ -682,7 +693,11 @@ pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Op>) {
                     }
                 }
                 match (shared.health.write_failure(), shared.store.current()) {
-                    (None, Some(store)) => process(&shared, store, &mut ops),
+                    (None, Some(store)) => {
+                        if process(&shared, store, &mut ops) && prune_at.is_none() {
+                            prune_at = Some(Instant::now() + PRUNE_AFTER);
+                        }
+                    }
                     (why, _) => {
                         let e = BrokerError::Unavailable(format!(
                             "the store cannot take writes now ({})",
@@ -704,6 +719,14 @@ pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Op>) {
                 tracing::warn!(error = %e, "embedded broker maintenance failed");
             }
             last_maintenance = Instant::now();
+            prune_at = None;
+        } else if prune_at.is_some_and(|at| at <= Instant::now()) {
+            prune_at = None;
+            if shared.health.write_failure().is_none()
+                && let Err(e) = retention::prune(&shared)
+            {
+                tracing::warn!(error = %e, "embedded broker: deleting settled messages failed");
+            }
         }
     }
     reopener.finish();
@@ -723,13 +746,15 @@ pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Op>) {
     }
 }
 
-/// Builds, commits and answers one group.
-fn process(shared: &Shared, store: Store, ops: &mut Vec<Op>) {
+/// Builds, commits and answers one group. Returns whether it settled
+/// deliveries (so settled messages may be deletable).
+fn process(shared: &Shared, store: Store, ops: &mut Vec<Op>) -> bool {
     let mut group = Group::new(shared, store);
     let mut early = Vec::new();
     let mut done = Vec::new();
     let mut sync = false;
     let mut force = false;
+    let mut settled = false;
     for op in ops.drain(..) {
         match op {
             Op::Publish { messages, reply } => {
@@ -777,6 +802,7 @@ fn process(shared: &Shared, store: Store, ops: &mut Vec<Op>) {
                                 .push(seq);
                         }
                         sync = true;
+                        settled = true;
                         done.push(Done::Settle(reply, consumer, seq));
                     }
                     Err(e) => Done::Settle(reply, consumer, seq).send(Some(&e)),
@@ -865,4 +891,5 @@ fn process(shared: &Shared, store: Store, ops: &mut Vec<Op>) {
     }
     group.write_positions(false, &mut early);
     group.commit(sync, force, early, done);
+    settled
 }

@@ -1,5 +1,8 @@
 //! Maintenance, run by the committer thread between groups: what may be
 //! deleted is deleted, in bounded chunks so a group never waits long.
+//! The full run comes every 200 ms; messages settled by everyone are also
+//! deleted 10 ms after a settle ([`prune`]), because a topic's depth is
+//! what its high-water mark counts.
 //!
 //! - **Settled by everyone.** A topic with consumers drops messages below
 //!   its low watermark: the minimum over its consumers of their cursor and
@@ -28,8 +31,21 @@ use crate::broker::BrokerError;
 /// Most deletions per maintenance run.
 const CHUNK: usize = 50_000;
 
-/// One maintenance run.
+/// One maintenance run: everything above.
 pub(super) fn maintain(shared: &Shared) -> Result<(), BrokerError> {
+    run(shared, true)
+}
+
+/// Deletes only what every consumer settled; the committer runs this soon
+/// after settles, so a topic's depth (which its high-water mark counts)
+/// follows its consumers closely.
+pub(super) fn prune(shared: &Shared) -> Result<(), BrokerError> {
+    run(shared, false)
+}
+
+/// A maintenance run; `full`: with age retention, the window, the dedup
+/// records and the floors.
+fn run(shared: &Shared, full: bool) -> Result<(), BrokerError> {
     let Some(store) = shared.store.current() else {
         return Ok(());
     };
@@ -55,10 +71,13 @@ pub(super) fn maintain(shared: &Shared) -> Result<(), BrokerError> {
                 delete_below(&mut group, &topic, watermark, &mut budget)?;
             }
         }
-        if let Some(retention) = st.retention_ms {
+        if let Some(retention) = st.retention_ms.filter(|_| full) {
             let cutoff = group.now.saturating_sub(retention);
             expire(&mut group, &topic, cutoff, &mut budget)?;
         }
+    }
+    if !full {
+        return commit(group, Vec::new());
     }
     if shared.dedup_window_ms > 0 {
         // An idle broker drops an expired generation too.
@@ -69,6 +88,12 @@ pub(super) fn maintain(shared: &Shared) -> Result<(), BrokerError> {
     // Floors that rose since the last group (the pipeline went idle).
     let mut early = Vec::new();
     group.write_positions(true, &mut early);
+    commit(group, early)
+}
+
+/// Writes what a run put in its batch (to the OS: nothing it deletes
+/// needs an fsync to be safe).
+fn commit(group: Group<'_>, early: Vec<super::commit::Done>) -> Result<(), BrokerError> {
     if group.batch.is_empty() {
         return Ok(());
     }
