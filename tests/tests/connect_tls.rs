@@ -25,6 +25,14 @@ fn certificate() -> (String, String) {
     (cert.cert.pem(), cert.signing_key.serialize_pem())
 }
 
+/// A client's own self-signed certificate and key (PEM): the servers
+/// trust it as the CA of their clients.
+fn client_certificate() -> (String, String) {
+    let client = rcgen::generate_simple_self_signed(vec!["sluice-client".into()])
+        .expect("a client certificate");
+    (client.cert.pem(), client.signing_key.serialize_pem())
+}
+
 fn write_ca(dir: &Path, pem: &str) {
     std::fs::create_dir_all(dir.join("certs")).expect("mkdir");
     std::fs::write(dir.join("certs/ca.pem"), pem).expect("write ca");
@@ -116,11 +124,7 @@ fn redis_over_tls_moves_every_entry_and_an_untrusted_server_is_held_and_said() {
 #[test]
 fn redis_with_client_certificates_takes_tls_cert_and_holds_a_client_without_one() {
     let (cert, key) = certificate();
-    // The client's own self-signed certificate: the server trusts it as
-    // the CA of its clients.
-    let client = rcgen::generate_simple_self_signed(vec!["sluice-client".into()])
-        .expect("a client certificate");
-    let (client_cert, client_key) = (client.cert.pem(), client.signing_key.serialize_pem());
+    let (client_cert, client_key) = client_certificate();
     let server = RedisServer::start_with_client_auth(&cert, &key, &client_cert)
         .unwrap_or_else(|e| panic!("starting redis-server with client auth: {e:#}"));
     let dir = tempfile::tempdir().expect("tempdir");
@@ -226,9 +230,7 @@ fn postgres_over_tls_with_verify_full_and_plaintext_is_refused() {
 #[test]
 fn postgres_with_client_certificates_takes_tls_cert_and_holds_a_client_without_one() {
     let (cert, key) = certificate();
-    let client = rcgen::generate_simple_self_signed(vec!["sluice-client".into()])
-        .expect("a client certificate");
-    let (client_cert, client_key) = (client.cert.pem(), client.signing_key.serialize_pem());
+    let (client_cert, client_key) = client_certificate();
     let mut server = PostgresServer::start().unwrap_or_else(|e| panic!("starting postgres: {e:#}"));
     server
         .enable_tls(&cert, &key)
