@@ -237,45 +237,53 @@ pub fn trust_hint(error: &(dyn std::error::Error + 'static)) -> Option<&'static 
     None
 }
 
-/// Whether the server's TLS alert says it did not accept this client's
-/// certificate (or the lack of one).
-fn is_client_refused(error: &(dyn std::error::Error + 'static)) -> bool {
-    use rustls::AlertDescription as A;
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(cause) = source {
+/// The alerts with which a server refuses this client's certificate (or
+/// the lack of one).
+const CLIENT_REFUSALS: [rustls::AlertDescription; 8] = [
+    rustls::AlertDescription::CertificateRequired,
+    rustls::AlertDescription::BadCertificate,
+    rustls::AlertDescription::UnknownCA,
+    rustls::AlertDescription::CertificateUnknown,
+    rustls::AlertDescription::UnsupportedCertificate,
+    rustls::AlertDescription::CertificateRevoked,
+    rustls::AlertDescription::CertificateExpired,
+    rustls::AlertDescription::AccessDenied,
+];
+
+/// Each error of `error`'s chain, with the rustls error it is or wraps
+/// (in an `io::Error`, as tokio-rustls reports one), if any.
+fn causes<'e>(
+    error: &'e (dyn std::error::Error + 'static),
+) -> impl Iterator<
+    Item = (
+        &'e (dyn std::error::Error + 'static),
+        Option<&'e rustls::Error>,
+    ),
+> {
+    std::iter::successors(Some(error), |cause| cause.source()).map(|cause| {
         let tls = cause.downcast_ref::<rustls::Error>().or_else(|| {
             cause
                 .downcast_ref::<std::io::Error>()
                 .and_then(|io| io.get_ref())
                 .and_then(|inner| inner.downcast_ref::<rustls::Error>())
         });
-        if let Some(rustls::Error::AlertReceived(alert)) = tls
-            && matches!(
-                alert,
-                A::CertificateRequired
-                    | A::BadCertificate
-                    | A::UnknownCA
-                    | A::CertificateUnknown
-                    | A::UnsupportedCertificate
-                    | A::CertificateRevoked
-                    | A::CertificateExpired
-                    | A::AccessDenied
-            )
-        {
-            return true;
+        (cause, tls)
+    })
+}
+
+/// Whether the server's TLS alert says it did not accept this client's
+/// certificate (or the lack of one): as a rustls error, or in rustls's
+/// words where a client library turned the error into text.
+fn is_client_refused(error: &(dyn std::error::Error + 'static)) -> bool {
+    causes(error).any(|(cause, tls)| match tls {
+        Some(rustls::Error::AlertReceived(alert)) => CLIENT_REFUSALS.contains(alert),
+        _ => {
+            let text = cause.to_string();
+            CLIENT_REFUSALS
+                .iter()
+                .any(|alert| text.contains(&format!("received fatal alert: {alert:?}")))
         }
-        // The same, where a client library turned the error into text.
-        let text = cause.to_string();
-        if text.contains("received fatal alert: CertificateRequired")
-            || text.contains("received fatal alert: BadCertificate")
-            || text.contains("received fatal alert: UnknownCA")
-            || text.contains("received fatal alert: CertificateUnknown")
-        {
-            return true;
-        }
-        source = cause.source();
-    }
-    false
+    })
 }
 
 /// Makes aws-lc-rs the process's default rustls provider, for a client
@@ -314,31 +322,12 @@ pub fn check_ca(tls_ca: Option<&Path>, problems: &mut Vec<ConfigProblem>) {
 /// client refused: a server that is up but not trusted, which no retry
 /// will fix until the operator does.
 pub fn is_trust_error(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(cause) = source {
-        if let Some(tls) = cause.downcast_ref::<rustls::Error>()
-            && matches!(
-                tls,
-                rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented
-            )
-        {
-            return true;
-        }
-        if let Some(io) = cause.downcast_ref::<std::io::Error>()
-            && let Some(inner) = io.get_ref()
-            && let Some(tls) = inner.downcast_ref::<rustls::Error>()
-            && matches!(tls, rustls::Error::InvalidCertificate(_))
-        {
-            return true;
-        }
-        // rustls's words for a certificate it refused, wherever a client
-        // library turned the error into text.
-        if cause.to_string().contains("invalid peer certificate") {
-            return true;
-        }
-        source = cause.source();
-    }
-    false
+    causes(error).any(|(cause, tls)| {
+        matches!(
+            tls,
+            Some(rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented)
+        ) || cause.to_string().contains("invalid peer certificate")
+    })
 }
 
 #[cfg(test)]
@@ -347,6 +336,49 @@ mod tests {
 
     fn paths(problems: &[ConfigProblem]) -> Vec<String> {
         problems.iter().map(|p| p.path.join(".")).collect()
+    }
+
+    /// An error that wraps another, as client libraries do.
+    #[derive(Debug)]
+    struct Outer(std::io::Error);
+
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("connecting failed")
+        }
+    }
+
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn refused_certificates_are_found_anywhere_in_the_chain() {
+        use rustls::{AlertDescription, CertificateError, Error};
+        let untrusted = Error::InvalidCertificate(CertificateError::UnknownIssuer);
+        assert!(is_trust_error(&untrusted) && !is_client_refused(&untrusted));
+        let deep = Outer(std::io::Error::other(untrusted));
+        assert!(is_trust_error(&deep));
+        assert!(trust_hint(&deep).is_some_and(|h| h.contains("tls_ca")));
+
+        let refused = Error::AlertReceived(AlertDescription::CertificateRequired);
+        assert!(is_client_refused(&refused) && !is_trust_error(&refused));
+        let deep = Outer(std::io::Error::other(refused));
+        assert!(is_client_refused(&deep));
+        assert!(trust_hint(&deep).is_some_and(|h| h.contains("tls_cert")));
+
+        // Where a client library kept only rustls's words.
+        let said = std::io::Error::other("handshake: received fatal alert: UnknownCA");
+        assert!(is_client_refused(&said));
+        let said = std::io::Error::other("invalid peer certificate: UnknownIssuer");
+        assert!(is_trust_error(&said));
+
+        // Other TLS failures get no certificate hint.
+        let other = Error::AlertReceived(AlertDescription::HandshakeFailure);
+        assert!(trust_hint(&other).is_none());
+        assert!(trust_hint(&std::io::Error::other("connection refused")).is_none());
     }
 
     #[test]
