@@ -57,14 +57,23 @@ pub(crate) fn describe(url: &SecretUrl, err: &tokio_postgres::Error) -> String {
         Some(hint) => format!("{text} ({hint})"),
         // A server that wants client certificates (`clientcert=` in
         // pg_hba.conf) says so after the handshake, as an auth error.
-        None if err
-            .as_db_error()
-            .is_some_and(|db| db.message().contains("client certificate")) =>
-        {
+        None if wants_client_certificate(err) => {
             format!(
                 "{text} (give a client certificate the server accepts as `tls_cert`, with its key as `tls_key`)"
             )
         }
         None => text,
     }
+}
+
+/// Whether the server refused the login over its client certificate: a
+/// missing one, or one that failed `clientcert=verify-ca`/`verify-full`
+/// or `cert` authentication. All are SQLSTATE 28000 (also used for other
+/// refusals, such as no `pg_hba.conf` entry), with messages that name the
+/// certificate.
+fn wants_client_certificate(err: &tokio_postgres::Error) -> bool {
+    err.as_db_error().is_some_and(|db| {
+        *db.code() == tokio_postgres::error::SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+            && db.message().contains("certificate")
+    })
 }
