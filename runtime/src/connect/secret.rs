@@ -17,12 +17,21 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 ///
 /// What counts as a secret: the password; every query value but a few
 /// harmless settings ([`SHOWN_QUERY_KEYS`]: `?token=***`, but
-/// `?sslmode=require`); and any path segment that looks like a token (16
-/// or more characters with a digit in them, or 24 or more), which is where
-/// webhook providers put theirs (`/services/T0/B0/XXXXXXXXXXXXXXXXXXXXXXXX`).
+/// `?sslmode=require`); and in the path:
+///
+/// - of an `http(s)` URL, every segment that is not a plain lowercase word
+///   or an API version ([`is_plain_word`]). Webhook providers put their
+///   credential there (`/services/T0/B0/XXXX`, `/hooks/catch/123/abc1x/`),
+///   and no length or shape tells a short token from a name, so only
+///   words are shown: `/v1/incoming-webhooks/***`;
+/// - of any other URL (a database name or number), a segment that looks
+///   like a token (16 or more characters with a digit, or 24 or more).
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretUrl {
     raw: String,
+    /// `raw` as the URL parser writes it back (what a client library's
+    /// error quotes: `https://Host` becomes `https://host/`).
+    normalized: String,
     shown: String,
     /// The hidden parts as written in `raw` (and percent-decoded), for
     /// [`SecretUrl::scrub`].
@@ -47,6 +56,26 @@ fn looks_like_token(segment: &str) -> bool {
     len >= 24 || (len >= 16 && segment.bytes().any(|b| b.is_ascii_digit()))
 }
 
+/// Whether a segment of a webhook URL's path is shown: a plain lowercase
+/// word (`incoming-webhooks`, `services`, `orders.json`) of at most 32
+/// characters, one of 16 or more only with a `-`, `_` or `.` in it (a run
+/// of letters that long is more likely a token); or an API version (`v1`).
+/// Anything with a digit, a capital or another character may be a
+/// credential.
+fn is_plain_word(segment: &str) -> bool {
+    let is_separator = |b: u8| matches!(b, b'-' | b'_' | b'.');
+    let version = segment
+        .strip_prefix('v')
+        .is_some_and(|n| !n.is_empty() && n.len() <= 3 && n.bytes().all(|b| b.is_ascii_digit()));
+    let word = segment.len() <= 32
+        && segment.bytes().any(|b| b.is_ascii_lowercase())
+        && segment
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || is_separator(b))
+        && (segment.len() < 16 || segment.bytes().any(is_separator));
+    version || word
+}
+
 impl SecretUrl {
     /// Parses `raw`; the error never repeats a password.
     pub fn parse(raw: &str) -> Result<Self, String> {
@@ -58,15 +87,24 @@ impl SecretUrl {
             hidden.push(password.to_owned());
             let _ = shown.set_password(Some("***"));
         }
+        let webhook = matches!(parsed.scheme(), "http" | "https");
+        let secret_segment = |s: &str| {
+            !s.is_empty()
+                && if webhook {
+                    !is_plain_word(s)
+                } else {
+                    looks_like_token(s)
+                }
+        };
         if !parsed.cannot_be_a_base()
             && let Some(segments) = parsed.path_segments()
         {
             let segments: Vec<&str> = segments.collect();
-            if segments.iter().any(|s| looks_like_token(s)) {
+            if segments.iter().any(|s| secret_segment(s)) {
                 let path: Vec<&str> = segments
                     .iter()
                     .map(|s| {
-                        if looks_like_token(s) {
+                        if secret_segment(s) {
                             hidden.push((*s).to_owned());
                             "***"
                         } else {
@@ -118,6 +156,7 @@ impl SecretUrl {
         hidden.dedup();
         Ok(SecretUrl {
             raw: raw.to_owned(),
+            normalized: parsed.to_string(),
             shown,
             hidden,
         })
@@ -158,7 +197,11 @@ impl SecretUrl {
     /// client library's error message may quote the URL, or a part of
     /// it) by `***`.
     pub fn scrub(&self, text: &str) -> String {
-        let mut out = text.replace(&self.raw, &self.shown);
+        // The whole URL first: its parts that are too short to scrub one
+        // by one (a path segment of two characters) go with it.
+        let mut out = text
+            .replace(&self.raw, &self.shown)
+            .replace(&self.normalized, &self.shown);
         for part in &self.hidden {
             out = out.replace(part.as_str(), "***");
         }
@@ -312,7 +355,7 @@ mod tests {
         .expect("parses");
         assert_eq!(
             hook.redacted(),
-            "https://hooks.example/services/T0123/B0123/***?token=***&sslmode=require"
+            "https://hooks.example/services/***/***/***?token=***&sslmode=require"
         );
         let said = hook.scrub(
             "error sending request for url (https://hooks.example/services/T0123/B0123/XXXXXXXXXXXXXXXXXXXXXXXX?token=abc123)",
@@ -324,12 +367,45 @@ mod tests {
         assert_eq!(uuid.redacted(), "https://webhook.example/***");
 
         // Ordinary words stay, so an operator can tell targets apart.
-        let plain =
-            SecretUrl::parse("https://api.example/v1/incoming-webhooks/orders").expect("parses");
+        let plain = SecretUrl::parse("https://api.example/v1/incoming-webhooks/orders.json/")
+            .expect("parses");
         assert_eq!(
             plain.redacted(),
-            "https://api.example/v1/incoming-webhooks/orders"
+            "https://api.example/v1/incoming-webhooks/orders.json/"
         );
+
+        // A short token in a webhook's path is hidden whatever its shape,
+        // and scrubbed where an error quotes the whole URL.
+        for (url, shown) in [
+            (
+                "https://hooks.example/hooks/catch/1234567/ab12x/",
+                "https://hooks.example/hooks/catch/***/***/",
+            ),
+            (
+                "https://hooks.example/in/Zq",
+                "https://hooks.example/in/***",
+            ),
+            (
+                "https://hooks.example/in/qwkzjfhtrmxlpvnb",
+                "https://hooks.example/in/***",
+            ),
+            (
+                "https://hooks.example/in/k%2Fy",
+                "https://hooks.example/in/***",
+            ),
+            ("HTTPS://Hooks.Example/t/x9", "https://hooks.example/t/***"),
+        ] {
+            let hook = SecretUrl::parse(url).expect("parses");
+            assert_eq!(hook.redacted(), shown, "{url}");
+            let quoted = format!("error sending request for url ({})", hook.url());
+            let said = hook.scrub(&quoted);
+            assert_eq!(said, format!("error sending request for url ({shown})"));
+        }
+        // A database URL's path is its name or number: shown.
+        let redis = SecretUrl::parse("redis://127.0.0.1:6379/0").expect("parses");
+        assert_eq!(redis.redacted(), "redis://127.0.0.1:6379/0");
+        let pg = SecretUrl::parse("postgres://app@db/orders_2024").expect("parses");
+        assert_eq!(pg.redacted(), "postgres://app@db/orders_2024");
 
         let pg = SecretUrl::parse("postgres://app@db/app?password=p%40ss&sslmode=verify-full")
             .expect("parses");
