@@ -312,6 +312,51 @@ async fn complete_publishes_outputs_and_acks() {
 }
 
 #[tokio::test]
+async fn complete_all_settles_each_item_with_its_own_result() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = setup(dir.path(), SyncMode::Always, Duration::from_millis(300)).await;
+    b.ensure_topic(&topic("out")).await.expect("topic");
+    b.ensure_consumer(&consumer("p.next", "out", LONG))
+        .await
+        .expect("consumer");
+    publish_ids(&b, "in", &["a", "b", "c", "d"]).await;
+    let ds = fetch_n(&b, "p.s", 4).await;
+    // `c` was already acked: its lease is gone. `b` names an undeclared
+    // topic. Both fail alone; `a` and `d` are written and acked.
+    b.ack(&ds[2].receipt).await.expect("ack");
+    let results = b
+        .complete_all(&[
+            Completion::new(&ds[0].receipt, vec![msg("a-out", "out")]),
+            Completion::new(&ds[1].receipt, vec![msg("b-out", "nowhere")]),
+            Completion::new(&ds[2].receipt, vec![msg("c-out", "out")]),
+            Completion::new(&ds[3].receipt, vec![msg("d1", "out"), msg("d2", "out")]),
+        ])
+        .await;
+    assert_eq!(results.len(), 4);
+    assert!(results[0].is_ok() && results[3].is_ok(), "{results:?}");
+    assert!(matches!(results[1], Err(BrokerError::UnknownTopic(_))));
+    assert!(matches!(results[2], Err(BrokerError::LeaseLost(_))));
+    assert_eq!(ids(&fetch_n(&b, "p.next", 3).await), ["a-out", "d1", "d2"]);
+    // `b` keeps its lease (an ack still works) and nothing else comes back,
+    // even after ack_wait.
+    b.ack(&ds[1].receipt).await.expect("b's lease is intact");
+    assert!(
+        b.fetch("p.s", 4, Duration::from_millis(600))
+            .await
+            .expect("fetch")
+            .is_empty()
+    );
+    let stats = b.consumer_stats("p.s").await.expect("stats");
+    assert_eq!((stats.pending, stats.in_flight), (0, 0));
+    // A second completion of the same receipts changes nothing.
+    let again = b
+        .complete_all(&[Completion::new(&ds[0].receipt, vec![msg("a-out", "out")])])
+        .await;
+    assert!(matches!(again[0], Err(BrokerError::LeaseLost(_))));
+    assert!(b.complete_all(&[]).await.is_empty());
+}
+
+#[tokio::test]
 async fn dead_letter_publishes_the_entry_and_settles() {
     let dir = tempfile::tempdir().expect("tempdir");
     let b = setup(dir.path(), SyncMode::Always, Duration::from_millis(200)).await;

@@ -333,6 +333,16 @@ pub trait Broker: Send + Sync + 'static {
     /// the ack. Borrowed, so a caller can retry the same completion.
     async fn complete(&self, completion: &Completion) -> Result<(), BrokerError>;
 
+    /// Completes several deliveries: one result per completion, in order,
+    /// each what [`Broker::complete`] would have answered for it alone. A
+    /// batch stage settles its items through this. The default completes
+    /// them concurrently, one call each; a broker that can write them in
+    /// one step overrides it (the embedded broker: one op for its
+    /// committer, rather than an op, a reply and a wake-up per message).
+    async fn complete_all(&self, completions: &[Completion]) -> Vec<Result<(), BrokerError>> {
+        futures_util::future::join_all(completions.iter().map(|c| self.complete(c))).await
+    }
+
     /// Releases the delivery for redelivery after `delay`.
     async fn nak(&self, receipt: &Receipt, delay: Duration) -> Result<(), BrokerError>;
 

@@ -100,6 +100,37 @@ impl Broker for ClaimingBroker {
         self.inner.complete(&offloaded).await
     }
 
+    async fn complete_all(&self, completions: &[Completion]) -> Vec<Result<(), BrokerError>> {
+        // Each offloaded on its own (one that cannot be fails alone), then
+        // the rest completed together.
+        let mut results: Vec<Result<(), BrokerError>> = Vec::with_capacity(completions.len());
+        let mut offloaded = Vec::with_capacity(completions.len());
+        for completion in completions {
+            match self.offload_all(completion.outputs.clone()).await {
+                Ok(outputs) => {
+                    results.push(Ok(()));
+                    offloaded.push(Completion {
+                        receipt: completion.receipt.clone(),
+                        outputs,
+                        ticket: completion.ticket.clone(),
+                    });
+                }
+                Err(e) => results.push(Err(e)),
+            }
+        }
+        let mut done = self.inner.complete_all(&offloaded).await.into_iter();
+        for result in &mut results {
+            if result.is_ok() {
+                *result = done.next().unwrap_or_else(|| {
+                    Err(BrokerError::Unavailable(
+                        "no result for a completion".into(),
+                    ))
+                });
+            }
+        }
+        results
+    }
+
     async fn nak(&self, receipt: &Receipt, delay: Duration) -> Result<(), BrokerError> {
         self.inner.nak(receipt, delay).await
     }

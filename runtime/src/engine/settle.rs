@@ -213,6 +213,47 @@ impl Settler {
         emits: Vec<Emit>,
         ticket: Option<&Ticket>,
     ) -> Result<(), Failure> {
+        let completion = self.completion(delivery, emits, ticket);
+        let result = self.patiently(|| self.broker.complete(&completion)).await;
+        self.completed(delivery, &completion, result)
+    }
+
+    /// Completes the successes of a batch together: one broker step for
+    /// all of them where the broker can (the embedded broker's committer
+    /// takes them as one op), rather than a step each. Returns, per item,
+    /// what [`Settler::complete`] would have; an item whose completion
+    /// failed still needs [`Settler::failed`].
+    pub(super) async fn complete_all(
+        &self,
+        items: Vec<(&Delivery, Vec<Emit>)>,
+    ) -> Vec<Result<(), Failure>> {
+        let (deliveries, completions): (Vec<&Delivery>, Vec<Completion>) = items
+            .into_iter()
+            .map(|(delivery, emits)| (delivery, self.completion(delivery, emits, None)))
+            .unzip();
+        let results = self.patiently_all(&completions).await;
+        deliveries
+            .into_iter()
+            .zip(&completions)
+            .zip(results)
+            .map(|((delivery, completion), result)| self.completed(delivery, completion, result))
+            .collect()
+    }
+
+    /// Settles a delivery whose completion failed (see
+    /// [`Settler::complete_all`]): retry, or dead-letter.
+    pub(super) async fn failed(&self, delivery: &Delivery, failure: Failure) -> Next {
+        self.fail(delivery, delivery.attempt, failure, false).await
+    }
+
+    /// The completion of `delivery`: its emits as outputs with their
+    /// deterministic ids, and its ack.
+    fn completion(
+        &self,
+        delivery: &Delivery,
+        emits: Vec<Emit>,
+        ticket: Option<&Ticket>,
+    ) -> Completion {
         // Output ids derive from the input's id; under dedup from its key,
         // so that if a crash strands a key between the outputs and the
         // record, and a copy of the message under another id runs the
@@ -238,28 +279,37 @@ impl Settler {
                 published_at: 0,
             })
             .collect();
-        let mut per_topic: Vec<(String, u64)> = Vec::new();
-        for output in &outputs {
-            match per_topic.iter_mut().find(|(t, _)| *t == output.topic) {
-                Some((_, n)) => *n += 1,
-                None => per_topic.push((output.topic.clone(), 1)),
-            }
-        }
-        let completion = Completion {
+        Completion {
             receipt: delivery.receipt.clone(),
             outputs,
             ticket: ticket.cloned(),
-        };
-        let result = self.patiently(|| self.broker.complete(&completion)).await;
+        }
+    }
+
+    /// What the broker's answer to a completion means: counted as `ok`,
+    /// or the failure to retry or dead-letter.
+    fn completed(
+        &self,
+        delivery: &Delivery,
+        completion: &Completion,
+        result: Result<(), BrokerError>,
+    ) -> Result<(), Failure> {
         match result {
             Ok(()) => {
                 self.ok.inc();
+                let mut per_topic: Vec<(&str, u64)> = Vec::new();
+                for output in &completion.outputs {
+                    match per_topic.iter_mut().find(|(t, _)| *t == output.topic) {
+                        Some((_, n)) => *n += 1,
+                        None => per_topic.push((&output.topic, 1)),
+                    }
+                }
                 for (topic, n) in per_topic {
-                    match self.published.iter().find(|(t, _)| *t == topic) {
+                    match self.published.iter().find(|(t, _)| t == topic) {
                         Some((_, counter)) => {
                             counter.inc_by(n);
                         }
-                        None => self.metrics.count_published(&topic, n),
+                        None => self.metrics.count_published(topic, n),
                     }
                 }
                 self.forget_failure(&delivery.message.id);
@@ -408,6 +458,38 @@ impl Settler {
                     pause = (pause * 2).min(Duration::from_secs(5));
                 }
                 other => return other,
+            }
+        }
+    }
+
+    /// [`Settler::patiently`] for several completions at once: those the
+    /// broker answers `Unavailable` are tried again together, within the
+    /// same budget; every other answer is final.
+    async fn patiently_all(&self, completions: &[Completion]) -> Vec<Result<(), BrokerError>> {
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(100);
+        let mut results: Vec<Result<(), BrokerError>> = self.broker.complete_all(completions).await;
+        loop {
+            let waiting: Vec<usize> = results
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| matches!(r, Err(BrokerError::Unavailable(_))))
+                .map(|(i, _)| i)
+                .collect();
+            if waiting.is_empty() || started.elapsed() + pause >= BROKER_RETRY_BUDGET {
+                return results;
+            }
+            if let Some(Err(BrokerError::Unavailable(why))) = results.get(waiting[0]) {
+                tracing::warn!(%why, settles = waiting.len(), retry_in = ?pause, "the broker could not take a batch's settles; retrying them");
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(5));
+            let again: Vec<Completion> = waiting.iter().map(|&i| completions[i].clone()).collect();
+            for (i, result) in waiting
+                .into_iter()
+                .zip(self.broker.complete_all(&again).await)
+            {
+                results[i] = result;
             }
         }
     }

@@ -69,6 +69,15 @@ pub(super) enum Op {
         /// Done.
         reply: Reply<()>,
     },
+    /// Several settles without dedup records (a batch stage's items), each
+    /// as [`Op::Settle`] would write it, answered together: one result per
+    /// item, in order.
+    SettleAll {
+        /// The settles.
+        items: Vec<SettleItem>,
+        /// One result per item.
+        reply: Reply<Vec<Result<(), BrokerError>>>,
+    },
     /// Record deliveries: pending entries with their attempts, the cursor.
     /// Once written, the committer also applies them to the consumer in
     /// memory, so a fetch that is cancelled midway leaves leases that expire
@@ -124,6 +133,17 @@ pub(super) enum Op {
 /// A declaration run on the committer thread, inside a group.
 pub(super) type EnsureFn = Box<dyn FnOnce(&mut Group<'_>) -> Result<(), BrokerError> + Send>;
 
+/// One settle of an [`Op::SettleAll`]: a delivery whose lease the caller
+/// took, and the outputs to publish with its ack.
+pub(super) struct SettleItem {
+    /// Whose entry.
+    pub consumer: Arc<Consumer>,
+    /// Which entry.
+    pub seq: u64,
+    /// What to publish with it.
+    pub outputs: Vec<Message>,
+}
+
 /// A reply waiting for the group's commit (and fsync).
 pub(super) enum Done {
     /// A publish's acks.
@@ -136,6 +156,12 @@ pub(super) enum Done {
     /// durable (here, not in the caller, so a caller that gives up cannot
     /// leave it behind), or is released for redelivery if it failed.
     Settle(Reply<()>, Arc<Consumer>, u64),
+    /// Settles answered together: each entry, and the error it met while
+    /// the group was built (already released), if any.
+    SettleAll(
+        Reply<Vec<Result<(), BrokerError>>>,
+        Vec<(Arc<Consumer>, u64, Option<BrokerError>)>,
+    ),
     /// Deliveries, applied to the consumer once written: the cursor, the
     /// first deliveries, the vanished entries, the entries whose pending
     /// records were written (seq, attempt).
@@ -171,15 +197,36 @@ impl Done {
                 drop(r.send(Ok(())));
             }
             (Done::Settle(r, c, seq), Some(e)) => {
-                // Unavailable: the stage retries the settle with the same
-                // lease; anything else: redelivered.
-                if matches!(e, BrokerError::Unavailable(_)) {
-                    c.unsettle(seq);
-                } else {
-                    c.restore(seq, now_millis());
-                }
+                release_settle(&c, seq, e);
                 c.settled.notify_waiters();
                 drop(r.send(Err(e.clone())));
+            }
+            (Done::SettleAll(r, items), err) => {
+                let mut woken: Vec<Arc<Consumer>> = Vec::new();
+                let results = items
+                    .into_iter()
+                    .map(|(c, seq, failed)| {
+                        let result = match (failed, err) {
+                            (Some(failed), _) => Err(failed),
+                            (None, None) => {
+                                c.settled(seq);
+                                Ok(())
+                            }
+                            (None, Some(e)) => {
+                                release_settle(&c, seq, e);
+                                Err(e.clone())
+                            }
+                        };
+                        if !woken.iter().any(|w| Arc::ptr_eq(w, &c)) {
+                            woken.push(c);
+                        }
+                        result
+                    })
+                    .collect();
+                for c in woken {
+                    c.settled.notify_waiters();
+                }
+                drop(r.send(Ok(results)));
             }
             (Done::Deliver(r, c, cursor, leases, vanished, recorded), None) => {
                 c.drop_vanished(&vanished);
@@ -335,6 +382,35 @@ impl<'a> Group<'a> {
             });
         }
         Ok(acks)
+    }
+
+    /// Adds one settle to the batch: the dedup record COMPLETED (if any),
+    /// the outputs, and the end of the pending entry.
+    fn settle(
+        &mut self,
+        consumer: &Arc<Consumer>,
+        seq: u64,
+        outputs: &[Message],
+        record: Option<(Vec<u8>, Ticket)>,
+    ) -> Result<(), BrokerError> {
+        if let Some((key, ticket)) = record {
+            self.complete_record(key, &ticket)?;
+        }
+        let topics = self.resolve(outputs)?;
+        self.publish(outputs, &topics)?;
+        // A first delivery has no record to remove: the floor covers it
+        // (`store::Position`).
+        if consumer.is_recorded(seq) {
+            self.batch
+                .remove(&self.store.pending, pending_key(consumer.id, seq));
+        } else {
+            self.settles
+                .entry(consumer.id)
+                .or_insert_with(|| (consumer.clone(), Vec::new()))
+                .1
+                .push(seq);
+        }
+        Ok(())
     }
 
     /// Removes `seqs` from `topic` (those still stored), and the pending
@@ -541,6 +617,17 @@ pub(super) fn unit(reply: Reply<()>) -> Done {
     Done::Unit(reply)
 }
 
+/// Hands back the entry of a settle that failed: for
+/// [`BrokerError::Unavailable`] the stage retries the settle with the same
+/// lease; after anything else the message is redelivered.
+fn release_settle(consumer: &Consumer, seq: u64, e: &BrokerError) {
+    if matches!(e, BrokerError::Unavailable(_)) {
+        consumer.unsettle(seq);
+    } else {
+        consumer.restore(seq, now_millis());
+    }
+}
+
 /// Replies `e` to everyone.
 fn fail(e: &BrokerError, early: Vec<Done>, done: Vec<Done>) {
     tracing::error!(error = %e, "embedded broker commit failed");
@@ -559,6 +646,14 @@ fn refuse(op: Op, e: &BrokerError) {
             reply,
             ..
         } => Done::Settle(reply, consumer, seq).send(Some(e)),
+        Op::SettleAll { items, reply } => Done::SettleAll(
+            reply,
+            items
+                .into_iter()
+                .map(|item| (item.consumer, item.seq, None))
+                .collect(),
+        )
+        .send(Some(e)),
         Op::Deliver { reply, .. }
         | Op::Nak { reply, .. }
         | Op::Ensure { reply, .. }
@@ -775,38 +870,35 @@ fn process(shared: &Shared, store: Store, ops: &mut Vec<Op>) -> bool {
                 outputs,
                 record,
                 reply,
-            } => {
-                let result = match record {
-                    Some((key, ticket)) => group.complete_record(key, &ticket),
-                    None => Ok(()),
+            } => match group.settle(&consumer, seq, &outputs, record) {
+                Ok(()) => {
+                    sync = true;
+                    settled = true;
+                    done.push(Done::Settle(reply, consumer, seq));
                 }
-                .and_then(|()| {
-                    group
-                        .resolve(&outputs)
-                        .and_then(|topics| group.publish(&outputs, &topics))
-                });
-                match result {
-                    Ok(_) => {
-                        // A first delivery has no record to remove: the
-                        // floor covers it (`store::Position`).
-                        if consumer.is_recorded(seq) {
-                            group
-                                .batch
-                                .remove(&group.store.pending, pending_key(consumer.id, seq));
-                        } else {
-                            group
-                                .settles
-                                .entry(consumer.id)
-                                .or_insert_with(|| (consumer.clone(), Vec::new()))
-                                .1
-                                .push(seq);
+                Err(e) => Done::Settle(reply, consumer, seq).send(Some(&e)),
+            },
+            Op::SettleAll { items, reply } => {
+                let mut answers = Vec::with_capacity(items.len());
+                for SettleItem {
+                    consumer,
+                    seq,
+                    outputs,
+                } in items
+                {
+                    match group.settle(&consumer, seq, &outputs, None) {
+                        Ok(()) => {
+                            sync = true;
+                            settled = true;
+                            answers.push((consumer, seq, None));
                         }
-                        sync = true;
-                        settled = true;
-                        done.push(Done::Settle(reply, consumer, seq));
+                        Err(e) => {
+                            release_settle(&consumer, seq, &e);
+                            answers.push((consumer, seq, Some(e)));
+                        }
                     }
-                    Err(e) => Done::Settle(reply, consumer, seq).send(Some(&e)),
                 }
+                done.push(Done::SettleAll(reply, answers));
             }
             Op::Deliver {
                 consumer,

@@ -47,7 +47,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::oneshot;
 
-use self::commit::{Group, Op, Reply};
+use self::commit::{Group, Op, Reply, SettleItem};
 use self::consumer::{Consumer, ConsumerState, millis};
 use self::store::{ConsumerRecord, Position, Store, StoreSlot, cursor_key, encode};
 use self::topic::{Topic, TopicState};
@@ -292,13 +292,7 @@ impl EmbeddedBroker {
         outputs: Vec<Message>,
         record: Option<(Vec<u8>, crate::dedup::Ticket)>,
     ) -> Result<(), BrokerError> {
-        let consumer = self.shared.consumer(&receipt.consumer)?;
-        for m in &outputs {
-            self.shared.topic(&m.topic)?;
-        }
-        // The committer removes the entry once the settle is durable (only
-        // then may retention pass the message), or releases it on failure.
-        consumer.take_lease(receipt)?;
+        let consumer = self.take_for_settle(receipt, &outputs)?;
         let result = self
             .call(|reply| Op::Settle {
                 consumer: consumer.clone(),
@@ -315,6 +309,25 @@ impl EmbeddedBroker {
             consumer.unsettle(receipt.seq);
         }
         result
+    }
+}
+
+impl EmbeddedBroker {
+    /// Checks a settle's consumer and output topics, and marks its lease as
+    /// settling. The committer removes the entry once the settle is
+    /// durable (only then may retention pass the message), or releases it
+    /// on failure.
+    fn take_for_settle(
+        &self,
+        receipt: &Receipt,
+        outputs: &[Message],
+    ) -> Result<Arc<Consumer>, BrokerError> {
+        let consumer = self.shared.consumer(&receipt.consumer)?;
+        for m in outputs {
+            self.shared.topic(&m.topic)?;
+        }
+        consumer.take_lease(receipt)?;
+        Ok(consumer)
     }
 }
 
@@ -473,6 +486,57 @@ impl Broker for EmbeddedBroker {
             }
             None => self.settle(receipt, outputs.clone()).await,
         }
+    }
+
+    async fn complete_all(&self, completions: &[Completion]) -> Vec<Result<(), BrokerError>> {
+        // A completion that records a dedup key is checked against its
+        // holder's ticket first (`complete_recorded`): those go one by one.
+        if completions.iter().any(|c| c.ticket.is_some()) {
+            return futures_util::future::join_all(completions.iter().map(|c| self.complete(c)))
+                .await;
+        }
+        let mut results: Vec<Result<(), BrokerError>> = Vec::with_capacity(completions.len());
+        let mut items = Vec::with_capacity(completions.len());
+        for completion in completions {
+            let receipt = &completion.receipt;
+            match self.take_for_settle(receipt, &completion.outputs) {
+                Ok(consumer) => {
+                    items.push(SettleItem {
+                        consumer,
+                        seq: receipt.seq,
+                        outputs: completion.outputs.clone(),
+                    });
+                    results.push(Ok(()));
+                }
+                Err(e) => results.push(Err(e)),
+            }
+        }
+        if items.is_empty() {
+            return results;
+        }
+        let taken: Vec<(Arc<Consumer>, u64)> = items
+            .iter()
+            .map(|item| (item.consumer.clone(), item.seq))
+            .collect();
+        let answered = match self.call(|reply| Op::SettleAll { items, reply }).await {
+            Ok(answered) => answered,
+            Err(e) => vec![Err(e); taken.len()],
+        };
+        let mut answered = answered.into_iter();
+        for ((consumer, seq), result) in taken.iter().zip(results.iter_mut().filter(|r| r.is_ok()))
+        {
+            *result = answered.next().unwrap_or_else(|| {
+                Err(BrokerError::Unavailable(
+                    "the committer gave no answer for a settle".into(),
+                ))
+            });
+            if matches!(result, Err(BrokerError::Unavailable(_))) {
+                // Not written (as in `settle_with`): the lease stays, so
+                // the stage can retry without spending an attempt.
+                consumer.unsettle(*seq);
+            }
+        }
+        results
     }
 
     async fn nak(&self, receipt: &Receipt, delay: Duration) -> Result<(), BrokerError> {

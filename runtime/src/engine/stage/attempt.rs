@@ -179,21 +179,7 @@ impl StageRunner {
                     outcome => settled.push((job, outcome)),
                 }
             }
-            // Every item is settled on its own (its own outputs, ack, nak
-            // or dead letter), but all at once: each settle waits for the
-            // broker to make it durable, and in flight together they share
-            // the embedded broker's group commit (one fsync for the batch)
-            // or NATS's pipelining, instead of paying one round each in
-            // turn. Batch items are naked for their retries: holding a
-            // whole batch back for one item would stall the rest.
-            let settles = settled.into_iter().map(|(job, outcome)| async move {
-                let delivery = &job.delivery;
-                self.settler
-                    .settle(delivery, delivery.attempt, outcome, false, None)
-                    .await;
-                self.forget(delivery.seq);
-            });
-            futures_util::future::join_all(settles).await;
+            self.settle_batch(settled).await;
             if held.is_empty() {
                 return;
             }
@@ -203,6 +189,45 @@ impl StageRunner {
             }
             jobs = held;
         }
+    }
+
+    /// Settles a batch's items. Every item is settled on its own (its own
+    /// outputs, ack, nak or dead letter), but at once: the successes in one
+    /// broker step ([`Settler::complete_all`]: on the embedded broker one
+    /// op and one group commit for the batch, not an op, a reply and a
+    /// wake-up per item), and the failures, and successes whose completion
+    /// failed, concurrently, so they share the group commit or NATS's
+    /// pipelining. Batch items are naked for their retries: holding a whole
+    /// batch back for one item would stall the rest.
+    async fn settle_batch(&self, settled: Vec<(Job, crate::plugin::Outcome)>) {
+        let mut succeeded = Vec::with_capacity(settled.len());
+        let mut failed = Vec::new();
+        for (job, outcome) in settled {
+            match outcome {
+                Ok(emits) => succeeded.push((job, emits)),
+                Err(failure) => failed.push((job, failure)),
+            }
+        }
+        let completed = self
+            .settler
+            .complete_all(
+                succeeded
+                    .iter_mut()
+                    .map(|(job, emits)| (&job.delivery, std::mem::take(emits)))
+                    .collect(),
+            )
+            .await;
+        for ((job, _), result) in succeeded.into_iter().zip(completed) {
+            match result {
+                Ok(()) => self.forget(job.delivery.seq),
+                Err(failure) => failed.push((job, failure)),
+            }
+        }
+        let failures = failed.into_iter().map(|(job, failure)| async move {
+            self.settler.failed(&job.delivery, failure).await;
+            self.forget(job.delivery.seq);
+        });
+        futures_util::future::join_all(failures).await;
     }
 
     /// One handler call for `jobs` under a worker slot: an outcome per job,
