@@ -134,6 +134,10 @@ impl DaemonBuilder {
     }
 }
 
+/// How long [`Daemon::publish`] keeps resending a chunk the daemon
+/// answers `503`.
+const PUBLISH_PATIENCE: Duration = Duration::from_secs(60);
+
 impl Daemon {
     /// A daemon running `files` with its data in `data`; see
     /// [`DaemonBuilder`] for the rest.
@@ -352,43 +356,64 @@ impl Daemon {
             .expect("run sluice")
     }
 
-    /// Publishes messages through the batch ingest endpoint.
+    /// Publishes messages through the batch ingest endpoint, as a
+    /// producer should: a chunk answered `503` (the broker cannot take it
+    /// now: a JetStream stream electing its leader) is sent again after a
+    /// pause, for up to [`PUBLISH_PATIENCE`]. Resending is safe: the ids
+    /// collapse in the duplicate window.
     pub fn publish(&self, topic: &str, messages: &[Msg]) {
-        if let Err(err) = self.try_publish(topic, messages) {
-            panic!("{err}");
+        for chunk in messages.chunks(1000) {
+            let started = Instant::now();
+            loop {
+                match self.post_batch(topic, chunk) {
+                    Ok(()) => break,
+                    Err((Some(503), _)) if started.elapsed() < PUBLISH_PATIENCE => {
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    Err((_, err)) => panic!("{err}"),
+                }
+            }
         }
     }
 
-    /// [`publish`](Self::publish), saying why it failed instead of
-    /// panicking: for a daemon that may die while it is being fed.
+    /// [`publish`](Self::publish) without the patience, saying why it
+    /// failed instead of panicking: for a daemon that may die while it is
+    /// being fed.
     pub fn try_publish(&self, topic: &str, messages: &[Msg]) -> Result<(), String> {
         for chunk in messages.chunks(1000) {
-            let body: String = chunk
-                .iter()
-                .map(|m| {
-                    let mut line = json!({"id": m.id, "payload": m.payload});
-                    if let Some(key) = &m.key {
-                        line["key"] = json!(key);
-                    }
-                    line.to_string() + "\n"
-                })
-                .collect();
-            let response = self
-                .http
-                .post(self.url(&format!("/v1/topics/{topic}/batch")))
-                .header("content-type", "application/x-ndjson")
-                .body(body)
-                .send()
-                .map_err(|e| format!("publish: {e}"))?;
-            let status = response.status();
-            if !status.is_success() {
-                return Err(format!(
-                    "publish: {status}: {}",
-                    response.text().unwrap_or_default()
-                ));
-            }
+            self.post_batch(topic, chunk).map_err(|(_, err)| err)?;
         }
         Ok(())
+    }
+
+    /// One `POST /v1/topics/{topic}/batch`; on failure the status (if
+    /// there was an answer) and what went wrong.
+    fn post_batch(&self, topic: &str, chunk: &[Msg]) -> Result<(), (Option<u16>, String)> {
+        let body: String = chunk
+            .iter()
+            .map(|m| {
+                let mut line = json!({"id": m.id, "payload": m.payload});
+                if let Some(key) = &m.key {
+                    line["key"] = json!(key);
+                }
+                line.to_string() + "\n"
+            })
+            .collect();
+        let response = self
+            .http
+            .post(self.url(&format!("/v1/topics/{topic}/batch")))
+            .header("content-type", "application/x-ndjson")
+            .body(body)
+            .send()
+            .map_err(|e| (None, format!("publish: {e}")))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        Err((
+            Some(status.as_u16()),
+            format!("publish: {status}: {}", response.text().unwrap_or_default()),
+        ))
     }
 
     /// Publishes one message with raw bytes as its body.
