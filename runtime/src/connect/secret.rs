@@ -59,9 +59,10 @@ fn looks_like_token(segment: &str) -> bool {
 /// Whether a segment of a webhook URL's path is shown: a plain lowercase
 /// word (`incoming-webhooks`, `services`, `orders.json`) of at most 32
 /// characters, one of 16 or more only with a `-`, `_` or `.` in it (a run
-/// of letters that long is more likely a token); or an API version (`v1`).
-/// Anything with a digit, a capital or another character may be a
-/// credential.
+/// of letters that long is more likely a token); an API version (`v1`); or
+/// a number (an account or webhook id, `/hooks/catch/1234567/`, a database
+/// number). Anything that mixes digits with letters, has a capital or
+/// another character may be a credential.
 fn is_plain_word(segment: &str) -> bool {
     let is_separator = |b: u8| matches!(b, b'-' | b'_' | b'.');
     let version = segment
@@ -73,7 +74,8 @@ fn is_plain_word(segment: &str) -> bool {
             .bytes()
             .all(|b| b.is_ascii_lowercase() || is_separator(b))
         && (segment.len() < 16 || segment.bytes().any(is_separator));
-    version || word
+    let number = segment.len() <= 20 && segment.bytes().all(|b| b.is_ascii_digit());
+    version || word || number
 }
 
 impl SecretUrl {
@@ -379,7 +381,7 @@ mod tests {
         for (url, shown) in [
             (
                 "https://hooks.example/hooks/catch/1234567/ab12x/",
-                "https://hooks.example/hooks/catch/***/***/",
+                "https://hooks.example/hooks/catch/1234567/***/",
             ),
             (
                 "https://hooks.example/in/Zq",
@@ -394,6 +396,7 @@ mod tests {
                 "https://hooks.example/in/***",
             ),
             ("HTTPS://Hooks.Example/t/x9", "https://hooks.example/t/***"),
+            ("http://127.0.0.1:6379/0", "http://127.0.0.1:6379/0"),
         ] {
             let hook = SecretUrl::parse(url).expect("parses");
             assert_eq!(hook.redacted(), shown, "{url}");
