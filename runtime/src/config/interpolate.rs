@@ -8,6 +8,12 @@
 //!   empty (`default` is taken literally and cannot contain `}`);
 //! - `$$` is a literal `$`; any other `$` is kept as it is.
 //!
+//! A variable inside a URL's user name or password (`redis://:${PW}@host`,
+//! where the text around it says so) has its `@`, `/`, `?` and `#`
+//! percent-encoded: a password holding them would otherwise move the host
+//! (`p@ss/word` would send credentials to a host `ss`). `%` is left alone,
+//! so a value already percent-encoded works as before.
+//!
 //! Interpolation runs **after** parsing, on the string scalars of the
 //! positioned tree, so a value can never change the document's structure (a
 //! variable holding `a: b` or a newline stays text) and the line and column of
@@ -61,10 +67,18 @@ pub fn interpolate<'a>(
                      `${{NAME:-default}}` where NAME is letters, digits and `_`"
                 ));
             }
+            let in_userinfo = in_url_userinfo(text, text.len() - after.len() - 1);
+            let mut push = |value: &str| {
+                if in_userinfo {
+                    out.push_str(&encode_userinfo(value));
+                } else {
+                    out.push_str(value);
+                }
+            };
             match (env(name), default) {
-                (Some(value), Some(default)) if value.is_empty() => out.push_str(default),
-                (Some(value), _) => out.push_str(&value),
-                (None, Some(default)) => out.push_str(default),
+                (Some(value), Some(default)) if value.is_empty() => push(default),
+                (Some(value), _) => push(&value),
+                (None, Some(default)) => push(default),
                 (None, None) => {
                     return Err(format!(
                         "environment variable `{name}` is not set; set it, or give a \
@@ -80,6 +94,55 @@ pub fn interpolate<'a>(
     }
     out.push_str(rest);
     Ok(Cow::Owned(out))
+}
+
+/// Whether byte `at` of `template` lies in the user info of a URL the
+/// template spells out: after `scheme://` and before an `@` that comes
+/// before the authority ends (the first `/`, `?` or `#` after `://`).
+/// References (`${...}`) are skipped over when looking for those, so a
+/// variable's default cannot end the authority.
+fn in_url_userinfo(template: &str, at: usize) -> bool {
+    let Some(scheme_end) = template.find("://").map(|i| i + 3) else {
+        return false;
+    };
+    if at < scheme_end {
+        return false;
+    }
+    let bytes = template.as_bytes();
+    let mut i = scheme_end;
+    let mut last_at = None;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'$' if bytes.get(i + 1) == Some(&b'{') => {
+                match template[i..].find('}') {
+                    Some(end) => i += end + 1,
+                    None => return false,
+                }
+                continue;
+            }
+            b'/' | b'?' | b'#' => break,
+            b'@' => last_at = Some(i),
+            _ => {}
+        }
+        i += 1;
+    }
+    last_at.is_some_and(|userinfo_end| at < userinfo_end)
+}
+
+/// `value` with the characters that would end a URL's user info (or move
+/// its host) percent-encoded.
+fn encode_userinfo(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '@' => out.push_str("%40"),
+            '/' => out.push_str("%2F"),
+            '?' => out.push_str("%3F"),
+            '#' => out.push_str("%23"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Interpolates every string value in the tree, collecting one error per
@@ -121,6 +184,7 @@ mod tests {
             "HOST" => Some("db.local".into()),
             "EMPTY" => Some(String::new()),
             "TRICKY" => Some("a: b\n- c".into()),
+            "PW" => Some("p@ss/w?rd#1:x%41".into()),
             _ => None,
         }
     }
@@ -142,6 +206,29 @@ mod tests {
         assert_eq!(run("${MISSING:-}"), Ok(String::new()));
         assert_eq!(run("${TRICKY}"), Ok("a: b\n- c".into()));
         assert_eq!(run("${HOST}${HOST}"), Ok("db.localdb.local".into()));
+    }
+
+    #[test]
+    fn a_password_in_a_url_cannot_move_its_host() {
+        assert_eq!(
+            run("https://hook:${PW}@hooks.example/in"),
+            Ok("https://hook:p%40ss%2Fw%3Frd%231:x%41@hooks.example/in".into())
+        );
+        assert_eq!(
+            run("redis://:${PW}@${HOST}:6379/0"),
+            Ok("redis://:p%40ss%2Fw%3Frd%231:x%41@db.local:6379/0".into())
+        );
+        // Not in user info: the host, the path, a whole URL, no URL.
+        assert_eq!(
+            run("https://${HOST}/x/${HOST}"),
+            Ok("https://db.local/x/db.local".into())
+        );
+        assert_eq!(
+            run("https://h/${PW}@x"),
+            Ok("https://h/p@ss/w?rd#1:x%41@x".into())
+        );
+        assert_eq!(run("${PW}"), Ok("p@ss/w?rd#1:x%41".into()));
+        assert_eq!(run("${MISSING:-a/b}@x"), Ok("a/b@x".into()));
     }
 
     #[test]

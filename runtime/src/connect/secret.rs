@@ -90,6 +90,14 @@ impl SecretUrl {
             let _ = shown.set_password(Some("***"));
         }
         let webhook = matches!(parsed.scheme(), "http" | "https");
+        // A webhook's user name is as often the credential itself (an API
+        // key before the `@`, with no password) as a name: never shown.
+        if webhook && !parsed.username().is_empty() {
+            if !is_plain_word(parsed.username()) {
+                hidden.push(parsed.username().to_owned());
+            }
+            let _ = shown.set_username("***");
+        }
         let secret_segment = |s: &str| {
             !s.is_empty()
                 && if webhook {
@@ -418,6 +426,26 @@ mod tests {
         );
         assert!(!pg.scrub("bad password p@ss").contains("p@ss"));
         assert_eq!(pg.query_value("sslmode").as_deref(), Some("verify-full"));
+    }
+
+    #[test]
+    fn a_webhook_user_name_is_never_shown() {
+        // An API key as the user, with no password, or an empty one.
+        for raw in [
+            "https://sk_live_4eC39HqLyjWDarjtT1@api.example/v1/events",
+            "https://sk_live_4eC39HqLyjWDarjtT1:@api.example/v1/events",
+        ] {
+            let url = SecretUrl::parse(raw).expect("parses");
+            assert_eq!(url.redacted(), "https://***@api.example/v1/events");
+            assert!(!url.scrub(&format!("error for {raw}")).contains("sk_live"));
+        }
+        // A plain user name is hidden in the URL, not scrubbed from text.
+        let url = SecretUrl::parse("https://hook:pw-123456@hooks.example/in").expect("parses");
+        assert_eq!(url.redacted(), "https://***:***@hooks.example/in");
+        assert_eq!(url.scrub("a hook failed"), "a hook failed");
+        // Other schemes keep their user names: a Redis ACL user, a role.
+        let url = SecretUrl::parse("redis://app:pw-123456@cache:6379/0").expect("parses");
+        assert_eq!(url.redacted(), "redis://app:***@cache:6379/0");
     }
 
     #[test]

@@ -213,7 +213,7 @@ mod tests {
     fn a_good_block_has_no_problems_and_describes_itself_without_secrets() {
         let c = config("url: https://u:pw-x1@hooks.example/in\nsecret: s3\nheaders: {X-Team: a}\n");
         assert!(c.check().is_empty());
-        assert_eq!(c.describe(), "POST https://u:***@hooks.example/in");
+        assert_eq!(c.describe(), "POST https://***:***@hooks.example/in");
         assert_eq!(c.method, "POST");
         assert_eq!(c.timeout.get(), std::time::Duration::from_secs(10));
     }

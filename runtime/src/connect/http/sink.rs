@@ -14,8 +14,11 @@
 //! | cannot connect (refused, DNS, connect timeout, untrusted TLS certificate) | [`SinkError::Unavailable`]: held, no attempt spent |
 //! | no answer within `timeout`, or the connection dropped after the request was sent | [`SinkError::Retry`]: the server may have taken it |
 //!
-//! Only a bounded prefix of any response body is read. No error text
-//! carries the URL's password or the secret.
+//! A message whose headers cannot all be sent (more than
+//! [`MAX_MESSAGE_HEADERS`], or a name too long for HTTP) is rejected, never
+//! sent with some of them dropped. Only a bounded prefix of any response
+//! body is read. No error text carries the URL's credentials, the secret
+//! or a configured header value, even when the receiver quotes them back.
 
 use std::error::Error as _;
 use std::time::{Duration, SystemTime};
@@ -37,6 +40,17 @@ pub const EXCERPT_BYTES: usize = 256;
 const DRAIN_BYTES: usize = 64 * 1024;
 /// The prefix of every message header sent as a request header.
 pub const HEADER_PREFIX: &str = "sluice-header-";
+/// The most message headers one request carries. Receivers refuse far
+/// fewer (hyper's server takes 100), and past about 24,000 the request
+/// could not even be built; a message with more is rejected, not sent.
+pub const MAX_MESSAGE_HEADERS: usize = 1_000;
+/// The most requests one batch has in flight at once (each batch of a
+/// sink with `concurrency: n` sends up to this many, n batches at a time).
+pub const BATCH_REQUESTS_IN_FLIGHT: usize = 32;
+/// The shortest configured secret (a header value, the signing secret,
+/// the URL's credentials) removed from quoted answers: shorter ones would
+/// mangle the text more than they hide.
+const MIN_ECHO: usize = 6;
 
 /// A webhook target, shared by every worker slot of one sink.
 pub struct HttpSink {
@@ -49,6 +63,9 @@ pub struct HttpSink {
     auth: Option<HeaderValue>,
     headers: HeaderMap,
     timeout: Duration,
+    /// The configured secrets a receiver might quote back in an error
+    /// body (`invalid token Bearer abc...`), removed from the excerpt.
+    echoes: Vec<String>,
 }
 
 /// What [`HttpSink::new`] needs, checked by the config block.
@@ -92,6 +109,10 @@ impl HttpSink {
             // A webhook answers, it does not send us elsewhere: a redirect
             // is a refusal, reported with its status.
             .redirect(reqwest::redirect::Policy::none())
+            // The target is the URL configured, never a proxy named by the
+            // environment (`HTTP_PROXY`): a proxy would see the signed body
+            // and the credentials, and answer 502 for a target that is down.
+            .no_proxy()
             .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")));
         if url.scheme() == "https" {
             let mut tls = crate::connect::tls::client_config(roots, identity)?;
@@ -101,6 +122,7 @@ impl HttpSink {
         let client = builder.build().map_err(|e| url.scrub(&error_chain(&e)))?;
         let mut target =
             reqwest::Url::parse(url.expose()).map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+        let echoes = echoes(&target, &headers, secret.as_deref());
         let auth = basic_auth(&mut target);
         let signer = match secret {
             Some(key) => Some(
@@ -118,11 +140,19 @@ impl HttpSink {
             auth,
             headers,
             timeout,
+            echoes,
         })
     }
 
-    /// The request for `message`, headers and signature included.
-    fn request(&self, message: &Message) -> reqwest::Request {
+    /// The request for `message`, headers and signature included; refused
+    /// when the message's headers cannot all be sent.
+    fn request(&self, message: &Message) -> Result<reqwest::Request, SinkError> {
+        if message.headers.len() > MAX_MESSAGE_HEADERS {
+            return Err(SinkError::Rejected(format!(
+                "the message has {} headers; a webhook request carries at most {MAX_MESSAGE_HEADERS}",
+                message.headers.len()
+            )));
+        }
         let mut headers = HeaderMap::with_capacity(8 + message.headers.len());
         let content_type = message
             .headers
@@ -136,9 +166,13 @@ impl HttpSink {
             headers.insert("sluice-key", header_value(key));
         }
         for (name, value) in &message.headers {
-            if let Some(name) = message_header_name(name) {
-                headers.append(name, header_value(value));
-            }
+            let Some(name) = message_header_name(name) else {
+                return Err(SinkError::Rejected(format!(
+                    "message header name `{}` cannot be sent as an HTTP header (empty, or too long)",
+                    name.chars().take(64).collect::<String>()
+                )));
+            };
+            headers.append(name, header_value(value));
         }
         if let Some(auth) = &self.auth {
             headers.insert(reqwest::header::AUTHORIZATION, auth.clone());
@@ -159,7 +193,7 @@ impl HttpSink {
         *request.headers_mut() = headers;
         *request.timeout_mut() = Some(self.timeout);
         *request.body_mut() = Some(reqwest::Body::from(message.payload.clone()));
-        request
+        Ok(request)
     }
 
     /// What an answer means.
@@ -185,7 +219,10 @@ impl HttpSink {
                 Ok(None) | Err(_) => break,
             }
         }
-        let reason = self.url.scrub(&status_reason(status, &body));
+        let mut reason = self.url.scrub(&status_reason(status, &body));
+        for echo in &self.echoes {
+            reason = reason.replace(echo.as_str(), "***");
+        }
         if is_transient(status) {
             Err(SinkError::Retry { reason, after })
         } else {
@@ -226,15 +263,21 @@ impl HttpSink {
 #[async_trait]
 impl Sink for HttpSink {
     async fn write(&self, message: &Message) -> Result<(), SinkError> {
-        match self.client.execute(self.request(message)).await {
+        match self.client.execute(self.request(message)?).await {
             Ok(response) => self.judge(response).await,
             Err(error) => Err(self.transport(&error)),
         }
     }
 
-    /// A batch is sent as concurrent requests, one per message.
+    /// A batch is sent as concurrent requests, one per message, at most
+    /// [`BATCH_REQUESTS_IN_FLIGHT`] at once.
     async fn write_batch(&self, messages: &[Message]) -> Vec<Result<(), SinkError>> {
-        futures_util::future::join_all(messages.iter().map(|m| self.write(m))).await
+        use futures_util::StreamExt as _;
+        let writes: Vec<_> = messages.iter().map(|m| self.write(m)).collect();
+        futures_util::stream::iter(writes)
+            .buffered(BATCH_REQUESTS_IN_FLIGHT)
+            .collect()
+            .await
     }
 }
 
@@ -287,8 +330,8 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
 /// `Sluice-Header-<name>` for a message header: the name's bytes that an
 /// HTTP header name cannot carry, and `%`, are percent-encoded with
 /// lowercase hex (`trace id` -> `sluice-header-trace%20id`); HTTP header
-/// names are case-insensitive, so the name is sent lowercase. `None` only
-/// for an empty name.
+/// names are case-insensitive, so the name is sent lowercase. `None` for
+/// an empty name, or one whose encoding is past HTTP's 64 KiB name limit.
 pub fn message_header_name(name: &str) -> Option<HeaderName> {
     if name.is_empty() {
         return None;
@@ -344,6 +387,43 @@ fn basic_auth(url: &mut reqwest::Url) -> Option<HeaderValue> {
     let mut value = HeaderValue::from_str(&format!("Basic {encoded}")).ok()?;
     value.set_sensitive(true);
     Some(value)
+}
+
+/// The secrets of a sink a receiver might echo: each configured header
+/// value (and its last word, the token of `Bearer <token>`), the signing
+/// secret, and the URL's user and password (plain, and as the `Basic`
+/// credential), longest first.
+fn echoes(url: &reqwest::Url, headers: &HeaderMap, secret: Option<&[u8]>) -> Vec<String> {
+    use base64::Engine as _;
+    let mut out: Vec<String> = Vec::new();
+    for value in headers.values() {
+        if let Ok(text) = value.to_str() {
+            out.push(text.to_owned());
+            if let Some((_, last)) = text.rsplit_once(' ') {
+                out.push(last.to_owned());
+            }
+        }
+    }
+    if let Some(secret) = secret.and_then(|s| std::str::from_utf8(s).ok()) {
+        out.push(secret.to_owned());
+    }
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let (user, password) = (decode(url.username()), url.password().map(decode));
+    if !user.is_empty() || password.is_some() {
+        let pair = format!("{user}:{}", password.clone().unwrap_or_default());
+        out.push(base64::engine::general_purpose::STANDARD.encode(&pair));
+        out.push(pair);
+        out.push(user);
+        out.extend(password);
+    }
+    out.retain(|echo| echo.len() >= MIN_ECHO);
+    out.sort_by_key(|echo| std::cmp::Reverse(echo.len()));
+    out.dedup();
+    out
 }
 
 /// RFC 9110 `tchar`.
@@ -534,6 +614,70 @@ mod tests {
         match dropped.write(&message()).await {
             Err(SinkError::Retry { reason, .. }) => {
                 assert!(reason.contains("failed"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn too_many_headers_are_a_rejection_not_a_panic() {
+        let sink = sink("http://127.0.0.1:9/x", Duration::from_secs(5));
+        for count in [MAX_MESSAGE_HEADERS + 1, 25_000] {
+            let mut message = message();
+            message.headers = (0..count).map(|i| (format!("h{i}"), "v".into())).collect();
+            match sink.write(&message).await {
+                Err(SinkError::Rejected(why)) => {
+                    assert!(why.contains(&format!("{count} headers")), "{why}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_receiver_quoting_the_credentials_back_has_them_hidden() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // Answers 401 with every request header in its body, as a
+        // careless receiver's error page might.
+        let echo = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = echo.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = echo.accept().await {
+                let mut buf = vec![0u8; 16 * 1024];
+                let n = stream.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).replace("\r\n", " ");
+                let body = format!("denied: {head}");
+                let answer = format!(
+                    "HTTP/1.1 401 Unauthorized\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            }
+        });
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "authorization",
+            HeaderValue::from_static("Bearer tok-AbCdEf123"),
+        );
+        headers.insert("x-api-key", HeaderValue::from_static("key-ZyXw987"));
+        let sink = HttpSink::new(HttpSinkParts {
+            url: SecretUrl::parse(&format!("http://apikey-Q1w2E3:@{addr}/x")).expect("url"),
+            method: Method::POST,
+            secret: Some(b"whsec-Secret".to_vec()),
+            headers,
+            timeout: Duration::from_secs(5),
+            roots: None,
+            identity: None,
+        })
+        .expect("sink");
+        match sink.write(&message()).await {
+            Err(SinkError::Rejected(why)) => {
+                assert!(why.starts_with("HTTP 401: denied"), "{why}");
+                for secret in ["tok-AbCdEf123", "key-ZyXw987", "apikey-Q1w2E3"] {
+                    assert!(!why.contains(secret), "{secret} in {why}");
+                }
             }
             other => panic!("{other:?}"),
         }
