@@ -783,6 +783,151 @@ fn a_notification_wakes_the_outbox_read() {
     assert_eq!(count(&server, "SELECT count(*) FROM woken"), 0);
 }
 
+/// Rows published whose delete never committed (the server ended the
+/// read's session between the publish and the commit) come back once
+/// their locks go, possibly long after the topic's duplicate window: the
+/// source remembers them, and deletes them then without handing them out
+/// again. A table name past 49 characters (whose trigger name Postgres
+/// would cut) works too.
+#[test]
+fn rows_published_before_a_lost_commit_are_not_read_twice() {
+    use sluice::connect::{Context, Health, SourceConfig};
+    let server = pg();
+    let table = format!("outbox_{}", "x".repeat(50));
+    let yaml = format!("url: \"{}\"\noutbox: {table}\npoll: 100ms\n", server.url());
+    let config: sluice::connect::postgres::OutboxConfig =
+        serde_saphyr::from_str(&yaml).expect("config");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let ctx = Context {
+            pipeline: "p".into(),
+            name: "src".into(),
+            metrics: std::sync::Arc::new(sluice::metrics::Metrics::new()),
+            health: std::sync::Arc::new(Health::default()),
+        };
+        let mut source = config.build(&ctx).await.expect("build");
+        assert!(source.read(10, Duration::ZERO).await.expect("first read").is_empty());
+        server
+            .psql(&format!(
+                "INSERT INTO {table} (payload) SELECT convert_to('row-' || g, 'UTF8') FROM generate_series(1, 5) g"
+            ))
+            .expect("insert");
+        let read = source.read(10, Duration::ZERO).await.expect("read");
+        assert_eq!(read.len(), 5);
+        // Published (as far as the source knows); now the server ends the
+        // session before the commit.
+        server
+            .psql(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE state = 'idle in transaction' AND pid <> pg_backend_pid()",
+            )
+            .expect("terminate");
+        assert!(source.ack().await.is_err(), "the commit cannot have succeeded");
+        // The rows are back in the table, unlocked; the next reads find
+        // them, and delete them rather than return them.
+        let started = Instant::now();
+        loop {
+            // An error is the source reconnecting.
+            if let Ok(again) = source.read(10, Duration::ZERO).await {
+                assert!(again.is_empty(), "read twice: {:?}", again.len());
+                if count(&server, &format!("SELECT count(*) FROM {table}")) == 0 {
+                    break;
+                }
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "rows left behind");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    // The trigger made for the long name is there, under a name that fits.
+    assert_eq!(
+        count(
+            &server,
+            &format!(
+                "SELECT count(*) FROM pg_trigger WHERE tgrelid = '{table}'::regclass AND NOT tgisinternal"
+            )
+        ),
+        1
+    );
+}
+
+/// A setup the sink cannot write to yet (the statement's table is
+/// missing: SQLSTATE 42P01) holds the messages, no attempt spent and
+/// nothing dead-lettered, until the table exists; and a trigger that
+/// raises for one row of a batch (P0001) rejects that row alone.
+#[test]
+fn a_missing_table_holds_and_a_trigger_exception_rejects_one_row() {
+    let server = pg();
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        r#"
+name: setup
+topics:
+  - notes
+sinks:
+  - name: to-notes
+    subscribe: notes
+    batch: {{max: 10, wait: 200ms}}
+    retry: {{max_attempts: 2, backoff: {{initial: 10ms, max: 50ms}}}}
+    postgres:
+      url: "{}"
+      statement: INSERT INTO later (id, body) VALUES ($id, $payload_text) ON CONFLICT (id) DO NOTHING
+"#,
+        server.url()
+    );
+    let file = write_pipeline(dir.path(), "setup", &yaml);
+    let d = Daemon::start(&[&file], &dir.path().join("data"));
+    let messages: Vec<Msg> = (0..6)
+        .map(|i| {
+            Msg::new(
+                format!("n{i}"),
+                if i == 3 {
+                    "bad".into()
+                } else {
+                    format!("note {i}")
+                },
+            )
+        })
+        .collect();
+    d.publish("notes", &messages);
+    d.wait_until("the missing table reported", Duration::from_secs(60), |d| {
+        let ready = d.get("/health/ready").to_string();
+        ready.contains("setup/to-notes") && ready.contains("42P01")
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        d.depth("setup.to-notes.dlq"),
+        0,
+        "a setup fault dead-lettered messages"
+    );
+    server
+        .psql(
+            "CREATE TABLE later (id text PRIMARY KEY, body text); \
+             CREATE FUNCTION no_bad() RETURNS trigger LANGUAGE plpgsql AS $$ \
+               BEGIN IF NEW.body = 'bad' THEN RAISE EXCEPTION 'bad note'; END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER no_bad BEFORE INSERT ON later FOR EACH ROW EXECUTE FUNCTION no_bad()",
+        )
+        .expect("table");
+    wait_for(
+        "five notes written",
+        Duration::from_secs(120),
+        || count(&server, "SELECT count(*) FROM later") >= 5,
+        || d.log(),
+    );
+    d.wait_until("the rejected note", Duration::from_secs(60), |d| {
+        d.depth("setup.to-notes.dlq") >= 1
+    });
+    let dead = d.read_all("setup.to-notes.dlq");
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(header(&dead[0], "sluice-dlq-original-id"), Some("n3"));
+    assert_eq!(header(&dead[0], "sluice-dlq-kind"), Some("rejected"));
+    let error = header(&dead[0], "sluice-dlq-error").unwrap_or_default();
+    assert!(
+        error.contains("bad note") && error.contains("P0001"),
+        "{error}"
+    );
+    assert_eq!(count(&server, "SELECT count(*) FROM later"), 5);
+}
+
 /// A user without CREATE on the schema (Postgres 15's default for
 /// `public`) drains an outbox and fills a table made for it, with
 /// `create: true` (the default): only what is missing is created. A

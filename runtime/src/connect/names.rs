@@ -1,9 +1,11 @@
 //! Names that connectors put into SQL and commands: checked here, never
 //! spliced unchecked.
 
-/// A Postgres identifier as Sluice accepts one: `[A-Za-z_][A-Za-z0-9_]*`,
-/// at most 63 bytes, optionally schema-qualified (`app.outbox`) when
-/// `qualified` is allowed. Nothing that would need quoting.
+/// A Postgres identifier as Sluice accepts one: `[a-z_][a-z0-9_]*`, at
+/// most 63 bytes, optionally schema-qualified (`app.outbox`) when
+/// `qualified` is allowed. Nothing that would need quoting, and no capital:
+/// Postgres folds an unquoted `Orders` to `orders`, while Sluice quotes
+/// what it splices, so `Orders` would silently name another table.
 pub fn check_sql_identifier(text: &str, qualified: bool) -> Result<(), String> {
     let parts: Vec<&str> = text.split('.').collect();
     let ok = match parts.as_slice() {
@@ -12,18 +14,24 @@ pub fn check_sql_identifier(text: &str, qualified: bool) -> Result<(), String> {
         _ => false,
     };
     if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "`{text}` is not a plain SQL identifier: use letters, digits and `_`, not starting \
-             with a digit, at most 63 characters{}",
-            if qualified {
-                ", optionally qualified by a schema (`app.outbox`)"
-            } else {
-                ""
-            }
-        ))
+        return Ok(());
     }
+    let lower = text.to_ascii_lowercase();
+    if lower != text && check_sql_identifier(&lower, qualified).is_ok() {
+        return Err(format!(
+            "`{text}` has capital letters: Postgres folds an unquoted name to lowercase, so \
+             the table your SQL calls `{text}` is `{lower}`; write `{lower}`"
+        ));
+    }
+    Err(format!(
+        "`{text}` is not a plain SQL identifier: use lowercase letters, digits and `_`, not \
+         starting with a digit, at most 63 characters{}",
+        if qualified {
+            ", optionally qualified by a schema (`app.outbox`)"
+        } else {
+            ""
+        }
+    ))
 }
 
 fn plain_sql(part: &str) -> bool {
@@ -32,8 +40,29 @@ fn plain_sql(part: &str) -> bool {
         && part
             .bytes()
             .next()
-            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-        && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+        && part
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// A Postgres object name made from `base` (`<table>_sluice_notify`): as
+/// it is when it fits Postgres's 63 bytes, else its first 54 bytes and 8
+/// hex digits of a hash of the whole, so that two long names sharing a
+/// prefix never share an object (Postgres would cut both to the same 63).
+pub fn sql_object_name(base: &str) -> String {
+    if base.len() <= 63 {
+        return base.to_owned();
+    }
+    // FNV-1a: stable across builds and platforms, unlike `DefaultHasher`.
+    let hash = base.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    let cut = (0..=54)
+        .rev()
+        .find(|&i| base.is_char_boundary(i))
+        .unwrap_or(0);
+    format!("{}_{hash:08x}", &base[..cut])
 }
 
 /// A stream, group or consumer name for Redis (and later a queue name):
@@ -75,6 +104,18 @@ mod tests {
             assert!(check_sql_identifier(bad, false).is_err(), "{bad}");
         }
         assert!(check_sql_identifier(&"x".repeat(64), false).is_err());
+        let why = check_sql_identifier("App.Orders_Outbox", true).expect_err("capitals");
+        assert!(why.contains("write `app.orders_outbox`"), "{why}");
+    }
+
+    #[test]
+    fn long_object_names_fit_postgres_and_stay_distinct() {
+        assert_eq!(sql_object_name("t_sluice_notify"), "t_sluice_notify");
+        let long = |tail: &str| sql_object_name(&format!("{}{tail}_sluice_notify", "x".repeat(49)));
+        let (a, b) = (long("aaaaaaaaaaaaaa"), long("aaaaaaaaaaaaab"));
+        assert!(a.len() <= 63 && b.len() <= 63, "{a} {b}");
+        assert_ne!(a, b);
+        assert_eq!(a, long("aaaaaaaaaaaaaa"));
     }
 
     #[test]

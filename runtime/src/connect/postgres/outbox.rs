@@ -18,6 +18,7 @@ use tokio_postgres::{AsyncMessage, Client};
 
 use super::connection::ConnectSettings;
 use super::{describe, quote_ident};
+use crate::connect::names::sql_object_name;
 use crate::connect::{Capabilities, SecretUrl, Source, SourceError, SourceMessage};
 
 /// How long connecting may take before it counts as an outage.
@@ -26,13 +27,44 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// stops answering is an outage, and the connection is dropped (its open
 /// transaction is rolled back by the server).
 const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How many published-but-undeleted row ids a source remembers
+/// (`OutboxSource::published`): 8 bytes each, and far more than the reads
+/// a daemon has in flight when a server goes away.
+const MAX_REMEMBERED: usize = 100_000;
+/// The server ends a read's transaction left idle this long (a daemon
+/// stuck publishing, a half-open connection nobody notices): its locks
+/// would otherwise hold back vacuum and queue every DDL on the table
+/// behind them. The rows are read again; ones already published are
+/// deleted then, not sent twice (`OutboxSource::published`).
+const IDLE_IN_READ: &str = "5min";
 
 /// The notification channel of an outbox table: `sluice_outbox_<table>`
-/// (a `.` becomes `_`), at most 63 bytes (a Postgres identifier).
+/// (a `.` becomes `_`), cut to a Postgres identifier's 63 bytes with a
+/// hash ([`sql_object_name`]).
 pub(crate) fn channel(table: &str) -> String {
-    let mut name = format!("sluice_outbox_{}", table.replace('.', "_"));
-    name.truncate(63);
-    name
+    sql_object_name(&format!("sluice_outbox_{}", table.replace('.', "_")))
+}
+
+/// The trigger on an outbox table, `<table>_sluice_notify` (its table's
+/// own name, without the schema: a trigger lives in its table).
+fn trigger_name(table: &str) -> String {
+    sql_object_name(&format!(
+        "{}_sluice_notify",
+        table.rsplit('.').next().unwrap_or(table)
+    ))
+}
+
+/// The notify function of an outbox table, `<table>_sluice_notify` in the
+/// table's schema, quoted.
+fn function_name(table: &str) -> String {
+    match table.rsplit_once('.') {
+        Some((schema, name)) => format!(
+            "{}.{}",
+            quote_ident(schema),
+            quote_ident(&sql_object_name(&format!("{name}_sluice_notify")))
+        ),
+        None => quote_ident(&sql_object_name(&format!("{table}_sluice_notify"))),
+    }
 }
 
 /// The DDL `create: true` runs (in one transaction, under an advisory
@@ -44,11 +76,8 @@ pub(crate) fn channel(table: &str) -> String {
 pub(crate) fn create_ddl(table: &str) -> String {
     let quoted = quote_ident(table);
     let channel = channel(table);
-    let function = quote_ident(&format!("{table}_sluice_notify"));
-    let trigger = format!(
-        "{}_sluice_notify",
-        table.rsplit('.').next().unwrap_or(table)
-    );
+    let function = function_name(table);
+    let trigger = trigger_name(table);
     format!(
         "CREATE TABLE IF NOT EXISTS {quoted} (\n\
          \x20   id bigserial PRIMARY KEY,\n\
@@ -95,6 +124,18 @@ pub struct OutboxSource {
     conn: Option<Conn>,
     /// The ids of the last read, its transaction still open.
     pending: Vec<i64>,
+    /// The ids of the last read whatever became of its transaction: if
+    /// its ack fails they were published all the same.
+    read_ids: Vec<i64>,
+    /// Rows this source published whose delete did not commit (the
+    /// connection or the server went between the two). They come back
+    /// when their locks go, which may be long after the topic's duplicate
+    /// window (a server down for minutes): they are deleted then, not
+    /// published again. At most [`MAX_REMEMBERED`], oldest dropped first.
+    published: std::collections::BTreeSet<i64>,
+    /// Rows of the open transaction deleted because they were in
+    /// `published`: forgotten once it commits.
+    redeleted: Vec<i64>,
     /// A transaction is open on `conn`.
     in_tx: bool,
     /// The last read's transaction was lost with its connection: its
@@ -131,6 +172,9 @@ impl OutboxSource {
             poll,
             conn: None,
             pending: Vec::new(),
+            read_ids: Vec::new(),
+            published: std::collections::BTreeSet::new(),
+            redeleted: Vec::new(),
             in_tx: false,
             lost: false,
             create_done: false,
@@ -191,13 +235,18 @@ impl OutboxSource {
             }
             wake.notify_one();
         });
+        if let Err(e) = client
+            .batch_execute(&format!(
+                "SET idle_in_transaction_session_timeout = '{IDLE_IN_READ}'"
+            ))
+            .await
+        {
+            return Err(self.unavailable(&e));
+        }
         if self.create {
             // Only what is missing is created: a user without CREATE on
             // the schema can drain an outbox made for it.
-            let trigger = format!(
-                "{}_sluice_notify",
-                self.table.rsplit('.').next().unwrap_or(&self.table)
-            );
+            let trigger = trigger_name(&self.table);
             let present = client
                 .query_one(
                     "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = $1 AND tgrelid = to_regclass($2))",
@@ -220,7 +269,28 @@ impl OutboxSource {
                 create_ddl(&self.table)
             );
             if let Err(e) = client.batch_execute(&ddl).await {
-                return Err(self.unavailable(&e));
+                // A table someone else owns, made without the trigger: the
+                // source cannot add it, but can still read, every `poll`.
+                let denied =
+                    e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE);
+                let _ = client.batch_execute("ROLLBACK").await;
+                let exists = denied
+                    && client
+                        .query_one(
+                            "SELECT to_regclass($1) IS NOT NULL",
+                            &[&quote_ident(&self.table)],
+                        )
+                        .await
+                        .and_then(|row| row.try_get::<_, bool>(0))
+                        .unwrap_or(false);
+                if !exists {
+                    return Err(self.unavailable(&e));
+                }
+                tracing::warn!(
+                    table = %self.table,
+                    error = %describe(&self.url, &e),
+                    "cannot create the outbox's notify trigger (its owner can, with the DDL in docs/connectors/postgres.md, or set `create: false`); reading every `poll` instead"
+                );
             }
             self.create_done = true;
         }
@@ -257,6 +327,7 @@ impl OutboxSource {
             return Ok(Vec::new());
         }
         let mut out = Vec::with_capacity(rows.len());
+        let mut known = Vec::new();
         for row in &rows {
             let mapped = map_row(
                 row.try_get(0),
@@ -265,6 +336,7 @@ impl OutboxSource {
                 row.try_get(3),
             );
             match mapped {
+                Ok((id, _)) if self.published.contains(&id) => known.push(id),
                 Ok((id, message)) => {
                     self.pending.push(id);
                     out.push(message);
@@ -272,7 +344,52 @@ impl OutboxSource {
                 Err(e) => return Err(self.unavailable(&e)),
             }
         }
+        if !known.is_empty() {
+            self.forget_published(known, out.is_empty()).await?;
+        }
+        self.read_ids.clone_from(&self.pending);
         Ok(out)
+    }
+
+    /// Deletes rows this source already published (see `published`) in
+    /// the open transaction, committing at once when the read holds
+    /// nothing else (else with the read's own delete, at its ack).
+    async fn forget_published(&mut self, ids: Vec<i64>, commit: bool) -> Result<(), SourceError> {
+        tracing::info!(
+            table = %self.table,
+            rows = ids.len(),
+            "postgres outbox: rows published before their delete failed are deleted now, not published again"
+        );
+        let Some(conn) = &self.conn else {
+            return Ok(());
+        };
+        let mut done = conn.client.execute(&self.delete, &[&ids]).await.map(|_| ());
+        if done.is_ok() && commit {
+            done = conn.client.batch_execute("COMMIT").await;
+            self.in_tx = false;
+        }
+        match done {
+            Ok(()) if commit => {
+                for id in &ids {
+                    self.published.remove(id);
+                }
+                Ok(())
+            }
+            Ok(()) => {
+                self.redeleted = ids;
+                Ok(())
+            }
+            Err(e) => Err(self.unavailable(&e)),
+        }
+    }
+
+    /// Notes that the last read was published but its delete may not have
+    /// committed.
+    fn remember_published(&mut self) {
+        self.published.extend(self.read_ids.drain(..));
+        while self.published.len() > MAX_REMEMBERED {
+            self.published.pop_first();
+        }
     }
 
     async fn rollback(&mut self) {
@@ -357,13 +474,29 @@ impl Source for OutboxSource {
     }
 
     async fn ack(&mut self) -> Result<(), SourceError> {
-        match tokio::time::timeout(QUERY_TIMEOUT, self.ack_now()).await {
+        let done = match tokio::time::timeout(QUERY_TIMEOUT, self.ack_now()).await {
             Ok(done) => done,
             Err(_) => Err(self.hung("the commit")),
+        };
+        match &done {
+            Ok(()) => {
+                self.read_ids.clear();
+                for id in std::mem::take(&mut self.redeleted) {
+                    self.published.remove(&id);
+                }
+            }
+            Err(_) => {
+                self.remember_published();
+                self.redeleted.clear();
+            }
         }
+        done
     }
 
     async fn release(&mut self) {
+        // Not published: read again, and published then.
+        self.read_ids.clear();
+        self.redeleted.clear();
         if tokio::time::timeout(QUERY_TIMEOUT, self.rollback())
             .await
             .is_err()
@@ -404,6 +537,8 @@ impl OutboxSource {
     ) -> Result<Vec<SourceMessage>, SourceError> {
         // A read neither acked nor released (should not happen): give it
         // back first.
+        self.read_ids.clear();
+        self.redeleted.clear();
         self.rollback().await;
         self.lost = false;
         self.connect().await?;

@@ -346,10 +346,12 @@ impl TableSink {
     fn classify(&self, err: &tokio_postgres::Error) -> SinkError {
         let text = self.said(err);
         let code = err.code().map(|c| c.code());
-        // A missing privilege (42501) is the target's setup, not the
-        // message: it waits for a GRANT instead of dead-lettering
-        // everything.
-        if code == Some("42501") {
+        // Class 42 (a missing table, column or privilege, a syntax error
+        // in `statement:`, a type the statement cannot take) is the
+        // target's setup, not the message: every message would fail the
+        // same way, so it waits for the migration or GRANT (readiness
+        // says why) instead of dead-lettering everything.
+        if code.is_some_and(|c| c.starts_with("42")) {
             return SinkError::Unavailable(text);
         }
         // `statement_timeout` cancelled it: a slow statement, which may
@@ -362,7 +364,11 @@ impl TableSink {
             };
         }
         match code.map(|c| c.get(..2).unwrap_or_default()) {
-            Some("22" | "23" | "42") => SinkError::Rejected(text),
+            // Bad data (22), a broken constraint (23), a subquery of the
+            // user's statement with more rows than one (21), a view's
+            // check option (44), an exception a trigger raised (P0): this
+            // row, every time.
+            Some("21" | "22" | "23" | "44" | "P0") => SinkError::Rejected(text),
             Some("08" | "57") | None => SinkError::Unavailable(text),
             Some(_) => SinkError::Retry {
                 reason: text,
@@ -568,9 +574,11 @@ impl Sink for TableSink {
         let all: Vec<&Message> = messages.iter().collect();
         match self.write_all(&all).await {
             Ok(()) => messages.iter().map(|_| Ok(())).collect(),
-            // One row the target refuses fails the whole statement: write
-            // them one by one, so only the bad ones are dead-lettered.
-            Err(SinkError::Rejected(_)) if messages.len() > 1 => {
+            // One row the target refuses fails the whole statement (as a
+            // rejection, or as anything else a trigger or the user's
+            // statement may raise): write them one by one, so only the
+            // bad ones fail. An unreachable target holds the whole batch.
+            Err(SinkError::Rejected(_) | SinkError::Retry { .. }) if messages.len() > 1 => {
                 let mut results = Vec::with_capacity(messages.len());
                 for message in messages {
                     results.push(self.write(message).await);
