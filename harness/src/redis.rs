@@ -263,6 +263,22 @@ impl RedisServer {
     /// [`start_again`](Self::start_again)).
     pub fn stop(&mut self) {
         let _ = self.command(&["SHUTDOWN", "SAVE"]);
+        self.reap();
+    }
+
+    /// Stops the server and throws its data away, as a server that
+    /// persists nothing loses it in a restart: after
+    /// [`start_again`](Self::start_again) it is empty (no streams, no
+    /// groups, no scripts).
+    pub fn stop_losing_data(&mut self) {
+        let _ = self.command(&["SHUTDOWN", "NOSAVE"]);
+        self.reap();
+        let _ = std::fs::remove_file(self.dir.path().join("dump.rdb"));
+    }
+
+    /// Waits for the stopping server to exit (killing it past
+    /// [`STOP_TIMEOUT`]).
+    fn reap(&mut self) {
         if let Some(mut child) = self.child.take() {
             let started = Instant::now();
             while started.elapsed() < STOP_TIMEOUT {

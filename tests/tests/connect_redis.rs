@@ -317,6 +317,58 @@ fn a_redis_restart_mid_run_loses_nothing_and_is_shown() {
     });
 }
 
+/// A server restarted without persistence comes back empty: no stream,
+/// no group. Producers write again at once; the source creates its group
+/// again after the last entry it read (not at `$`, which `start: new`
+/// says for a first start), so none of what they wrote meanwhile is
+/// skipped.
+#[test]
+fn a_restart_that_loses_the_group_skips_nothing_written_since() {
+    let mut upstream = server();
+    let target = server();
+    let url = upstream.url();
+    let mut conn = client(&url);
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        r#"
+name: rp
+topics: [in]
+sources:
+  - name: src
+    to: in
+    redis: {{url: "{url}", stream: in, group: g, start: new}}
+sinks:
+  - name: out
+    subscribe: in
+    redis: {{url: "{out}", stream: out}}
+"#,
+        out = target.url(),
+    );
+    let file = write_pipeline(dir.path(), "rp", &yaml);
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    daemon.wait_until("the group exists", LONG, |_| {
+        lag(&mut conn, "in", "g").is_some()
+    });
+    produce(&mut conn, "in", 0, 100);
+    let mut out = client(&target.url());
+    wait_for_len(&daemon, &mut out, "out", 100);
+    upstream.stop_losing_data();
+    upstream.start_again().expect("redis back");
+    let mut conn = client(&url);
+    produce(&mut conn, "in", 100, 100);
+    wait_for_len(&daemon, &mut out, "out", 200);
+    wait_no_pending(&daemon, &mut conn, "in", "g");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_exactly_once(&mut out, "out", 200);
+    assert!(
+        daemon
+            .log()
+            .contains("created it again after the last entry read"),
+        "{}",
+        daemon.log()
+    );
+}
+
 #[test]
 fn kill9_mid_run_then_restart_loses_and_duplicates_nothing() {
     let redis = server();

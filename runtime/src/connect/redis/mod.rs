@@ -134,8 +134,14 @@ pub(crate) fn is_outage(err: &RedisError) -> bool {
         ErrorKind::Server(_) | ErrorKind::Extension | ErrorKind::UnexpectedReturnType => {
             // NOAUTH / WRONGPASS come as replies, yet mean "cannot use
             // this server": a fresh connection with the right password
-            // is the only way out.
-            matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+            // is the only way out. READONLY (a replica: a failover moved
+            // the primary behind the same address), LOADING and
+            // MASTERDOWN (not serving yet) likewise: the connection is
+            // dropped, so the next one finds the server as it is now.
+            matches!(
+                err.code(),
+                Some("NOAUTH" | "WRONGPASS" | "NOPERM" | "READONLY" | "LOADING" | "MASTERDOWN")
+            )
         }
         _ => true,
     }

@@ -20,7 +20,10 @@
 //! reply that will never succeed (`WRONGTYPE`: the key is not a stream)
 //! -> [`SinkError::Rejected`]; any other error reply (`OOM`, `BUSY`,
 //! `TRYAGAIN`) -> [`SinkError::Retry`]; `LOADING`/`MASTERDOWN` (not
-//! serving yet) -> [`SinkError::Unavailable`].
+//! serving yet) and `READONLY` (a replica, after a failover moved the
+//! primary) -> [`SinkError::Unavailable`], on a fresh connection. A
+//! message with a header named `payload`, `id` or `key` is rejected: the
+//! entry would carry that field twice.
 
 use std::time::Duration;
 
@@ -32,8 +35,16 @@ use super::{Conn, is_outage};
 use crate::connect::{Sink, SinkError};
 use crate::plugin::Message;
 
-/// How long a reply may take (the stage's `timeout` bounds a write too).
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a reply may take: a server that stops answering (stopped,
+/// a half-open connection) is an outage, which holds the messages without
+/// spending attempts. Well under the stage's default `timeout` (30 s),
+/// which would otherwise fire first and count a hung server against each
+/// message.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The fields every entry has; a message header may not take their names
+/// (a reader that maps fields to a map would see the header instead).
+pub const RESERVED_FIELDS: [&str; 3] = ["payload", "id", "key"];
 
 /// Most messages one script call takes: a call runs atomically, so this
 /// bounds how long it holds the server.
@@ -126,6 +137,19 @@ impl RedisSink {
         pipe
     }
 
+    /// A message with a header named like an entry's own field, refused.
+    fn clash(&self, message: &Message) -> Option<SinkError> {
+        let (name, _) = message
+            .headers
+            .iter()
+            .find(|(name, _)| RESERVED_FIELDS.contains(&name.as_str()))?;
+        Some(SinkError::Rejected(format!(
+            "redis stream `{}`: header `{name}` would repeat the entry's own `{name}` field \
+             (every entry has `payload`, `id` and `key`); rename the header",
+            self.stream
+        )))
+    }
+
     fn unavailable(&self, err: &RedisError) -> SinkError {
         self.conn.failed(err);
         SinkError::Unavailable(format!(
@@ -161,7 +185,7 @@ fn classify_reply(stream: &str, text: &str, code: Option<&str>) -> SinkError {
     let reason = format!("redis stream `{stream}`: {text}");
     match code {
         Some("WRONGTYPE") => SinkError::Rejected(reason),
-        Some("LOADING" | "MASTERDOWN") => SinkError::Unavailable(reason),
+        Some("LOADING" | "MASTERDOWN" | "READONLY") => SinkError::Unavailable(reason),
         _ => SinkError::Retry {
             reason,
             after: None,
@@ -228,6 +252,25 @@ impl Sink for RedisSink {
     async fn write_batch(&self, messages: &[Message]) -> Vec<Result<(), SinkError>> {
         if messages.is_empty() {
             return Vec::new();
+        }
+        if messages.iter().any(|m| self.clash(m).is_some()) {
+            // Rare: write the rest, and reject those in place.
+            let good: Vec<Message> = messages
+                .iter()
+                .filter(|m| self.clash(m).is_none())
+                .cloned()
+                .collect();
+            let mut written = self.write_batch(&good).await.into_iter();
+            return messages
+                .iter()
+                .map(|m| match self.clash(m) {
+                    Some(refused) => Err(refused),
+                    None => written.next().unwrap_or(Err(SinkError::Retry {
+                        reason: "no reply".into(),
+                        after: None,
+                    })),
+                })
+                .collect();
         }
         let mut manager = match self.conn.get() {
             Ok(manager) => manager,

@@ -55,6 +55,11 @@ pub struct RedisSource {
     claim_cursor: String,
     /// The ids of each read not yet acknowledged, oldest first, for `ack`.
     unacked: VecDeque<Vec<String>>,
+    /// The last new entry (`>`) this source read: where a group that
+    /// vanished (a server restarted without persistence, the stream
+    /// deleted) is created again, so entries written since are read
+    /// whatever `start` says.
+    last_new: Option<String>,
 }
 
 impl RedisSource {
@@ -75,6 +80,7 @@ impl RedisSource {
             claimed_at: None,
             claim_cursor: "0-0".into(),
             unacked: VecDeque::new(),
+            last_new: None,
         })
     }
 
@@ -91,7 +97,9 @@ impl RedisSource {
             Ok(value) => Ok(value),
             Err(err) => {
                 self.conn.failed(&err);
-                if !is_outage(&err) && err.code() == Some("NOGROUP") {
+                // NOGROUP: the group (or the stream) is gone; UNBLOCKED:
+                // the stream was deleted while this read waited on it.
+                if !is_outage(&err) && matches!(err.code(), Some("NOGROUP" | "UNBLOCKED")) {
                     self.group_ready = false;
                 }
                 self.reset();
@@ -115,9 +123,10 @@ impl RedisSource {
         if self.group_ready {
             return Ok(());
         }
-        let from = match self.start {
-            StartFrom::New => "$",
-            StartFrom::Oldest => "0",
+        let from = match (&self.last_new, self.start) {
+            (Some(last), _) => last.as_str(),
+            (None, StartFrom::New) => "$",
+            (None, StartFrom::Oldest) => "0",
         };
         let mut cmd = redis::cmd("XGROUP");
         cmd.arg("CREATE")
@@ -128,7 +137,11 @@ impl RedisSource {
         let mut manager = self.conn.get().map_err(SourceError::Unavailable)?;
         match cmd.query_async::<Value>(&mut manager).await {
             Ok(_) => {
-                tracing::info!(stream = %self.stream, group = %self.group, start = from, "created the consumer group");
+                if self.last_new.is_some() {
+                    tracing::warn!(stream = %self.stream, group = %self.group, after = from, "the consumer group was gone (a restart without persistence, or the stream deleted); created it again after the last entry read");
+                } else {
+                    tracing::info!(stream = %self.stream, group = %self.group, start = from, "created the consumer group");
+                }
             }
             Err(err) if err.code() == Some("BUSYGROUP") => {}
             Err(err) => {
@@ -188,6 +201,10 @@ impl RedisSource {
         self.claim_cursor = claim.cursor;
         if self.claim_cursor == "0-0" {
             self.claimed_at = Some(Instant::now());
+        }
+        if claim.unnamed_deleted > 0 {
+            // Redis 6.2: acked when the own pending entries are re-read.
+            self.reset();
         }
         if !claim.deleted.is_empty() {
             tracing::info!(stream = %self.stream, count = claim.deleted.len(), "entries a dead consumer left were deleted from the stream meanwhile; acknowledged");
@@ -273,6 +290,47 @@ impl Source for RedisSource {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<SourceMessage>, SourceError> {
+        let was_ready = self.group_ready;
+        match self.read_entries(max, wait).await {
+            // The group vanished under this read: create it again at once
+            // (producers may be writing already) and read from it.
+            Err(_) if was_ready && !self.group_ready => self.read_entries(max, wait).await,
+            read => read,
+        }
+    }
+
+    async fn ack(&mut self) -> Result<(), SourceError> {
+        let ids = self.unacked.pop_front().unwrap_or_default();
+        // On an error the entries stay pending for this consumer, and the
+        // error has set it to read its pending entries again first.
+        self.xack(&ids).await
+    }
+
+    async fn release(&mut self) {
+        // The entries stay pending for this consumer and are read again
+        // first.
+        self.unacked.clear();
+        self.reset();
+    }
+
+    async fn lag(&mut self) -> Option<u64> {
+        // Not through `query`: a failed estimate (an ACL without XINFO)
+        // must not reset the reader or its connection.
+        let mut cmd = redis::cmd("XINFO");
+        cmd.arg("GROUPS").arg(&self.stream);
+        let mut manager = self.conn.get().ok()?;
+        let reply = cmd.query_async::<Value>(&mut manager).await.ok()?;
+        group_lag(&reply, &self.group)
+    }
+}
+
+impl RedisSource {
+    /// One read: own pending entries, then reclaimed ones, then new ones.
+    async fn read_entries(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<SourceMessage>, SourceError> {
         let max = max.max(1);
         self.ensure_group().await?;
         // This consumer's own pending entries first: read before a crash
@@ -299,28 +357,10 @@ impl Source for RedisSource {
         }
         let block = (!wait.is_zero()).then_some(wait);
         let entries = self.read_group(">", max, block).await?;
+        if let Some(last) = entries.last() {
+            self.last_new = Some(last.id.clone());
+        }
         self.take_entries(entries).await
-    }
-
-    async fn ack(&mut self) -> Result<(), SourceError> {
-        let ids = self.unacked.pop_front().unwrap_or_default();
-        // On an error the entries stay pending for this consumer, and the
-        // error has set it to read its pending entries again first.
-        self.xack(&ids).await
-    }
-
-    async fn release(&mut self) {
-        // The entries stay pending for this consumer and are read again
-        // first.
-        self.unacked.clear();
-        self.reset();
-    }
-
-    async fn lag(&mut self) -> Option<u64> {
-        let mut cmd = redis::cmd("XINFO");
-        cmd.arg("GROUPS").arg(&self.stream);
-        let reply = self.query(&cmd).await.ok()?;
-        group_lag(&reply, &self.group)
     }
 }
 
@@ -518,6 +558,10 @@ pub(crate) struct Claim {
     pub(crate) cursor: String,
     pub(crate) entries: Vec<Entry>,
     pub(crate) deleted: Vec<String>,
+    /// Claimed entries deleted meanwhile whose ids Redis 6.2 does not say
+    /// (a bare nil): they are this consumer's now, and its re-read of its
+    /// own pending entries finds and acks them.
+    pub(crate) unnamed_deleted: usize,
 }
 
 /// `[cursor, [entry...], [deleted id...]]` (Redis 7; 6.2 has no third).
@@ -531,7 +575,18 @@ pub(crate) fn parse_autoclaim(value: Value) -> Result<Claim, String> {
         .as_ref()
         .and_then(text)
         .ok_or("XAUTOCLAIM's cursor is not text")?;
-    let entries = parse_entries(parts.next().unwrap_or(Value::Nil))?;
+    let (entries, unnamed_deleted) = match parts.next().unwrap_or(Value::Nil) {
+        Value::Array(items) => {
+            let nils = items.iter().filter(|v| matches!(v, Value::Nil)).count();
+            let entries = items
+                .into_iter()
+                .filter(|v| !matches!(v, Value::Nil))
+                .map(parse_entry)
+                .collect::<Result<Vec<_>, _>>()?;
+            (entries, nils)
+        }
+        other => (parse_entries(other)?, 0),
+    };
     let deleted = match parts.next() {
         Some(Value::Array(ids)) => ids.iter().filter_map(text).collect(),
         _ => Vec::new(),
@@ -540,6 +595,7 @@ pub(crate) fn parse_autoclaim(value: Value) -> Result<Claim, String> {
         cursor,
         entries,
         deleted,
+        unnamed_deleted,
     })
 }
 
@@ -702,6 +758,22 @@ mod tests {
         assert_eq!(claim.cursor, "7-0");
         assert_eq!(claim.entries.len(), 1);
         assert_eq!(claim.deleted, vec!["2-0".to_string()]);
+        assert_eq!(claim.unnamed_deleted, 0);
+        // Redis 6.2: a deleted entry is a bare nil, and there is no third part.
+        let reply = Value::Array(vec![
+            bulk("0-0"),
+            Value::Array(vec![
+                Value::Nil,
+                Value::Array(vec![
+                    bulk("4-0"),
+                    Value::Array(vec![bulk("payload"), bulk("y")]),
+                ]),
+            ]),
+        ]);
+        let claim = parse_autoclaim(reply).expect("parses");
+        assert_eq!(claim.entries.len(), 1);
+        assert_eq!(claim.unnamed_deleted, 1);
+        assert!(claim.deleted.is_empty());
     }
 
     #[test]
