@@ -476,6 +476,7 @@ async fn publish_until_durable(
 ) -> bool {
     let mut pause = RETRY_MIN;
     let mut logged = false;
+    let mut too_large = false;
     loop {
         let publish = broker.publish(batch.clone());
         let result = tokio::select! {
@@ -487,7 +488,32 @@ async fn publish_until_durable(
                 if logged {
                     tracing::info!(source = %setup.ctx.label(), "the broker takes the source's messages again");
                 }
+                if too_large {
+                    setup.ctx.health.up(&setup.ctx.metrics, &setup.ctx.label());
+                }
                 return true;
+            }
+            // Waiting will not shrink it, and dropping or cutting it would
+            // lose data upstream already holds: the source stops here,
+            // loudly (readiness and status name it), until the operator
+            // gives the topic a claim check or the broker a larger limit.
+            Err(BrokerError::PayloadTooLarge(why)) => {
+                if !too_large {
+                    too_large = true;
+                    setup.ctx.health.down(
+                        &setup.ctx.metrics,
+                        &setup.ctx.label(),
+                        &format!(
+                            "a read holds a message the broker refuses as too large ({why}); it stays \
+                             unacknowledged upstream and the source waits: give the topic a \
+                             `claim_check`, or raise the broker's payload limit, and restart"
+                        ),
+                    );
+                }
+                if sleep_or_stop(pause, stop).await {
+                    return false;
+                }
+                pause = (pause * 2).min(RETRY_MAX);
             }
             Err(err) => {
                 if !logged {

@@ -20,6 +20,10 @@ pub trait StageHandler: Send {
         }
         outcomes
     }
+
+    /// A call panicked (a bug on the host side): drop any state the call
+    /// may have left half-changed before the handler is used again.
+    fn after_panic(&mut self) {}
 }
 
 #[async_trait]
@@ -30,5 +34,9 @@ impl StageHandler for Worker {
 
     async fn handle_batch(&mut self, messages: &[Message]) -> Vec<Outcome> {
         Worker::handle_batch(self, messages).await
+    }
+
+    fn after_panic(&mut self) {
+        self.discard_instance();
     }
 }

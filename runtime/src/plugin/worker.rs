@@ -142,6 +142,12 @@ impl Worker {
         &self.plugin
     }
 
+    /// Drops the instance (the next call starts a fresh one): after a call
+    /// that ended in a way the worker could not see through, a host panic.
+    pub fn discard_instance(&mut self) {
+        self.live = None;
+    }
+
     /// How many instances this worker has created so far (1 + replacements).
     pub fn instantiations(&self) -> u64 {
         self.instantiations

@@ -3,8 +3,10 @@
 //! it while its target is unavailable, until it is settled; and the batch
 //! call, which does the same for a batch's items under one slot.
 
+use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt as _;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::{CALLS, DEDUP_POLL_MAX, DEDUP_POLL_MIN, Job, StageRunner, lock};
@@ -255,7 +257,18 @@ impl StageRunner {
         let started = Instant::now();
         let handled = match handler.as_mut() {
             Some(_) if messages.is_empty() => Vec::new(),
-            Some(handler) => handler.handle_batch(&messages).await,
+            Some(handler) => {
+                match AssertUnwindSafe(handler.handle_batch(&messages))
+                    .catch_unwind()
+                    .await
+                {
+                    Ok(outcomes) => outcomes,
+                    Err(panic) => {
+                        handler.after_panic();
+                        vec![Err(panicked(panic.as_ref())); messages.len()]
+                    }
+                }
+            }
             None => vec![
                 Err(crate::Failure::new(
                     crate::FailureKind::Trap,
@@ -295,7 +308,16 @@ impl StageRunner {
         let mut handler = self.take_handler();
         let started = Instant::now();
         let outcome = match handler.as_mut() {
-            Some(handler) => handler.handle(message).await,
+            Some(handler) => match AssertUnwindSafe(handler.handle(message))
+                .catch_unwind()
+                .await
+            {
+                Ok(outcome) => outcome,
+                Err(panic) => {
+                    handler.after_panic();
+                    Err(panicked(panic.as_ref()))
+                }
+            },
             None => Err(crate::Failure::new(
                 crate::FailureKind::Trap,
                 "no worker slot free (engine bug)",
@@ -391,4 +413,21 @@ impl Hold {
         self.last = asked.max(doubled).min(self.max);
         self.last
     }
+}
+
+/// A handler call that panicked (a bug in Sluice's host or a built-in
+/// sink, never the guest's: a guest traps) as a failed attempt: retried,
+/// then dead-lettered with the panic's message, while the worker slot
+/// goes back to the pool instead of being lost with the task.
+fn panicked(panic: &(dyn std::any::Any + Send)) -> crate::Failure {
+    let said = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into());
+    tracing::error!(panic = %said, "a handler call panicked (a bug in Sluice; please report it)");
+    crate::Failure::new(
+        crate::FailureKind::Trap,
+        format!("the handler panicked: {said} (a bug in Sluice; please report it)"),
+    )
 }
