@@ -171,7 +171,20 @@ function toEmit(value, raw) {
 
 const isOne = (v) => v instanceof Emit || v instanceof Uint8Array || typeof v === "string";
 
+function notAsync(value) {
+  // A Promise would be written out as `{}` and a Reject thrown in it lost:
+  // a handler runs to completion within its call.
+  if (value !== null && typeof value === "object" && typeof value.then === "function") {
+    throw new TypeError(
+      "the handler returned a Promise (an async function?); handlers must be synchronous: " +
+        "return the emits, or throw Reject/Retry",
+    );
+  }
+  return value;
+}
+
 function toEmits(value, raw) {
+  notAsync(value);
   if (value === undefined || value === null) return [];
   if (Array.isArray(value) && value.every(isOne)) return value.map((v) => toEmit(v, raw));
   return [toEmit(value, raw)];
@@ -212,7 +225,7 @@ export function batchHandler(fn) {
     handleBatch(raws) {
       let results;
       try {
-        results = fn(raws.map((raw) => new Message(raw)));
+        results = notAsync(fn(raws.map((raw) => new Message(raw))));
         if (!Array.isArray(results) || results.length !== raws.length) {
           throw new TypeError(
             `a batch handler returns an array with one result per message (${raws.length}), not ${

@@ -44,7 +44,8 @@ const MAX_CASES_BYTES: u64 = 16 << 20;
 pub(crate) struct CasesFile {
     /// The stage's `config:` for every case; a case's own `config` is laid
     /// over it.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "config_map")]
+    #[schemars(with = "BTreeMap<String, crate::config::ConfigValue>")]
     pub config: BTreeMap<String, String>,
     /// The stage's declared `publish:` topics; the first is the default
     /// output. Without any, every topic is allowed and the default output is
@@ -65,7 +66,8 @@ pub(crate) struct Case {
     #[serde(default)]
     pub input: Input,
     /// Config entries for this case only, over the file's `config`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "config_map")]
+    #[schemars(with = "BTreeMap<String, crate::config::ConfigValue>")]
     pub config: BTreeMap<String, String>,
     /// What the handler must do.
     pub expect: Expect,
@@ -159,7 +161,11 @@ pub(crate) struct FailsExpect {
 #[serde(deny_unknown_fields)]
 pub(crate) struct ExpectedEmit {
     /// The output topic, by name (the default output is its real name).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "some",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub topic: Option<String>,
     /// The key; `null` expects none.
     #[serde(
@@ -168,19 +174,43 @@ pub(crate) struct ExpectedEmit {
         skip_serializing_if = "Option::is_none"
     )]
     pub key: Option<Option<String>>,
-    /// Every header, in order.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Every header, in order (`{}`: none).
+    #[serde(
+        default,
+        deserialize_with = "some",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub headers: Option<Headers>,
     /// The payload, as UTF-8 text.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "some",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub payload: Option<String>,
     /// The payload, as standard base64.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "some",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub payload_base64: Option<String>,
-    /// The payload parsed as JSON equals this value (key order and spacing
-    /// do not matter).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The payload parsed as JSON equals this value (key order, spacing
+    /// and how a number is written, `10` or `10.0`, do not matter; `null`
+    /// expects JSON `null`).
+    #[serde(
+        default,
+        deserialize_with = "some",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub payload_json: Option<serde_json::Value>,
+}
+
+/// A `config:` map as a pipeline writes it: numbers and booleans are
+/// passed as their text, as a stage's `config:` does.
+fn config_map<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    let map = BTreeMap::<String, crate::config::ConfigValue>::deserialize(d)?;
+    Ok(map.into_iter().map(|(k, v)| (k, v.0)).collect())
 }
 
 /// A present field, even when its value is `null`.
@@ -214,7 +244,10 @@ impl<'de> Deserialize<'de> for Headers {
         impl<'de> Visitor<'de> for V {
             type Value = Headers;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a mapping of header names to text values")
+                f.write_str(
+                    "a mapping of header names to text values, or a list of [name, value] pairs \
+                     (for a name that repeats)",
+                )
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Headers, A::Error> {
                 let mut out = Vec::new();
@@ -223,8 +256,18 @@ impl<'de> Deserialize<'de> for Headers {
                 }
                 Ok(Headers(out))
             }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Headers, A::Error> {
+                let mut out = Vec::new();
+                while let Some((k, v)) = seq.next_element::<(String, String)>()? {
+                    out.push((k, v));
+                }
+                Ok(Headers(out))
+            }
         }
-        d.deserialize_map(V)
+        d.deserialize_any(V)
     }
 }
 
@@ -234,9 +277,19 @@ impl JsonSchema for Headers {
     }
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
-            "type": "object",
-            "description": "Header names to values, in order.",
-            "additionalProperties": { "type": "string" }
+            "description": "Header names to values, in order; or a list of [name, value] pairs, for a name that repeats.",
+            "oneOf": [
+                { "type": "object", "additionalProperties": { "type": "string" } },
+                {
+                    "type": "array",
+                    "items": {
+                        "type": "array",
+                        "prefixItems": [{ "type": "string" }, { "type": "string" }],
+                        "minItems": 2,
+                        "maxItems": 2
+                    }
+                }
+            ]
         })
     }
 }
@@ -426,6 +479,23 @@ impl Input {
     }
 }
 
+/// Why a dead letter cannot become a case, if it cannot: its payload is a
+/// claim-check reference (the bytes are in the claim store, and the case
+/// would replay an empty payload).
+pub(crate) fn dlq_case_refusal(stage: &str, seq: u64, entry: &DlqEntryDetail) -> Option<String> {
+    let reference = entry
+        .headers
+        .iter()
+        .find(|(k, _)| k == crate::claim::CLAIM_HEADER)?;
+    Some(format!(
+        "dead letter {seq} of {stage} holds a claim-check reference ({}), not its payload: \
+         the bytes are in the claim store, and a case would replay an empty payload. Fetch \
+         the object and write the case by hand, or redrive the dead letter through the \
+         pipeline (`sluice dlq redrive`)",
+        reference.1
+    ))
+}
+
 /// The message a dead letter held, as its handler saw it: the original id,
 /// the source topic, the last attempt, and the producer's headers (the
 /// `sluice-` provenance headers are the runtime's, not the handler's).
@@ -472,13 +542,34 @@ pub(crate) fn dlq_failure(entry: &DlqEntryDetail) -> String {
     )
 }
 
+/// `text` as a YAML double-quoted scalar: a JSON string (which YAML reads
+/// as one), with DEL and the C1 controls escaped too, since YAML refuses
+/// them unescaped and JSON does not escape them.
+fn yaml_quoted(text: &str) -> String {
+    let json = serde_json::Value::from(text).to_string();
+    if !json
+        .chars()
+        .any(|c| c == '\u{7f}' || ('\u{80}'..='\u{9f}').contains(&c))
+    {
+        return json;
+    }
+    let mut out = String::with_capacity(json.len() + 8);
+    for c in json.chars() {
+        if c == '\u{7f}' || ('\u{80}'..='\u{9f}').contains(&c) {
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// A dead letter as one case, in YAML: a list item to append under a cases
 /// file's `cases:`, expecting success (`ok: true`) until the author says
 /// what the fixed handler must emit.
 pub(crate) fn dlq_case_yaml(stage: &str, seq: u64, entry: &DlqEntryDetail) -> String {
     let input = dlq_input(entry);
-    // JSON strings are YAML double-quoted scalars.
-    let q = |s: &str| serde_json::Value::from(s).to_string();
+    let q = yaml_quoted;
     let mut y = String::new();
     let _ = writeln!(
         y,
@@ -506,8 +597,15 @@ pub(crate) fn dlq_case_yaml(stage: &str, seq: u64, entry: &DlqEntryDetail) -> St
     }
     if !input.headers.is_empty() {
         let _ = writeln!(y, "      headers:");
+        let names: std::collections::BTreeSet<&str> =
+            input.headers.0.iter().map(|(k, _)| k.as_str()).collect();
+        let repeats = names.len() < input.headers.0.len();
         for (k, v) in &input.headers.0 {
-            let _ = writeln!(y, "        {}: {}", q(k), q(v));
+            if repeats {
+                let _ = writeln!(y, "        - [{}, {}]", q(k), q(v));
+            } else {
+                let _ = writeln!(y, "        {}: {}", q(k), q(v));
+            }
         }
     }
     if let Some(a) = input.attempt {
@@ -699,12 +797,58 @@ fn emit_diffs(want: &ExpectedEmit, got: &Emit) -> Vec<String> {
     }
     if let Some(j) = &want.payload_json {
         match serde_json::from_slice::<serde_json::Value>(&got.payload) {
-            Ok(v) if v == *j => {}
-            Ok(_) => d.push("payload JSON differs".into()),
+            Ok(v) => {
+                if let Some(at) = json_difference("$", j, &v) {
+                    d.push(format!("payload JSON differs at {at}"));
+                }
+            }
             Err(e) => d.push(format!("payload is not JSON ({e})")),
         }
     }
     d
+}
+
+/// Where `got` first differs from `want` (a JSON path, `$.a[2]`), or
+/// `None` when they are equal as values: numbers by value (`10` and `10.0`
+/// are equal: JavaScript writes the one, Python the other), objects
+/// whatever their key order.
+fn json_difference(
+    path: &str,
+    want: &serde_json::Value,
+    got: &serde_json::Value,
+) -> Option<String> {
+    use serde_json::Value as J;
+    match (want, got) {
+        (J::Number(a), J::Number(b)) => {
+            let same = match (a.as_i64(), b.as_i64(), a.as_u64(), b.as_u64()) {
+                (Some(x), Some(y), _, _) => x == y,
+                (_, _, Some(x), Some(y)) => x == y,
+                _ => a.as_f64() == b.as_f64(),
+            };
+            (!same).then(|| format!("{path}: got {b}, want {a}"))
+        }
+        (J::Array(a), J::Array(b)) => {
+            if a.len() != b.len() {
+                return Some(format!("{path}: got {} items, want {}", b.len(), a.len()));
+            }
+            a.iter()
+                .zip(b)
+                .enumerate()
+                .find_map(|(i, (x, y))| json_difference(&format!("{path}[{i}]"), x, y))
+        }
+        (J::Object(a), J::Object(b)) => {
+            if let Some(k) = a.keys().find(|k| !b.contains_key(*k)) {
+                return Some(format!("{path}.{k}: missing"));
+            }
+            if let Some(k) = b.keys().find(|k| !a.contains_key(*k)) {
+                return Some(format!("{path}.{k}: not expected"));
+            }
+            a.iter()
+                .find_map(|(k, x)| json_difference(&format!("{path}.{k}"), x, &b[k]))
+        }
+        (a, b) if a == b => None,
+        (a, b) => Some(format!("{path}: got {b}, want {a}")),
+    }
 }
 
 /// An emit as one JSON line, fields in the order a case writes them.
@@ -869,5 +1013,71 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn json_payloads_compare_as_values_and_name_the_first_difference() {
+        let want = serde_json::json!({"price": 10.0, "items": [1, {"n": 2}]});
+        let same = serde_json::json!({"items": [1.0, {"n": 2}], "price": 10});
+        assert_eq!(json_difference("$", &want, &same), None);
+        let other = serde_json::json!({"items": [1, {"n": 3}], "price": 10});
+        assert_eq!(
+            json_difference("$", &want, &other).as_deref(),
+            Some("$.items[1].n: got 3, want 2")
+        );
+        let more = serde_json::json!({"items": [1, {"n": 2}], "price": 10, "x": null});
+        assert_eq!(
+            json_difference("$", &want, &more).as_deref(),
+            Some("$.x: not expected")
+        );
+        assert!(json_difference("$", &serde_json::json!(1), &serde_json::json!("1")).is_some());
+        assert!(
+            json_difference("$", &serde_json::json!(u64::MAX), &serde_json::json!(-1)).is_some()
+        );
+    }
+
+    #[test]
+    fn headers_that_repeat_config_numbers_and_nulls() {
+        let loaded = load_text(
+            "config: { n: 3, on: true }\ncases:\n  - name: a\n    input: { headers: [[x, '1'], [x, '2']] }\n    config: { ratio: 0.5 }\n    expect: { emits: [{ headers: [[x, '1'], [x, '2']], payload_json: null }] }\n",
+        )
+        .expect("test step");
+        let file = &loaded.file;
+        assert_eq!(file.config.get("n").map(String::as_str), Some("3"));
+        assert_eq!(file.config.get("on").map(String::as_str), Some("true"));
+        assert_eq!(
+            file.cases[0].config.get("ratio").map(String::as_str),
+            Some("0.5")
+        );
+        let repeated = vec![
+            ("x".to_owned(), "1".to_owned()),
+            ("x".to_owned(), "2".to_owned()),
+        ];
+        assert_eq!(file.cases[0].input.headers.0, repeated);
+        let Some(emits) = &file.cases[0].expect.emits else {
+            panic!("emits");
+        };
+        assert_eq!(emits[0].headers.as_ref().map(|h| &h.0), Some(&repeated));
+        assert_eq!(emits[0].payload_json, Some(serde_json::Value::Null));
+        // `null` where it cannot mean "none" is refused, not skipped.
+        for field in ["headers", "payload", "topic"] {
+            let err = load_text(&format!(
+                "cases:\n  - name: a\n    expect: {{ emits: [{{ {field}: null }}] }}\n"
+            ))
+            .err()
+            .unwrap_or_else(|| panic!("{field}: null was taken"));
+            assert!(err.starts_with("F:3:"), "{field}: {err}");
+        }
+    }
+
+    #[test]
+    fn control_characters_are_escaped_so_a_case_reads_back() {
+        for text in ["a\u{7f}b", "c\u{85}d", "tab\there", "plain", "\u{9f}"] {
+            let quoted = yaml_quoted(text);
+            let back: String = crate::config::parse_yaml::<String>(&quoted)
+                .unwrap_or_else(|e| panic!("{quoted}: {e:?}"))
+                .0;
+            assert_eq!(back, text, "{quoted}");
+        }
     }
 }

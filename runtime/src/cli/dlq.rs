@@ -243,7 +243,11 @@ fn show(args: &ShowArgs) -> Result<(), ClientError> {
     let client = Client::connect(&args.connect)?;
     let entry = client.dlq_show(&args.stage.pipeline, &args.stage.stage, args.seq)?;
     if args.as_case {
-        let yaml = super::cases::dlq_case_yaml(&args.stage.to_string(), args.seq, &entry);
+        let stage = args.stage.to_string();
+        if let Some(why) = super::cases::dlq_case_refusal(&stage, args.seq, &entry) {
+            return Err(ClientError::Usage(why));
+        }
+        let yaml = super::cases::dlq_case_yaml(&stage, args.seq, &entry);
         return print_line(yaml.trim_end());
     }
     print_json(&entry)

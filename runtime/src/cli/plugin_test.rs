@@ -85,13 +85,8 @@ struct PrintedEmit<'a> {
 }
 
 pub(crate) fn run(args: Args) -> ExitCode {
-    let wasm = match super::plugin_author::component(&args.plugin) {
-        Ok(wasm) => wasm,
-        Err(err) => {
-            eprintln!("error: {err}");
-            return ExitCode::from(2);
-        }
-    };
+    // The cases (or the dead letter) first: a mistake in them is reported
+    // before a project is built, which takes seconds for Python or JS.
     let cases = match (&args.cases, &args.from_dlq) {
         (Some(path), _) => match cases::load(path) {
             Ok(cases) => Some((cases, path.display().to_string())),
@@ -104,6 +99,10 @@ pub(crate) fn run(args: Args) -> ExitCode {
         (None, Some(entry)) => match entry.fetch(&args.connect) {
             Ok(detail) => {
                 let stage = entry.stage.to_string();
+                if let Some(why) = cases::dlq_case_refusal(&stage, entry.seq, &detail) {
+                    eprintln!("error: {why}");
+                    return ExitCode::from(2);
+                }
                 eprintln!(
                     "replaying dead letter {} of {stage}, which failed with {}",
                     entry.seq,
@@ -114,9 +113,20 @@ pub(crate) fn run(args: Args) -> ExitCode {
                     String::new(),
                 ))
             }
-            Err(err) => return err.report(),
+            // Not 1: that would read as "the handler still fails".
+            Err(err) => {
+                eprintln!("error: cannot fetch the dead letter: {err}");
+                return ExitCode::from(2);
+            }
         },
         (None, None) => None,
+    };
+    let wasm = match super::plugin_author::component(&args.plugin) {
+        Ok(wasm) => wasm,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
     };
     let payload = match read_payload(&args) {
         Ok(payload) => payload,
