@@ -226,15 +226,16 @@ stages:
     subscribe: in
     plugin: {plugin}
     publish: [mid]
-    concurrency: 2
+    concurrency: {conc}
 sinks:
   - name: out
     subscribe: mid
-    concurrency: 2
+    concurrency: {conc}
     batch: {{max: {batch}, wait: 5ms}}
     redis: {{url: "{url}", stream: {output}}}
 "#,
         plugin = sluice_harness::plugin("identity").display(),
+        conc = std::env::var("SLUICE_BENCH_CONCURRENCY").unwrap_or_else(|_| "2".into()),
     );
     let file = write_pipeline(dir.path(), "bench", &yaml);
     let daemon = Daemon::start(&[&file], &dir.path().join("data"));

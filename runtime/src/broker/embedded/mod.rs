@@ -310,9 +310,7 @@ impl EmbeddedBroker {
         }
         result
     }
-}
 
-impl EmbeddedBroker {
     /// Checks a settle's consumer and output topics, and marks its lease as
     /// settling. The committer removes the entry once the settle is
     /// durable (only then may retention pass the message), or releases it
