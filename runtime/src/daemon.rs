@@ -155,6 +155,12 @@ pub async fn run(
         Some((cert, key)) => Some(admin::tls_config(cert, key)?),
         None => None,
     };
+    if !opts.admin.ip().is_loopback() && opts.admin_access.has_token() && tls.is_none() {
+        tracing::warn!(
+            "the admin API on {} takes its tokens over plain HTTP: anyone on the path can read and reuse them; give it a certificate (--admin-tls-cert, --admin-tls-key) or put it behind a TLS proxy",
+            opts.admin
+        );
+    }
 
     let listener = tokio::net::TcpListener::bind(opts.admin)
         .await

@@ -28,6 +28,9 @@ use super::{AdminState, ApiError, StageEntry};
 use crate::broker::{BrokerError, Message, Stored};
 use crate::dlq::{self, Provenance};
 
+/// The slowest redrive rate taken, in messages per second: one a day.
+const MIN_REDRIVE_RATE: f64 = 1.0 / 86_400.0;
+
 /// Entries listed unless `limit` says otherwise.
 const DEFAULT_LIST: usize = 100;
 /// The most entries one list returns.
@@ -326,12 +329,15 @@ impl AdminState {
         let stage = self.stage(pipeline, stage).await?;
         let interval = match request.rate {
             None => None,
-            Some(rate) if rate.is_finite() && rate > 0.0 => {
+            // At least one a day: a slower rate's interval would not fit
+            // a `Duration` (and would mean a redrive that never ends).
+            Some(rate) if rate.is_finite() && rate >= MIN_REDRIVE_RATE => {
                 Some(Duration::from_secs_f64(1.0 / rate))
             }
             Some(rate) => {
                 return Err(ApiError::BadRequest(format!(
-                    "rate must be a positive number of messages per second, not {rate}"
+                    "rate must be a number of messages per second, at least one a day \
+                     (0.0000116), not {rate}"
                 )));
             }
         };

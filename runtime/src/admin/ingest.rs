@@ -31,6 +31,12 @@ use crate::broker::{BrokerError, Message, PublishAck, check_portable, new_messag
 /// The longest message id accepted, in bytes. Ids key the broker's
 /// duplicate window and travel in headers, so they stay short.
 pub const MAX_ID_BYTES: usize = 256;
+/// The most messages one batch request carries. Each line becomes a
+/// message, a receipt and a broker record, several times its own size in
+/// memory, and the topic's `high_water_mark` is checked once per batch: the
+/// cap bounds both what one request holds and how far past the mark it
+/// can go.
+pub const MAX_BATCH_LINES: usize = 10_000;
 
 /// Request header carrying the message key.
 pub const KEY_HEADER: &str = "sluice-key";
@@ -347,6 +353,11 @@ async fn publish_batch_inner(
         if line.trim().is_empty() {
             continue;
         }
+        if lines.len() == MAX_BATCH_LINES {
+            return Err(ApiError::BadRequest(format!(
+                "a batch carries at most {MAX_BATCH_LINES} messages; split it into several requests"
+            )));
+        }
         let parsed: BatchLine = serde_json::from_str(line)
             .map_err(|e| ApiError::BadRequest(format!("line {}: {e}", index + 1)))?;
         lines.push((index + 1, parsed));
@@ -383,6 +394,11 @@ async fn publish_numbered(
     entry: &TopicEntry,
     lines: Vec<(usize, BatchLine)>,
 ) -> Result<BatchReceipt, ApiError> {
+    if lines.len() > MAX_BATCH_LINES {
+        return Err(ApiError::BadRequest(format!(
+            "a batch carries at most {MAX_BATCH_LINES} messages; split it into several requests"
+        )));
+    }
     let mut messages = Vec::with_capacity(lines.len());
     for (number, line) in lines {
         let message = message_from_line(topic, entry, line)

@@ -490,6 +490,9 @@ fn zero_series(metrics: &Metrics, topics: &HashMap<String, TopicEntry>, stages: 
     }
 }
 
+/// The largest body a DLQ redrive or purge request takes.
+const DLQ_BODY_LIMIT: usize = 64 * 1024;
+
 /// The admin API's routes over `state`. [`serve`] uses it; an embedder can
 /// nest it into its own router.
 pub fn router(state: AdminState) -> Router {
@@ -509,8 +512,16 @@ pub fn router(state: AdminState) -> Router {
         )
         .route("/v1/topics/{topic}/batch", post(ingest::publish_batch))
         .route("/v1/dlq/{pipeline}/{stage}", get(dlq::list))
-        .route("/v1/dlq/{pipeline}/{stage}/redrive", post(dlq::redrive))
-        .route("/v1/dlq/{pipeline}/{stage}/purge", post(dlq::purge))
+        // Their bodies are a few fields of JSON: a small limit of their
+        // own, since they are buffered outside the ingest byte budget.
+        .route(
+            "/v1/dlq/{pipeline}/{stage}/redrive",
+            post(dlq::redrive).layer(DefaultBodyLimit::max(DLQ_BODY_LIMIT)),
+        )
+        .route(
+            "/v1/dlq/{pipeline}/{stage}/purge",
+            post(dlq::purge).layer(DefaultBodyLimit::max(DLQ_BODY_LIMIT)),
+        )
         .route("/v1/dlq/{pipeline}/{stage}/{seq}", get(dlq::show))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -22,6 +22,12 @@ use crate::broker::{Stored, TopicStats};
 const DEFAULT_MAX: usize = 100;
 /// The most messages one read returns.
 const MAX_MAX: usize = 1000;
+/// The first broker read of a page: a few messages, whose size decides
+/// how many the next reads take.
+const FIRST_CHUNK: usize = 4;
+/// The payload bytes a page stops at (it holds at least one message, and
+/// may pass this by the last one).
+const MAX_PAGE_BYTES: usize = 16 << 20;
 /// The longest long-poll: shorter than common proxy idle timeouts, so a
 /// follower sees an empty answer rather than a dropped connection.
 const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -218,12 +224,37 @@ impl AdminState {
         };
         let max = max.unwrap_or(DEFAULT_MAX).clamp(1, MAX_MAX);
         let wait = wait.min(MAX_WAIT);
-        let stored = tokio::select! {
-            read = broker.read(topic, from, max, wait) => read?,
+        // The first chunk waits (a long-poll); the page then grows by
+        // chunks until `max` messages or MAX_PAGE_BYTES of payload, so a
+        // page of large messages never holds more than about that (or
+        // one message) in memory.
+        let mut stored = tokio::select! {
+            read = broker.read(topic, from, max.min(FIRST_CHUNK), wait) => read?,
             // End a long-poll when the daemon stops, so it does not hold up the
             // shutdown; the client sees an empty page and reconnects later.
             () = self.shutting_down() => Vec::new(),
         };
+        let mut bytes: usize = stored.iter().map(|s| s.message.payload.len()).sum();
+        let mut asked = max.min(FIRST_CHUNK);
+        let mut last_chunk = stored.len();
+        while last_chunk == asked && stored.len() < max && bytes < MAX_PAGE_BYTES {
+            // As many more as fit the rest of the budget at the size seen
+            // so far (between 1 and 256 at a time).
+            let typical = (bytes / stored.len().max(1)).max(1);
+            asked = ((MAX_PAGE_BYTES - bytes) / typical)
+                .clamp(1, 256)
+                .min(max - stored.len());
+            let next_from = stored.last().map_or(from, |s| s.seq + 1);
+            let more = broker.read(topic, next_from, asked, Duration::ZERO).await?;
+            last_chunk = more.len();
+            for s in more {
+                if bytes >= MAX_PAGE_BYTES {
+                    break;
+                }
+                bytes += s.message.payload.len();
+                stored.push(s);
+            }
+        }
         let last_seq = broker.topic_stats(topic).await?.last_seq;
         let next = stored.last().map_or(from, |s| s.seq + 1);
         Ok(ReadResponse {
