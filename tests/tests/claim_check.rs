@@ -720,11 +720,19 @@ stages:
         age(path, Duration::from_secs(3600));
     }
     let claims = dir.path().join("claims");
+    // Another daemon's object, under a topic this one does not claim-check
+    // (a shared directory): not this daemon's to judge.
+    std::fs::create_dir_all(claims.join("theirs")).expect("dir");
+    let theirs = claims.join("theirs").join("their-object");
+    std::fs::write(&theirs, b"referenced elsewhere").expect("theirs");
+    age(&theirs, Duration::from_secs(3600));
     let orphan = claims.join("in").join("orphan-object");
     std::fs::write(&orphan, b"nobody references me").expect("orphan");
     age(&orphan, Duration::from_secs(3600));
 
     daemon.wait_until("the orphan swept", LONG, |_| !orphan.exists());
+    assert!(theirs.exists(), "another daemon's object was swept");
+    std::fs::remove_dir_all(claims.join("theirs")).expect("cleanup");
     for path in &referenced {
         assert!(
             path.exists(),

@@ -132,6 +132,9 @@ pub struct Claims {
     topics: HashMap<String, Policy>,
     put_bytes: Counter,
     get_bytes: Counter,
+    /// A read from a store failed and none has succeeded since: the
+    /// outage is logged once, and its end.
+    read_failing: std::sync::atomic::AtomicBool,
 }
 
 impl Claims {
@@ -189,6 +192,7 @@ impl Claims {
             topics,
             put_bytes: Counter::default(),
             get_bytes: Counter::default(),
+            read_failing: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -311,7 +315,27 @@ impl Claims {
                 "`{reference}` is in no claim store this daemon has configured"
             )));
         };
-        let payload = store.get(key).await?;
+        let payload = match store.get(key).await {
+            Ok(payload) => {
+                if self
+                    .read_failing
+                    .swap(false, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::info!("the claim store answers again");
+                }
+                payload
+            }
+            Err(ClaimError::Store(why)) => {
+                if !self
+                    .read_failing
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::warn!(error = %why, "cannot read the claim store; claim-checked messages wait for it, no attempt spent (logged once per outage)");
+                }
+                return Err(ClaimError::Store(why));
+            }
+            Err(e) => return Err(e),
+        };
         self.get_bytes.inc_by(payload.len() as u64);
         if let Some(size) = message.header(CLAIM_SIZE_HEADER)
             && size.parse::<usize>().ok() != Some(payload.len())

@@ -15,6 +15,11 @@
 //! or in the topic. A new object is never old, so a message being
 //! published is safe too.
 //!
+//! Only objects under the topics this daemon claim-checks (keys are
+//! `<topic>/<id>`) are considered: daemons with other pipelines may share
+//! the directory, and the references to their objects are in topics and
+//! dead-letter queues this daemon does not read.
+//!
 //! S3 stores are not swept: set a lifecycle rule on the bucket (README).
 
 use std::collections::HashSet;
@@ -71,10 +76,16 @@ pub async fn sweep(
     dlqs: &[String],
 ) -> Result<SweepReport, ClaimError> {
     let now = SystemTime::now();
+    let owned: HashSet<&str> = claims.policies().map(|(topic, _)| topic).collect();
     let mut candidates: Vec<(Arc<ClaimStore>, Vec<String>)> = Vec::new();
     for (store, retention) in file_stores(claims) {
         let cutoff = now.checked_sub(retention).unwrap_or(SystemTime::UNIX_EPOCH);
-        let old = store.list_older_than(cutoff).await?;
+        let mut old = store.list_older_than(cutoff).await?;
+        old.retain(|key| {
+            key.split('/')
+                .next()
+                .is_some_and(|topic| owned.contains(topic))
+        });
         if !old.is_empty() {
             candidates.push((store, old));
         }

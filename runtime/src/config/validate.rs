@@ -439,10 +439,22 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
             );
         }
         if let Some(dedup) = &stage.dedup {
+            let lease = stage.timeout.get() + crate::dedup::LEASE_MARGIN;
             if dedup.ttl.get().is_zero() {
                 report(
                     &s(&[K("dedup"), K("ttl")]),
                     "`ttl` must be longer than 0s (leave `dedup:` out for no dedup)".into(),
+                );
+            } else if dedup.ttl.get() < lease {
+                report(
+                    &s(&[K("dedup"), K("ttl")]),
+                    format!(
+                        "`ttl` ({}) must be at least the stage's `timeout` plus 5s ({}): a key \
+                         would expire while its handler still runs, and a copy of the message \
+                         could run too",
+                        humantime::format_duration(dedup.ttl.get()),
+                        humantime::format_duration(lease)
+                    ),
                 );
             }
             if stage.batch.is_some() {

@@ -95,11 +95,11 @@ impl StageRunner {
         retry_in_place: bool,
         mut slot: Option<OwnedSemaphorePermit>,
     ) -> Tried {
-        // A claim reference is resolved under the valve, so at most
-        // `concurrency` claim payloads are in memory at once. An inline
-        // message of a dedup stage takes its slot only once the dedup
-        // check says it runs.
-        if slot.is_none() && (self.dedup.is_none() || claim::is_reference(&delivery.message)) {
+        // The slot first: a claim reference is resolved under the valve,
+        // so at most `concurrency` claim payloads are in memory at once,
+        // and the dedup check takes its key (with a lease of one call)
+        // only when the call can start (see `dispatch`).
+        if slot.is_none() {
             match self.valve.clone().acquire_owned().await {
                 Ok(taken) => slot = Some(taken),
                 // Closed: shutdown began.
@@ -370,6 +370,17 @@ impl StageRunner {
                     Vec::from(payload)
                 }
                 Ok(None) => message.payload.to_vec(),
+                // The store failing (S3 throttling, a 5xx, a timeout, an
+                // I/O error) is an outage, not the message's fault: held
+                // without spending attempts, as a sink's target is. An
+                // object that is not there, or not the bytes referenced,
+                // is the message's: retried, then dead-lettered.
+                Err(err @ ClaimError::Store(_)) => {
+                    return Err(crate::Failure::new(
+                        crate::FailureKind::Unavailable,
+                        err.to_string(),
+                    ));
+                }
                 Err(err) => {
                     return Err(crate::Failure::new(
                         crate::FailureKind::ClaimMissing,
