@@ -731,6 +731,50 @@ fn request_bodies_in_flight_have_a_global_budget() {
     );
 }
 
+/// A client that announces a body and goes quiet does not hold its share
+/// of the budget for good: past the idle timeout it gets 408 and the
+/// budget is free again.
+#[test]
+fn a_body_that_stops_arriving_is_dropped_and_its_budget_freed() {
+    use std::io::{Read, Write};
+    let d = start_shop(
+        &[],
+        &[
+            ("SLUICE_ADMIN_BODY_BUDGET", "1MiB"),
+            ("SLUICE_ADMIN_BODY_IDLE_TIMEOUT", "1s"),
+        ],
+    );
+    let mut quiet = TcpStream::connect(&d.addr).expect("connect");
+    write!(
+        quiet,
+        "POST /v1/topics/out/messages HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n\r\nxxxx",
+        d.addr,
+        768 << 10
+    )
+    .expect("write");
+    quiet.flush().expect("flush");
+    quiet
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut answer = [0u8; 12];
+    quiet.read_exact(&mut answer).expect("an answer");
+    assert_eq!(
+        &answer,
+        b"HTTP/1.1 408",
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    // Its 768 KiB are free again: 512 KiB more fit at once (the connection
+    // is still open: the client has not gone).
+    let r = http()
+        .post(d.url("/v1/topics/out/messages"))
+        .body(vec![b'a'; 512 << 10])
+        .send()
+        .expect("POST");
+    assert_eq!(r.status(), 202, "{:?}", r.text());
+    drop(quiet);
+}
+
 #[test]
 fn metrics_and_probes_answer_at_once_with_nats_down() {
     let mut nats = sluice_harness::nats::NatsServer::start().expect("nats-server");

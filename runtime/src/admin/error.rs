@@ -59,6 +59,9 @@ pub enum ApiError {
     /// The body exceeds the server's limit.
     #[error("the request body is larger than the limit of {0} bytes")]
     PayloadTooLarge(usize),
+    /// The client stopped sending its body before its end.
+    #[error("no part of the request body arrived for {0:?}; the request is dropped")]
+    SlowBody(std::time::Duration),
     /// The topic is at or above its `high_water_mark`; try again later.
     #[error(
         "topic `{topic}` is full: {depth} messages wait and its high_water_mark is {limit}; retry later"
@@ -120,6 +123,7 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::SlowBody(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Backpressure { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::NotJson(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -150,6 +154,7 @@ impl ApiError {
             ApiError::BadRequest(_) => "bad_request",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::SlowBody(_) => "request_timeout",
             ApiError::Backpressure { .. } => "backpressure",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::NotJson(_) => "unsupported_media_type",

@@ -274,7 +274,15 @@ async fn read_body(
         return Err(refuse_busy(busy, body, limit).await);
     }
     let mut buf = bytes::BytesMut::with_capacity(reserved);
-    while let Some(frame) = body.frame().await {
+    loop {
+        // A client that goes quiet mid-body would hold its share of the
+        // budget (and its connection) for as long as it likes.
+        let idle = state.limits.body_idle;
+        let frame = match tokio::time::timeout(idle, body.frame()).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(_) => return Err(ApiError::SlowBody(idle)),
+        };
         let frame = frame
             .map_err(|e| ApiError::BadRequest(format!("cannot read the request body: {e}")))?;
         if let Ok(chunk) = frame.into_data() {

@@ -32,6 +32,9 @@ pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// The default cap on open admin connections.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 
+/// The default longest pause within a request body.
+pub const DEFAULT_BODY_IDLE: Duration = Duration::from_secs(30);
+
 /// The default budget of request-body bytes in flight across all requests.
 pub const DEFAULT_BODY_BUDGET: usize = 256 << 20;
 
@@ -46,6 +49,9 @@ pub struct ServerLimits {
     /// How many request-body bytes may be held at once across all requests;
     /// past it ingest answers 503 with `Retry-After`.
     pub body_budget: usize,
+    /// How long a request body may pause between two parts before the
+    /// request is dropped (408) and its share of the budget freed.
+    pub body_idle: Duration,
 }
 
 impl Default for ServerLimits {
@@ -54,6 +60,7 @@ impl Default for ServerLimits {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             body_budget: DEFAULT_BODY_BUDGET,
+            body_idle: DEFAULT_BODY_IDLE,
         }
     }
 }

@@ -83,6 +83,11 @@ pub(crate) struct Args {
     #[arg(long, env = "SLUICE_ADMIN_BODY_BUDGET", value_name = "SIZE",
           value_parser = super::args::byte_size, default_value = "256MiB")]
     admin_body_budget: usize,
+    /// How long a request body may pause between two parts before the
+    /// admin API drops the request (408) and frees its share of the budget.
+    #[arg(long, env = "SLUICE_ADMIN_BODY_IDLE_TIMEOUT", value_name = "DURATION",
+          value_parser = super::args::duration, default_value = "30s", hide = true)]
+    admin_body_idle_timeout: std::time::Duration,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -121,6 +126,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
             header_timeout: args.admin_header_timeout,
             max_connections: args.admin_max_connections,
             body_budget: args.admin_body_budget,
+            body_idle: args.admin_body_idle_timeout,
         },
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
