@@ -347,7 +347,7 @@ sinks:
     let file = write_pipeline(dir.path(), "rp", &yaml);
     let daemon = Daemon::start(&[&file], &dir.path().join("data"));
     daemon.wait_until("the group exists", LONG, |_| {
-        lag(&mut conn, "in", "g").is_some()
+        conn.exists::<_, bool>("in").unwrap_or(false) && lag(&mut conn, "in", "g").is_some()
     });
     produce(&mut conn, "in", 0, 100);
     let mut out = client(&target.url());

@@ -60,6 +60,14 @@ impl DedupGate {
         }
     }
 
+    /// Gives `ticket`'s key back (a failed store call only means its lease
+    /// runs out instead).
+    pub(super) async fn release(&self, ticket: &Ticket) {
+        if let Err(err) = self.store.release(ticket).await {
+            tracing::debug!(error = %err, "giving a dedup key back failed; its lease runs out");
+        }
+    }
+
     /// Checks `message` (its payload already resolved).
     pub(super) async fn check(&self, message: &PluginMessage) -> Gate {
         let key = match dedup::key_of(&self.key, &message.id, &message.headers, &message.payload) {

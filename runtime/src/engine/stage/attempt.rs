@@ -95,11 +95,11 @@ impl StageRunner {
         retry_in_place: bool,
         mut slot: Option<OwnedSemaphorePermit>,
     ) -> Tried {
-        // The slot first: a claim reference is resolved under the valve,
-        // so at most `concurrency` claim payloads are in memory at once,
-        // and the dedup check takes its key (with a lease of one call)
-        // only when the call can start (see `dispatch`).
-        if slot.is_none() {
+        // A claim reference is resolved under the valve, so at most
+        // `concurrency` claim payloads are in memory at once. An inline
+        // message of a dedup stage takes its slot only once the dedup
+        // check says it runs (see `run_gated`).
+        if slot.is_none() && (self.dedup.is_none() || claim::is_reference(&delivery.message)) {
             match self.valve.clone().acquire_owned().await {
                 Ok(taken) => slot = Some(taken),
                 // Closed: shutdown began.
@@ -110,7 +110,30 @@ impl StageRunner {
             Ok(message) => message,
             Err(failure) => return Tried::Ran(Err(failure), None),
         };
-        match self.gate(&message).await {
+        let mut gate = self.gate(&message).await;
+        if let Gate::Run(Some(ticket)) = &gate
+            && slot.is_none()
+        {
+            // The key is this delivery's, for a lease of one call; the
+            // slot may take a while (deliveries queue for it). Should the
+            // wait eat into the lease, the key is given back and taken
+            // anew with the slot in hand, so the lease covers the call and
+            // no copy of the message can take the key and run meanwhile.
+            let asked = Instant::now();
+            match self.valve.clone().acquire_owned().await {
+                Ok(taken) => slot = Some(taken),
+                // Shutdown began: the dedup key's lease runs out and a
+                // redelivery takes it.
+                Err(_) => return Tried::Left,
+            }
+            if asked.elapsed() > crate::dedup::LEASE_MARGIN / 2
+                && let Some(dedup) = &self.dedup
+            {
+                dedup.release(ticket).await;
+                gate = self.gate(&message).await;
+            }
+        }
+        match gate {
             Gate::Run(ticket) => self.run_gated(&message, ticket, slot).await,
             Gate::Wait(pause) => {
                 // Same attempt, later: the key's holder (here or in

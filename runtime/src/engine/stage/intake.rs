@@ -224,13 +224,15 @@ impl StageRunner {
             let Some(key) = self.lane_key(&job.delivery.message) else {
                 // Take the worker slot here, in fetch order, so a stage with
                 // concurrency 1 handles unkeyed messages in publish order.
-                // A dedup stage too: its check takes the key with a lease
-                // as long as one call, so it must run just before the call,
-                // not before a wait for a slot behind hundreds of queued
-                // deliveries (the lease would run out, and a copy of the
-                // message take the key and run as well). A duplicate gives
-                // the slot back at once.
-                let slot = self.valve.clone().acquire_owned().await.ok();
+                // A dedup stage takes it after the dedup check instead (see
+                // `process`): a duplicate never needs one, and the check
+                // (a round trip to the store on NATS) must not hold the
+                // handlers up. Its key's lease is renewed if the slot comes
+                // late (`attempt`).
+                let slot = match self.dedup {
+                    None => self.valve.clone().acquire_owned().await.ok(),
+                    Some(_) => None,
+                };
                 let runner = self.clone();
                 tasks
                     .spawn(async move { runner.process(job, false, slot).await }.in_current_span());
