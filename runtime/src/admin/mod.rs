@@ -493,9 +493,10 @@ fn zero_series(metrics: &Metrics, topics: &HashMap<String, TopicEntry>, stages: 
 /// The largest body a DLQ redrive or purge request takes.
 const DLQ_BODY_LIMIT: usize = 64 * 1024;
 
-/// The admin API's routes over `state`. [`serve`] uses it; an embedder can
-/// nest it into its own router.
-pub fn router(state: AdminState) -> Router {
+/// The admin API's routes over `state`, without the access guard (tokens,
+/// Host and Origin checks), which [`serve`] puts in front of them: not
+/// public, so no embedder can serve them unguarded by mistake.
+pub(crate) fn router(state: AdminState) -> Router {
     let limit = state.request_limit();
     Router::new()
         .route("/health", get(health::live))

@@ -143,6 +143,11 @@ pub struct OutboxSource {
     lost: bool,
     /// The table and trigger were found or created on this connection.
     create_done: bool,
+    /// When the table was last read, on this connection (`None`: not yet,
+    /// so rows inserted while it was away are read at once).
+    last_query: Option<std::time::Instant>,
+    /// The last read was full: more rows are likely waiting.
+    more: bool,
     select: String,
     delete: String,
     lag: String,
@@ -178,6 +183,8 @@ impl OutboxSource {
             in_tx: false,
             lost: false,
             create_done: false,
+            last_query: None,
+            more: false,
         }
     }
 
@@ -301,6 +308,8 @@ impl OutboxSource {
             return Err(self.unavailable(&e));
         }
         self.conn = Some(Conn { client, notified });
+        // Notifications sent while it was away were lost: read at once.
+        self.last_query = None;
         Ok(())
     }
 
@@ -542,17 +551,44 @@ impl OutboxSource {
         self.rollback().await;
         self.lost = false;
         self.connect().await?;
-        let read = self.take(max).await?;
-        if !read.is_empty() {
-            return Ok(read);
+        // The table is read when a notification came, when `poll` has
+        // passed since the last read, when that one was full, or on a new
+        // connection; not on every call (the runner asks every second).
+        let due = |source: &Self| {
+            source.more
+                || source
+                    .last_query
+                    .is_none_or(|at| at.elapsed() >= source.poll)
+        };
+        if due(self) {
+            let read = self.take_noting(max).await?;
+            if !read.is_empty() {
+                return Ok(read);
+            }
         }
         let Some(conn) = &self.conn else {
             return Ok(Vec::new());
         };
         let notified = conn.notified.clone();
-        let _ = tokio::time::timeout(self.poll.min(wait), notified.notified()).await;
+        let until_poll = self
+            .last_query
+            .map_or(Duration::ZERO, |at| self.poll.saturating_sub(at.elapsed()));
+        let woke = tokio::time::timeout(until_poll.min(wait), notified.notified())
+            .await
+            .is_ok();
+        if !woke && !due(self) {
+            return Ok(Vec::new());
+        }
         self.connect().await?;
-        self.take(max).await
+        self.take_noting(max).await
+    }
+
+    /// [`OutboxSource::take`], noting when and whether it came back full.
+    async fn take_noting(&mut self, max: usize) -> Result<Vec<SourceMessage>, SourceError> {
+        let read = self.take(max).await?;
+        self.last_query = Some(std::time::Instant::now());
+        self.more = read.len() >= max;
+        Ok(read)
     }
 
     async fn ack_now(&mut self) -> Result<(), SourceError> {
