@@ -213,6 +213,62 @@ fn five_thousand_entries_arrive_uppercased_exactly_once() {
     assert_eq!(keys.len(), n);
 }
 
+/// A pipeline of sources alone is whole: it feeds a topic that another
+/// pipeline file drains (topics are shared between pipelines), and
+/// `validate` takes it.
+#[test]
+fn an_ingest_pipeline_of_sources_alone_feeds_another_pipeline() {
+    let redis = server();
+    let mut conn = client(&redis.url());
+    let n = 500;
+    produce(&mut conn, "in", 0, n);
+    let dir = tempfile::tempdir().expect("dir");
+    let ingest = write_pipeline(
+        dir.path(),
+        "ingest",
+        &format!(
+            r#"
+name: ingest
+topics: [orders]
+sources:
+  - name: src
+    to: orders
+    redis: {{url: "{url}", stream: in, group: g, start: oldest}}
+"#,
+            url = redis.url()
+        ),
+    );
+    let deliver = write_pipeline(
+        dir.path(),
+        "deliver",
+        &format!(
+            r#"
+name: deliver
+topics: [orders]
+sinks:
+  - name: out
+    subscribe: orders
+    redis: {{url: "{url}", stream: out}}
+"#,
+            url = redis.url()
+        ),
+    );
+    let validated = std::process::Command::new(sluice_tests::sluice_bin())
+        .arg("validate")
+        .arg(&ingest)
+        .output()
+        .expect("sluice validate");
+    assert!(
+        validated.status.success(),
+        "validate refused a pipeline of sources alone: {}",
+        String::from_utf8_lossy(&validated.stderr)
+    );
+    let daemon = Daemon::start(&[&ingest, &deliver], &dir.path().join("data"));
+    wait_for_len(&daemon, &mut conn, "out", n);
+    wait_no_pending(&daemon, &mut conn, "in", "g");
+    assert_exactly_once(&mut conn, "out", n);
+}
+
 #[test]
 fn start_new_skips_what_was_there_and_an_existing_group_keeps_its_place() {
     let redis = server();

@@ -262,10 +262,12 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
         }
     };
 
-    if p.stages.is_empty() {
+    // A pipeline of sources alone is whole: it feeds topics that another
+    // pipeline, `sluice tail` or an outside NATS client consumes.
+    if p.stages.is_empty() && p.sources.is_empty() {
         report(
             &[K("stages")],
-            "a pipeline needs at least one stage or sink".into(),
+            "a pipeline needs at least one stage or sink, or a source".into(),
         );
     }
 
