@@ -16,7 +16,9 @@
 //! - **start-up**: loading the example plugins cold (compiling) against warm
 //!   (from the compile cache).
 //! - **languages**: one call of the uppercase example (64 B) in Rust against
-//!   Python and JavaScript; and the Python and JS components' first compile
+//!   Python and JavaScript, through each SDK and against the raw bindings
+//!   (`raw-py`, `raw-js`: the toolchain's floor); and the Python and JS
+//!   components' first compile
 //!   against their start from the compile cache (3 samples: a compile takes
 //!   seconds).
 
@@ -84,7 +86,10 @@ fn languages(rt: &tokio::runtime::Runtime, host: &PluginHost) {
             .worker(WorkerSettings::default())
     };
     let mut rust = worker("uppercase");
-    for other in ["uppercase-py", "uppercase-js"] {
+    // `raw-py` and `raw-js` are the same upper-casing against the raw
+    // bindings, no SDK: the toolchain's own floor for one call (`raw-js`
+    // also makes one `log` host call at debug level).
+    for other in ["uppercase-py", "raw-py", "uppercase-js", "raw-js"] {
         let mut measured = worker(other);
         let (base, time) = compare(
             2_000,
