@@ -5,6 +5,7 @@
 //! here, so a change to how the daemon is run is made once.
 
 mod daemon;
+pub mod edges;
 pub mod jetstream;
 
 pub use daemon::{Daemon, DaemonBuilder, Exited};
