@@ -57,20 +57,22 @@ use crate::config::{
 };
 use crate::metrics::Metrics;
 
-/// What an upstream or target can do. The engine and the source runner
-/// decide by these, never by which connector it is.
+/// What an upstream can do. The source runner decides by these, never by
+/// which connector it is.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Capabilities {
-    /// Each message is acknowledged on its own (Redis `XACK`), rather than
-    /// a read as a whole (a Postgres transaction).
+    /// Each message is acknowledged on its own (Redis `XACK`, an SQS
+    /// delete, a JetStream ack), rather than a read as a whole (a Postgres
+    /// transaction): the runner reads again while earlier reads are being
+    /// made durable ([`Source::reads_in_flight`]).
     pub per_message_ack: bool,
-    /// The upstream can hold a message back for a delay by itself.
-    pub native_delay: bool,
-    /// The upstream keeps messages of one key in order.
+    /// The upstream keeps the messages of one key in order (a Kafka
+    /// partition, an SQS FIFO message group, an MQTT session): the runner
+    /// publishes reads into the topic one after another, in the order it
+    /// made them, so the topic keeps that order for `ordering: key`.
     pub ordered_by_key: bool,
-    /// Messages can be read without taking them.
-    pub browse: bool,
-    /// The upstream can tell how many messages wait ([`Source::lag`]).
+    /// The upstream can tell how many messages wait ([`Source::lag`]);
+    /// the runner asks every few seconds and shows it.
     pub lag: bool,
 }
 

@@ -15,10 +15,12 @@
 //! 3. **Then acknowledge upstream**, read by read in the order they were
 //!    made. A publish that fails is retried (the broker is down or full)
 //!    until it succeeds or shutdown comes; only a durable publish is ever
-//!    acknowledged. A connector that can have several reads open
-//!    ([`Source::reads_in_flight`]) is read again while earlier reads are
-//!    being made durable, so the upstream round trip and the broker's
-//!    group commit overlap instead of taking turns.
+//!    acknowledged. A connector that acknowledges message by message
+//!    ([`Capabilities::per_message_ack`]) is read again while earlier
+//!    reads are being made durable, so the upstream round trip and the
+//!    broker's group commit overlap instead of taking turns; an upstream
+//!    ordered by key ([`Capabilities::ordered_by_key`]) has its reads
+//!    published one after another, so the topic keeps its order.
 //! 4. **Outages**: an upstream error reconnects forever with backoff,
 //!    logged once per outage and shown by readiness and metrics.
 
@@ -32,7 +34,7 @@ use bytes::Bytes;
 use futures_util::FutureExt as _;
 use futures_util::StreamExt as _;
 use futures_util::stream::FuturesOrdered;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use super::{Capabilities, Context};
 use crate::broker::{Broker, BrokerError, Message, backlog, check_portable};
@@ -89,11 +91,16 @@ pub trait Source: Send {
     fn capabilities(&self) -> Capabilities;
 
     /// How many reads may be open (read, not yet acknowledged) at once.
-    /// 1 (the default) suits an upstream whose read holds something that
-    /// only its ack ends, such as a transaction; an upstream that acks
-    /// message by message can allow more.
+    /// By default [`READS_IN_FLIGHT`] for an upstream that acknowledges
+    /// message by message ([`Capabilities::per_message_ack`]), else 1: a
+    /// read that holds something only its ack ends (a transaction) must
+    /// be acknowledged before the next.
     fn reads_in_flight(&self) -> usize {
-        1
+        if self.capabilities().per_message_ack {
+            READS_IN_FLIGHT
+        } else {
+            1
+        }
     }
 
     /// Reads up to `max` messages (at least 1), waiting up to `wait` for
@@ -138,6 +145,10 @@ pub struct SourceSetup {
     pub read_max: usize,
 }
 
+/// Reads open at once for an upstream that acknowledges message by
+/// message: while one read's messages are made durable in the topic, the
+/// next ones are already read (BENCHMARKS.md, the Redis round trip).
+pub const READS_IN_FLIGHT: usize = 4;
 /// How long the runner waits for upstream messages in one read before it
 /// checks for shutdown and backpressure again.
 const READ_WAIT: Duration = Duration::from_secs(1);
@@ -184,6 +195,8 @@ pub async fn run(setup: SourceSetup, broker: Arc<dyn Broker>, stop: watch::Recei
         route: &route,
         broker: &broker,
         reads_in_flight: source.reads_in_flight().max(1),
+        capabilities: source.capabilities(),
+        last_publish: None,
         source,
         stop,
         publishing: FuturesOrdered::new(),
@@ -205,6 +218,11 @@ struct Runner<'a> {
     source: Box<dyn Source>,
     stop: watch::Receiver<bool>,
     reads_in_flight: usize,
+    /// What the upstream can do, asked once.
+    capabilities: Capabilities,
+    /// For an upstream ordered by key: the end of the newest publish,
+    /// which the next one waits for.
+    last_publish: Option<oneshot::Receiver<()>>,
     /// The reads being published, oldest first: acknowledged in this order.
     publishing: FuturesOrdered<Publishing<'a>>,
     /// Messages read and not yet acknowledged: they count against the
@@ -279,7 +297,7 @@ impl<'a> Runner<'a> {
                     continue;
                 }
             };
-            if lag_at.elapsed() >= LAG_EVERY {
+            if self.capabilities.lag && lag_at.elapsed() >= LAG_EVERY {
                 lag_at = tokio::time::Instant::now();
                 if let Some(lag) = self.source.lag().await {
                     self.route.ctx.metrics.set_source_lag(
@@ -300,8 +318,23 @@ impl<'a> Runner<'a> {
             self.held += count;
             let batch = to_messages(self.route, messages);
             let (route, broker, mut stop) = (self.route, self.broker, self.stop.clone());
+            // An ordered upstream's reads enter the topic in read order:
+            // each publish starts once the one before it has ended.
+            let (after, done) = if self.capabilities.ordered_by_key {
+                let (done, next) = oneshot::channel::<()>();
+                (self.last_publish.replace(next), Some(done))
+            } else {
+                (None, None)
+            };
             self.publishing.push_back(Box::pin(async move {
+                if let Some(before) = after {
+                    // An error means the one before was dropped (stop).
+                    let _ = before.await;
+                }
                 let durable = publish_until_durable(route, broker, batch, &mut stop).await;
+                if let Some(done) = done {
+                    let _ = done.send(());
+                }
                 (durable, count)
             }));
         }
@@ -366,6 +399,7 @@ impl<'a> Runner<'a> {
             // Dropping the publishes in flight: each may still land in the
             // topic; read again, its ids collapse in the duplicate window.
             self.publishing = FuturesOrdered::new();
+            self.last_publish = None;
             self.held = 0;
             self.source.release().await;
         }

@@ -465,7 +465,8 @@ impl Source for OutboxSource {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             lag: true,
-            browse: true,
+            // One transaction per read; rows leave in id order.
+            ordered_by_key: true,
             ..Capabilities::default()
         }
     }

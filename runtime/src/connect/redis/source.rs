@@ -29,9 +29,6 @@ use crate::connect::{Capabilities, Source, SourceError, SourceMessage};
 
 /// The longest a `XREADGROUP` blocks, whatever the runner asks.
 const MAX_BLOCK: Duration = Duration::from_secs(5);
-/// Reads open at once: while one read's messages are made durable in the
-/// topic, the next ones are already read (BENCHMARKS.md).
-const READS_IN_FLIGHT: usize = 4;
 /// How long a reply may take beyond the block.
 const RESPONSE_GRACE: Duration = Duration::from_secs(10);
 
@@ -278,11 +275,6 @@ impl Source for RedisSource {
             lag: true,
             ..Capabilities::default()
         }
-    }
-
-    /// Entries are acked by id, so reads need not wait for each other.
-    fn reads_in_flight(&self) -> usize {
-        READS_IN_FLIGHT
     }
 
     async fn read(
