@@ -145,6 +145,28 @@ impl DeError {
         self.pos.get_or_insert(pos);
         self
     }
+
+    /// A struct with a flattened part (a connector block's `TlsOptions`)
+    /// finds an unknown key only after reading the whole mapping, and
+    /// says just `unknown field `x``: this points at that key, and says
+    /// where the allowed ones are listed.
+    fn at_unknown_key(mut self, entries: &[(Key, Node)]) -> Self {
+        if self.pos.is_some() {
+            return self;
+        }
+        let field = self
+            .message
+            .strip_prefix("unknown field `")
+            .and_then(|rest| rest.strip_suffix('`'));
+        if let Some((key, _)) = field.and_then(|f| entries.iter().find(|(k, _)| k.name == f)) {
+            self.pos = Some(key.pos);
+            self.message.push_str(
+                "; the options allowed here are in the connector's page (docs/connectors/) \
+                 and in `sluice schema`",
+            );
+        }
+        self
+    }
 }
 
 impl fmt::Display for DeError {
@@ -249,10 +271,12 @@ impl<'de> Deserializer<'de> for &Node {
             Kind::Float(v) => visitor.visit_f64(*v),
             Kind::Str(v) => visitor.visit_str(v),
             Kind::Seq(items) => visitor.visit_seq(Items(items.iter())),
-            Kind::Map(entries) => visitor.visit_map(Entries {
-                iter: entries.iter(),
-                value: None,
-            }),
+            Kind::Map(entries) => visitor
+                .visit_map(Entries {
+                    iter: entries.iter(),
+                    value: None,
+                })
+                .map_err(|e| e.at_unknown_key(entries)),
         };
         result.map_err(|e| e.at(self.pos))
     }

@@ -16,6 +16,8 @@ use std::sync::Arc;
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use super::ConfigProblem;
 
@@ -43,6 +45,44 @@ pub fn read_roots(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 /// client library that parses PEM itself.
 pub fn read_pem(path: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("cannot read the CA file {}: {e}", path.display()))
+}
+
+/// The TLS options every connector block has, declared once here and
+/// flattened into each block (`#[serde(flatten)] tls: TlsOptions`), so
+/// the YAML keys stay `tls_ca`, `tls_cert` and `tls_key` beside the
+/// block's own. They apply when the block's URL asks for TLS (`rediss://`,
+/// `https://`, `sslmode=...`, `amqps://`, ...); `check` refuses them
+/// otherwise.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+pub struct TlsOptions {
+    /// A PEM file of CA certificates to trust instead of the system's
+    /// roots (relative to the pipeline file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<PathBuf>,
+    /// For a server that requires client certificates (mutual TLS): this
+    /// client's certificate chain, leaf first (PEM, relative to the
+    /// pipeline file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl TlsOptions {
+    /// The files, as the TLS code takes them.
+    pub fn files(&self) -> TlsFiles<'_> {
+        TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key)
+    }
+
+    /// Makes relative paths absolute against `dir`, the pipeline file's
+    /// directory.
+    pub fn resolve_paths(&mut self, dir: &Path) {
+        resolve_all(
+            dir,
+            [&mut self.tls_ca, &mut self.tls_cert, &mut self.tls_key],
+        );
+    }
 }
 
 /// The TLS files a connector's block names: `tls_ca`, `tls_cert`,

@@ -2,7 +2,7 @@
 //! webhook connector.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use async_trait::async_trait;
 use reqwest::Method;
@@ -11,12 +11,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::sink::{HttpSink, HttpSinkParts};
-use crate::connect::tls::TlsFiles;
+use crate::connect::tls::TlsOptions;
 
 use crate::config::HumanDuration;
-use crate::connect::{
-    BuildError, ConfigProblem, Context, Secret, SecretUrl, Sink, SinkConfig, tls,
-};
+use crate::connect::{BuildError, ConfigProblem, Context, Secret, SecretUrl, Sink, SinkConfig};
 
 /// An HTTP endpoint each message is sent to.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
@@ -38,17 +36,9 @@ pub struct HttpSinkConfig {
     /// Extra headers on every request.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
-    /// A PEM file of CA certificates to trust instead of the system's
-    /// roots (relative to the pipeline file).
-    #[serde(default)]
-    pub tls_ca: Option<PathBuf>,
-    /// For a receiver that requires client certificates: this client's
-    /// certificate (PEM, relative to the pipeline file).
-    #[serde(default)]
-    pub tls_cert: Option<PathBuf>,
-    /// The private key of `tls_cert` (PEM).
-    #[serde(default)]
-    pub tls_key: Option<PathBuf>,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
 }
 
 /// `POST`.
@@ -64,10 +54,7 @@ pub fn default_request_timeout() -> HumanDuration {
 #[async_trait]
 impl SinkConfig for HttpSinkConfig {
     fn resolve_paths(&mut self, dir: &Path) {
-        tls::resolve_all(
-            dir,
-            [&mut self.tls_ca, &mut self.tls_cert, &mut self.tls_key],
-        );
+        self.tls.resolve_paths(dir);
     }
 
     fn kind(&self) -> &'static str {
@@ -107,7 +94,7 @@ impl SinkConfig for HttpSinkConfig {
         if let Err(message) = self.header_map() {
             problems.push(ConfigProblem::at(&["headers"], message));
         }
-        let files = TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key);
+        let files = self.tls.files();
         files.check(&mut problems);
         if self.url.scheme() != "https"
             && let Some(option) = files.first_given()
@@ -140,7 +127,7 @@ impl SinkConfig for HttpSinkConfig {
         let method = Method::from_bytes(self.method.as_bytes())
             .map_err(|e| refuse(format!("`{}` is not a method: {e}", self.method)))?;
         let headers = self.header_map().map_err(refuse)?;
-        let files = TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key);
+        let files = self.tls.files();
         let roots = files.roots().map_err(refuse)?;
         let identity = files.identity().map_err(refuse)?;
         let sink = HttpSink::new(HttpSinkParts {
@@ -239,11 +226,11 @@ mod tests {
         let mut c = config("url: https://hooks.example/in\ntls_ca: certs/ca.pem\n");
         c.resolve_paths(Path::new("/etc/sluice"));
         assert_eq!(
-            c.tls_ca.as_deref(),
+            c.tls.tls_ca.as_deref(),
             Some(Path::new("/etc/sluice/certs/ca.pem"))
         );
         let mut c = config("url: https://hooks.example/in\ntls_ca: /abs/ca.pem\n");
         c.resolve_paths(Path::new("/etc/sluice"));
-        assert_eq!(c.tls_ca.as_deref(), Some(Path::new("/abs/ca.pem")));
+        assert_eq!(c.tls.tls_ca.as_deref(), Some(Path::new("/abs/ca.pem")));
     }
 }

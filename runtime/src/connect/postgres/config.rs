@@ -3,7 +3,6 @@
 //! the Postgres connector.
 
 use std::num::NonZeroU32;
-use std::path::PathBuf;
 
 use async_trait::async_trait;
 use schemars::JsonSchema;
@@ -14,9 +13,9 @@ use super::outbox::OutboxSource;
 use super::table::{TableSink, rewrite_statement};
 use crate::config::HumanDuration;
 use crate::connect::names::check_sql_identifier;
-use crate::connect::tls::TlsFiles;
+use crate::connect::tls::{TlsFiles, TlsOptions};
 use crate::connect::{
-    BuildError, ConfigProblem, Context, SecretUrl, Sink, SinkConfig, Source, SourceConfig, tls,
+    BuildError, ConfigProblem, Context, SecretUrl, Sink, SinkConfig, Source, SourceConfig,
 };
 
 /// A transactional-outbox table that producers insert into, in the same
@@ -41,19 +40,9 @@ pub struct OutboxConfig {
     /// fallback to `LISTEN/NOTIFY`).
     #[serde(default = "default_poll")]
     pub poll: HumanDuration,
-    /// A PEM file of CA certificates to trust instead of the system's
-    /// roots, for a URL with `sslmode=require` or `verify-full` (relative
-    /// to the pipeline file).
-    #[serde(default)]
-    pub tls_ca: Option<PathBuf>,
-    /// For a server that requires client certificates (`hostssl ... cert`
-    /// or `clientcert=verify-full`): this client's certificate (PEM,
-    /// relative to the pipeline file).
-    #[serde(default)]
-    pub tls_cert: Option<PathBuf>,
-    /// The private key of `tls_cert` (PEM).
-    #[serde(default)]
-    pub tls_key: Option<PathBuf>,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
     /// How long one statement may run on the server before the server
     /// cancels it (the session's `statement_timeout`), so a statement the
     /// connector gave up on does not hold its locks.
@@ -101,19 +90,9 @@ pub struct TableSinkConfig {
     /// Create `table` if it is missing.
     #[serde(default = "default_create")]
     pub create: bool,
-    /// A PEM file of CA certificates to trust instead of the system's
-    /// roots, for a URL with `sslmode=require` or `verify-full` (relative
-    /// to the pipeline file).
-    #[serde(default)]
-    pub tls_ca: Option<PathBuf>,
-    /// For a server that requires client certificates (`hostssl ... cert`
-    /// or `clientcert=verify-full`): this client's certificate (PEM,
-    /// relative to the pipeline file).
-    #[serde(default)]
-    pub tls_cert: Option<PathBuf>,
-    /// The private key of `tls_cert` (PEM).
-    #[serde(default)]
-    pub tls_key: Option<PathBuf>,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
     /// How long one statement may run on the server before the server
     /// cancels it (the session's `statement_timeout`), so a statement the
     /// connector gave up on does not hold its locks.
@@ -164,10 +143,7 @@ fn settings(
 #[async_trait]
 impl SourceConfig for OutboxConfig {
     fn resolve_paths(&mut self, dir: &std::path::Path) {
-        tls::resolve_all(
-            dir,
-            [&mut self.tls_ca, &mut self.tls_cert, &mut self.tls_key],
-        );
+        self.tls.resolve_paths(dir);
     }
 
     fn kind(&self) -> &'static str {
@@ -178,7 +154,7 @@ impl SourceConfig for OutboxConfig {
         let mut problems = Vec::new();
         check_connection(
             &self.url,
-            TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key),
+            self.tls.files(),
             &self.statement_timeout,
             &mut problems,
         );
@@ -210,7 +186,7 @@ impl SourceConfig for OutboxConfig {
     async fn build(&self, ctx: &Context) -> Result<Box<dyn Source>, BuildError> {
         let settings = settings(
             &self.url,
-            TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key),
+            self.tls.files(),
             &self.statement_timeout,
             ctx,
             "source",
@@ -228,10 +204,7 @@ impl SourceConfig for OutboxConfig {
 #[async_trait]
 impl SinkConfig for TableSinkConfig {
     fn resolve_paths(&mut self, dir: &std::path::Path) {
-        tls::resolve_all(
-            dir,
-            [&mut self.tls_ca, &mut self.tls_cert, &mut self.tls_key],
-        );
+        self.tls.resolve_paths(dir);
     }
 
     fn kind(&self) -> &'static str {
@@ -242,7 +215,7 @@ impl SinkConfig for TableSinkConfig {
         let mut problems = Vec::new();
         check_connection(
             &self.url,
-            TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key),
+            self.tls.files(),
             &self.statement_timeout,
             &mut problems,
         );
@@ -298,7 +271,7 @@ impl SinkConfig for TableSinkConfig {
         }
         let settings = settings(
             &self.url,
-            TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key),
+            self.tls.files(),
             &self.statement_timeout,
             ctx,
             "sink",

@@ -2,7 +2,6 @@
 //! reference for the Redis connector.
 
 use std::num::NonZeroU32;
-use std::path::PathBuf;
 
 use async_trait::async_trait;
 use schemars::JsonSchema;
@@ -11,9 +10,9 @@ use serde::{Deserialize, Serialize};
 use super::{RedisSink, RedisSource};
 use crate::config::HumanDuration;
 use crate::connect::names::check_plain_name;
-use crate::connect::tls::TlsFiles;
+use crate::connect::tls::{TlsFiles, TlsOptions};
 use crate::connect::{
-    BuildError, ConfigProblem, Context, SecretUrl, Sink, SinkConfig, Source, SourceConfig, tls,
+    BuildError, ConfigProblem, Context, SecretUrl, Sink, SinkConfig, Source, SourceConfig,
 };
 
 /// A Redis stream read through a consumer group.
@@ -50,17 +49,9 @@ pub struct RedisSourceConfig {
     /// becomes a header.
     #[serde(default = "default_key_field")]
     pub key_field: String,
-    /// With `rediss://`: a PEM file of CA certificates to trust instead of
-    /// the system's roots (relative to the pipeline file).
-    #[serde(default)]
-    pub tls_ca: Option<PathBuf>,
-    /// With `rediss://`, for a server that requires client certificates:
-    /// this client's certificate (PEM, relative to the pipeline file).
-    #[serde(default)]
-    pub tls_cert: Option<PathBuf>,
-    /// The private key of `tls_cert` (PEM).
-    #[serde(default)]
-    pub tls_key: Option<PathBuf>,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
 }
 
 /// Where a new consumer group starts.
@@ -111,31 +102,9 @@ pub struct RedisSinkConfig {
     /// not appended twice.
     #[serde(default = "default_sink_dedup_ttl")]
     pub dedup_ttl: HumanDuration,
-    /// With `rediss://`: a PEM file of CA certificates to trust instead of
-    /// the system's roots (relative to the pipeline file).
-    #[serde(default)]
-    pub tls_ca: Option<PathBuf>,
-    /// With `rediss://`, for a server that requires client certificates:
-    /// this client's certificate (PEM, relative to the pipeline file).
-    #[serde(default)]
-    pub tls_cert: Option<PathBuf>,
-    /// The private key of `tls_cert` (PEM).
-    #[serde(default)]
-    pub tls_key: Option<PathBuf>,
-}
-
-impl RedisSourceConfig {
-    /// The block's TLS files.
-    pub fn tls(&self) -> TlsFiles<'_> {
-        TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key)
-    }
-}
-
-impl RedisSinkConfig {
-    /// The block's TLS files.
-    pub fn tls(&self) -> TlsFiles<'_> {
-        TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key)
-    }
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
 }
 
 /// 24 h.
@@ -177,10 +146,7 @@ fn check_url(url: &SecretUrl, tls: TlsFiles<'_>, problems: &mut Vec<ConfigProble
 #[async_trait]
 impl SourceConfig for RedisSourceConfig {
     fn resolve_paths(&mut self, dir: &std::path::Path) {
-        tls::resolve_all(
-            dir,
-            [&mut self.tls_ca, &mut self.tls_cert, &mut self.tls_key],
-        );
+        self.tls.resolve_paths(dir);
     }
 
     fn kind(&self) -> &'static str {
@@ -189,7 +155,7 @@ impl SourceConfig for RedisSourceConfig {
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        check_url(&self.url, self.tls(), &mut problems);
+        check_url(&self.url, self.tls.files(), &mut problems);
         for (key, value) in [("stream", &self.stream), ("group", &self.group)] {
             if let Err(e) = check_plain_name(value) {
                 problems.push(ConfigProblem::at(&[key], e));
@@ -238,10 +204,7 @@ impl SourceConfig for RedisSourceConfig {
 #[async_trait]
 impl SinkConfig for RedisSinkConfig {
     fn resolve_paths(&mut self, dir: &std::path::Path) {
-        tls::resolve_all(
-            dir,
-            [&mut self.tls_ca, &mut self.tls_cert, &mut self.tls_key],
-        );
+        self.tls.resolve_paths(dir);
     }
 
     fn kind(&self) -> &'static str {
@@ -250,7 +213,7 @@ impl SinkConfig for RedisSinkConfig {
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        check_url(&self.url, self.tls(), &mut problems);
+        check_url(&self.url, self.tls.files(), &mut problems);
         if let Err(e) = check_plain_name(&self.stream) {
             problems.push(ConfigProblem::at(&["stream"], e));
         }
