@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 
 use redis::{Commands, Value};
 use sluice_harness::redis::RedisServer;
+use sluice_tests::edges::{
+    Delivered, Duplicates, Upstream, edge_pipeline, round_trip_under_faults,
+};
 use sluice_tests::{Backend, Daemon, counts, header, plugin, write_pipeline};
 
 const LONG: Duration = Duration::from_secs(240);
@@ -130,43 +133,61 @@ fn assert_exactly_once(
     got
 }
 
-/// `in` -> stage `upper` (uppercase) -> `up` -> sink `out` (Redis stream
-/// `out`), with the source `src` reading the Redis stream `in`.
+/// The edge suite's pipeline (`in` -> stage `upper` -> `up` -> sink
+/// `out`), with the source `src` reading the Redis stream `in` (plus
+/// `extra_source` lines) and the sink appending to the stream `out`.
 fn upper_pipeline(dir: &Path, url: &str, extra_source: &str) -> std::path::PathBuf {
-    let yaml = format!(
-        r#"
-name: rp
-topics: [in, up]
-sources:
-  - name: src
-    to: in
-    redis:
-      url: "{url}"
-      stream: in
-      group: g
-      start: oldest
-      batch: 200
-{extra_source}
-stages:
-  - name: upper
-    subscribe: in
-    plugin: {plugin}
-    publish: [up]
-    concurrency: 4
-sinks:
-  - name: out
-    subscribe: up
-    concurrency: 2
-    batch:
-      max: 100
-      wait: 20ms
-    redis:
-      url: "{url}"
-      stream: out
-"#,
-        plugin = plugin("uppercase"),
-    );
-    write_pipeline(dir, "rp", &yaml)
+    edge_pipeline(dir, &source_block(url, extra_source), &sink_block(url))
+}
+
+fn source_block(url: &str, extra: &str) -> String {
+    format!(
+        "redis:\n  url: \"{url}\"\n  stream: in\n  group: g\n  start: oldest\n  batch: 200\n{extra}\n"
+    )
+}
+
+fn sink_block(url: &str) -> String {
+    format!("batch:\n  max: 100\n  wait: 20ms\nredis:\n  url: \"{url}\"\n  stream: out\n")
+}
+
+/// A real redis-server as the edge suite's upstream: `in` is read, `out`
+/// written (the sink keeps each message's id in the entry's `id` field).
+struct RedisUpstream {
+    server: RedisServer,
+    conn: redis::Connection,
+}
+
+impl Upstream for RedisUpstream {
+    fn source_block(&self) -> String {
+        source_block(&self.server.url(), "")
+    }
+
+    fn sink_block(&self) -> String {
+        sink_block(&self.server.url())
+    }
+
+    fn produce(&mut self, from: usize, n: usize) {
+        produce(&mut self.conn, "in", from, n);
+    }
+
+    fn delivered(&mut self) -> Vec<Delivered> {
+        entries(&mut self.conn, "out")
+            .into_iter()
+            .map(|mut e| Delivered {
+                payload: e.remove("payload").unwrap_or_default(),
+                sluice_id: e.remove("id"),
+            })
+            .collect()
+    }
+
+    fn restart(&mut self) {
+        self.server.restart().expect("restart redis-server");
+        self.conn = client(&self.server.url());
+    }
+
+    fn log(&self) -> String {
+        self.server.log()
+    }
 }
 
 fn wait_for_len(daemon: &Daemon, conn: &mut redis::Connection, stream: &str, n: usize) {
@@ -347,11 +368,11 @@ fn a_redis_restart_mid_run_loses_nothing_and_is_shown() {
         ready["status"] == "degraded"
             && ready["reasons"].as_array().is_some_and(|r| {
                 r.iter()
-                    .any(|r| r.as_str().unwrap_or("").contains("rp/src"))
+                    .any(|r| r.as_str().unwrap_or("").contains("edge/src"))
             })
     });
     daemon.wait_until("connector_up 0", LONG, |d| {
-        metrics(d).contains("sluice_connector_up{connector=\"rp/src\"} 0")
+        metrics(d).contains("sluice_connector_up{connector=\"edge/src\"} 0")
     });
     // More entries arrive while it is down (written after it is back).
     redis.start_again().expect("redis back");
@@ -363,7 +384,7 @@ fn a_redis_restart_mid_run_loses_nothing_and_is_shown() {
     let text = metrics(&daemon);
     let outages = text
         .lines()
-        .find(|l| l.starts_with("sluice_connector_outages_total{connector=\"rp/src\"}"))
+        .find(|l| l.starts_with("sluice_connector_outages_total{connector=\"edge/src\"}"))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(0.0);
@@ -425,25 +446,15 @@ sinks:
     );
 }
 
+/// The edge suite: 20,000 entries, two kill -9s and a Redis restart; the
+/// sink's dedup key makes every entry arrive exactly once.
 #[test]
-fn kill9_mid_run_then_restart_loses_and_duplicates_nothing() {
-    let redis = server();
-    let mut conn = client(&redis.url());
-    let n = 10_000;
-    produce(&mut conn, "in", 0, n);
-    let dir = tempfile::tempdir().expect("dir");
-    let file = upper_pipeline(dir.path(), &redis.url(), "      consumer: c1");
-    let mut daemon = Daemon::start(&[&file], &dir.path().join("data"));
-    daemon.wait_until("some output", LONG, |_| len(&mut conn, "out") > 500);
-    daemon.kill9();
-    let at_kill = len(&mut conn, "out");
-    daemon.restart();
-    wait_for_len(&daemon, &mut conn, "out", n);
-    wait_no_pending(&daemon, &mut conn, "in", "g");
-    // A little longer: anything redelivered would land now.
-    std::thread::sleep(Duration::from_secs(2));
-    assert_exactly_once(&mut conn, "out", n);
-    assert!(at_kill < n, "the kill came after the end ({at_kill})");
+fn the_edge_suite_under_kills_and_a_restart_loses_and_duplicates_nothing() {
+    let server = server();
+    let conn = client(&server.url());
+    let mut up = RedisUpstream { server, conn };
+    let report = round_trip_under_faults(&mut up, 20_000, Duplicates::None);
+    assert_eq!(report.distinct, 20_000);
 }
 
 #[test]
@@ -491,7 +502,7 @@ fn a_dead_consumers_entries_are_reclaimed() {
     let _: i64 = conn.xdel("in", &[&first_id]).expect("XDEL");
     produce(&mut conn, "in", 100, 50);
     let dir = tempfile::tempdir().expect("dir");
-    let file = upper_pipeline(dir.path(), &redis.url(), "      claim_idle: 2s");
+    let file = upper_pipeline(dir.path(), &redis.url(), "  claim_idle: 2s");
     let daemon = Daemon::start(&[&file], &dir.path().join("data"));
     wait_for_len(&daemon, &mut conn, "out", 149);
     wait_no_pending(&daemon, &mut conn, "in", "g");
@@ -594,19 +605,19 @@ fn poison_entries_and_a_non_stream_target_are_dead_lettered() {
     let dir = tempfile::tempdir().expect("dir");
     let file = upper_pipeline(dir.path(), &redis.url(), "");
     let daemon = Daemon::start(&[&file], &dir.path().join("data"));
-    daemon.wait_until("the poison entry in rp.src.dlq", LONG, |d| {
-        d.depth("rp.src.dlq") >= 1
+    daemon.wait_until("the poison entry in edge.src.dlq", LONG, |d| {
+        d.depth("edge.src.dlq") >= 1
     });
-    daemon.wait_until("three rejected writes in rp.out.dlq", LONG, |d| {
-        d.depth("rp.out.dlq") >= 3
+    daemon.wait_until("three rejected writes in edge.out.dlq", LONG, |d| {
+        d.depth("edge.out.dlq") >= 3
     });
     wait_no_pending(&daemon, &mut conn, "in", "g");
-    let poison = daemon.read_all("rp.src.dlq");
+    let poison = daemon.read_all("edge.src.dlq");
     assert_eq!(poison.len(), 1, "{poison:?}");
     let text = poison[0].to_string();
     assert!(text.contains("no `payload` field"), "{text}");
     assert_eq!(header(&poison[0], "other"), Some("no payload here"));
-    let rejected = daemon.read_all("rp.out.dlq");
+    let rejected = daemon.read_all("edge.out.dlq");
     assert_eq!(rejected.len(), 3);
     for m in &rejected {
         let text = m.to_string();
@@ -716,7 +727,7 @@ fn a_wrong_password_is_an_outage_without_the_password() {
     let daemon = Daemon::start(&[&file], &dir.path().join("data"));
     daemon.wait_until("the outage is shown", LONG, |d| {
         let ready = d.get("/health/ready").to_string();
-        ready.contains("rp/src")
+        ready.contains("edge/src")
     });
     let ready = daemon.get("/health/ready").to_string();
     assert!(!ready.contains("hunter2"), "{ready}");
