@@ -11,8 +11,9 @@
 //!   before their PUBACK, so the channel never holds more.
 //! - **Acks.** PUBACKs are manual: [`Source::ack`] queues those of the
 //!   oldest read, in receive order, only after the runner made the read
-//!   durable, and only when the read came on the connection that is open
-//!   now (under the mutex the event loop takes when a connection ends, so
+//!   durable (never waiting for room in rumqttc's queue: what does not fit
+//!   is queued at the next call, in order), and only when the read came on
+//!   the connection that is open now (under the mutex the event loop takes when a connection ends, so
 //!   no PUBACK ever crosses to the next connection). Messages of an
 //!   earlier connection are not acked: the broker sends them again on the
 //!   resumed session. Those not yet read are dropped here, waiting for that
@@ -71,6 +72,11 @@ pub struct MqttSource {
     key_property: String,
     /// A message taken from the channel by a read that was full.
     held: Option<(u64, Received)>,
+    /// PUBACKs due (their reads are durable) and not yet queued, in
+    /// receive order: rumqttc's queue was full. Queued at the next read
+    /// or ack; never waited for, since the event loop may itself be
+    /// waiting for a read to take what it received.
+    owed: VecDeque<(u64, u16)>,
 }
 
 impl Drop for MqttSource {
@@ -128,11 +134,47 @@ impl MqttSource {
             unacked: VecDeque::new(),
             key_property: config.key_property.clone(),
             held: None,
+            owed: VecDeque::new(),
         })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues the PUBACKs owed, oldest first, as far as rumqttc's queue
+    /// takes them; those of a connection that ended are dropped (the
+    /// broker sends their messages again).
+    fn flush_acks(&mut self) -> Result<(), SourceError> {
+        let mut skipped = 0;
+        while let Some(&(connection, pkid)) = self.owed.front() {
+            let result = {
+                let st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+                if !st.connected || st.connection != connection {
+                    None
+                } else {
+                    Some(self.client.try_ack(pkid))
+                }
+            };
+            match result {
+                None => skipped += 1,
+                Some(Ok(())) => {}
+                Some(Err(QueueError::Full)) => break,
+                Some(Err(QueueError::Closed)) => {
+                    return Err(SourceError::Unavailable(
+                        "the MQTT event loop stopped".into(),
+                    ));
+                }
+            }
+            self.owed.pop_front();
+        }
+        if skipped > 0 {
+            tracing::debug!(
+                count = skipped,
+                "not acknowledged: read on a connection that ended (the broker sends them again)"
+            );
+        }
+        Ok(())
     }
 
     /// Takes what waits in the channel (up to `max`), dropping messages of
@@ -205,9 +247,12 @@ async fn drive(
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .connection;
-                // Never full in MQTT 5 (Receive Maximum bounds what the
-                // broker sends unacked); else waiting here holds the
-                // broker back (TCP backpressure).
+                // Full only when the runner stops reading (the topic at
+                // its high-water mark) and the broker sends past Receive
+                // Maximum (mosquitto keeps the one of the session's first
+                // connection): waiting holds the broker back (TCP
+                // backpressure), so memory stays bounded. Acks never wait
+                // for this task, so the wait always ends.
                 if tx.send((connection, message)).await.is_err() {
                     return;
                 }
@@ -272,6 +317,7 @@ impl Source for MqttSource {
         wait: Duration,
     ) -> Result<Vec<SourceMessage>, SourceError> {
         let max = max.max(1);
+        self.flush_acks()?;
         let mut got = Vec::new();
         self.take(max, &mut got);
         if got.is_empty() {
@@ -279,6 +325,12 @@ impl Source for MqttSource {
             if let Some(why) = down {
                 return Err(SourceError::Unavailable(why));
             }
+            // With PUBACKs still owed, come back soon to queue them.
+            let wait = if self.owed.is_empty() {
+                wait
+            } else {
+                wait.min(Duration::from_millis(5))
+            };
             if !wait.is_zero()
                 && let Ok(Some(next)) = tokio::time::timeout(wait, self.messages.recv()).await
             {
@@ -298,45 +350,17 @@ impl Source for MqttSource {
     }
 
     async fn ack(&mut self) -> Result<(), SourceError> {
-        let Some(read) = self.unacked.pop_front() else {
-            return Ok(());
-        };
-        let mut skipped = 0;
-        for (connection, pkid) in read {
-            loop {
-                let result = {
-                    let st = self.lock();
-                    if !st.connected || st.connection != connection {
-                        // Sent again by the broker on the resumed session.
-                        skipped += 1;
-                        break;
-                    }
-                    self.client.try_ack(pkid)
-                };
-                match result {
-                    Ok(()) => break,
-                    Err(QueueError::Full) => tokio::time::sleep(Duration::from_millis(1)).await,
-                    Err(QueueError::Closed) => {
-                        return Err(SourceError::Unavailable(
-                            "the MQTT event loop stopped".into(),
-                        ));
-                    }
-                }
-            }
+        if let Some(read) = self.unacked.pop_front() {
+            self.owed.extend(read);
         }
-        if skipped > 0 {
-            tracing::debug!(
-                count = skipped,
-                "not acknowledged: read on a connection that ended (the broker sends them again)"
-            );
-        }
-        Ok(())
+        self.flush_acks()
     }
 
     async fn release(&mut self) {
         // Unacked messages are sent again by the broker on the next
         // connection of the session.
         self.unacked.clear();
+        let _ = self.flush_acks();
     }
 }
 
