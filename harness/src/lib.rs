@@ -30,8 +30,8 @@ use anyhow::{Context, bail};
 use sluice_author::build::RUST_TARGET as TARGET;
 
 mod lang;
-pub mod moto;
 pub mod mosquitto;
+pub mod moto;
 pub mod nats;
 pub mod postgres;
 pub mod redis;

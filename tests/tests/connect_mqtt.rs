@@ -122,7 +122,11 @@ impl Subscriber {
         BufReader::new(stdout)
             .read_line(&mut line)
             .expect("the subscriber's first line");
-        assert_eq!(line.trim(), "subscribed", "the subscriber did not subscribe");
+        assert_eq!(
+            line.trim(),
+            "subscribed",
+            "the subscriber did not subscribe"
+        );
         Subscriber {
             child,
             out,
@@ -208,7 +212,14 @@ impl Upstream for MqttUpstream {
     }
 
     fn produce(&mut self, from: usize, n: usize) {
-        produce(self.broker.port(), "in/0,in/1,in/2", from, n, &[], self.v311);
+        produce(
+            self.broker.port(),
+            "in/0,in/1,in/2",
+            from,
+            n,
+            &[],
+            self.v311,
+        );
     }
 
     fn delivered(&mut self) -> Vec<Delivered> {
@@ -385,10 +396,7 @@ fn refused_keys_denied_topics_and_bad_headers_are_dead_lettered_with_the_reason(
     );
     let poison = daemon.read_all("edge.src.dlq");
     assert_eq!(poison.len(), 1, "{poison:?}");
-    assert!(
-        poison[0].to_string().contains("bad name"),
-        "{poison:?}"
-    );
+    assert!(poison[0].to_string().contains("bad name"), "{poison:?}");
     let got = reader.received();
     assert_eq!(got.len(), 3, "{got:?}");
     assert!(got.iter().all(|g| g.topic == "out/ok"), "{got:?}");
@@ -463,9 +471,7 @@ fn a_broker_outage_holds_sink_writes_without_spending_attempts() {
     daemon.wait_until("some delivered", LONG, |_| distinct(&up.delivered()) >= 200);
     up.broker.stop();
     std::thread::sleep(Duration::from_secs(3));
-    daemon.wait_until("the outage shown", LONG, |d| {
-        d.readiness().0 == "degraded"
-    });
+    daemon.wait_until("the outage shown", LONG, |d| d.readiness().0 == "degraded");
     up.broker.start_again().expect("back");
     daemon.wait_until("all 2000 delivered", LONG, |_| {
         distinct(&up.delivered()) >= 2_000

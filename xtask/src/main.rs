@@ -353,8 +353,8 @@ fn ensure_test_servers() -> anyhow::Result<()> {
         })
         .unwrap_or(false)
         || std::env::var_os("SLUICE_PG_BIN").is_some();
-    let has_mosquitto = std::env::var_os("SLUICE_MOSQUITTO").is_some()
-        || Path::new("/usr/sbin/mosquitto").exists();
+    let has_mosquitto =
+        std::env::var_os("SLUICE_MOSQUITTO").is_some() || Path::new("/usr/sbin/mosquitto").exists();
     let mut missing = Vec::new();
     if !has_redis {
         missing.push("redis-server");

@@ -13,8 +13,8 @@ use super::{MqttSink, MqttSource};
 use crate::config::HumanDuration;
 use crate::connect::tls::TlsFiles;
 use crate::connect::{
-    BuildError, ConfigProblem, Context, Secret, SecretUrl, Sink, SinkConfig, Source,
-    SourceConfig, tls,
+    BuildError, ConfigProblem, Context, Secret, SecretUrl, Sink, SinkConfig, Source, SourceConfig,
+    tls,
 };
 
 /// Which MQTT protocol version to speak.
@@ -464,7 +464,9 @@ impl SourceConfig for MqttSourceConfig {
             self.version.as_str(),
             self.topic,
             self.url,
-            self.client_id.as_deref().unwrap_or("sluice-<pipeline>-<source>")
+            self.client_id
+                .as_deref()
+                .unwrap_or("sluice-<pipeline>-<source>")
         )
     }
 

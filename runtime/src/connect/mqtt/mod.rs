@@ -73,6 +73,9 @@ pub(crate) struct Settings {
 #[derive(Debug, Clone)]
 pub(crate) struct Received {
     pub(crate) pkid: u16,
+    /// The broker sends it again (a resumed session), under the same
+    /// packet id.
+    pub(crate) dup: bool,
     pub(crate) topic: String,
     pub(crate) payload: Bytes,
     /// MQTT 5 user properties, in order.
@@ -153,9 +156,7 @@ impl Link {
         let port = url.port().unwrap_or(if tls { 8883 } else { 1883 });
         let transport = if tls {
             let config = files.client_config()?;
-            rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(Arc::new(
-                config,
-            )))
+            rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(Arc::new(config)))
         } else {
             rumqttc::Transport::tcp()
         };
@@ -391,6 +392,7 @@ fn from_v5(packet: p5::Packet) -> Ev {
             };
             Ev::Message(Received {
                 pkid: publish.pkid,
+                dup: publish.dup,
                 topic,
                 payload: publish.payload,
                 properties: publish
@@ -409,7 +411,10 @@ fn from_v5(packet: p5::Packet) -> Ev {
                 .collect();
             let reason = ack.properties.and_then(|p| p.reason_string);
             Ev::Subscribed((!refused.is_empty()).then(|| {
-                let mut why = format!("the broker refused the subscription: {}", refused.join(", "));
+                let mut why = format!(
+                    "the broker refused the subscription: {}",
+                    refused.join(", ")
+                );
                 if let Some(reason) = reason {
                     why.push_str(&format!(" ({reason})"));
                 }
@@ -453,6 +458,7 @@ fn from_v4(packet: rumqttc::Packet) -> Ev {
         },
         rumqttc::Packet::Publish(publish) => Ev::Message(Received {
             pkid: publish.pkid,
+            dup: publish.dup,
             topic: publish.topic,
             payload: publish.payload,
             properties: Vec::new(),

@@ -20,10 +20,14 @@
 //!   resend.
 //! - **Ids.** MQTT messages have no id: each gets a new UUID v7, unless it
 //!   carries a `sluice-id` user property (it came from a Sluice sink),
-//!   which is kept. A message sent again by the broker after a crash or a
-//!   reconnect gets a new id, so it can be a duplicate downstream.
+//!   which is kept. A message the broker sends again on a resumed session
+//!   comes under its old packet id with the DUP flag: when this process
+//!   read it on an earlier connection (the same packet id, topic and
+//!   payload) it gets the id it had then, so it collapses in the topic's
+//!   duplicate window. After a crash that memory is gone: the message gets
+//!   a new id, and can be a duplicate downstream.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -69,6 +73,9 @@ pub struct MqttSource {
     /// Per read not yet acked, oldest first: its messages' connection and
     /// packet ids, in receive order.
     unacked: VecDeque<Vec<(u64, u16)>>,
+    /// Messages read and not acknowledged, by packet id: the id each got,
+    /// for the broker's resend of it on a later connection.
+    given: HashMap<u16, Given>,
     key_property: String,
     /// A message taken from the channel by a read that was full.
     held: Option<(u64, Received)>,
@@ -135,6 +142,7 @@ impl MqttSource {
             key_property: config.key_property.clone(),
             held: None,
             owed: VecDeque::new(),
+            given: HashMap::new(),
         })
     }
 
@@ -158,7 +166,15 @@ impl MqttSource {
             };
             match result {
                 None => skipped += 1,
-                Some(Ok(())) => {}
+                Some(Ok(())) => {
+                    if self
+                        .given
+                        .get(&pkid)
+                        .is_some_and(|g| g.connection == connection)
+                    {
+                        self.given.remove(&pkid);
+                    }
+                }
                 Some(Err(QueueError::Full)) => break,
                 Some(Err(QueueError::Closed)) => {
                     return Err(SourceError::Unavailable(
@@ -343,10 +359,30 @@ impl Source for MqttSource {
         }
         self.unacked
             .push_back(got.iter().map(|(c, m)| (*c, m.pkid)).collect());
-        Ok(got
-            .into_iter()
-            .map(|(_, m)| to_message(m, &self.key_property))
-            .collect())
+        let mut out = Vec::with_capacity(got.len());
+        for (connection, m) in got {
+            let pkid = m.pkid;
+            let fingerprint = fingerprint(&m);
+            let again = m.dup
+                && self
+                    .given
+                    .get(&pkid)
+                    .is_some_and(|g| g.connection < connection && g.fingerprint == fingerprint);
+            let mut message = to_message(m, &self.key_property);
+            if again && let Some(g) = self.given.get(&pkid) {
+                message.upstream_id.clone_from(&g.id);
+            }
+            self.given.insert(
+                pkid,
+                Given {
+                    connection,
+                    fingerprint,
+                    id: message.upstream_id.clone(),
+                },
+            );
+            out.push(message);
+        }
+        Ok(out)
     }
 
     async fn ack(&mut self) -> Result<(), SourceError> {
@@ -362,6 +398,23 @@ impl Source for MqttSource {
         self.unacked.clear();
         let _ = self.flush_acks();
     }
+}
+
+/// The id a message read and not acknowledged was given.
+#[derive(Debug)]
+struct Given {
+    connection: u64,
+    fingerprint: u64,
+    id: String,
+}
+
+/// The topic and payload of `m`, hashed: what a resend must match.
+fn fingerprint(m: &Received) -> u64 {
+    let mut bytes = Vec::with_capacity(m.topic.len() + 1 + m.payload.len());
+    bytes.extend_from_slice(m.topic.as_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(&m.payload);
+    xxhash_rust::xxh3::xxh3_64(&bytes)
 }
 
 /// A message as a Sluice message: the topic as the `mqtt-topic` header,
@@ -397,6 +450,7 @@ mod tests {
     fn received(properties: &[(&str, &str)]) -> Received {
         Received {
             pkid: 7,
+            dup: false,
             topic: "in/a".into(),
             payload: bytes::Bytes::from_static(b"hello"),
             properties: properties

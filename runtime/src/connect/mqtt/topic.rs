@@ -188,7 +188,15 @@ mod tests {
             assert!(check_filter(ok).is_ok(), "{ok}");
         }
         for bad in [
-            "", "a#", "a/#/b", "a+", "a/b+/c", "$share/g", "$share//a", "$share/g/", "a\0",
+            "",
+            "a#",
+            "a/#/b",
+            "a+",
+            "a/b+/c",
+            "$share/g",
+            "$share//a",
+            "$share/g/",
+            "a\0",
         ] {
             assert!(check_filter(bad).is_err(), "{bad}");
         }
@@ -211,7 +219,9 @@ mod tests {
 
     #[test]
     fn bad_templates_are_refused() {
-        for bad in ["", "out/+", "out/#", "$SYS/x", "out/{id}", "out/{key", "out/}", "{"] {
+        for bad in [
+            "", "out/+", "out/#", "$SYS/x", "out/{id}", "out/{key", "out/}", "{",
+        ] {
             assert!(TopicTemplate::parse(bad).is_err(), "{bad}");
         }
     }
