@@ -437,6 +437,20 @@ fn an_outage_is_shown_spends_no_attempts_and_the_password_never_shows() {
     }
     assert!(reasons.contains("mqtt://sluice:***@127.0.0.1"), "{reasons}");
     assert!(status.contains("mqtt://sluice:***@127.0.0.1"), "{status}");
+    // `sluice status` lists the source as down, without the password.
+    let sources = daemon.get("/v1/sources");
+    let src = sources
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["source"] == "src"))
+        .unwrap_or_else(|| panic!("{sources}"));
+    assert_eq!(src["up"], false, "{src}");
+    let cli = daemon.cli(&["status"], &[]);
+    let table = String::from_utf8_lossy(&cli.stdout);
+    assert!(cli.status.success(), "{table}");
+    assert!(
+        table.contains("edge/src (mqtt)") && table.contains("DOWN") && !table.contains("hunter2"),
+        "{table}"
+    );
     broker.start_again().expect("mosquitto back");
     daemon.wait_until("ready again", LONG, |d| d.readiness().0 == "ready");
 
