@@ -2,7 +2,6 @@
 //! reference for the MQTT connector.
 
 use std::num::NonZeroU32;
-use std::path::PathBuf;
 
 use async_trait::async_trait;
 use schemars::JsonSchema;
@@ -11,10 +10,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use super::topic::{TopicTemplate, check_filter};
 use super::{MqttSink, MqttSource};
 use crate::config::HumanDuration;
-use crate::connect::tls::TlsFiles;
+use crate::connect::tls::{TlsFiles, TlsOptions};
 use crate::connect::{
     BuildError, ConfigProblem, Context, Secret, SecretUrl, Sink, SinkConfig, Source, SourceConfig,
-    tls,
 };
 
 /// Which MQTT protocol version to speak.
@@ -158,17 +156,9 @@ pub struct MqttSourceConfig {
     /// The MQTT 5 user property whose value becomes the message key.
     #[serde(default = "default_key_property")]
     pub key_property: String,
-    /// With `mqtts://`: a PEM file of CA certificates to trust instead of
-    /// the system's roots (relative to the pipeline file).
-    #[serde(default)]
-    pub tls_ca: Option<PathBuf>,
-    /// With `mqtts://`, for a broker that requires client certificates:
-    /// this client's certificate (PEM, relative to the pipeline file).
-    #[serde(default)]
-    pub tls_cert: Option<PathBuf>,
-    /// The private key of `tls_cert` (PEM).
-    #[serde(default)]
-    pub tls_key: Option<PathBuf>,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
 }
 
 /// An MQTT topic that messages are published to.
@@ -214,17 +204,9 @@ pub struct MqttSinkConfig {
     /// The MQTT 5 user property the message key is written to.
     #[serde(default = "default_key_property")]
     pub key_property: String,
-    /// With `mqtts://`: a PEM file of CA certificates to trust instead of
-    /// the system's roots (relative to the pipeline file).
-    #[serde(default)]
-    pub tls_ca: Option<PathBuf>,
-    /// With `mqtts://`, for a broker that requires client certificates:
-    /// this client's certificate (PEM, relative to the pipeline file).
-    #[serde(default)]
-    pub tls_cert: Option<PathBuf>,
-    /// The private key of `tls_cert` (PEM).
-    #[serde(default)]
-    pub tls_key: Option<PathBuf>,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
 }
 
 /// 1.
@@ -260,20 +242,6 @@ pub fn default_read_batch() -> NonZeroU32 {
 /// `sluice-key`.
 pub fn default_key_property() -> String {
     "sluice-key".into()
-}
-
-impl MqttSourceConfig {
-    /// The block's TLS files.
-    pub fn tls(&self) -> TlsFiles<'_> {
-        TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key)
-    }
-}
-
-impl MqttSinkConfig {
-    /// The block's TLS files.
-    pub fn tls(&self) -> TlsFiles<'_> {
-        TlsFiles::new(&self.tls_ca, &self.tls_cert, &self.tls_key)
-    }
 }
 
 /// The most a session may be kept: MQTT 5's Session Expiry Interval is
@@ -408,10 +376,7 @@ pub fn check_client_id(id: &str) -> Result<(), String> {
 #[async_trait]
 impl SourceConfig for MqttSourceConfig {
     fn resolve_paths(&mut self, dir: &std::path::Path) {
-        tls::resolve_all(
-            dir,
-            [&mut self.tls_ca, &mut self.tls_cert, &mut self.tls_key],
-        );
+        self.tls.resolve_paths(dir);
     }
 
     fn kind(&self) -> &'static str {
@@ -422,7 +387,7 @@ impl SourceConfig for MqttSourceConfig {
         let mut problems = Vec::new();
         Common {
             url: &self.url,
-            tls: self.tls(),
+            tls: self.tls.files(),
             qos: self.qos,
             username: self.username.as_ref(),
             password: self.password.as_ref(),
@@ -494,10 +459,7 @@ impl SourceConfig for MqttSourceConfig {
 #[async_trait]
 impl SinkConfig for MqttSinkConfig {
     fn resolve_paths(&mut self, dir: &std::path::Path) {
-        tls::resolve_all(
-            dir,
-            [&mut self.tls_ca, &mut self.tls_cert, &mut self.tls_key],
-        );
+        self.tls.resolve_paths(dir);
     }
 
     fn kind(&self) -> &'static str {
@@ -508,7 +470,7 @@ impl SinkConfig for MqttSinkConfig {
         let mut problems = Vec::new();
         Common {
             url: &self.url,
-            tls: self.tls(),
+            tls: self.tls.files(),
             qos: self.qos,
             username: self.username.as_ref(),
             password: self.password.as_ref(),

@@ -132,7 +132,7 @@ impl MqttSink {
             // Every slot's publish fits, so queueing never waits.
             requests: usize::from(inflight) + 16,
         };
-        let (client, link) = Link::new(&settings, config.tls())?;
+        let (client, link) = Link::new(&settings, config.tls.files())?;
         let state = Arc::new(Mutex::new(State::default()));
         let label = format!("mqtt topic `{}` at {}", config.topic, config.url);
         let task = tokio::spawn(drive(link, state.clone(), settings, ctx.label()));

@@ -42,9 +42,6 @@ use super::{
 };
 use crate::connect::{Capabilities, Context, Source, SourceError, SourceMessage};
 
-/// Reads open at once: messages are acked one by one, so a read need not
-/// wait for the previous one's ack.
-const READS_IN_FLIGHT: usize = 4;
 /// The channel's room for MQTT 3.1.1, where the broker decides how many
 /// messages it sends before their PUBACK (mosquitto: 20 by default).
 const V311_CHANNEL: usize = 1000;
@@ -120,7 +117,7 @@ impl MqttSource {
             // queueing one never waits.
             requests: channel + 64,
         };
-        let (client, link) = Link::new(&settings, config.tls())?;
+        let (client, link) = Link::new(&settings, config.tls.files())?;
         let state = Arc::new(Mutex::new(State::default()));
         let (tx, rx) = mpsc::channel(channel);
         tracing::debug!(source = %ctx.label(), client_id = %settings.client_id, "mqtt session");
@@ -319,12 +316,11 @@ impl Source for MqttSource {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             per_message_ack: true,
+            // QoS 1 messages of a topic arrive in the order they were
+            // published, and PUBACKs must go back in that order.
+            ordered_by_key: true,
             ..Capabilities::default()
         }
-    }
-
-    fn reads_in_flight(&self) -> usize {
-        READS_IN_FLIGHT
     }
 
     async fn read(
