@@ -29,6 +29,7 @@
 pub mod health;
 pub mod http;
 pub mod names;
+pub mod nats;
 pub mod postgres;
 pub mod redis;
 mod secret;
@@ -135,6 +136,12 @@ pub trait SourceConfig: Send + Sync {
     /// Checks beyond what the types say (identifiers, ranges); nothing is
     /// contacted.
     fn check(&self) -> Vec<ConfigProblem>;
+    /// What is valid but worth saying (a core NATS subject is read at
+    /// most once): `validate` prints these as warnings, and the daemon logs
+    /// them at start-up. None by default.
+    fn warnings(&self) -> Vec<ConfigProblem> {
+        Vec::new()
+    }
     /// The upstream for people, with no password: `redis://host:6379/0
     /// stream orders-in`.
     fn describe(&self) -> String;
@@ -202,6 +209,10 @@ pub struct SourceDef {
     /// Drain a Postgres transactional-outbox table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgres: Option<postgres::OutboxConfig>,
+    /// Read a NATS JetStream stream through a durable consumer, or a core
+    /// subject (at most once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nats: Option<nats::NatsSourceConfig>,
 }
 
 impl SourceDef {
@@ -213,6 +224,9 @@ impl SourceDef {
             found.push(c);
         }
         if let Some(c) = &self.postgres {
+            found.push(c);
+        }
+        if let Some(c) = &self.nats {
             found.push(c);
         }
         found
@@ -231,10 +245,13 @@ impl SourceDef {
         if let Some(c) = &mut self.postgres {
             c.resolve_paths(dir);
         }
+        if let Some(c) = &mut self.nats {
+            c.resolve_paths(dir);
+        }
     }
 
     /// The keys a source's connector block may have.
-    pub const KINDS: &'static [&'static str] = &["redis", "postgres"];
+    pub const KINDS: &'static [&'static str] = &["redis", "postgres", "nats"];
 
     /// `<pipeline>.<source>.dlq`.
     pub fn dlq_topic(&self, pipeline: &str) -> String {
@@ -294,6 +311,9 @@ pub struct SinkDef {
     /// Append each message to a Redis stream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<redis::RedisSinkConfig>,
+    /// Publish each message to a NATS subject (JetStream by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nats: Option<nats::NatsSinkConfig>,
 }
 
 impl SinkDef {
@@ -307,6 +327,9 @@ impl SinkDef {
             found.push(c);
         }
         if let Some(c) = &self.redis {
+            found.push(c);
+        }
+        if let Some(c) = &self.nats {
             found.push(c);
         }
         found
@@ -328,10 +351,13 @@ impl SinkDef {
         if let Some(c) = &mut self.redis {
             c.resolve_paths(dir);
         }
+        if let Some(c) = &mut self.nats {
+            c.resolve_paths(dir);
+        }
     }
 
     /// The keys a sink's connector block may have.
-    pub const KINDS: &'static [&'static str] = &["http", "postgres", "redis"];
+    pub const KINDS: &'static [&'static str] = &["http", "postgres", "redis", "nats"];
 
     /// The stage that runs this sink: the same knobs, no plugin, and the
     /// sink itself as its built-in handler.
