@@ -22,6 +22,7 @@
 
 #![allow(missing_docs)]
 
+use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull, stream};
@@ -116,7 +117,9 @@ async fn produce(js: &jetstream::Context, subject: &str, n: usize) {
                     .expect("publish"),
             );
         }
-        for ack in futures_util::future::join_all(acks).await {
+        for ack in
+            futures_util::future::join_all(acks.into_iter().map(IntoFuture::into_future)).await
+        {
             ack.expect("PubAck");
         }
     }
@@ -182,7 +185,9 @@ async fn raw_loop(
                     .expect("publish"),
             );
         }
-        for ack in futures_util::future::join_all(acks).await {
+        for ack in
+            futures_util::future::join_all(acks.into_iter().map(IntoFuture::into_future)).await
+        {
             ack.expect("PubAck");
         }
         for message in &got {
@@ -240,10 +245,7 @@ sinks:
     loop {
         let ready = rt.block_on(async {
             let stream = js.get_stream(&input).await.expect("stream");
-            stream
-                .consumer_info("sluice-bench-src")
-                .await
-                .is_ok()
+            stream.consumer_info("sluice-bench-src").await.is_ok()
         });
         if ready {
             break;

@@ -217,7 +217,7 @@ fn headers_keys_and_ids_travel_and_every_message_is_acked_after_its_publish() {
         assert_eq!(headers["n"], i.to_string(), "{headers}");
         // The key: `Sluice-Key` upstream, the message's key, `Sluice-Key`
         // again downstream.
-        if i % 3 == 0 {
+        if i.is_multiple_of(3) {
             assert_eq!(headers["Sluice-Key"], format!("k{}", i % 5), "{headers}");
         } else {
             assert!(headers.get("Sluice-Key").is_none(), "{headers}");
@@ -370,6 +370,7 @@ fn a_server_outage_is_shown_spends_no_attempts_and_never_shows_the_password() {
     let sources = daemon.cli(&["status", "--json", "--sources"], &[]);
     let sources: Value = serde_json::from_slice(&sources.stdout).expect("status JSON");
     assert_eq!(sources[0]["up"], false, "{sources}");
+    let sources = sources.to_string();
     let status = daemon.get("/v1/status").to_string();
     let ready = daemon.get("/health/ready").to_string();
     std::thread::sleep(Duration::from_secs(2));
@@ -388,14 +389,54 @@ fn a_server_outage_is_shown_spends_no_attempts_and_never_shows_the_password() {
     assert!(distinct.contains("ingested-99") && distinct.contains("msg-2499"));
     assert_eq!(daemon.depth("np.out.dlq"), 0, "the outage spent attempts");
     let log = daemon.log();
-    for (what, text) in [("ready", &ready), ("status", &status), ("log", &log)] {
-        assert!(!text.contains("hunter2"), "{what} shows the password: {text}");
-        assert!(!text.contains("s3cr3t-t0ken"), "{what} shows the token: {text}");
+    for (what, text) in [
+        ("ready", &ready),
+        ("status", &status),
+        ("sources", &sources),
+        ("log", &log),
+    ] {
+        assert!(
+            !text.contains("hunter2"),
+            "{what} shows the password: {text}"
+        );
+        assert!(
+            !text.contains("s3cr3t-t0ken"),
+            "{what} shows the token: {text}"
+        );
     }
-    assert!(status.contains("nats://app:***@127.0.0.1"), "{status}");
+    assert!(sources.contains("nats://app:***@127.0.0.1"), "{sources}");
+    assert!(status.contains("\"up\":false"), "{status}");
     let outages = metrics(&daemon)
         .lines()
         .filter(|l| l.starts_with("sluice_connector_outages_total{connector=\"np/"))
         .count();
     assert_eq!(outages, 2, "{}", metrics(&daemon));
+}
+
+/// A daemon whose broker is NATS (`--broker nats://...`) runs the NATS
+/// connector too: the connector has its own connection, here to another
+/// server.
+#[test]
+fn a_daemon_on_the_nats_broker_bridges_another_server() {
+    let backend = sluice_tests::Backend::nats();
+    let upstream = server();
+    let url = upstream.url();
+    create_stream(&url, "IN", "orders.in");
+    create_stream(&url, "OUT", "orders.out");
+    produce(&url, "orders.in", 0, 300);
+    let dir = tempfile::tempdir().expect("dir");
+    let file = bridge(
+        dir.path(),
+        &format!("nats: {{url: \"{url}\", subject: orders.in, stream: IN}}\n"),
+        &format!("nats: {{url: \"{url}\", subject: orders.out}}\n"),
+    );
+    let daemon = Daemon::start_on(&backend, &[&file], &dir.path().join("data"));
+    daemon.wait_until("300 in OUT", LONG, |_| {
+        dump(&url, "OUT", 1).is_ok_and(|d| d.len() >= 300)
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let out = dump(&url, "OUT", 1).expect("dump");
+    let distinct: std::collections::BTreeSet<&str> =
+        out.iter().map(|(_, p, _)| p.as_str()).collect();
+    assert_eq!((out.len(), distinct.len()), (300, 300));
 }

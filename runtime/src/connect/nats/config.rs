@@ -242,14 +242,10 @@ fn check_connection(
         ));
     }
     match (auth.user, auth.password) {
-        (Some(_), None) => problems.push(ConfigProblem::at(
-            &["user"],
-            "`user` needs `password`",
-        )),
-        (None, Some(_)) => problems.push(ConfigProblem::at(
-            &["password"],
-            "`password` needs `user`",
-        )),
+        (Some(_), None) => problems.push(ConfigProblem::at(&["user"], "`user` needs `password`")),
+        (None, Some(_)) => {
+            problems.push(ConfigProblem::at(&["password"], "`password` needs `user`"))
+        }
         _ => {}
     }
     if auth.token.is_some() && auth.user.is_some() {
@@ -327,11 +323,7 @@ pub fn stream_name_problem(name: &str) -> Option<String> {
 }
 
 fn check_key_header(header: &str, problems: &mut Vec<ConfigProblem>) {
-    if header.is_empty()
-        || header
-            .chars()
-            .any(|c| !c.is_ascii_graphic() || c == ':')
-    {
+    if header.is_empty() || header.chars().any(|c| !c.is_ascii_graphic() || c == ':') {
         problems.push(ConfigProblem::at(
             &["key_header"],
             format!("`{header}` cannot be a NATS header name: printable ASCII, no `:` or space"),
@@ -344,11 +336,7 @@ fn check_key_header(header: &str, problems: &mut Vec<ConfigProblem>) {
     }
 }
 
-fn resolve(
-    dir: &std::path::Path,
-    creds: &mut Option<PathBuf>,
-    files: [&mut Option<PathBuf>; 3],
-) {
+fn resolve(dir: &std::path::Path, creds: &mut Option<PathBuf>, files: [&mut Option<PathBuf>; 3]) {
     tls::resolve_ca(creds, dir);
     tls::resolve_all(dir, files);
 }
@@ -607,7 +595,10 @@ mod tests {
             both,
             serde_json::to_string(&both).expect("json")
         );
-        assert!(!said.contains("hunter2") && !said.contains("t0k3n"), "{said}");
+        assert!(
+            !said.contains("hunter2") && !said.contains("t0k3n"),
+            "{said}"
+        );
         let creds = sink("url: nats://h\nsubject: s\ncreds: /no/such.creds\n");
         assert_eq!(paths(&creds.check()), vec!["creds"]);
     }

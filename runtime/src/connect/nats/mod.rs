@@ -81,8 +81,10 @@ impl Conn {
             // and the sink's holds do the waiting, and a server that is
             // back must be found soon.
             .reconnect_delay_callback(|attempts| {
-                Duration::from_millis(100 * 2u64.saturating_pow(u32::try_from(attempts.min(6)).unwrap_or(6)))
-                    .min(Duration::from_secs(2))
+                Duration::from_millis(
+                    100 * 2u64.saturating_pow(u32::try_from(attempts.min(6)).unwrap_or(6)),
+                )
+                .min(Duration::from_secs(2))
             });
         if let Some(password) = parsed.password() {
             let user = percent_decode(parsed.username());
@@ -255,10 +257,7 @@ mod tests {
             &["s3cr@t".into(), "t0k3n".into()],
             "authorization violation for app:s3cr@t (t0k3n) at nats://app:s3cr%40t@h:4222",
         );
-        assert!(
-            !said.contains("s3cr") && !said.contains("t0k3n"),
-            "{said}"
-        );
+        assert!(!said.contains("s3cr") && !said.contains("t0k3n"), "{said}");
         assert_eq!(percent_decode("s3cr%40t"), "s3cr@t");
     }
 

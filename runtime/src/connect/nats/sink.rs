@@ -172,7 +172,9 @@ impl NatsSink {
                 ),
                 after: None,
             },
-            Err(e) => self.unavailable(&format!("no responders, and JetStream did not answer: {e}")),
+            Err(e) => {
+                self.unavailable(&format!("no responders, and JetStream did not answer: {e}"))
+            }
         }
     }
 
@@ -251,12 +253,12 @@ impl NatsSink {
             results.push(result);
         }
         if results.iter().any(Result::is_ok) {
-            let flushed =
-                match tokio::time::timeout(PUBACK_TIMEOUT, self.conn.client.flush()).await {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(e)) => Err(self.unavailable(&e)),
-                    Err(_) => Err(self.unavailable(&"the server did not confirm the flush in time")),
-                };
+            let flushed = match tokio::time::timeout(PUBACK_TIMEOUT, self.conn.client.flush()).await
+            {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(self.unavailable(&e)),
+                Err(_) => Err(self.unavailable(&"the server did not confirm the flush in time")),
+            };
             if let Err(e) = flushed {
                 for result in &mut results {
                     if result.is_ok() {
@@ -298,7 +300,8 @@ impl Sink for NatsSink {
             return Vec::new();
         }
         if !self.conn.ready(Duration::ZERO).await {
-            let why = SinkError::Unavailable(self.conn.down(&format!("subject `{}`", self.subject)));
+            let why =
+                SinkError::Unavailable(self.conn.down(&format!("subject `{}`", self.subject)));
             return messages.iter().map(|_| Err(why.clone())).collect();
         }
         match &self.js {

@@ -34,9 +34,9 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use async_nats::jetstream;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, FromConsumer, PullConsumer, pull};
 use async_nats::jetstream::context::ConsumerInfoErrorKind;
-use async_nats::jetstream;
 use async_nats::{HeaderMap, StatusCode, Subject};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -56,6 +56,8 @@ const PULL_GRACE: Duration = Duration::from_secs(5);
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest a pull request waits for a first message.
 const MAX_WAIT: Duration = Duration::from_secs(5);
+/// JetStream's own default `max_ack_pending`.
+const DEFAULT_MAX_ACK_PENDING: usize = 1000;
 
 /// A NATS source: JetStream or core.
 pub struct NatsSource {
@@ -77,6 +79,8 @@ struct Consumer {
     subject: String,
     deliver: Deliver,
     ack_wait: Duration,
+    /// The most messages one read takes.
+    batch: usize,
     /// Found or created since the last error.
     consumer: Option<PullConsumer>,
     /// The standing inbox pull requests are answered on.
@@ -115,6 +119,7 @@ impl NatsSource {
                 subject: config.subject.clone(),
                 deliver: config.deliver,
                 ack_wait: config.ack_wait.get(),
+                batch: usize::try_from(config.batch.get()).unwrap_or(usize::MAX),
                 consumer: None,
                 inbox: None,
                 unacked: VecDeque::new(),
@@ -154,10 +159,10 @@ impl NatsSource {
     }
 
     fn unavailable(&self, what: &str, err: &dyn std::fmt::Display) -> SourceError {
-        SourceError::Unavailable(self.conn.scrub(&format!(
-            "NATS at {} ({what}): {err}",
-            self.conn.url
-        )))
+        SourceError::Unavailable(
+            self.conn
+                .scrub(&format!("NATS at {} ({what}): {err}", self.conn.url)),
+        )
     }
 }
 
@@ -364,9 +369,11 @@ impl NatsSource {
             return Ok(Vec::new());
         };
         if consumer.consumer.is_none() {
-            let found = ensure_consumer(consumer)
-                .await
-                .map_err(|e| SourceError::Unavailable(self.conn.scrub(&format!("NATS at {}: {e}", self.conn.url))))?;
+            let found = ensure_consumer(consumer).await.map_err(|e| {
+                SourceError::Unavailable(
+                    self.conn.scrub(&format!("NATS at {}: {e}", self.conn.url)),
+                )
+            })?;
             consumer.consumer = Some(found);
         }
         if consumer.inbox.is_none() {
@@ -394,7 +401,15 @@ impl NatsSource {
             return Ok(Vec::new());
         };
         let mut out = Vec::new();
-        let ready = pull_once(&client, &next, subscriber, inbox, Pull::Ready(max), &mut out).await;
+        let ready = pull_once(
+            &client,
+            &next,
+            subscriber,
+            inbox,
+            Pull::Ready(max),
+            &mut out,
+        )
+        .await;
         if !out.is_empty() {
             return Ok(out);
         }
@@ -589,6 +604,14 @@ async fn ensure_consumer(c: &Consumer) -> Result<PullConsumer, String> {
         ack_policy: AckPolicy::Explicit,
         ack_wait: c.ack_wait,
         filter_subject: c.subject.clone(),
+        // Room for every read the runner may have open, so a full batch
+        // is never held back by the server's default of 1,000.
+        max_ack_pending: i64::try_from(
+            READS_IN_FLIGHT
+                .saturating_mul(c.batch)
+                .max(DEFAULT_MAX_ACK_PENDING),
+        )
+        .unwrap_or(i64::MAX),
         ..Default::default()
     };
     let have = match stream.consumer_info(&c.durable).await {
