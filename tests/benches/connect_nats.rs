@@ -6,7 +6,8 @@
 //! small N, to check that it works. `SLUICE_BENCH_N` sets N.
 //!
 //! - **A, raw loop**: one Rust task with one connection: a durable pull
-//!   consumer of stream `in` with explicit acks, `fetch` of b messages,
+//!   consumer of stream `in` with explicit acks, `fetch` of b messages
+//!   (when none are ready, a pull of one that waits up to 1 s),
 //!   a JetStream publish of each to stream `out` with all `PubAck`s awaited
 //!   together, then `+ACK` of each and a flush; until N are in `out`.
 //! - **B, sluice**: the real `sluice run` binary (embedded broker, durable,
@@ -57,7 +58,11 @@ fn main() {
     let client = rt
         .block_on(async_nats::connect(&url))
         .expect("connect to nats-server");
-    let js = jetstream::new(client.clone());
+    // The context spawns its acker task: inside the runtime.
+    let js = {
+        let _inside = rt.enter();
+        jetstream::new(client.clone())
+    };
     let mut rows = Vec::new();
     for (batch, mark) in CASES {
         let (mut raw, mut sluice) = (Vec::new(), Vec::new());
@@ -175,7 +180,21 @@ async fn raw_loop(
             got.push(message.expect("a message"));
         }
         if got.is_empty() {
-            continue;
+            // Nothing ready: wait for one (as the connector does), rather
+            // than spin on empty fetches.
+            let mut one = consumer
+                .batch()
+                .max_messages(1)
+                .expires(Duration::from_secs(1))
+                .messages()
+                .await
+                .expect("batch");
+            while let Some(message) = one.next().await {
+                got.push(message.expect("a message"));
+            }
+            if got.is_empty() {
+                continue;
+            }
         }
         let mut acks = Vec::with_capacity(got.len());
         for message in &got {
