@@ -221,7 +221,11 @@ impl Source for NatsSource {
         };
         let open: Vec<Subject> = consumer.unacked.drain(..).flatten().collect();
         // Best effort: a nak brings them back at once; without it they
-        // come back after `ack_wait`.
+        // come back after `ack_wait`. Not while disconnected: the flush
+        // would hold the shutdown for its whole timeout.
+        if open.is_empty() || !self.conn.connected() {
+            return;
+        }
         let _ = settle(&self.conn.client, open, b"-NAK").await;
     }
 
