@@ -42,6 +42,21 @@ pub(crate) fn run(args: Args) -> ExitCode {
     match result {
         Ok(pipelines) => {
             for p in pipelines {
+                // Valid, but worth saying (a source that is at most once).
+                for source in &p.sources {
+                    for connector in source.connectors() {
+                        for warning in connector.warnings() {
+                            eprintln!(
+                                "warning: {}: source `{}` ({}.{}): {}",
+                                p.source.display(),
+                                source.name,
+                                connector.kind(),
+                                warning.path.join("."),
+                                warning.message
+                            );
+                        }
+                    }
+                }
                 let n = p.stages.len();
                 println!(
                     "ok: {} (pipeline {}: {n} stage{})",

@@ -30,6 +30,7 @@ pub mod health;
 pub mod http;
 pub mod mqtt;
 pub mod names;
+pub mod nats;
 pub mod postgres;
 pub mod redis;
 mod secret;
@@ -138,6 +139,12 @@ pub trait SourceConfig: Send + Sync {
     /// Checks beyond what the types say (identifiers, ranges); nothing is
     /// contacted.
     fn check(&self) -> Vec<ConfigProblem>;
+    /// What is valid but worth saying (a core NATS subject is read at
+    /// most once): `validate` prints these as warnings, and the daemon logs
+    /// them at start-up. None by default.
+    fn warnings(&self) -> Vec<ConfigProblem> {
+        Vec::new()
+    }
     /// The upstream for people, with no password: `redis://host:6379/0
     /// stream orders-in`.
     fn describe(&self) -> String;
@@ -208,6 +215,10 @@ pub struct SourceDef {
     /// Subscribe to an MQTT topic filter in a persistent session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mqtt: Option<mqtt::MqttSourceConfig>,
+    /// Read a NATS JetStream stream through a durable consumer, or a core
+    /// subject (at most once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nats: Option<nats::NatsSourceConfig>,
 }
 
 impl SourceDef {
@@ -222,6 +233,9 @@ impl SourceDef {
             found.push(c);
         }
         if let Some(c) = &self.mqtt {
+            found.push(c);
+        }
+        if let Some(c) = &self.nats {
             found.push(c);
         }
         found
@@ -243,10 +257,13 @@ impl SourceDef {
         if let Some(c) = &mut self.mqtt {
             c.resolve_paths(dir);
         }
+        if let Some(c) = &mut self.nats {
+            c.resolve_paths(dir);
+        }
     }
 
     /// The keys a source's connector block may have.
-    pub const KINDS: &'static [&'static str] = &["redis", "postgres", "mqtt"];
+    pub const KINDS: &'static [&'static str] = &["redis", "postgres", "mqtt", "nats"];
 
     /// `<pipeline>.<source>.dlq`.
     pub fn dlq_topic(&self, pipeline: &str) -> String {
@@ -309,6 +326,9 @@ pub struct SinkDef {
     /// Publish each message to an MQTT topic (QoS 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mqtt: Option<mqtt::MqttSinkConfig>,
+    /// Publish each message to a NATS subject (JetStream by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nats: Option<nats::NatsSinkConfig>,
 }
 
 impl SinkDef {
@@ -325,6 +345,9 @@ impl SinkDef {
             found.push(c);
         }
         if let Some(c) = &self.mqtt {
+            found.push(c);
+        }
+        if let Some(c) = &self.nats {
             found.push(c);
         }
         found
@@ -349,10 +372,13 @@ impl SinkDef {
         if let Some(c) = &mut self.mqtt {
             c.resolve_paths(dir);
         }
+        if let Some(c) = &mut self.nats {
+            c.resolve_paths(dir);
+        }
     }
 
     /// The keys a sink's connector block may have.
-    pub const KINDS: &'static [&'static str] = &["http", "postgres", "redis", "mqtt"];
+    pub const KINDS: &'static [&'static str] = &["http", "postgres", "redis", "mqtt", "nats"];
 
     /// The stage that runs this sink: the same knobs, no plugin, and the
     /// sink itself as its built-in handler.
