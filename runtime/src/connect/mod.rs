@@ -34,6 +34,7 @@ pub mod redis;
 mod secret;
 pub mod sink;
 pub mod source;
+pub mod sqs;
 pub mod tls;
 
 use std::collections::BTreeMap;
@@ -202,6 +203,10 @@ pub struct SourceDef {
     /// Drain a Postgres transactional-outbox table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgres: Option<postgres::OutboxConfig>,
+    /// Receive from an Amazon SQS queue (long polling, deleted after the
+    /// durable publish).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sqs: Option<sqs::SqsSourceConfig>,
 }
 
 impl SourceDef {
@@ -213,6 +218,9 @@ impl SourceDef {
             found.push(c);
         }
         if let Some(c) = &self.postgres {
+            found.push(c);
+        }
+        if let Some(c) = &self.sqs {
             found.push(c);
         }
         found
@@ -231,10 +239,13 @@ impl SourceDef {
         if let Some(c) = &mut self.postgres {
             c.resolve_paths(dir);
         }
+        if let Some(c) = &mut self.sqs {
+            c.resolve_paths(dir);
+        }
     }
 
     /// The keys a source's connector block may have.
-    pub const KINDS: &'static [&'static str] = &["redis", "postgres"];
+    pub const KINDS: &'static [&'static str] = &["redis", "postgres", "sqs"];
 
     /// `<pipeline>.<source>.dlq`.
     pub fn dlq_topic(&self, pipeline: &str) -> String {
@@ -294,6 +305,9 @@ pub struct SinkDef {
     /// Append each message to a Redis stream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<redis::RedisSinkConfig>,
+    /// Send each message to an Amazon SQS queue (`SendMessageBatch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sqs: Option<sqs::SqsSinkConfig>,
 }
 
 impl SinkDef {
@@ -307,6 +321,9 @@ impl SinkDef {
             found.push(c);
         }
         if let Some(c) = &self.redis {
+            found.push(c);
+        }
+        if let Some(c) = &self.sqs {
             found.push(c);
         }
         found
@@ -328,10 +345,13 @@ impl SinkDef {
         if let Some(c) = &mut self.redis {
             c.resolve_paths(dir);
         }
+        if let Some(c) = &mut self.sqs {
+            c.resolve_paths(dir);
+        }
     }
 
     /// The keys a sink's connector block may have.
-    pub const KINDS: &'static [&'static str] = &["http", "postgres", "redis"];
+    pub const KINDS: &'static [&'static str] = &["http", "postgres", "redis", "sqs"];
 
     /// The stage that runs this sink: the same knobs, no plugin, and the
     /// sink itself as its built-in handler.
