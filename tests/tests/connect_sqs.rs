@@ -386,7 +386,8 @@ fn a_delay_header_delays_its_message_on_a_standard_queue() {
 /// One batch where SQS fails one entry (a delay over 15 minutes), and one
 /// that SQS refuses as a whole because one message is too large for the
 /// queue: only the guilty entries are dead-lettered, with SQS's code; the
-/// others are delivered.
+/// others are delivered. A poison upstream message goes to the source's
+/// dead-letter topic.
 #[test]
 fn failed_batch_entries_are_dead_lettered_with_their_code_and_the_rest_delivered() {
     let mut up = Sqs::new("in", "small", &json!({"MaximumMessageSize": "1024"}));
@@ -400,6 +401,7 @@ fn failed_batch_entries_are_dead_lettered_with_their_code_and_the_rest_delivered
         ("ok-1", &[]),
         ("too-late", &[("delay", "1000")]),
         ("ok-2", &[]),
+        ("poison", &[("bad", "line\nbreak")]),
     ]);
     let big = "x".repeat(2_000);
     up.send(&[("ok-3", &[]), (big.as_str(), &[]), ("ok-4", &[])]);
@@ -428,6 +430,21 @@ fn failed_batch_entries_are_dead_lettered_with_their_code_and_the_rest_delivered
     assert!(text(large).contains("rejected"), "{large}");
     assert!(text(large).contains("InvalidParameterValue"), "{large}");
     assert!(text(large).contains("1024"), "{large}");
+    // An SQS message no broker header can carry (a line break in an
+    // attribute) is dead-lettered by the source with the reason, and
+    // deleted upstream like the others.
+    daemon.wait_until("the poison message in edge.src.dlq", LONG, |d| {
+        d.depth("edge.src.dlq") >= 1
+    });
+    let poison = daemon.read_all("edge.src.dlq");
+    assert_eq!(poison.len(), 1, "{poison:?}");
+    assert!(text(&poison[0]).contains("bad"), "{}", poison[0]);
+    assert!(text(&poison[0]).contains("rejected"), "{}", poison[0]);
+    let input = up.input.clone();
+    daemon.wait_until("the input queue empty", LONG, |_| {
+        let a = up.boto.call(&json!({"op": "attributes", "url": input}));
+        a["ApproximateNumberOfMessages"] == "0" && a["ApproximateNumberOfMessagesNotVisible"] == "0"
+    });
     daemon.term();
 }
 

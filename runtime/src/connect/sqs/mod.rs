@@ -91,6 +91,15 @@ impl LazyClient {
         }
     }
 
+    /// A client made already (tests: explicit credentials, no chain).
+    #[cfg(test)]
+    pub(crate) fn with_client(target: Target, client: Client) -> Self {
+        LazyClient {
+            target,
+            client: OnceCell::new_with(Some(client)),
+        }
+    }
+
     pub(crate) fn target(&self) -> &Target {
         &self.target
     }

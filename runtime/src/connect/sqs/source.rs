@@ -82,10 +82,13 @@ pub struct SqsSource {
 impl SqsSource {
     /// The source of `config`, not connected.
     pub(crate) fn new(config: &SqsSourceConfig, ctx: &Context) -> Self {
-        let target = config.target();
+        Self::with(config, ctx, LazyClient::new(config.target()))
+    }
+
+    fn with(config: &SqsSourceConfig, ctx: &Context, client: LazyClient) -> Self {
         SqsSource {
-            fifo: target.fifo(),
-            client: Arc::new(LazyClient::new(target)),
+            fifo: client.target().fifo(),
+            client: Arc::new(client),
             label: ctx.label(),
             batch: usize::try_from(config.batch.get())
                 .unwrap_or(MAX_BATCH)
@@ -458,5 +461,150 @@ impl Drop for SqsSource {
         for read in &self.reads {
             read.extender.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The source against moto's SQS (a real server of the test's own):
+    //! visibility extended while a read waits for its ack, deleted on ack,
+    //! visible again at once on release.
+
+    use std::sync::Arc;
+
+    use aws_sdk_sqs::Client;
+    use aws_sdk_sqs::types::QueueAttributeName;
+    use sluice_harness::moto::{self, MotoServer};
+
+    use super::*;
+    use crate::connect::Health;
+    use crate::metrics::Metrics;
+
+    async fn client(server: &MotoServer) -> Client {
+        let creds = aws_sdk_sqs::config::Credentials::new(
+            moto::ACCESS_KEY_ID,
+            moto::SECRET_ACCESS_KEY,
+            None,
+            None,
+            "test",
+        );
+        let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_sdk_sqs::config::Region::new(moto::REGION))
+            .credentials_provider(creds)
+            .endpoint_url(server.endpoint())
+            .load()
+            .await;
+        Client::new(&config)
+    }
+
+    async fn counts(client: &Client, url: &str) -> (u64, u64) {
+        let out = client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::All)
+            .send()
+            .await
+            .expect("GetQueueAttributes");
+        let get = |name: QueueAttributeName| -> u64 {
+            out.attributes()
+                .and_then(|a| a.get(&name))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(u64::MAX)
+        };
+        (
+            get(QueueAttributeName::ApproximateNumberOfMessages),
+            get(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_held_read_stays_invisible_until_acked_and_a_released_one_comes_back() {
+        let server = MotoServer::start().expect("moto");
+        let client = client(&server).await;
+        let url = client
+            .create_queue()
+            .queue_name("held")
+            .send()
+            .await
+            .expect("CreateQueue")
+            .queue_url()
+            .expect("url")
+            .to_owned();
+        for i in 0..3 {
+            client
+                .send_message()
+                .queue_url(&url)
+                .message_body(format!("m{i}"))
+                .message_attributes(
+                    "n",
+                    aws_sdk_sqs::types::MessageAttributeValue::builder()
+                        .data_type("Number")
+                        .string_value(i.to_string())
+                        .build()
+                        .expect("attribute"),
+                )
+                .send()
+                .await
+                .expect("SendMessage");
+        }
+        let config: SqsSourceConfig = serde_saphyr::from_str(&format!(
+            "queue_url: {url}\nwait_time: 1s\nvisibility_timeout: 2s\n"
+        ))
+        .expect("a source block");
+        let ctx = Context {
+            pipeline: "p".into(),
+            name: "src".into(),
+            metrics: Arc::new(Metrics::new()),
+            health: Arc::new(Health::new()),
+        };
+        let mut source = SqsSource::with(
+            &config,
+            &ctx,
+            LazyClient::with_client(config.target(), client.clone()),
+        );
+        let read = source.read(10, Duration::from_secs(1)).await.expect("read");
+        assert_eq!(read.len(), 3, "{read:?}");
+        assert!(
+            read.iter().all(|m| m.headers.iter().any(|(n, _)| n == "n")),
+            "{read:?}"
+        );
+        // Held (its publish not durable yet) for well over the visibility
+        // timeout: extended, so no other consumer gets it.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let other = client
+            .receive_message()
+            .queue_url(&url)
+            .max_number_of_messages(10)
+            .send()
+            .await
+            .expect("ReceiveMessage");
+        assert!(other.messages().is_empty(), "{:?}", other.messages());
+        assert_eq!(counts(&client, &url).await, (0, 3));
+        source.ack().await.expect("ack");
+        assert_eq!(counts(&client, &url).await, (0, 0));
+        assert_eq!(source.lag().await, Some(0));
+
+        // Released (shutdown before the publish): visible again at once.
+        client
+            .send_message()
+            .queue_url(&url)
+            .message_body("again")
+            .send()
+            .await
+            .expect("SendMessage");
+        let read = source.read(10, Duration::from_secs(1)).await.expect("read");
+        assert_eq!(read.len(), 1);
+        source.release().await;
+        let back = client
+            .receive_message()
+            .queue_url(&url)
+            .send()
+            .await
+            .expect("ReceiveMessage");
+        assert_eq!(back.messages().len(), 1);
+        assert_eq!(
+            back.messages()[0].message_id(),
+            Some(read[0].upstream_id.as_str())
+        );
     }
 }
