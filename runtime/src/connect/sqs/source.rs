@@ -45,8 +45,8 @@ const POLL_GRACE: Duration = Duration::from_secs(5);
 /// (logged): those messages come back and collapse in the duplicate
 /// window.
 const MAX_UNDELETED: usize = 10_000;
-/// The shortest pause between visibility extensions of one read.
-const MIN_EXTEND_EVERY: Duration = Duration::from_secs(1);
+/// The pause before trying a failed visibility extension again.
+const EXTEND_RETRY: Duration = Duration::from_millis(500);
 
 /// A received message not yet deleted.
 #[derive(Debug, Clone)]
@@ -267,7 +267,9 @@ async fn extend(
     mut handles: Vec<Handle>,
     visibility: Duration,
 ) {
-    let every = (visibility / 2).max(MIN_EXTEND_EVERY);
+    // Half the timeout (at least 500 ms: it is whole seconds), so an
+    // extension lands well before the messages would reappear.
+    let every = visibility / 2;
     let mut pause = every;
     let mut warned = false;
     loop {
@@ -325,7 +327,7 @@ async fn extend(
                     tracing::warn!(source = %label, error = %why.text(), "cannot extend the visibility of messages whose publish is held up; retrying (should they come back meanwhile, they collapse in the topic's duplicate window)");
                     warned = true;
                 }
-                pause = MIN_EXTEND_EVERY;
+                pause = EXTEND_RETRY;
             }
         }
     }
