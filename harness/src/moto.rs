@@ -1,4 +1,4 @@
-//! A real S3 API for tests: moto's server (`moto[server]` from PyPI, which
+//! A real S3 (and SQS) API for tests: moto's server (`moto[server]` from PyPI, which
 //! `cargo xtask setup` installs), on a free loopback port, killed on drop.
 //!
 //! ```no_run
@@ -175,6 +175,33 @@ impl MotoServer {
     /// The process id while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// Pauses the server (SIGSTOP): it keeps everything it holds (moto
+    /// keeps nothing across a restart) and answers nothing (connections
+    /// are accepted by the kernel and hang) until [`resume`](Self::resume).
+    ///
+    /// # Errors
+    ///
+    /// The server is not running, or the signal could not be sent.
+    pub fn pause(&self) -> anyhow::Result<()> {
+        self.signal(rustix::process::Signal::STOP)
+    }
+
+    /// Resumes a [`pause`](Self::pause)d server (SIGCONT).
+    ///
+    /// # Errors
+    ///
+    /// The server is not running, or the signal could not be sent.
+    pub fn resume(&self) -> anyhow::Result<()> {
+        self.signal(rustix::process::Signal::CONT)
+    }
+
+    fn signal(&self, signal: rustix::process::Signal) -> anyhow::Result<()> {
+        let child = self.child.as_ref().context("moto is not running")?;
+        let pid = rustix::process::Pid::from_child(child);
+        rustix::process::kill_process(pid, signal)
+            .with_context(|| format!("sending {signal:?} to moto"))
     }
 }
 

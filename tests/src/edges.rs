@@ -74,6 +74,11 @@ pub trait Upstream {
     fn log(&self) -> String {
         String::new()
     }
+    /// Environment variables the daemon needs to reach the server (AWS
+    /// credentials from the standard chain, for SQS).
+    fn env(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }
 
 /// Writes the suite's pipeline to `dir`: source `src` (the given block)
@@ -132,7 +137,9 @@ pub fn round_trip_under_faults(up: &mut dyn Upstream, n: usize, dupes: Duplicate
     let file = edge_pipeline(dir.path(), &up.source_block(), &up.sink_block());
     let half = n / 2;
     up.produce(0, half);
-    let mut daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    let mut daemon = Daemon::builder(&[&file], &dir.path().join("data"))
+        .envs(up.env())
+        .start();
     let at = |daemon: &Daemon, up: &mut dyn Upstream, share: usize, what: &str| {
         let want = n * share / 10;
         daemon.wait_until(&format!("{want} delivered ({what})"), EDGE_WAIT, |_| {

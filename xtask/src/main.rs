@@ -267,6 +267,8 @@ const PYTHON_PACKAGES: &[&str] = &[
     "moto[server]==5.2.5",
     // The MQTT tests' outside producer and subscriber.
     "paho-mqtt==2.1.0",
+    // The SQS connector tests' outside producer and consumer.
+    "boto3==1.43.11",
 ];
 
 /// `cargo xtask setup`: everything the tests need that cargo does not fetch.

@@ -36,6 +36,7 @@ pub mod redis;
 mod secret;
 pub mod sink;
 pub mod source;
+pub mod sqs;
 pub mod tls;
 
 use std::collections::BTreeMap;
@@ -219,6 +220,10 @@ pub struct SourceDef {
     /// subject (at most once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nats: Option<nats::NatsSourceConfig>,
+    /// Receive from an Amazon SQS queue (long polling, deleted after the
+    /// durable publish).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sqs: Option<sqs::SqsSourceConfig>,
 }
 
 impl SourceDef {
@@ -236,6 +241,9 @@ impl SourceDef {
             found.push(c);
         }
         if let Some(c) = &self.nats {
+            found.push(c);
+        }
+        if let Some(c) = &self.sqs {
             found.push(c);
         }
         found
@@ -260,10 +268,13 @@ impl SourceDef {
         if let Some(c) = &mut self.nats {
             c.resolve_paths(dir);
         }
+        if let Some(c) = &mut self.sqs {
+            c.resolve_paths(dir);
+        }
     }
 
     /// The keys a source's connector block may have.
-    pub const KINDS: &'static [&'static str] = &["redis", "postgres", "mqtt", "nats"];
+    pub const KINDS: &'static [&'static str] = &["redis", "postgres", "mqtt", "nats", "sqs"];
 
     /// `<pipeline>.<source>.dlq`.
     pub fn dlq_topic(&self, pipeline: &str) -> String {
@@ -329,6 +340,9 @@ pub struct SinkDef {
     /// Publish each message to a NATS subject (JetStream by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nats: Option<nats::NatsSinkConfig>,
+    /// Send each message to an Amazon SQS queue (`SendMessageBatch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sqs: Option<sqs::SqsSinkConfig>,
 }
 
 impl SinkDef {
@@ -348,6 +362,9 @@ impl SinkDef {
             found.push(c);
         }
         if let Some(c) = &self.nats {
+            found.push(c);
+        }
+        if let Some(c) = &self.sqs {
             found.push(c);
         }
         found
@@ -375,10 +392,14 @@ impl SinkDef {
         if let Some(c) = &mut self.nats {
             c.resolve_paths(dir);
         }
+        if let Some(c) = &mut self.sqs {
+            c.resolve_paths(dir);
+        }
     }
 
     /// The keys a sink's connector block may have.
-    pub const KINDS: &'static [&'static str] = &["http", "postgres", "redis", "mqtt", "nats"];
+    pub const KINDS: &'static [&'static str] =
+        &["http", "postgres", "redis", "mqtt", "nats", "sqs"];
 
     /// The stage that runs this sink: the same knobs, no plugin, and the
     /// sink itself as its built-in handler.
