@@ -131,7 +131,7 @@ fn check_url(url: &SecretUrl, tls: TlsFiles<'_>, problems: &mut Vec<ConfigProble
         problems.push(ConfigProblem::at(
             &["url"],
             format!(
-                "`{url}` names the empty vhost `` (a path of `/`); write `/%2f` for the default \
+                "`{url}` names the empty vhost (its path is just `/`); write `/%2f` for the default \
                  vhost `/`, or leave the path out"
             ),
         ));

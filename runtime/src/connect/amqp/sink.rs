@@ -17,7 +17,7 @@
 //! All worker slots share one connection and one confirm channel (lapin
 //! multiplexes them); a failed one is replaced by the first write after.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -50,7 +50,7 @@ pub struct AmqpSink {
 
 #[derive(Clone)]
 struct Live {
-    connection: Connection,
+    connection: Arc<Connection>,
     channel: Channel,
 }
 
@@ -103,7 +103,7 @@ impl AmqpSink {
             return Err(self.unavailable("cannot turn on publisher confirms", &e));
         }
         let live = Live {
-            connection,
+            connection: Arc::new(connection),
             channel,
         };
         *self.live.lock().unwrap_or_else(PoisonError::into_inner) = Some(live.clone());
