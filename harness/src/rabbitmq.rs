@@ -243,7 +243,11 @@ impl RabbitNode {
     pub fn log(&self) -> String {
         let mut text = read(&self.dir.path().join("server.out"));
         text.push_str(&read(
-            &self.dir.path().join("log").join(format!("{}.log", self.node)),
+            &self
+                .dir
+                .path()
+                .join("log")
+                .join(format!("{}.log", self.node)),
         ));
         text
     }

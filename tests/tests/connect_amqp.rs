@@ -27,7 +27,11 @@ const PREFETCH: u16 = 200;
 
 fn node() -> RabbitNode {
     let node = RabbitNode::start().unwrap_or_else(|e| panic!("starting rabbitmq: {e:#}"));
-    eprintln!("rabbitmq node {} started in {:?}", node.name(), node.started_in());
+    eprintln!(
+        "rabbitmq node {} started in {:?}",
+        node.name(),
+        node.started_in()
+    );
     node
 }
 
@@ -138,7 +142,10 @@ impl Upstream for Rabbit {
             if let Some(prefetch) = found.first() {
                 assert_eq!(found.len(), 1, "one consumer on `in`: {found:?}");
                 self.restored.push(*prefetch);
-                eprintln!("consumer back after {:?}, prefetch {prefetch}", started.elapsed());
+                eprintln!(
+                    "consumer back after {:?}, prefetch {prefetch}",
+                    started.elapsed()
+                );
                 return;
             }
             assert!(
@@ -201,7 +208,8 @@ fn pipeline(dir: &std::path::Path, url: &str, routing_key: &str) -> PathBuf {
 fn unroutable_and_poison_messages_are_dead_lettered_and_an_outage_is_held() {
     let mut node = node();
     let password = "hunter2-amqp-secret";
-    node.ctl(&["add_user", "sluice", password]).expect("add_user");
+    node.ctl(&["add_user", "sluice", password])
+        .expect("add_user");
     node.ctl(&["set_permissions", "-p", "/", "sluice", ".*", ".*", ".*"])
         .expect("set_permissions");
     let url = format!("amqp://sluice:{password}@127.0.0.1:{}/%2f", node.port());
@@ -236,7 +244,10 @@ fn unroutable_and_poison_messages_are_dead_lettered_and_an_outage_is_held() {
     let poison = daemon.read_all("edge.src.dlq");
     assert_eq!(poison.len(), 1, "{poison:?}");
     let text = poison[0].to_string();
-    assert!(text.contains("header `bin`") && text.contains("not UTF-8"), "{text}");
+    assert!(
+        text.contains("header `bin`") && text.contains("not UTF-8"),
+        "{text}"
+    );
     assert_eq!(header(&poison[0], "ok"), Some("yes"));
     // The poison message was acked (dead-lettered, not requeued forever).
     let started = Instant::now();
@@ -245,7 +256,10 @@ fn unroutable_and_poison_messages_are_dead_lettered_and_an_outage_is_held() {
         if queues.lines().any(|l| l.split_whitespace().eq(["in", "0"])) {
             break;
         }
-        assert!(started.elapsed() < LONG, "`in` still holds messages: {queues}");
+        assert!(
+            started.elapsed() < LONG,
+            "`in` still holds messages: {queues}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(drain(&node.url(), "out").is_empty());
@@ -254,7 +268,7 @@ fn unroutable_and_poison_messages_are_dead_lettered_and_an_outage_is_held() {
     daemon.term();
     let _ = daemon.wait_exit(Duration::from_secs(30));
     let file = pipeline(dir.path(), &url, "out");
-    let mut daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
     client(&["produce", &node.url(), "in", "5", "5"]);
     let mut got = Vec::new();
     daemon.wait_until("5 routed messages", LONG, |_| {
@@ -289,7 +303,10 @@ fn unroutable_and_poison_messages_are_dead_lettered_and_an_outage_is_held() {
     assert_eq!(daemon.depth("edge.out.dlq"), 5);
     let log = daemon.log();
     for (what, text) in [("readiness", &reasons), ("status", &status), ("log", &log)] {
-        assert!(!text.contains(password), "{what} shows the password: {text}");
+        assert!(
+            !text.contains(password),
+            "{what} shows the password: {text}"
+        );
     }
     assert!(log.contains("amqp://sluice:***@127.0.0.1"), "{log}");
     daemon.term();

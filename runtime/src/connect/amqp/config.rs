@@ -151,12 +151,7 @@ fn check_url(url: &SecretUrl, tls: TlsFiles<'_>, problems: &mut Vec<ConfigProble
 
 /// A queue, exchange or tag name: 1..=255 bytes (AMQP short strings),
 /// no control characters.
-fn check_short(
-    key: &'static str,
-    value: &str,
-    empty_ok: bool,
-    problems: &mut Vec<ConfigProblem>,
-) {
+fn check_short(key: &'static str, value: &str, empty_ok: bool, problems: &mut Vec<ConfigProblem>) {
     if value.is_empty() && !empty_ok {
         problems.push(ConfigProblem::at(&[key], format!("`{key}` is empty")));
     } else if value.len() > 255 {

@@ -121,7 +121,11 @@ impl Endpoint {
 pub(crate) fn describe_error(err: &lapin::Error) -> String {
     match err.kind() {
         lapin::ErrorKind::ProtocolError(amqp) => {
-            format!("the broker refused: {} {}", amqp.get_id(), amqp.get_message())
+            format!(
+                "the broker refused: {} {}",
+                amqp.get_id(),
+                amqp.get_message()
+            )
         }
         _ => err.to_string(),
     }
@@ -181,9 +185,7 @@ impl RoutingKey {
     pub(crate) fn render(&self, key: Option<&str>) -> Result<ShortString, String> {
         let text = if self.uses_key() {
             let Some(key) = key else {
-                return Err(
-                    "the routing key uses `{key}` and the message has no key".to_owned(),
-                );
+                return Err("the routing key uses `{key}` and the message has no key".to_owned());
             };
             self.parts.join(key)
         } else {
@@ -269,7 +271,10 @@ mod tests {
     fn routing_keys_take_the_key() {
         let rk = RoutingKey::parse("orders.{key}.new").expect("parses");
         assert!(rk.uses_key());
-        assert_eq!(rk.render(Some("eu")).expect("renders").as_str(), "orders.eu.new");
+        assert_eq!(
+            rk.render(Some("eu")).expect("renders").as_str(),
+            "orders.eu.new"
+        );
         assert!(rk.render(None).is_err());
         let fixed = RoutingKey::parse("out").expect("parses");
         assert_eq!(fixed.render(None).expect("renders").as_str(), "out");

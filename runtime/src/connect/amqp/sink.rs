@@ -87,11 +87,9 @@ impl AmqpSink {
             return Ok(live);
         }
         self.forget();
-        let connection = self
-            .endpoint
-            .connect()
-            .await
-            .map_err(|e| SinkError::Unavailable(format!("amqp exchange `{}`: {e}", self.exchange)))?;
+        let connection = self.endpoint.connect().await.map_err(|e| {
+            SinkError::Unavailable(format!("amqp exchange `{}`: {e}", self.exchange))
+        })?;
         let channel = match connection.create_channel().await {
             Ok(channel) => channel,
             Err(e) => return Err(self.unavailable("cannot open a channel", &e)),

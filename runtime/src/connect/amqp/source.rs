@@ -128,7 +128,8 @@ impl AmqpSource {
         if let Some(live) = self.live.take() {
             let _ = tokio::time::timeout(
                 CLOSE_TIMEOUT,
-                live.connection.close(200, "sluice source reconnects".into()),
+                live.connection
+                    .close(200, "sluice source reconnects".into()),
             )
             .await;
         }
@@ -142,9 +143,10 @@ impl AmqpSource {
 
     /// Connects, sets the prefetch and starts consuming.
     async fn connect(&mut self, max: usize) -> Result<(), SourceError> {
-        let connection = self.endpoint.connect().await.map_err(|e| {
-            SourceError::Unavailable(format!("amqp queue `{}`: {e}", self.queue))
-        })?;
+        let connection =
+            self.endpoint.connect().await.map_err(|e| {
+                SourceError::Unavailable(format!("amqp queue `{}`: {e}", self.queue))
+            })?;
         let channel = match connection.create_channel().await {
             Ok(channel) => channel,
             Err(e) => {
@@ -203,7 +205,10 @@ impl AmqpSource {
         // on this channel.
         let cancel = live
             .channel
-            .basic_cancel(live.consumer_tag.as_str().into(), BasicCancelOptions::default())
+            .basic_cancel(
+                live.consumer_tag.as_str().into(),
+                BasicCancelOptions::default(),
+            )
             .await;
         if let Err(e) = cancel {
             return Err(self.fail("cannot change the prefetch", &e).await);
@@ -495,7 +500,10 @@ mod tests {
     #[test]
     fn a_binary_header_is_a_problem() {
         let mut headers = FieldTable::default();
-        headers.insert("bin".into(), AMQPValue::LongString(LongString::from(vec![0xff])));
+        headers.insert(
+            "bin".into(),
+            AMQPValue::LongString(LongString::from(vec![0xff])),
+        );
         let m = to_message(delivery(
             BasicProperties::default()
                 .with_message_id("m-2".into())
