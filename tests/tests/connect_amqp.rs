@@ -8,7 +8,9 @@
 //! - an unroutable publish dead-lettered as `rejected` with the broker's
 //!   reason, a poison message in the source's DLQ, an outage shown by
 //!   readiness and status without spending attempts, and the password
-//!   never shown.
+//!   never shown;
+//! - the consumer's prefetch lowered to the room under the topic's
+//!   high-water mark.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -309,5 +311,52 @@ fn unroutable_and_poison_messages_are_dead_lettered_and_an_outage_is_held() {
         );
     }
     assert!(log.contains("amqp://sluice:***@127.0.0.1"), "{log}");
+    daemon.term();
+}
+
+#[test]
+fn the_prefetch_is_bounded_by_the_room_under_the_high_water_mark() {
+    let node = node();
+    client(&["setup", &node.url()]);
+    client(&["produce", &node.url(), "in", "0", "500"]);
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        "name: mark\n\
+         topics:\n  - name: in\n    high_water_mark: 50\n\
+         sources:\n  - name: src\n    to: in\n    amqp: {{url: \"{}\", queue: in, prefetch: {PREFETCH}}}\n",
+        node.url()
+    );
+    let file = sluice_tests::write_pipeline(dir.path(), "mark", &yaml);
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    daemon.wait_until("the topic at its mark", LONG, |d| d.depth("in") >= 50);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(daemon.depth("in"), 50, "the topic passed its mark");
+    // The consumer's prefetch was lowered to the room.
+    let prefetch = consumers(&node, "in");
+    assert_eq!(prefetch.len(), 1, "{prefetch:?}");
+    assert!(prefetch[0] <= 50, "prefetch {prefetch:?} above the room");
+    let queues = node
+        .ctl(&[
+            "list_queues",
+            "name",
+            "messages_ready",
+            "messages_unacknowledged",
+        ])
+        .expect("list_queues");
+    let row: Vec<u64> = queues
+        .lines()
+        .find(|l| l.starts_with("in\t") || l.starts_with("in "))
+        .map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .filter_map(|v| v.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    // 450 not in the topic: in the queue, or pushed to the daemon within
+    // the lowered window (unacknowledged, not read), never the whole
+    // prefetch of 200.
+    assert_eq!(row.iter().sum::<u64>(), 450, "{queues}");
+    assert!(row.get(1).is_some_and(|unacked| *unacked <= 50), "{queues}");
     daemon.term();
 }
