@@ -34,6 +34,7 @@ pub mod mosquitto;
 pub mod moto;
 pub mod nats;
 pub mod postgres;
+pub mod rabbitmq;
 pub mod redis;
 
 pub use lang::{LANG_PLUGINS, build_lang_plugin, build_lang_plugins};

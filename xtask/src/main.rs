@@ -269,6 +269,8 @@ const PYTHON_PACKAGES: &[&str] = &[
     "paho-mqtt==2.1.0",
     // The SQS connector tests' outside producer and consumer.
     "boto3==1.43.11",
+    // The RabbitMQ tests' outside producer and consumer.
+    "pika==1.4.4",
 ];
 
 /// `cargo xtask setup`: everything the tests need that cargo does not fetch.
@@ -357,7 +359,12 @@ fn ensure_test_servers() -> anyhow::Result<()> {
         || std::env::var_os("SLUICE_PG_BIN").is_some();
     let has_mosquitto =
         std::env::var_os("SLUICE_MOSQUITTO").is_some() || Path::new("/usr/sbin/mosquitto").exists();
+    let has_rabbitmq = std::env::var_os("SLUICE_RABBITMQ_BIN").is_some()
+        || Path::new("/usr/lib/rabbitmq/bin/rabbitmq-server").exists();
     let mut missing = Vec::new();
+    if !has_rabbitmq {
+        missing.push("rabbitmq-server");
+    }
     if !has_redis {
         missing.push("redis-server");
     }
@@ -373,7 +380,7 @@ fn ensure_test_servers() -> anyhow::Result<()> {
     apt_install(
         &missing,
         "the connector tests need them (or set SLUICE_REDIS_SERVER / SLUICE_PG_BIN / \
-         SLUICE_MOSQUITTO)",
+         SLUICE_MOSQUITTO / SLUICE_RABBITMQ_BIN)",
     )
 }
 

@@ -200,7 +200,10 @@ pub fn main() -> ExitCode {
 }
 
 /// Logs to stderr; `SLUICE_LOG` (or `RUST_LOG`) sets the filter, `level` by
-/// default with the storage engine's housekeeping quieted. Colours only on a
+/// default with the storage engine's housekeeping quieted and lapin (the
+/// AMQP client) silent: the AMQP connector reports its errors itself,
+/// scrubbed, once per outage, where lapin logs every failed reconnect and
+/// every returned message with its payload. Colours only on a
 /// terminal, so logs piped to a file or journald stay plain text.
 fn init_logging(level: &str) {
     use std::io::IsTerminal;
@@ -209,7 +212,7 @@ fn init_logging(level: &str) {
         .ok()
         .or_else(|| std::env::var("RUST_LOG").ok())
         .and_then(|f| EnvFilter::try_new(f).ok())
-        .unwrap_or_else(|| EnvFilter::new(format!("{level},fjall=warn,lsm_tree=warn")));
+        .unwrap_or_else(|| EnvFilter::new(format!("{level},fjall=warn,lsm_tree=warn,lapin=off")));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -26,6 +26,7 @@
 //!
 //! [`StageHandler`]: crate::engine::StageHandler
 
+pub mod amqp;
 pub mod health;
 pub mod http;
 pub mod mqtt;
@@ -224,6 +225,9 @@ pub struct SourceDef {
     /// durable publish).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sqs: Option<sqs::SqsSourceConfig>,
+    /// Consume a RabbitMQ queue (manual acks after the durable publish).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amqp: Option<amqp::AmqpSourceConfig>,
 }
 
 impl SourceDef {
@@ -244,6 +248,9 @@ impl SourceDef {
             found.push(c);
         }
         if let Some(c) = &self.sqs {
+            found.push(c);
+        }
+        if let Some(c) = &self.amqp {
             found.push(c);
         }
         found
@@ -271,10 +278,14 @@ impl SourceDef {
         if let Some(c) = &mut self.sqs {
             c.resolve_paths(dir);
         }
+        if let Some(c) = &mut self.amqp {
+            c.resolve_paths(dir);
+        }
     }
 
     /// The keys a source's connector block may have.
-    pub const KINDS: &'static [&'static str] = &["redis", "postgres", "mqtt", "nats", "sqs"];
+    pub const KINDS: &'static [&'static str] =
+        &["redis", "postgres", "mqtt", "nats", "sqs", "amqp"];
 
     /// `<pipeline>.<source>.dlq`.
     pub fn dlq_topic(&self, pipeline: &str) -> String {
@@ -343,6 +354,9 @@ pub struct SinkDef {
     /// Send each message to an Amazon SQS queue (`SendMessageBatch`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sqs: Option<sqs::SqsSinkConfig>,
+    /// Publish each message to a RabbitMQ exchange (publisher confirms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amqp: Option<amqp::AmqpSinkConfig>,
 }
 
 impl SinkDef {
@@ -365,6 +379,9 @@ impl SinkDef {
             found.push(c);
         }
         if let Some(c) = &self.sqs {
+            found.push(c);
+        }
+        if let Some(c) = &self.amqp {
             found.push(c);
         }
         found
@@ -393,6 +410,9 @@ impl SinkDef {
             c.resolve_paths(dir);
         }
         if let Some(c) = &mut self.sqs {
+            c.resolve_paths(dir);
+        }
+        if let Some(c) = &mut self.amqp {
             c.resolve_paths(dir);
         }
     }
