@@ -33,6 +33,7 @@ pub mod moto;
 pub mod nats;
 pub mod postgres;
 pub mod redis;
+pub mod tansu;
 
 pub use lang::{LANG_PLUGINS, build_lang_plugin, build_lang_plugins};
 

@@ -28,6 +28,7 @@
 
 pub mod health;
 pub mod http;
+pub mod kafka;
 pub mod names;
 pub mod postgres;
 pub mod redis;
@@ -202,6 +203,9 @@ pub struct SourceDef {
     /// Drain a Postgres transactional-outbox table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgres: Option<postgres::OutboxConfig>,
+    /// Read Kafka topics through a consumer group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<kafka::KafkaSourceConfig>,
 }
 
 impl SourceDef {
@@ -213,6 +217,9 @@ impl SourceDef {
             found.push(c);
         }
         if let Some(c) = &self.postgres {
+            found.push(c);
+        }
+        if let Some(c) = &self.kafka {
             found.push(c);
         }
         found
@@ -231,10 +238,13 @@ impl SourceDef {
         if let Some(c) = &mut self.postgres {
             c.resolve_paths(dir);
         }
+        if let Some(c) = &mut self.kafka {
+            c.resolve_paths(dir);
+        }
     }
 
     /// The keys a source's connector block may have.
-    pub const KINDS: &'static [&'static str] = &["redis", "postgres"];
+    pub const KINDS: &'static [&'static str] = &["redis", "postgres", "kafka"];
 
     /// `<pipeline>.<source>.dlq`.
     pub fn dlq_topic(&self, pipeline: &str) -> String {
@@ -294,6 +304,9 @@ pub struct SinkDef {
     /// Append each message to a Redis stream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<redis::RedisSinkConfig>,
+    /// Produce each message to a Kafka topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<kafka::KafkaSinkConfig>,
 }
 
 impl SinkDef {
@@ -307,6 +320,9 @@ impl SinkDef {
             found.push(c);
         }
         if let Some(c) = &self.redis {
+            found.push(c);
+        }
+        if let Some(c) = &self.kafka {
             found.push(c);
         }
         found
@@ -328,10 +344,13 @@ impl SinkDef {
         if let Some(c) = &mut self.redis {
             c.resolve_paths(dir);
         }
+        if let Some(c) = &mut self.kafka {
+            c.resolve_paths(dir);
+        }
     }
 
     /// The keys a sink's connector block may have.
-    pub const KINDS: &'static [&'static str] = &["http", "postgres", "redis"];
+    pub const KINDS: &'static [&'static str] = &["http", "postgres", "redis", "kafka"];
 
     /// The stage that runs this sink: the same knobs, no plugin, and the
     /// sink itself as its built-in handler.
