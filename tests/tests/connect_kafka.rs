@@ -338,9 +338,12 @@ sinks:
 
 #[test]
 fn an_outage_is_shown_by_readiness_and_status_and_the_password_never_appears() {
-    let server = tansu();
-    let brokers = server.brokers();
-    drop(server); // nothing listens there now
+    // A loopback port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let brokers = format!("127.0.0.1:{port}");
     let dir = tempfile::tempdir().expect("dir");
     let yaml = format!(
         r#"
