@@ -92,7 +92,10 @@ impl TansuServer {
             // Relative to the working directory: the temporary one.
             .args(["--storage-engine", "sqlite://tansu.db"])
             .current_dir(self.dir.path())
-            .env("RUST_LOG", std::env::var("SLUICE_TANSU_LOG").unwrap_or_else(|_| "warn".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("SLUICE_TANSU_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -3,13 +3,13 @@
 //! describe the broker (depth, age, in-flight, DLQ depth) are read from it
 //! when `/metrics` is scraped, so they are never stale.
 
-use std::collections::BTreeMap;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 
 use crate::failure::FailureKind;

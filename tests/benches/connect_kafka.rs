@@ -266,7 +266,10 @@ sinks:
         .to_string()
         .contains("partition_lag")
     {
-        assert!(started.elapsed() < Duration::from_secs(120), "no assignment");
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no assignment"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let started = Instant::now();

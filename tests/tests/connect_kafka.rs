@@ -202,7 +202,10 @@ fn durable(daemons: &[&Daemon]) -> BTreeSet<(i32, i64)> {
 /// `held`: nothing was committed past a message not in a Sluice topic.
 fn assert_commits_covered(commits: &BTreeMap<i32, i64>, held: &BTreeSet<(i32, i64)>, when: &str) {
     for (p, c) in commits {
-        let missing: Vec<i64> = (0..*c).filter(|o| !held.contains(&(*p, *o))).take(5).collect();
+        let missing: Vec<i64> = (0..*c)
+            .filter(|o| !held.contains(&(*p, *o)))
+            .take(5)
+            .collect();
         assert!(
             missing.is_empty(),
             "{when}: partition {p} committed at {c}, yet offsets {missing:?} are in no Sluice topic"
@@ -271,7 +274,10 @@ fn two_daemons_in_one_group_hand_partitions_over_losing_and_committing_nothing_e
     // 0 lost: every upstream position is in a Sluice topic.
     let held = durable(&[&a, &b]);
     for (p, h) in &high {
-        let missing: Vec<i64> = (0..*h).filter(|o| !held.contains(&(*p, *o))).take(5).collect();
+        let missing: Vec<i64> = (0..*h)
+            .filter(|o| !held.contains(&(*p, *o)))
+            .take(5)
+            .collect();
         assert!(missing.is_empty(), "partition {p}: lost {missing:?}");
     }
     // The commits catch up with everything, and never pass it.

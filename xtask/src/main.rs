@@ -400,7 +400,10 @@ fn ensure_kafka() -> anyhow::Result<()> {
     if bin.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|v| v.trim() == TANSU_VERSION) {
         return Ok(());
     }
-    println!("== cargo install tansu {TANSU_VERSION} (the Kafka tests' broker; once, cached in {})", root.display());
+    println!(
+        "== cargo install tansu {TANSU_VERSION} (the Kafka tests' broker; once, cached in {})",
+        root.display()
+    );
     let root_arg = root.to_str().context("non-UTF-8 $HOME")?;
     run(Command::new(
         std::env::var_os("CARGO")
@@ -408,7 +411,14 @@ fn ensure_kafka() -> anyhow::Result<()> {
             .unwrap_or_else(|| "cargo".into()),
     )
     .args(["install", "tansu", "--version", TANSU_VERSION])
-    .args(["--features", "libsql", "--locked", "--quiet", "--root", root_arg])
+    .args([
+        "--features",
+        "libsql",
+        "--locked",
+        "--quiet",
+        "--root",
+        root_arg,
+    ])
     // A build directory of its own (a temporary one), not the workspace's.
     .env_remove("CARGO_TARGET_DIR")
     .stdin(Stdio::null()))?;

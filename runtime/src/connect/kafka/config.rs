@@ -439,7 +439,8 @@ impl SourceConfig for KafkaSourceConfig {
             problems.push(ConfigProblem::at(&["group"], e));
         }
         let session = self.session_timeout.get();
-        if session < std::time::Duration::from_secs(1) || session > std::time::Duration::from_secs(3600)
+        if session < std::time::Duration::from_secs(1)
+            || session > std::time::Duration::from_secs(3600)
         {
             problems.push(ConfigProblem::at(
                 &["session_timeout"],

@@ -24,12 +24,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
+use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
-use rdkafka::ClientConfig;
 
 use super::config::{KafkaSinkConfig, Sasl};
 use super::{client_config, is_outage, scrub};
@@ -145,16 +145,16 @@ impl KafkaSink {
     /// The outcome of `err`; a fatal producer error also replaces the
     /// producer.
     fn classify(&self, err: &KafkaError) -> SinkError {
-        let text = scrub(
-            self.sasl.as_ref(),
-            &format!("{}: {err}", self.describe),
-        );
+        let text = scrub(self.sasl.as_ref(), &format!("{}: {err}", self.describe));
         let producer = self.producer();
         if let Some((_, reason)) = producer.client().fatal_error() {
             let reason = scrub(self.sasl.as_ref(), &reason);
             tracing::warn!(sink = %self.describe, reason = %reason, "the producer hit a fatal error; making a new one");
             if let Ok(fresh) = make(&self.config, self.sasl.as_ref()) {
-                let mut slot = self.producer.write().unwrap_or_else(PoisonError::into_inner);
+                let mut slot = self
+                    .producer
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner);
                 if Arc::ptr_eq(&slot, &producer) {
                     *slot = Arc::new(fresh);
                 }

@@ -246,7 +246,12 @@ impl KafkaSource {
             .create_with_context(GroupContext {
                 shared: shared.clone(),
             })
-            .map_err(|e| scrub(config.sasl.as_ref(), &format!("cannot make the consumer: {e}")))?;
+            .map_err(|e| {
+                scrub(
+                    config.sasl.as_ref(),
+                    &format!("cannot make the consumer: {e}"),
+                )
+            })?;
         let names: Vec<&str> = topics.iter().map(String::as_str).collect();
         consumer
             .subscribe(&names)
