@@ -109,7 +109,9 @@ impl KafkaSink {
     /// report.
     fn send(&self, producer: &Producer_, message: &Message) -> Result<DeliveryFuture, SinkError> {
         let mut headers = OwnedHeaders::new_with_capacity(message.headers.len() + 1);
-        for (name, value) in &message.headers {
+        // A `sluice-id` that came with the message (from an upstream
+        // Sluice) is replaced by this message's own.
+        for (name, value) in message.headers.iter().filter(|(n, _)| n != ID_HEADER) {
             headers = headers.insert(Header {
                 key: name,
                 value: Some(value.as_bytes()),

@@ -54,6 +54,8 @@ const READS_IN_FLIGHT: usize = 4;
 const POLL: Duration = Duration::from_millis(100);
 /// How often an outage is probed (a metadata request) to see it end.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How long dropping the source waits for the consumer to close.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
 /// How long a lag or probe request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -196,7 +198,10 @@ type GroupConsumer = BaseConsumer<GroupContext>;
 
 /// A member of a Kafka consumer group.
 pub struct KafkaSource {
-    consumer: Arc<GroupConsumer>,
+    /// `None` once dropped (the poll thread then closes it).
+    consumer: Option<Arc<GroupConsumer>>,
+    /// Says when the poll thread has committed and closed the consumer.
+    closed: Option<std::sync::mpsc::Receiver<()>>,
     shared: Arc<Shared>,
     fetched: mpsc::Receiver<Fetched>,
     /// Per read not yet acknowledged, oldest first: for each partition it
@@ -258,10 +263,12 @@ impl KafkaSource {
             .map_err(|e| scrub(config.sasl.as_ref(), &format!("cannot subscribe: {e}")))?;
         let consumer = Arc::new(consumer);
         let (tx, rx) = mpsc::channel(buffer);
+        let (closed_tx, closed_rx) = std::sync::mpsc::channel();
         let poller = Poller {
             consumer: consumer.clone(),
             shared: shared.clone(),
             out: tx,
+            closed: closed_tx,
             multi_topic: topics.len() > 1,
             probe_topic: topics.first().cloned().unwrap_or_default(),
         };
@@ -270,7 +277,8 @@ impl KafkaSource {
             .spawn(move || poller.run())
             .map_err(|e| format!("cannot start the consumer's poll thread: {e}"))?;
         Ok(KafkaSource {
-            consumer,
+            consumer: Some(consumer),
+            closed: Some(closed_rx),
             shared,
             fetched: rx,
             unacked: VecDeque::new(),
@@ -387,9 +395,12 @@ impl Source for KafkaSource {
         if commit.count() == 0 {
             return Ok(());
         }
+        let Some(consumer) = &self.consumer else {
+            return Ok(());
+        };
         // Asynchronous: queued in order behind earlier commits; a revoke
         // commits synchronously behind it before the partition goes.
-        self.consumer
+        consumer
             .commit(&commit, CommitMode::Async)
             .map_err(|e| {
                 SourceError::Unavailable(scrub(
@@ -415,7 +426,7 @@ impl Source for KafkaSource {
                 .map(|tp| (tp.clone(), state.durable.get(tp).copied()))
                 .collect()
         };
-        let consumer = self.consumer.clone();
+        let consumer = self.consumer.clone()?;
         let multi = self.multi_topic;
         let measured = tokio::task::spawn_blocking(move || measure_lag(&consumer, owned, multi))
             .await
@@ -486,8 +497,14 @@ fn natural(name: &str) -> (String, u64) {
 impl Drop for KafkaSource {
     fn drop(&mut self) {
         // The poll thread commits the durable offsets and closes the
-        // consumer (leaving the group) once it holds the last reference.
+        // consumer (leaving the group, so its partitions move at once)
+        // once it holds the last reference. Waited for, briefly: at
+        // shutdown the process must not end before the commit lands.
         self.shared.stop.store(true, Ordering::SeqCst);
+        self.consumer = None;
+        if let Some(closed) = self.closed.take() {
+            let _ = closed.recv_timeout(CLOSE_WAIT);
+        }
     }
 }
 
@@ -496,6 +513,7 @@ struct Poller {
     consumer: Arc<GroupConsumer>,
     shared: Arc<Shared>,
     out: mpsc::Sender<Fetched>,
+    closed: std::sync::mpsc::Sender<()>,
     multi_topic: bool,
     probe_topic: String,
 }
@@ -626,7 +644,10 @@ impl Poller {
     /// the consumer (its revoke commits them again and leaves the group).
     fn close(self) {
         let Poller {
-            consumer, shared, ..
+            consumer,
+            shared,
+            closed,
+            ..
         } = self;
         {
             let state = shared.lock();
@@ -657,5 +678,6 @@ impl Poller {
             }
         }
         tracing::debug!(source = %shared.label, "kafka consumer closed");
+        let _ = closed.send(());
     }
 }
