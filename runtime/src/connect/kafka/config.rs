@@ -167,6 +167,12 @@ pub struct KafkaSourceConfig {
     /// This client's id (`client.id`), for the brokers' logs and quotas.
     #[serde(default)]
     pub client_id: Option<String>,
+    /// A static group member id (`group.instance.id`), one per daemon: a
+    /// daemon restarted within `session_timeout` (a crash) takes its
+    /// partitions back at once, without a rebalance. Leave it out where
+    /// daemons share one pipeline file.
+    #[serde(default)]
+    pub instance_id: Option<String>,
     /// `plaintext` (default), `ssl`, `sasl_plaintext` or `sasl_ssl`.
     #[serde(default)]
     pub security: Security,
@@ -437,6 +443,11 @@ impl SourceConfig for KafkaSourceConfig {
         }
         if let Err(e) = check_kafka_name(&self.group) {
             problems.push(ConfigProblem::at(&["group"], e));
+        }
+        if let Some(id) = &self.instance_id
+            && let Err(e) = check_kafka_name(id)
+        {
+            problems.push(ConfigProblem::at(&["instance_id"], e));
         }
         let session = self.session_timeout.get();
         if session < std::time::Duration::from_secs(1)

@@ -247,6 +247,9 @@ impl KafkaSource {
             .set("queued.min.messages", buffer.min(10_000).to_string())
             .set("queued.max.messages.kbytes", "16384")
             .set("enable.partition.eof", "false");
+        if let Some(id) = &config.instance_id {
+            client.set("group.instance.id", id);
+        }
         let consumer: GroupConsumer = client
             .create_with_context(GroupContext {
                 shared: shared.clone(),
