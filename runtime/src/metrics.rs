@@ -76,6 +76,9 @@ pub struct PartitionLabels {
     pub partition: String,
 }
 
+/// Per `(pipeline, source)`, the lag of each partition last reported.
+type PartitionLags = BTreeMap<(String, String), Vec<(String, u64)>>;
+
 /// Labels of per-connector metrics (sources and sinks).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConnectorLabels {
@@ -127,7 +130,7 @@ pub struct Metrics {
     pub source_partition_lag: Family<PartitionLabels, Gauge>,
     /// The partitions each source last reported, for `status` and to drop
     /// the gauges of partitions it no longer reads.
-    partition_lags: std::sync::Mutex<BTreeMap<(String, String), Vec<(String, u64)>>>,
+    partition_lags: std::sync::Mutex<PartitionLags>,
     /// `sluice_connector_up{connector}`: 1 while the connector reaches its
     /// outside system, 0 during an outage.
     pub connector_up: Family<ConnectorLabels, Gauge>,

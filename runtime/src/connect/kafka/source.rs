@@ -403,14 +403,12 @@ impl Source for KafkaSource {
         };
         // Asynchronous: queued in order behind earlier commits; a revoke
         // commits synchronously behind it before the partition goes.
-        consumer
-            .commit(&commit, CommitMode::Async)
-            .map_err(|e| {
-                SourceError::Unavailable(scrub(
-                    self.shared.sasl.as_ref(),
-                    &format!("{}: committing offsets failed: {e}", self.shared.label),
-                ))
-            })
+        consumer.commit(&commit, CommitMode::Async).map_err(|e| {
+            SourceError::Unavailable(scrub(
+                self.shared.sasl.as_ref(),
+                &format!("{}: committing offsets failed: {e}", self.shared.label),
+            ))
+        })
     }
 
     async fn release(&mut self) {
@@ -485,7 +483,7 @@ fn measure_lag(
         };
         out.push((name, u64::try_from(high - from).unwrap_or(0)));
     }
-    out.sort_by(|a, b| natural(&a.0).cmp(&natural(&b.0)));
+    out.sort_by_key(|a| natural(&a.0));
     out
 }
 
