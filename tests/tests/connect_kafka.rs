@@ -101,7 +101,7 @@ impl Kafka {
 impl Upstream for Kafka {
     fn source_block(&self) -> String {
         format!(
-            "kafka:\n  brokers: \"{}\"\n  topic: in\n  group: sluice\n  instance_id: edge-daemon\n  start: earliest\n  batch: 500\n  session_timeout: 6s\n",
+            "kafka:\n  brokers: \"{}\"\n  topic: in\n  group: sluice\n  start: earliest\n  batch: 500\n  session_timeout: 6s\n",
             self.brokers
         )
     }
