@@ -36,6 +36,7 @@ pub mod nats;
 pub mod postgres;
 pub mod rabbitmq;
 pub mod redis;
+pub mod tansu;
 
 pub use lang::{LANG_PLUGINS, build_lang_plugin, build_lang_plugins};
 

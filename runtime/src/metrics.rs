@@ -9,6 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 
 use crate::failure::FailureKind;
@@ -64,6 +65,20 @@ pub struct SourceLabels {
     pub source: String,
 }
 
+/// Labels of per-partition source metrics (a Kafka source's lag).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartitionLabels {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The source.
+    pub source: String,
+    /// The upstream partition (`3`, or `<topic>:3`).
+    pub partition: String,
+}
+
+/// Per `(pipeline, source)`, the lag of each partition last reported.
+type PartitionLags = BTreeMap<(String, String), Vec<(String, u64)>>;
+
 /// Labels of per-connector metrics (sources and sinks).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConnectorLabels {
@@ -110,6 +125,12 @@ pub struct Metrics {
     /// `sluice_source_lag{pipeline,source}`: messages waiting upstream,
     /// where the upstream can tell.
     pub source_lag: Family<SourceLabels, Gauge>,
+    /// `sluice_source_partition_lag{pipeline,source,partition}`: messages
+    /// waiting in each upstream partition this daemon reads (Kafka).
+    pub source_partition_lag: Family<PartitionLabels, Gauge>,
+    /// The partitions each source last reported, for `status` and to drop
+    /// the gauges of partitions it no longer reads.
+    partition_lags: std::sync::Mutex<PartitionLags>,
     /// `sluice_connector_up{connector}`: 1 while the connector reaches its
     /// outside system, 0 during an outage.
     pub connector_up: Family<ConnectorLabels, Gauge>,
@@ -148,6 +169,7 @@ impl Metrics {
         let storage_errors = Counter::default();
         let source_messages = Family::<SourceLabels, Counter>::default();
         let source_lag = Family::<SourceLabels, Gauge>::default();
+        let source_partition_lag = Family::<PartitionLabels, Gauge>::default();
         let connector_up = Family::<ConnectorLabels, Gauge>::default();
         let connector_outages = Family::<ConnectorLabels, Counter>::default();
         let resident_memory = Gauge::default();
@@ -215,6 +237,11 @@ impl Metrics {
             source_lag.clone(),
         );
         registry.register(
+            "sluice_source_partition_lag",
+            "Messages waiting in each upstream partition a source reads (Kafka)",
+            source_partition_lag.clone(),
+        );
+        registry.register(
             "sluice_connector_up",
             "1 while a source or sink reaches its outside system, 0 during an outage",
             connector_up.clone(),
@@ -269,6 +296,8 @@ impl Metrics {
             storage_errors,
             source_messages,
             source_lag,
+            source_partition_lag,
+            partition_lags: std::sync::Mutex::default(),
             connector_up,
             connector_outages,
             resident_memory,
@@ -322,6 +351,44 @@ impl Metrics {
                 source: source.to_owned(),
             })
             .set(i64::try_from(lag).unwrap_or(i64::MAX));
+    }
+
+    /// Sets a source's lag per upstream partition (the partitions it reads
+    /// now; gauges of partitions it no longer reads are removed).
+    pub fn set_source_partition_lag(&self, pipeline: &str, source: &str, lags: &[(String, u64)]) {
+        let labels = |partition: &str| PartitionLabels {
+            pipeline: pipeline.to_owned(),
+            source: source.to_owned(),
+            partition: partition.to_owned(),
+        };
+        let mut known = self
+            .partition_lags
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = (pipeline.to_owned(), source.to_owned());
+        if let Some(before) = known.get(&key) {
+            for (partition, _) in before {
+                if !lags.iter().any(|(p, _)| p == partition) {
+                    self.source_partition_lag.remove(&labels(partition));
+                }
+            }
+        }
+        for (partition, lag) in lags {
+            self.source_partition_lag
+                .get_or_create(&labels(partition))
+                .set(i64::try_from(*lag).unwrap_or(i64::MAX));
+        }
+        known.insert(key, lags.to_vec());
+    }
+
+    /// A source's last lag per upstream partition (empty if it has none).
+    pub fn source_partition_lag_values(&self, pipeline: &str, source: &str) -> Vec<(String, u64)> {
+        self.partition_lags
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&(pipeline.to_owned(), source.to_owned()))
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// A source's upstream lag, if it has reported one.

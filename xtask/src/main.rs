@@ -271,6 +271,8 @@ const PYTHON_PACKAGES: &[&str] = &[
     "boto3==1.43.11",
     // The RabbitMQ tests' outside producer and consumer.
     "pika==1.4.4",
+    // The Kafka tests' outside producer and consumer.
+    "confluent-kafka==2.16.1",
 ];
 
 /// `cargo xtask setup`: everything the tests need that cargo does not fetch.
@@ -278,6 +280,7 @@ const PYTHON_PACKAGES: &[&str] = &[
 fn setup() -> anyhow::Result<()> {
     ensure_wasm_target()?;
     ensure_test_servers()?;
+    ensure_kafka()?;
     pip_install(PYTHON_PACKAGES)?;
     ensure_lang_tools()
 }
@@ -382,6 +385,62 @@ fn ensure_test_servers() -> anyhow::Result<()> {
         "the connector tests need them (or set SLUICE_REDIS_SERVER / SLUICE_PG_BIN / \
          SLUICE_MOSQUITTO / SLUICE_RABBITMQ_BIN)",
     )
+}
+
+/// The tansu release the Kafka tests run (a Kafka-compatible broker;
+/// Apache Kafka's jars cannot be had here), with its SQLite storage.
+const TANSU_VERSION: &str = "0.6.0";
+
+/// The Kafka connector builds librdkafka from source with OpenSSL (its
+/// `ssl` feature): the OpenSSL headers and pkg-config must be there. Its
+/// tests run `tansu`, installed once (about 8 minutes cold) into
+/// `$HOME/.cache/sluice/tansu`, outside the clone, unless `$SLUICE_TANSU`
+/// names one.
+fn ensure_kafka() -> anyhow::Result<()> {
+    let has_openssl = Command::new("pkg-config")
+        .args(["--exists", "openssl"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_openssl {
+        apt_install(
+            &["libssl-dev", "pkg-config"],
+            "the Kafka connector builds librdkafka with OpenSSL",
+        )?;
+    }
+    if std::env::var_os("SLUICE_TANSU").is_some_and(|p| Path::new(&p).is_file()) {
+        return Ok(());
+    }
+    let home = std::env::var_os("HOME").context("$HOME is not set")?;
+    let root = Path::new(&home).join(".cache/sluice/tansu");
+    let bin = root.join("bin/tansu");
+    let stamp = root.join("version");
+    if bin.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|v| v.trim() == TANSU_VERSION) {
+        return Ok(());
+    }
+    println!(
+        "== cargo install tansu {TANSU_VERSION} (the Kafka tests' broker; once, cached in {})",
+        root.display()
+    );
+    let root_arg = root.to_str().context("non-UTF-8 $HOME")?;
+    run(Command::new(
+        std::env::var_os("CARGO")
+            .filter(|c| !c.is_empty())
+            .unwrap_or_else(|| "cargo".into()),
+    )
+    .args(["install", "tansu", "--version", TANSU_VERSION])
+    .args([
+        "--features",
+        "libsql",
+        "--locked",
+        "--quiet",
+        "--root",
+        root_arg,
+    ])
+    // A build directory of its own (a temporary one), not the workspace's.
+    .env_remove("CARGO_TARGET_DIR")
+    .stdin(Stdio::null()))?;
+    std::fs::write(&stamp, TANSU_VERSION).context("writing tansu's version stamp")?;
+    Ok(())
 }
 
 /// Installs Debian `packages` when this runs as root; otherwise fails

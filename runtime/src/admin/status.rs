@@ -77,6 +77,10 @@ pub struct SourceStatus {
     pub read_total: u64,
     /// Messages waiting upstream, where the upstream can tell.
     pub lag: Option<u64>,
+    /// The lag per upstream partition this daemon reads (Kafka), as
+    /// `(partition, lag)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partition_lag: Vec<(String, u64)>,
     /// Messages in its dead-letter topic (upstream messages that could not
     /// become messages).
     pub dlq_depth: u64,
@@ -176,6 +180,7 @@ pub(super) async fn sources(
                     .is_down(&format!("{}/{}", pipeline.name, source.name)),
                 read_total: metrics.source_total(&pipeline.name, &source.name),
                 lag: metrics.source_lag_value(&pipeline.name, &source.name),
+                partition_lag: metrics.source_partition_lag_values(&pipeline.name, &source.name),
                 dlq_depth,
             });
         }

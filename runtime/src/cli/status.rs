@@ -106,7 +106,7 @@ fn status(args: &Args) -> Result<(), ClientError> {
                         format!("{}/{} ({})", s.pipeline, s.source, s.kind),
                         s.topic.clone(),
                         s.read_total.to_string(),
-                        s.lag.map_or_else(|| "-".to_owned(), |l| l.to_string()),
+                        lag_text(s.lag, &s.partition_lag),
                         if s.up { "up" } else { "DOWN" }.to_owned(),
                         s.dlq_depth.to_string(),
                     ]
@@ -121,4 +121,24 @@ fn status(args: &Args) -> Result<(), ClientError> {
         })
     };
     written.map_err(|e| ClientError::Failed(format!("cannot write output: {e}")))
+}
+
+/// A source's lag for the table: the total, then per partition where the
+/// upstream has them (`120 (0:30 1:90)`; the first 16).
+fn lag_text(total: Option<u64>, partitions: &[(String, u64)]) -> String {
+    let Some(total) = total else {
+        return "-".to_owned();
+    };
+    if partitions.is_empty() {
+        return total.to_string();
+    }
+    let mut parts: Vec<String> = partitions
+        .iter()
+        .take(16)
+        .map(|(p, lag)| format!("{p}:{lag}"))
+        .collect();
+    if partitions.len() > 16 {
+        parts.push("...".to_owned());
+    }
+    format!("{total} ({})", parts.join(" "))
 }

@@ -29,6 +29,7 @@
 pub mod amqp;
 pub mod health;
 pub mod http;
+pub mod kafka;
 pub mod mqtt;
 pub mod names;
 pub mod nats;
@@ -228,6 +229,10 @@ pub struct SourceDef {
     /// Consume a RabbitMQ queue (manual acks after the durable publish).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub amqp: Option<amqp::AmqpSourceConfig>,
+    /// Consume Kafka topics in a consumer group (offsets committed after
+    /// the durable publish, contiguous per partition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<kafka::KafkaSourceConfig>,
 }
 
 impl SourceDef {
@@ -251,6 +256,9 @@ impl SourceDef {
             found.push(c);
         }
         if let Some(c) = &self.amqp {
+            found.push(c);
+        }
+        if let Some(c) = &self.kafka {
             found.push(c);
         }
         found
@@ -279,6 +287,9 @@ impl SourceDef {
             c.resolve_paths(dir);
         }
         if let Some(c) = &mut self.amqp {
+            c.resolve_paths(dir);
+        }
+        if let Some(c) = &mut self.kafka {
             c.resolve_paths(dir);
         }
     }
@@ -357,6 +368,10 @@ pub struct SinkDef {
     /// Publish each message to a RabbitMQ exchange (publisher confirms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub amqp: Option<amqp::AmqpSinkConfig>,
+    /// Produce each message to a Kafka topic (idempotent producer, acks
+    /// from all in-sync replicas).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<kafka::KafkaSinkConfig>,
 }
 
 impl SinkDef {
@@ -382,6 +397,9 @@ impl SinkDef {
             found.push(c);
         }
         if let Some(c) = &self.amqp {
+            found.push(c);
+        }
+        if let Some(c) = &self.kafka {
             found.push(c);
         }
         found
@@ -413,6 +431,9 @@ impl SinkDef {
             c.resolve_paths(dir);
         }
         if let Some(c) = &mut self.amqp {
+            c.resolve_paths(dir);
+        }
+        if let Some(c) = &mut self.kafka {
             c.resolve_paths(dir);
         }
     }

@@ -125,6 +125,13 @@ pub trait Source: Send {
     async fn lag(&mut self) -> Option<u64> {
         None
     }
+
+    /// The lag per partition (`(partition, lag)`), for an upstream split
+    /// into partitions (Kafka); asked right after [`lag`](Self::lag). The
+    /// default has none.
+    async fn partition_lag(&mut self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
 }
 
 /// Everything one running source needs.
@@ -305,6 +312,14 @@ impl<'a> Runner<'a> {
                         &self.route.ctx.name,
                         lag,
                     );
+                    let partitions = self.source.partition_lag().await;
+                    if !partitions.is_empty() {
+                        self.route.ctx.metrics.set_source_partition_lag(
+                            &self.route.ctx.pipeline,
+                            &self.route.ctx.name,
+                            &partitions,
+                        );
+                    }
                 }
             }
             if messages.is_empty() {

@@ -1,0 +1,108 @@
+//! Kafka: a source (a consumer group, offsets committed only once
+//! everything up to them is durably in the topic, contiguous per
+//! partition, and committed for a revoked partition before it is
+//! released) and a sink (the idempotent producer, `acks=all`, each write
+//! awaiting its delivery report).
+//!
+//! Both use rdkafka (librdkafka, built from source): the client the Rust
+//! field runs Kafka with, and the one with the group protocol, rebalance
+//! callbacks, the idempotent producer and delivery reports done the way
+//! the Java client does them. Its TLS is OpenSSL's (librdkafka has no
+//! rustls); its errors carry no password (the SASL password is only ever
+//! handed to librdkafka), and are scrubbed of it all the same.
+
+mod config;
+mod sink;
+mod source;
+
+use rdkafka::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+pub use config::{
+    Brokers, KafkaSinkConfig, KafkaSourceConfig, Sasl, SaslMechanism, Security, StartFrom,
+};
+pub use sink::KafkaSink;
+pub use source::KafkaSource;
+
+use config::Connection;
+
+/// The librdkafka settings shared by the consumer and the producer: the
+/// brokers, the client id, TLS and SASL. Fails on a TLS file that cannot
+/// be read (named in the message).
+pub(crate) fn client_config(conn: &Connection<'_>) -> Result<ClientConfig, String> {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", conn.brokers.joined())
+        .set("security.protocol", conn.security.protocol())
+        // Errors come back through the calls and the error callback; the
+        // library's own log lines go to `tracing` at debug level.
+        .set("log_level", "4")
+        .set("socket.connection.setup.timeout.ms", "5000")
+        .set("reconnect.backoff.max.ms", "2000");
+    if let Some(id) = conn.client_id {
+        config.set("client.id", id);
+    }
+    if matches!(conn.security, Security::Ssl | Security::SaslSsl) {
+        if let Some(ca) = conn.tls.ca {
+            crate::connect::tls::read_roots(ca)?;
+            config.set("ssl.ca.location", ca.to_string_lossy());
+        }
+        if let (Some(cert), Some(key)) = (conn.tls.cert, conn.tls.key) {
+            conn.tls.identity()?;
+            config
+                .set("ssl.certificate.location", cert.to_string_lossy())
+                .set("ssl.key.location", key.to_string_lossy());
+        }
+        config.set("enable.ssl.certificate.verification", "true");
+    }
+    if let Some(sasl) = conn.sasl {
+        config
+            .set("sasl.mechanism", sasl.mechanism.name())
+            .set("sasl.username", &sasl.username)
+            .set("sasl.password", sasl.password.expose());
+    }
+    Ok(config)
+}
+
+/// `text` with the SASL password (if any) replaced by `***`.
+pub(crate) fn scrub(sasl: Option<&Sasl>, text: &str) -> String {
+    match sasl {
+        Some(sasl) if !sasl.password.expose().is_empty() => {
+            text.replace(sasl.password.expose(), "***")
+        }
+        _ => text.to_owned(),
+    }
+}
+
+/// The librdkafka error code inside `err`, if it carries one.
+pub(crate) fn code(err: &KafkaError) -> Option<RDKafkaErrorCode> {
+    err.rdkafka_error_code()
+}
+
+/// Whether `code` means the brokers cannot be reached or talked to (an
+/// outage), as opposed to a refusal of one request.
+pub(crate) fn is_outage(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::BrokerTransportFailure
+            | C::AllBrokersDown
+            | C::Resolve
+            | C::MessageTimedOut
+            | C::OperationTimedOut
+            | C::RequestTimedOut
+            | C::NetworkException
+            | C::Authentication
+            | C::SaslAuthenticationFailed
+            | C::SSL
+            | C::CoordinatorNotAvailable
+            | C::NotCoordinator
+            | C::UnknownTopic
+            | C::UnknownTopicOrPartition
+            | C::TopicAuthorizationFailed
+            | C::GroupAuthorizationFailed
+            | C::ClusterAuthorizationFailed
+            | C::WaitingForCoordinator
+            | C::Fatal
+    )
+}

@@ -1,0 +1,685 @@
+//! The Kafka source: one member of a consumer group.
+//!
+//! - **A poll thread** owns the polling of the librdkafka consumer
+//!   (`enable.auto.commit=false`, `enable.auto.offset.store=false`): it is
+//!   polled every 100 ms whatever the runner does, so rebalances are
+//!   served and the group never takes this daemon for dead. What it
+//!   fetches goes into a bounded channel (`buffer` messages); when that is
+//!   full the assigned partitions are paused (librdkafka then drops what
+//!   it had fetched ahead and resumes at the next message not handed
+//!   over), so memory stays bounded and nothing is skipped.
+//! - **`read`** takes at most `max` (the room under the topic's
+//!   high-water mark) from the channel. Messages still in the channel were
+//!   never read: nothing is committed for them.
+//! - **`ack`** (per read, in read order, after the durable publish)
+//!   commits, for each partition the read holds, its last offset + 1.
+//!   Within one assignment a partition's messages arrive in offset order
+//!   and reads are acked in read order, so that offset and every earlier
+//!   one are durable: commits are contiguous per partition, whatever the
+//!   number of reads in flight.
+//! - **A rebalance**: before a partition is revoked, the poll thread
+//!   commits its durable offset synchronously, under the same lock `ack`
+//!   takes, and forgets the partition. Each assignment has an epoch;
+//!   messages and reads of an earlier epoch of a partition are never
+//!   committed for (the new owner reads them again: their ids
+//!   `<partition>:<offset>` collapse in the topic's duplicate window), and
+//!   messages of a revoked partition still in the channel are dropped.
+//!
+//! Ids are `<partition>:<offset>` (with several `topics`,
+//! `<topic>:<partition>:<offset>`).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaResult;
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+
+use super::config::{KafkaSourceConfig, Sasl, StartFrom};
+use super::{client_config, code, is_outage, scrub};
+use crate::connect::{Capabilities, Context, Source, SourceError, SourceMessage};
+
+/// Reads open at once: while one read is made durable, the next ones are
+/// already read.
+const READS_IN_FLIGHT: usize = 4;
+/// How long one poll of the consumer waits.
+const POLL: Duration = Duration::from_millis(100);
+/// How often an outage is probed (a metadata request) to see it end.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How long dropping the source waits for the consumer to close.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+/// How long a lag or probe request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A partition: its topic and number.
+type Tp = (String, i32);
+
+/// One message the poll thread fetched, with the assignment epoch of its
+/// partition at that moment.
+struct Fetched {
+    tp: Tp,
+    offset: i64,
+    epoch: u64,
+    message: SourceMessage,
+}
+
+/// What the poll thread, the rebalance callbacks and the source share.
+#[derive(Default)]
+struct State {
+    /// The partitions this member owns now, each with its assignment's
+    /// epoch.
+    owned: HashMap<Tp, u64>,
+    /// Per owned partition, the next offset to commit: the last durable
+    /// one + 1.
+    durable: HashMap<Tp, i64>,
+    /// The last epoch handed out.
+    epoch: u64,
+    /// Why the brokers cannot be reached, during an outage.
+    down: Option<String>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// The source was dropped: the poll thread commits and leaves.
+    stop: AtomicBool,
+    label: String,
+    sasl: Option<Sasl>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The consumer's context: the rebalance callbacks (run by the poll
+/// thread, inside `poll`).
+struct GroupContext {
+    shared: Arc<Shared>,
+}
+
+impl ClientContext for GroupContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        let text = scrub(self.shared.sasl.as_ref(), log_message);
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => {
+                tracing::debug!(source = %self.shared.label, facility = fac, "librdkafka: {text}");
+            }
+            _ => tracing::trace!(source = %self.shared.label, facility = fac, "librdkafka: {text}"),
+        }
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        // Errors also come back through `poll`, where they are handled.
+        let text = scrub(self.shared.sasl.as_ref(), &format!("{error}: {reason}"));
+        tracing::debug!(source = %self.shared.label, "librdkafka error: {text}");
+    }
+}
+
+impl ConsumerContext for GroupContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(revoked) = rebalance else {
+            return;
+        };
+        // Under the lock `ack` commits under: no commit for these
+        // partitions can start once this has taken them away.
+        let mut state = self.shared.lock();
+        let mut commit = TopicPartitionList::new();
+        let mut names = Vec::new();
+        for el in revoked.elements() {
+            let tp = (el.topic().to_owned(), el.partition());
+            names.push(format!("{}:{}", tp.0, tp.1));
+            if let Some(next) = state.durable.remove(&tp) {
+                let _ = commit.add_partition_offset(&tp.0, tp.1, Offset::Offset(next));
+            }
+            state.owned.remove(&tp);
+        }
+        if commit.count() > 0 {
+            let lost = consumer.assignment_lost();
+            match consumer.commit(&commit, CommitMode::Sync) {
+                Ok(()) => {
+                    tracing::info!(source = %self.shared.label, partitions = %names.join(","), "partitions revoked; their durable offsets are committed");
+                }
+                Err(err) => {
+                    // Not a loss: the next owner reads from the last
+                    // committed offset, and the ids collapse.
+                    let text = scrub(self.shared.sasl.as_ref(), &err.to_string());
+                    tracing::warn!(source = %self.shared.label, partitions = %names.join(","), lost, error = %text, "partitions revoked; committing their durable offsets failed (the next owner reads them again)");
+                }
+            }
+        } else {
+            tracing::info!(source = %self.shared.label, partitions = %names.join(","), "partitions revoked");
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(assigned) => {
+                let mut state = self.shared.lock();
+                state.epoch += 1;
+                let epoch = state.epoch;
+                let mut names = Vec::new();
+                for el in assigned.elements() {
+                    let tp = (el.topic().to_owned(), el.partition());
+                    names.push(format!("{}:{}", tp.0, tp.1));
+                    state.owned.insert(tp, epoch);
+                }
+                state.down = None;
+                tracing::info!(source = %self.shared.label, partitions = %names.join(","), epoch, "partitions assigned");
+            }
+            Rebalance::Revoke(_) => {}
+            Rebalance::Error(err) => {
+                let text = scrub(self.shared.sasl.as_ref(), &err.to_string());
+                tracing::warn!(source = %self.shared.label, error = %text, "consumer group rebalance failed");
+            }
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+        if let Err(err) = result {
+            let text = scrub(self.shared.sasl.as_ref(), &err.to_string());
+            tracing::debug!(source = %self.shared.label, error = %text, "an offset commit failed (a later one carries it)");
+        }
+    }
+}
+
+type GroupConsumer = BaseConsumer<GroupContext>;
+
+/// A member of a Kafka consumer group.
+pub struct KafkaSource {
+    /// `None` once dropped (the poll thread then closes it).
+    consumer: Option<Arc<GroupConsumer>>,
+    /// Says when the poll thread has committed and closed the consumer.
+    closed: Option<std::sync::mpsc::Receiver<()>>,
+    shared: Arc<Shared>,
+    fetched: mpsc::Receiver<Fetched>,
+    /// Per read not yet acknowledged, oldest first: for each partition it
+    /// holds, the assignment epoch and the last offset.
+    unacked: VecDeque<Vec<(Tp, u64, i64)>>,
+    /// Per partition, the epoch and the next offset expected (a message
+    /// delivered twice within one assignment is dropped).
+    next: HashMap<Tp, (u64, i64)>,
+    /// The last per-partition lag measured.
+    partition_lag: Vec<(String, u64)>,
+    multi_topic: bool,
+}
+
+impl KafkaSource {
+    /// The source of `config`: the consumer is made and subscribed (which
+    /// contacts nothing), and its poll thread started.
+    pub(crate) fn new(config: &KafkaSourceConfig, ctx: &Context) -> Result<Self, String> {
+        let topics = config.topic_list();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            stop: AtomicBool::new(false),
+            label: ctx.label(),
+            sasl: config.sasl.clone(),
+        });
+        let mut client = client_config(&config.connection())?;
+        let session_ms = config.session_timeout.get().as_millis().max(1000);
+        let buffer = usize::try_from(config.buffer.get()).unwrap_or(2000);
+        client
+            .set("group.id", &config.group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set(
+                "auto.offset.reset",
+                match config.start {
+                    StartFrom::Latest => "latest",
+                    StartFrom::Earliest => "earliest",
+                },
+            )
+            .set("session.timeout.ms", session_ms.to_string())
+            .set("heartbeat.interval.ms", (session_ms / 3).to_string())
+            // What librdkafka fetches ahead, per partition, is bounded
+            // too: at most this many messages or KiB.
+            .set("queued.min.messages", buffer.min(10_000).to_string())
+            .set("queued.max.messages.kbytes", "16384")
+            .set("enable.partition.eof", "false");
+        if let Some(id) = &config.instance_id {
+            client.set("group.instance.id", id);
+        }
+        let consumer: GroupConsumer = client
+            .create_with_context(GroupContext {
+                shared: shared.clone(),
+            })
+            .map_err(|e| {
+                scrub(
+                    config.sasl.as_ref(),
+                    &format!("cannot make the consumer: {e}"),
+                )
+            })?;
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        consumer
+            .subscribe(&names)
+            .map_err(|e| scrub(config.sasl.as_ref(), &format!("cannot subscribe: {e}")))?;
+        let consumer = Arc::new(consumer);
+        let (tx, rx) = mpsc::channel(buffer);
+        let (closed_tx, closed_rx) = std::sync::mpsc::channel();
+        let poller = Poller {
+            consumer: consumer.clone(),
+            shared: shared.clone(),
+            out: tx,
+            closed: closed_tx,
+            multi_topic: topics.len() > 1,
+            probe_topic: topics.first().cloned().unwrap_or_default(),
+        };
+        std::thread::Builder::new()
+            .name(format!("kafka-{}", ctx.name))
+            .spawn(move || poller.run())
+            .map_err(|e| format!("cannot start the consumer's poll thread: {e}"))?;
+        Ok(KafkaSource {
+            consumer: Some(consumer),
+            closed: Some(closed_rx),
+            shared,
+            fetched: rx,
+            unacked: VecDeque::new(),
+            next: HashMap::new(),
+            partition_lag: Vec::new(),
+            multi_topic: topics.len() > 1,
+        })
+    }
+
+    /// Whether `f` belongs to the current assignment of its partition and
+    /// comes after what was read of it; notes it as read.
+    fn take(&mut self, owned: &HashMap<Tp, u64>, f: &Fetched) -> bool {
+        if owned.get(&f.tp) != Some(&f.epoch) {
+            return false;
+        }
+        match self.next.get(&f.tp) {
+            Some((epoch, next)) if *epoch == f.epoch && f.offset < *next => false,
+            _ => {
+                self.next.insert(f.tp.clone(), (f.epoch, f.offset + 1));
+                true
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Source for KafkaSource {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            // Offsets, not messages, are committed: a commit covers every
+            // earlier offset of its partition.
+            per_message_ack: false,
+            // A partition is read in offset order.
+            ordered_by_key: true,
+            lag: true,
+        }
+    }
+
+    fn reads_in_flight(&self) -> usize {
+        READS_IN_FLIGHT
+    }
+
+    async fn read(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<SourceMessage>, SourceError> {
+        let mut batch: Vec<Fetched> = Vec::new();
+        let first = if wait.is_zero() {
+            self.fetched.try_recv().ok()
+        } else {
+            tokio::time::timeout(wait, self.fetched.recv())
+                .await
+                .ok()
+                .flatten()
+        };
+        if let Some(first) = first {
+            batch.push(first);
+            while batch.len() < max {
+                match self.fetched.try_recv() {
+                    Ok(f) => batch.push(f),
+                    Err(_) => break,
+                }
+            }
+        }
+        let (owned, down) = {
+            let state = self.shared.lock();
+            (state.owned.clone(), state.down.clone())
+        };
+        let mut spans: BTreeMap<Tp, (u64, i64)> = BTreeMap::new();
+        let mut out = Vec::with_capacity(batch.len());
+        for f in batch {
+            if !self.take(&owned, &f) {
+                continue;
+            }
+            let span = spans.entry(f.tp.clone()).or_insert((f.epoch, f.offset));
+            span.1 = span.1.max(f.offset);
+            out.push(f.message);
+        }
+        if out.is_empty() {
+            return match down {
+                Some(why) => Err(SourceError::Unavailable(why)),
+                None => Ok(out),
+            };
+        }
+        self.unacked.push_back(
+            spans
+                .into_iter()
+                .map(|(tp, (epoch, last))| (tp, epoch, last))
+                .collect(),
+        );
+        Ok(out)
+    }
+
+    async fn ack(&mut self) -> Result<(), SourceError> {
+        let Some(read) = self.unacked.pop_front() else {
+            return Ok(());
+        };
+        let mut state = self.shared.lock();
+        let mut commit = TopicPartitionList::new();
+        for (tp, epoch, last) in read {
+            // A partition revoked since (or revoked and assigned again):
+            // its new owner reads from the committed offset; nothing is
+            // committed for it here.
+            if state.owned.get(&tp) != Some(&epoch) {
+                continue;
+            }
+            let next = last + 1;
+            if state.durable.get(&tp).is_some_and(|d| *d >= next) {
+                continue;
+            }
+            state.durable.insert(tp.clone(), next);
+            let _ = commit.add_partition_offset(&tp.0, tp.1, Offset::Offset(next));
+        }
+        if commit.count() == 0 {
+            return Ok(());
+        }
+        let Some(consumer) = &self.consumer else {
+            return Ok(());
+        };
+        // Asynchronous: queued in order behind earlier commits; a revoke
+        // commits synchronously behind it before the partition goes.
+        consumer.commit(&commit, CommitMode::Async).map_err(|e| {
+            SourceError::Unavailable(scrub(
+                self.shared.sasl.as_ref(),
+                &format!("{}: committing offsets failed: {e}", self.shared.label),
+            ))
+        })
+    }
+
+    async fn release(&mut self) {
+        // At shutdown: nothing of these reads is committed; whoever owns
+        // their partitions next reads them again from the committed
+        // offsets.
+        self.unacked.clear();
+    }
+
+    async fn lag(&mut self) -> Option<u64> {
+        let owned: Vec<(Tp, Option<i64>)> = {
+            let state = self.shared.lock();
+            state
+                .owned
+                .keys()
+                .map(|tp| (tp.clone(), state.durable.get(tp).copied()))
+                .collect()
+        };
+        let consumer = self.consumer.clone()?;
+        let multi = self.multi_topic;
+        let measured = tokio::task::spawn_blocking(move || measure_lag(&consumer, owned, multi))
+            .await
+            .ok()?;
+        let total = measured.iter().map(|(_, lag)| lag).sum();
+        self.partition_lag = measured;
+        Some(total)
+    }
+
+    async fn partition_lag(&mut self) -> Vec<(String, u64)> {
+        self.partition_lag.clone()
+    }
+}
+
+/// Per owned partition: its high watermark less the next offset to
+/// commit (the durable one, else the group's committed one, else the low
+/// watermark).
+fn measure_lag(
+    consumer: &GroupConsumer,
+    owned: Vec<(Tp, Option<i64>)>,
+    multi_topic: bool,
+) -> Vec<(String, u64)> {
+    let mut ask = TopicPartitionList::new();
+    for ((topic, partition), durable) in &owned {
+        if durable.is_none() {
+            ask.add_partition(topic, *partition);
+        }
+    }
+    let committed: HashMap<(String, i32), Offset> = if ask.count() > 0 {
+        consumer
+            .committed_offsets(ask, REQUEST_TIMEOUT)
+            .map(|tpl| tpl.to_topic_map())
+            .unwrap_or_default()
+    } else {
+        HashMap::new()
+    };
+    let mut out = Vec::new();
+    for ((topic, partition), durable) in owned {
+        let Ok((low, high)) = consumer.fetch_watermarks(&topic, partition, REQUEST_TIMEOUT) else {
+            continue;
+        };
+        let from = durable
+            .or_else(|| match committed.get(&(topic.clone(), partition)) {
+                Some(Offset::Offset(o)) => Some(*o),
+                _ => None,
+            })
+            .unwrap_or(low)
+            .max(low);
+        let name = if multi_topic {
+            format!("{topic}:{partition}")
+        } else {
+            partition.to_string()
+        };
+        out.push((name, u64::try_from(high - from).unwrap_or(0)));
+    }
+    out.sort_by_key(|a| natural(&a.0));
+    out
+}
+
+/// Sorts `3` before `10`.
+fn natural(name: &str) -> (String, u64) {
+    match name.rsplit_once(':') {
+        Some((topic, p)) => (topic.to_owned(), p.parse().unwrap_or(0)),
+        None => (String::new(), name.parse().unwrap_or(0)),
+    }
+}
+
+impl Drop for KafkaSource {
+    fn drop(&mut self) {
+        // The poll thread commits the durable offsets and closes the
+        // consumer (leaving the group, so its partitions move at once)
+        // once it holds the last reference. Waited for, briefly: at
+        // shutdown the process must not end before the commit lands.
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.consumer = None;
+        if let Some(closed) = self.closed.take() {
+            let _ = closed.recv_timeout(CLOSE_WAIT);
+        }
+    }
+}
+
+/// The poll thread.
+struct Poller {
+    consumer: Arc<GroupConsumer>,
+    shared: Arc<Shared>,
+    out: mpsc::Sender<Fetched>,
+    closed: std::sync::mpsc::Sender<()>,
+    multi_topic: bool,
+    probe_topic: String,
+}
+
+impl Poller {
+    fn run(self) {
+        let mut overflow: VecDeque<Fetched> = VecDeque::new();
+        // The epoch whose assignment is paused, while the channel is full.
+        let mut paused: Option<u64> = None;
+        let mut probed = Instant::now();
+        while !self.shared.stop.load(Ordering::SeqCst) {
+            while let Some(f) = overflow.pop_front() {
+                match self.out.try_send(f) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(f)) => {
+                        overflow.push_front(f);
+                        break;
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        self.shared.stop.store(true, Ordering::SeqCst);
+                        break;
+                    }
+                }
+            }
+            let epoch = self.shared.lock().epoch;
+            if overflow.is_empty() {
+                if paused.take().is_some()
+                    && let Ok(assignment) = self.consumer.assignment()
+                {
+                    let _ = self.consumer.resume(&assignment);
+                }
+            } else if paused != Some(epoch)
+                && let Ok(assignment) = self.consumer.assignment()
+            {
+                // Full: fetch no more until the reads catch up (an
+                // assignment made since is paused anew).
+                let _ = self.consumer.pause(&assignment);
+                paused = Some(epoch);
+            }
+            match self.consumer.poll(POLL) {
+                None => {}
+                Some(Ok(m)) => {
+                    let tp = (m.topic().to_owned(), m.partition());
+                    let epoch = {
+                        let mut state = self.shared.lock();
+                        state.down = None;
+                        state.owned.get(&tp).copied()
+                    };
+                    // A message of a partition not owned (revoked
+                    // meanwhile) is dropped: its new owner reads it.
+                    if let Some(epoch) = epoch {
+                        overflow.push_back(self.fetched(&m, tp, epoch));
+                    }
+                }
+                Some(Err(err)) => {
+                    let text = scrub(self.shared.sasl.as_ref(), &err.to_string());
+                    if code(&err).is_some_and(is_outage) {
+                        let mut state = self.shared.lock();
+                        if state.down.is_none() {
+                            tracing::debug!(source = %self.shared.label, error = %text, "kafka unreachable");
+                        }
+                        state.down = Some(format!("kafka: {text}"));
+                    } else {
+                        tracing::warn!(source = %self.shared.label, error = %text, "kafka consumer error");
+                    }
+                }
+            }
+            if probed.elapsed() >= PROBE_EVERY && self.shared.lock().down.is_some() {
+                probed = Instant::now();
+                if self
+                    .consumer
+                    .fetch_metadata(Some(&self.probe_topic), REQUEST_TIMEOUT)
+                    .is_ok_and(|m| {
+                        m.topics()
+                            .iter()
+                            .any(|t| t.error().is_none() && !t.partitions().is_empty())
+                    })
+                {
+                    self.shared.lock().down = None;
+                }
+            }
+        }
+        self.close();
+    }
+
+    /// Turns a fetched message into a source message.
+    fn fetched(&self, m: &rdkafka::message::BorrowedMessage<'_>, tp: Tp, epoch: u64) -> Fetched {
+        let offset = m.offset();
+        let upstream_id = if self.multi_topic {
+            format!("{}:{}:{offset}", tp.0, tp.1)
+        } else {
+            format!("{}:{offset}", tp.1)
+        };
+        let mut problems = Vec::new();
+        let key = m.key().and_then(|k| match std::str::from_utf8(k) {
+            Ok(k) => Some(k.to_owned()),
+            Err(_) => {
+                problems.push("its key is not UTF-8 text".to_owned());
+                None
+            }
+        });
+        let mut headers = Vec::new();
+        if let Some(hs) = m.headers() {
+            for h in hs.iter() {
+                let value = h.value.unwrap_or_default();
+                match std::str::from_utf8(value) {
+                    Ok(v) => headers.push((h.key.to_owned(), v.to_owned())),
+                    Err(_) => problems.push(format!("header `{}` is not UTF-8 text", h.key)),
+                }
+            }
+        }
+        let message = SourceMessage {
+            upstream_id,
+            key,
+            headers,
+            payload: Bytes::copy_from_slice(m.payload().unwrap_or_default()),
+            problem: (!problems.is_empty()).then(|| problems.join("; ")),
+        };
+        Fetched {
+            tp,
+            offset,
+            epoch,
+            message,
+        }
+    }
+
+    /// After the source is gone: commits the durable offsets, then closes
+    /// the consumer (its revoke commits them again and leaves the group).
+    fn close(self) {
+        let Poller {
+            consumer,
+            shared,
+            closed,
+            ..
+        } = self;
+        {
+            let state = shared.lock();
+            let mut commit = TopicPartitionList::new();
+            for (tp, next) in &state.durable {
+                if state.owned.contains_key(tp) {
+                    let _ = commit.add_partition_offset(&tp.0, tp.1, Offset::Offset(*next));
+                }
+            }
+            if commit.count() > 0 {
+                let _ = consumer.commit(&commit, CommitMode::Sync);
+            }
+        }
+        // The source's reference goes with it; wait for that (briefly).
+        let started = Instant::now();
+        let mut consumer = consumer;
+        loop {
+            match Arc::try_unwrap(consumer) {
+                Ok(c) => {
+                    drop(c);
+                    break;
+                }
+                Err(c) if started.elapsed() < Duration::from_secs(10) => {
+                    consumer = c;
+                    let _ = consumer.poll(POLL);
+                }
+                Err(_) => break,
+            }
+        }
+        tracing::debug!(source = %shared.label, "kafka consumer closed");
+        let _ = closed.send(());
+    }
+}

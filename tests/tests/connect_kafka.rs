@@ -1,0 +1,462 @@
+//! The Kafka source and sink end to end: a real Kafka-compatible broker
+//! per test (`tansu`, `sluice_harness::tansu`), the real `sluice` binary,
+//! real plugins, and an outside client (confluent-kafka, driven by
+//! `tests/fixtures/kafka_client.py`). Every delivery check is set-based.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::Value;
+use sluice_harness::tansu::TansuServer;
+use sluice_tests::edges::{Delivered, Duplicates, Upstream, round_trip_under_faults};
+use sluice_tests::{Daemon, Msg, header, plugin, sluice_bin, write_pipeline};
+
+const LONG: Duration = Duration::from_secs(240);
+
+fn tansu() -> TansuServer {
+    TansuServer::start().unwrap_or_else(|e| panic!("starting tansu: {e:#}"))
+}
+
+/// Runs the outside client with `args`; its JSON answer, or why not.
+fn try_client(args: &[&str]) -> Result<Value, String> {
+    let script = sluice_harness::repo_root().join("tests/fixtures/kafka_client.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args(args)
+        .output()
+        .map_err(|e| format!("running python3: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "kafka_client.py {args:?} failed: {}",
+            err.lines().last().unwrap_or_default()
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("not JSON: {e}"))
+}
+
+/// Runs the outside client with `args`; its JSON answer.
+fn client(args: &[&str]) -> Value {
+    let script = sluice_harness::repo_root().join("tests/fixtures/kafka_client.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args(args)
+        .output()
+        .expect("running python3");
+    assert!(
+        out.status.success(),
+        "kafka_client.py {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "kafka_client.py {args:?}: not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+fn create(brokers: &str, topic: &str, partitions: usize) {
+    client(&["create", brokers, topic, &partitions.to_string()]);
+}
+
+fn produce(brokers: &str, topic: &str, from: usize, n: usize) {
+    client(&["produce", brokers, topic, &from.to_string(), &n.to_string()]);
+}
+
+/// Every message of `topic`, from the beginning.
+fn dump(brokers: &str, topic: &str) -> Vec<Value> {
+    client(&["dump", brokers, topic])
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Partition -> offset, from a JSON object.
+fn per_partition(value: &Value) -> BTreeMap<i32, i64> {
+    value
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .map(|(p, v)| (p.parse().expect("partition"), v.as_i64().unwrap_or(-1)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The group's committed offset per partition (negative: none).
+fn committed(brokers: &str, group: &str, topic: &str) -> BTreeMap<i32, i64> {
+    per_partition(&client(&["committed", brokers, group, topic]))
+}
+
+/// The high watermark per partition.
+fn watermarks(brokers: &str, topic: &str) -> BTreeMap<i32, i64> {
+    per_partition(&client(&["watermarks", brokers, topic]))
+}
+
+/// The suite's upstream: topic `in` (4 partitions) read by the source,
+/// topic `out` written by the sink.
+struct Kafka {
+    server: TansuServer,
+    brokers: String,
+}
+
+impl Kafka {
+    fn new() -> Kafka {
+        let server = tansu();
+        let brokers = server.brokers();
+        create(&brokers, "in", 4);
+        create(&brokers, "out", 4);
+        Kafka { server, brokers }
+    }
+}
+
+impl Upstream for Kafka {
+    fn source_block(&self) -> String {
+        format!(
+            "kafka:\n  brokers: \"{}\"\n  topic: in\n  group: sluice\n  start: earliest\n  batch: 500\n  session_timeout: 6s\n",
+            self.brokers
+        )
+    }
+
+    fn sink_block(&self) -> String {
+        format!(
+            "batch: {{max: 200, wait: 20ms}}\nkafka:\n  brokers: \"{}\"\n  topic: out\n",
+            self.brokers
+        )
+    }
+
+    fn produce(&mut self, from: usize, n: usize) {
+        produce(&self.brokers, "in", from, n);
+    }
+
+    fn delivered(&mut self) -> Vec<Delivered> {
+        // The broker may be restarting: nothing read this time (the suite
+        // asks again, and prints tansu's log if it never comes back).
+        let all = match try_client(&["dump", &self.brokers, "out"]) {
+            Ok(all) => all.as_array().cloned().unwrap_or_default(),
+            Err(why) => {
+                eprintln!("{why}");
+                Vec::new()
+            }
+        };
+        all.iter()
+            .map(|m| Delivered {
+                payload: m["payload"].as_str().unwrap_or_default().to_owned(),
+                sluice_id: m["headers"]["sluice-id"].as_str().map(str::to_owned),
+            })
+            .collect()
+    }
+
+    fn restart(&mut self) {
+        self.server.restart().expect("tansu restarts");
+    }
+
+    fn log(&self) -> String {
+        format!("tansu log:\n{}", self.server.log())
+    }
+}
+
+/// Ignored: on tansu 0.6 (the only Kafka-compatible broker this machine
+/// can run) the group stalls after a member is killed with SIGKILL: the
+/// dead member keeps its partitions and the restarted one is given none,
+/// with no rebalance after its session times out (docs/connectors/kafka.md,
+/// "Testing on tansu"). Run it with `--ignored` against a real Kafka
+/// (`SLUICE_KAFKA_BROKERS` is not wired yet: it starts tansu).
+#[test]
+#[ignore = "tansu 0.6 stalls the consumer group after a kill -9 (docs/connectors/kafka.md)"]
+fn twenty_thousand_round_trip_under_kill9_and_a_broker_restart() {
+    let mut up = Kafka::new();
+    let report = round_trip_under_faults(&mut up, 20_000, Duplicates::SameId);
+    assert_eq!(report.distinct, 20_000);
+    // What the sink wrote keeps the key and headers of the input.
+    let sample = dump(&up.brokers, "out");
+    let m = sample
+        .iter()
+        .find(|m| m["payload"] == "MSG-7")
+        .expect("MSG-7 delivered");
+    assert_eq!(m["key"], "k7", "{m}");
+    assert_eq!(m["headers"]["n"], "7", "{m}");
+    assert!(
+        m["headers"]["sluice-id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("edge.upper:") || id.contains("src:")),
+        "{m}"
+    );
+}
+
+/// A pipeline of one Kafka source (group `g`) into the Sluice topic `in`,
+/// nothing reading it: what the source made durable stays there to be
+/// checked.
+fn group_pipeline(dir: &Path, brokers: &str) -> PathBuf {
+    let yaml = format!(
+        r#"
+name: grp
+topics: [in]
+sources:
+  - name: src
+    to: in
+    kafka:
+      brokers: "{brokers}"
+      topic: in
+      group: g
+      start: earliest
+      batch: 100
+      buffer: 300
+      session_timeout: 6s
+"#
+    );
+    write_pipeline(dir, "grp", &yaml)
+}
+
+/// The upstream positions (`(partition, offset)`) in `daemons`' topic
+/// `in`, from the ids `src:<partition>:<offset>`.
+fn durable(daemons: &[&Daemon]) -> BTreeSet<(i32, i64)> {
+    let mut out = BTreeSet::new();
+    for d in daemons {
+        for m in d.read_all("in") {
+            let id = m["id"].as_str().unwrap_or_default();
+            let mut parts = id.split(':');
+            assert_eq!(parts.next(), Some("src"), "{id}");
+            let p: i32 = parts.next().and_then(|p| p.parse().ok()).expect(id);
+            let o: i64 = parts.next().and_then(|o| o.parse().ok()).expect(id);
+            out.insert((p, o));
+        }
+    }
+    out
+}
+
+/// Asserts that for each partition every offset below `commits` is in
+/// `held`: nothing was committed past a message not in a Sluice topic.
+fn assert_commits_covered(commits: &BTreeMap<i32, i64>, held: &BTreeSet<(i32, i64)>, when: &str) {
+    for (p, c) in commits {
+        let missing: Vec<i64> = (0..*c)
+            .filter(|o| !held.contains(&(*p, *o)))
+            .take(5)
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{when}: partition {p} committed at {c}, yet offsets {missing:?} are in no Sluice topic"
+        );
+    }
+}
+
+#[test]
+fn two_daemons_in_one_group_hand_partitions_over_losing_and_committing_nothing_early() {
+    let server = tansu();
+    let brokers = server.brokers();
+    create(&brokers, "in", 4);
+    let first = 4_000;
+    let more = 4_000;
+    produce(&brokers, "in", 0, first);
+    let dir = tempfile::tempdir().expect("dir");
+    let file = group_pipeline(dir.path(), &brokers);
+    let mut a = Daemon::start(&[&file], &dir.path().join("a"));
+    a.wait_until("A reads", LONG, |d| d.depth("in") >= 300);
+    let mut b = Daemon::start(&[&file], &dir.path().join("b"));
+    // More arrives while partitions move.
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let brokers = brokers.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut i = first;
+            while i < first + more && !stop.load(Ordering::Relaxed) {
+                produce(&brokers, "in", i, 250);
+                i += 250;
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })
+    };
+    b.wait_until("B takes partitions over", LONG, |d| d.depth("in") >= 100);
+    // While both run: committed (read first) is covered by the topics
+    // (read after).
+    let commits = committed(&brokers, "g", "in");
+    assert_commits_covered(&commits, &durable(&[&a, &b]), "both running");
+
+    // B stops (its partitions go back to A), then starts again.
+    let (status, took) = b.sigterm();
+    assert!(status.success(), "B exited {status:?} after {took:?}");
+    let commits_b_down = committed(&brokers, "g", "in");
+    b.restart();
+    assert_commits_covered(&commits_b_down, &durable(&[&a, &b]), "after B stopped");
+    let b_before = b.depth("in");
+    b.wait_until("B reads again", LONG, |d| d.depth("in") > b_before);
+
+    // Then A stops and starts again.
+    let (status, took) = a.sigterm();
+    assert!(status.success(), "A exited {status:?} after {took:?}");
+    let commits_a_down = committed(&brokers, "g", "in");
+    a.restart();
+    assert_commits_covered(&commits_a_down, &durable(&[&a, &b]), "after A stopped");
+
+    producer.join().expect("producer");
+    stop.store(true, Ordering::Relaxed);
+    let total = first + more;
+    let high = watermarks(&brokers, "in");
+    assert_eq!(high.values().sum::<i64>(), total as i64, "{high:?}");
+    a.wait_until("every message in a Sluice topic", LONG, |d| {
+        let held = durable(&[d, &b]);
+        held.len() >= total
+    });
+    // 0 lost: every upstream position is in a Sluice topic.
+    let held = durable(&[&a, &b]);
+    for (p, h) in &high {
+        let missing: Vec<i64> = (0..*h)
+            .filter(|o| !held.contains(&(*p, *o)))
+            .take(5)
+            .collect();
+        assert!(missing.is_empty(), "partition {p}: lost {missing:?}");
+    }
+    // The commits catch up with everything, and never pass it.
+    a.wait_until("commits reach the end of every partition", LONG, |_| {
+        committed(&brokers, "g", "in") == high
+    });
+    // Both daemons read (the group shared the partitions).
+    assert!(a.depth("in") > 0 && b.depth("in") > 0);
+    // Per-partition lag is reported.
+    let sources = a.get("/v1/sources");
+    assert!(sources.to_string().contains("partition_lag"), "{sources}");
+}
+
+#[test]
+fn poison_messages_are_dead_lettered_with_the_reason() {
+    let server = tansu();
+    let brokers = server.brokers();
+    create(&brokers, "in", 1);
+    create(&brokers, "out", 1);
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        r#"
+name: kp
+topics: [in, big]
+sources:
+  - name: src
+    to: in
+    kafka: {{brokers: "{brokers}", topic: in, group: g, start: earliest}}
+sinks:
+  - name: out
+    subscribe: big
+    kafka: {{brokers: "{brokers}", topic: out, max_message_bytes: 1000}}
+"#
+    );
+    let file = write_pipeline(dir.path(), "kp", &yaml);
+    // A key that is not UTF-8 cannot become a Sluice key.
+    client(&["produce-raw-key", &brokers, "in"]);
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    daemon.publish(
+        "big",
+        &[
+            Msg::new("small", "fits"),
+            Msg::new("large", "x".repeat(5_000)),
+        ],
+    );
+    daemon.wait_until("the large message in kp.out.dlq", LONG, |d| {
+        d.depth("kp.out.dlq") >= 1
+    });
+    let rejected = daemon.read_all("kp.out.dlq");
+    let text = rejected[0].to_string();
+    assert!(text.contains("rejected"), "{text}");
+    assert!(text.to_lowercase().contains("too large"), "{text}");
+    daemon.wait_until("the small one delivered", LONG, |_| {
+        dump(&brokers, "out").iter().any(|m| m["payload"] == "fits")
+    });
+    daemon.wait_until("the bad key in kp.src.dlq", LONG, |d| {
+        d.depth("kp.src.dlq") >= 1
+    });
+    let poison = daemon.read_all("kp.src.dlq");
+    let text = poison[0].to_string();
+    assert!(text.contains("key is not UTF-8"), "{text}");
+    assert_eq!(header(&poison[0], "n"), Some("0"));
+}
+
+#[test]
+fn an_outage_is_shown_by_readiness_and_status_and_the_password_never_appears() {
+    // A loopback port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let brokers = format!("127.0.0.1:{port}");
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        r#"
+name: kd
+topics: [in]
+sources:
+  - name: src
+    to: in
+    kafka:
+      brokers: "{brokers}"
+      topic: in
+      group: g
+      security: sasl_plaintext
+      sasl: {{mechanism: SCRAM-SHA-256, username: alice, password: hunter2}}
+sinks:
+  - name: out
+    subscribe: in
+    kafka:
+      brokers: "{brokers}"
+      topic: out
+      delivery_timeout: 2s
+      security: sasl_plaintext
+      sasl: {{mechanism: PLAIN, username: alice, password: hunter2}}
+"#
+    );
+    let file = write_pipeline(dir.path(), "kd", &yaml);
+    let validated = Command::new(sluice_bin())
+        .args(["validate"])
+        .arg(&file)
+        .output()
+        .expect("sluice validate");
+    assert!(validated.status.success(), "{validated:?}");
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    daemon.publish("in", &[Msg::new("held-1", "waits for the brokers")]);
+    daemon.wait_until("readiness names both", LONG, |d| {
+        let (status, reasons) = d.readiness();
+        status == "degraded" && reasons.contains("kd/src") && reasons.contains("kd/out")
+    });
+    let status = daemon.get("/v1/status");
+    let sink = status
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["stage"] == "out"))
+        .cloned()
+        .expect("the sink's status");
+    assert_eq!(sink["up"], false, "{sink}");
+    let sources = daemon.get("/v1/sources");
+    assert!(sources.to_string().contains("\"up\":false"), "{sources}");
+    // The held message spends no attempts: nothing in the DLQ.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(daemon.depth("kd.out.dlq"), 0);
+    let ready = daemon.get("/health/ready").to_string();
+    let shown = format!(
+        "{ready}\n{status}\n{sources}\n{}\n{}",
+        daemon.log(),
+        String::from_utf8_lossy(&validated.stdout)
+    );
+    assert!(!shown.contains("hunter2"), "the password shows:\n{shown}");
+    let cli = daemon.cli(&["status"], &[]);
+    let text = String::from_utf8_lossy(&cli.stdout);
+    assert!(text.contains("DOWN"), "{text}");
+    assert!(!text.contains("hunter2"), "{text}");
+}
+
+#[test]
+fn the_example_pipeline_validates() {
+    assert!(Path::new(&plugin("uppercase")).is_file());
+    let out = Command::new(sluice_bin())
+        .arg("validate")
+        .arg(sluice_harness::repo_root().join("pipelines/kafka.yaml"))
+        .output()
+        .expect("sluice validate");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
