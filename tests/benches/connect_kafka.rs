@@ -23,6 +23,7 @@
 
 #![allow(missing_docs)]
 
+use sluice_tests::bench::{self, report};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -39,15 +40,7 @@ const BATCHES: [usize; 2] = [100, 1000];
 const PARTITIONS: usize = 4;
 
 fn main() {
-    let n: usize = std::env::var("SLUICE_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(if cfg!(debug_assertions) {
-            2_000
-        } else {
-            20_000
-        });
-    let samples = if cfg!(debug_assertions) { 1 } else { SAMPLES };
+    let (n, samples) = bench::size(2_000, 20_000, SAMPLES);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -287,15 +280,4 @@ sinks:
         std::thread::sleep(Duration::from_millis(20));
     }
     n as f64 / started.elapsed().as_secs_f64()
-}
-
-fn median(samples: &[f64]) -> f64 {
-    let mut sorted = samples.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
-
-fn report(name: &str, a: &[f64], b: &[f64]) {
-    let (ma, mb) = (median(a), median(b));
-    println!("| {name} | {ma:.0} | {mb:.0} | {:.2} |", mb / ma);
 }

@@ -22,6 +22,7 @@
 
 #![allow(missing_docs)]
 
+use sluice_tests::bench::{self, report};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -37,15 +38,7 @@ const CASES: [usize; 2] = [100, 1000];
 const LIMIT: Duration = Duration::from_secs(600);
 
 fn main() {
-    let n: usize = std::env::var("SLUICE_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(if cfg!(debug_assertions) {
-            2_000
-        } else {
-            20_000
-        });
-    let samples = if cfg!(debug_assertions) { 1 } else { SAMPLES };
+    let (n, samples) = bench::size(2_000, 20_000, SAMPLES);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -260,15 +253,4 @@ sinks:
         wait_count(&count, n, started).await;
     });
     n as f64 / started.elapsed().as_secs_f64()
-}
-
-fn median(samples: &[f64]) -> f64 {
-    let mut sorted = samples.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
-
-fn report(name: &str, a: &[f64], b: &[f64]) {
-    let (ma, mb) = (median(a), median(b));
-    println!("| {name} | {ma:.0} | {mb:.0} | {:.2} |", mb / ma);
 }

@@ -23,6 +23,7 @@
 
 #![allow(missing_docs)]
 
+use sluice_tests::bench::{self, median};
 use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::Client;
@@ -36,11 +37,7 @@ const SAMPLES: usize = 3;
 const BATCH: usize = 10;
 
 fn main() {
-    let n: usize = std::env::var("SLUICE_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(if cfg!(debug_assertions) { 200 } else { 2_000 });
-    let samples = if cfg!(debug_assertions) { 1 } else { SAMPLES };
+    let (n, samples) = bench::size(200, 2_000, SAMPLES);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -259,10 +256,4 @@ sinks:
         producer.await.expect("producer");
     });
     n as f64 / started.elapsed().as_secs_f64()
-}
-
-fn median(samples: &[f64]) -> f64 {
-    let mut sorted = samples.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
 }

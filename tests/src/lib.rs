@@ -4,6 +4,7 @@
 //! in `tests/`, one test binary per file, and all start their daemons
 //! here, so a change to how the daemon is run is made once.
 
+pub mod bench;
 mod daemon;
 pub mod edges;
 pub mod jetstream;
