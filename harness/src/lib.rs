@@ -34,6 +34,7 @@ pub mod mosquitto;
 pub mod moto;
 pub mod nats;
 pub mod postgres;
+pub mod process;
 pub mod rabbitmq;
 pub mod redis;
 pub mod tansu;

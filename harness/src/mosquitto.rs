@@ -20,7 +20,8 @@
 //! # Ok(()) }
 //! ```
 
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use crate::process::free_port;
+use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -42,12 +43,17 @@ pub struct Options {
     /// An ACL file's text (`topic readwrite in/#` ...), applied to every
     /// client (anonymous ones too).
     pub acl: Option<String>,
+    /// Also serve TLS, on a second port ([`Mosquitto::tls_url`]), with
+    /// this certificate and key (PEM); the first port stays plain, for
+    /// outside clients.
+    pub tls: Option<(String, String)>,
 }
 
 /// A running `mosquitto` of this test's own.
 pub struct Mosquitto {
     child: Option<Child>,
     port: u16,
+    tls_port: Option<u16>,
     dir: tempfile::TempDir,
 }
 
@@ -120,10 +126,25 @@ impl Mosquitto {
             std::fs::write(&file, acl)?;
             conf.push_str(&format!("acl_file {}\n", file.display()));
         }
+        let mut tls_port = None;
+        if let Some((cert, key)) = &options.tls {
+            let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+            std::fs::write(&cert_file, cert)?;
+            std::fs::write(&key_file, key)?;
+            let port = free_port()?;
+            // Settings after a `listener` line are that listener's.
+            conf.push_str(&format!(
+                "listener {port} 127.0.0.1\ncertfile {}\nkeyfile {}\n",
+                cert_file.display(),
+                key_file.display()
+            ));
+            tls_port = Some(port);
+        }
         std::fs::write(dir.path().join("mosquitto.conf"), conf)?;
         let mut broker = Mosquitto {
             child: None,
             port,
+            tls_port,
             dir,
         };
         broker.spawn()?;
@@ -178,6 +199,13 @@ impl Mosquitto {
         format!("mqtt://127.0.0.1:{}", self.port)
     }
 
+    /// `mqtts://localhost:<port>` of the TLS listener, when started with
+    /// [`Options::tls`] (`localhost`, a name the test certificates carry).
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_port
+            .map(|port| format!("mqtts://localhost:{port}"))
+    }
+
     /// The port.
     pub fn port(&self) -> u16 {
         self.port
@@ -204,18 +232,8 @@ impl Mosquitto {
     /// Stops the broker with SIGTERM (saving its data); connections are
     /// refused until [`start_again`](Self::start_again).
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let pid = rustix::process::Pid::from_child(&child);
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-            let started = Instant::now();
-            while started.elapsed() < STOP_TIMEOUT {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(POLL);
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(child) = self.child.take() {
+            crate::process::terminate(child, STOP_TIMEOUT);
         }
     }
 
@@ -239,9 +257,8 @@ impl Mosquitto {
 
 impl Drop for Mosquitto {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(child) = self.child.take() {
+            crate::process::kill(child);
         }
     }
 }
@@ -273,11 +290,4 @@ fn passwd_binary() -> PathBuf {
         }
     }
     PathBuf::from("mosquitto_passwd")
-}
-
-/// A loopback port nobody listens on now.
-fn free_port() -> anyhow::Result<u16> {
-    let listener =
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("binding a free loopback port")?;
-    Ok(listener.local_addr()?.port())
 }

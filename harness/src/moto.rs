@@ -8,8 +8,9 @@
 //! # anyhow::Ok(())
 //! ```
 
+use crate::process::free_port;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -208,16 +209,8 @@ impl MotoServer {
 impl Drop for MotoServer {
     /// Kills the server (also when a test panicked).
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(child) = self.child.take() {
+            crate::process::kill(child);
         }
     }
-}
-
-/// A free loopback port (bound and released; a start retries if another
-/// process takes it first).
-fn free_port() -> anyhow::Result<u16> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("binding 127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
 }

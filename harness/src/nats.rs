@@ -281,6 +281,8 @@ pub struct NatsServer {
     log: PathBuf,
     /// JetStream's `store_dir`.
     store: PathBuf,
+    /// The certificate and key files of a server that also speaks TLS.
+    tls: Option<(PathBuf, PathBuf)>,
     /// The running process; `None` once killed, stopped or seen to exit.
     child: Option<Child>,
     /// Where the current run's output starts in the log.
@@ -301,11 +303,38 @@ impl NatsServer {
     /// server exits or is not ready within 30 s (the error quotes its log),
     /// or, after 5 tries on fresh ports, other processes keep taking them.
     pub fn start() -> anyhow::Result<NatsServer> {
+        NatsServer::start_with(None)
+    }
+
+    /// [`start`](Self::start), a server that also takes TLS clients
+    /// (`tls://`, [`tls_url`](Self::tls_url)) on its port, with this
+    /// certificate and key (PEM); plain clients are still taken
+    /// (`allow_non_tls`), for the tests' outside clients.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start), or when the files cannot be written.
+    pub fn start_with_tls(cert: &str, key: &str) -> anyhow::Result<NatsServer> {
+        NatsServer::start_with(Some((cert, key)))
+    }
+
+    fn start_with(tls: Option<(&str, &str)>) -> anyhow::Result<NatsServer> {
         let binary = nats_server_binary()?;
         let mut attempt = 1;
         loop {
             let ports = free_ports(2)?;
             let mut server = NatsServer::create(&binary, unique_name(), ports[0], ports[1], None)?;
+            if let Some((cert, key)) = tls {
+                let files = (
+                    server.dir.path().join("cert.pem"),
+                    server.dir.path().join("key.pem"),
+                );
+                std::fs::write(&files.0, cert)?;
+                std::fs::write(&files.1, key)?;
+                server.tls = Some(files);
+                std::fs::write(&server.config, server.config_text()?)
+                    .with_context(|| format!("writing {}", server.config.display()))?;
+            }
             server.spawn()?;
             match server.wait_ready(Instant::now() + START_TIMEOUT) {
                 Ok(()) => return Ok(server),
@@ -337,6 +366,7 @@ impl NatsServer {
             config: dir.path().join("nats-server.conf"),
             log: dir.path().join("nats-server.log"),
             store: dir.path().join("store"),
+            tls: None,
             child: None,
             run_start: 0,
             dir,
@@ -365,6 +395,16 @@ impl NatsServer {
             monitor = self.monitor_port,
             store = quote(store),
         );
+        if let Some((cert, key)) = &self.tls {
+            let (Some(cert), Some(key)) = (cert.to_str(), key.to_str()) else {
+                bail!("the temporary directory {} is not UTF-8", cert.display());
+            };
+            text.push_str(&format!(
+                "tls {{\n  cert_file: {}\n  key_file: {}\n}}\nallow_non_tls: true\n",
+                quote(cert),
+                quote(key)
+            ));
+        }
         if let Some(cluster) = &self.cluster {
             let routes: Vec<String> = cluster
                 .peers
@@ -477,6 +517,15 @@ impl NatsServer {
     /// The client URL, `nats://127.0.0.1:<port>`, for connecting clients.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// `tls://localhost:<port>` for a server started with
+    /// [`start_with_tls`](Self::start_with_tls) (`localhost`, a name the
+    /// test certificates carry).
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls
+            .as_ref()
+            .map(|_| format!("tls://localhost:{}", self.port))
     }
 
     /// The client port, for tests that speak the protocol over raw TCP.

@@ -7,7 +7,7 @@
 //! server binary runs through `runuser -u postgres --`, and the directory
 //! is handed to the `postgres` user.
 
-use std::net::{Ipv4Addr, TcpListener};
+use crate::process::free_port;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,11 +50,6 @@ fn is_root() -> bool {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
         .unwrap_or(false)
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("binding a free port")?;
-    Ok(listener.local_addr()?.port())
 }
 
 impl PostgresServer {

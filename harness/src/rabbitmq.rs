@@ -23,7 +23,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::net::{Ipv4Addr, TcpListener};
+use crate::process::free_port;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -39,6 +39,7 @@ const POLL: Duration = Duration::from_millis(200);
 pub struct RabbitNode {
     child: Option<Child>,
     port: u16,
+    tls_port: Option<u16>,
     dist_port: u16,
     dir: tempfile::TempDir,
     node: String,
@@ -55,22 +56,55 @@ impl RabbitNode {
     /// When the scripts cannot be found or run, or the node does not
     /// start in time (the error quotes its log).
     pub fn start() -> anyhow::Result<RabbitNode> {
+        RabbitNode::start_with(None)
+    }
+
+    /// [`start`](Self::start), a node that also listens for TLS on a
+    /// second port ([`tls_url`](Self::tls_url)) with this certificate and
+    /// key (PEM); the first port stays plain, for outside clients.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with_tls(cert: &str, key: &str) -> anyhow::Result<RabbitNode> {
+        RabbitNode::start_with(Some((cert, key)))
+    }
+
+    fn start_with(tls: Option<(&str, &str)>) -> anyhow::Result<RabbitNode> {
         let dir = tempfile::tempdir().context("a temporary directory for rabbitmq")?;
         let port = free_port()?;
         let dist_port = free_port()?;
         std::fs::create_dir_all(dir.path().join("mnesia"))?;
         std::fs::create_dir_all(dir.path().join("log"))?;
         std::fs::write(dir.path().join("enabled_plugins"), "[].\n")?;
-        std::fs::write(
-            dir.path().join("rabbitmq.conf"),
+        let mut conf = String::from(
             "loopback_users = none\n\
              disk_free_limit.absolute = 50MB\n\
              log.console = false\n\
              log.file.level = info\n",
-        )?;
+        );
+        let mut tls_port = None;
+        if let Some((cert, key)) = tls {
+            let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+            std::fs::write(&cert_file, cert)?;
+            std::fs::write(&key_file, key)?;
+            let port = free_port()?;
+            conf.push_str(&format!(
+                "listeners.ssl.1 = 127.0.0.1:{port}\n\
+                 ssl_options.certfile = {}\n\
+                 ssl_options.keyfile = {}\n\
+                 ssl_options.verify = verify_none\n\
+                 ssl_options.fail_if_no_peer_cert = false\n",
+                cert_file.display(),
+                key_file.display()
+            ));
+            tls_port = Some(port);
+        }
+        std::fs::write(dir.path().join("rabbitmq.conf"), conf)?;
         let mut node = RabbitNode {
             child: None,
             port,
+            tls_port,
             dist_port,
             node: format!("sluice-{port}@localhost"),
             dir,
@@ -163,6 +197,14 @@ impl RabbitNode {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
     }
 
+    /// `amqps://guest:guest@localhost:PORT/%2f` of the TLS listener, for
+    /// a node started with [`start_with_tls`](Self::start_with_tls)
+    /// (`localhost`, a name the test certificates carry).
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_port
+            .map(|port| format!("amqps://guest:guest@localhost:{port}/%2f"))
+    }
+
     /// The AMQP port.
     pub fn port(&self) -> u16 {
         self.port
@@ -205,14 +247,9 @@ impl RabbitNode {
     /// [`start_again`](Self::start_again).
     pub fn stop(&mut self) {
         let _ = self.ctl(&["stop"]);
-        if let Some(mut child) = self.child.take() {
-            let started = Instant::now();
-            while started.elapsed() < Duration::from_secs(30) {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(POLL);
-            }
+        if let Some(mut child) = self.child.take()
+            && !crate::process::wait_exit(&mut child, Duration::from_secs(30))
+        {
             kill_group(&mut child);
         }
     }
@@ -274,11 +311,4 @@ fn kill_group(child: &mut Child) {
 
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
-}
-
-/// A loopback port nobody listens on now.
-fn free_port() -> anyhow::Result<u16> {
-    let listener =
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("binding a free loopback port")?;
-    Ok(listener.local_addr()?.port())
 }

@@ -18,8 +18,9 @@
 //! # Ok(()) }
 //! ```
 
+use crate::process::free_port;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -279,16 +280,8 @@ impl RedisServer {
     /// Waits for the stopping server to exit (killing it past
     /// [`STOP_TIMEOUT`]).
     fn reap(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let started = Instant::now();
-            while started.elapsed() < STOP_TIMEOUT {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(POLL);
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(child) = self.child.take() {
+            crate::process::reap(child, STOP_TIMEOUT);
         }
     }
 
@@ -316,9 +309,8 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(child) = self.child.take() {
+            crate::process::kill(child);
         }
     }
 }
@@ -329,11 +321,4 @@ fn pack(out: &mut Vec<u8>, args: &[&str]) {
     for arg in args {
         out.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
     }
-}
-
-/// A loopback port nobody listens on now.
-fn free_port() -> anyhow::Result<u16> {
-    let listener =
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("binding a free loopback port")?;
-    Ok(listener.local_addr()?.port())
 }

@@ -22,7 +22,8 @@
 //! # Ok(()) }
 //! ```
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use crate::process::free_port;
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -159,19 +160,8 @@ impl TansuServer {
 
     /// Stops the broker; its data stays for [`start_again`](Self::start_again).
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status();
-            let started = Instant::now();
-            while started.elapsed() < STOP_TIMEOUT {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(POLL);
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(child) = self.child.take() {
+            crate::process::terminate(child, STOP_TIMEOUT);
         }
     }
 
@@ -195,16 +185,8 @@ impl TansuServer {
 
 impl Drop for TansuServer {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(child) = self.child.take() {
+            crate::process::kill(child);
         }
     }
-}
-
-/// A loopback port nobody listens on now.
-fn free_port() -> anyhow::Result<u16> {
-    let listener =
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("binding a free loopback port")?;
-    Ok(listener.local_addr()?.port())
 }

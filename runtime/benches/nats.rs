@@ -103,7 +103,7 @@ fn main() {
         let server = if let Ok(url) = std::env::var("NATS_BENCH_URL") {
             Server::External(url)
         } else if durable {
-            Server::Harness(NatsServer::start().expect("nats-server"))
+            Server::Harness(Box::new(NatsServer::start().expect("nats-server")))
         } else {
             Server::DefaultSync(FlagServer::start(&[]).expect("nats-server"))
         };
@@ -159,7 +159,7 @@ fn main() {
 
 /// The server a comparison runs on.
 enum Server {
-    Harness(NatsServer),
+    Harness(Box<NatsServer>),
     /// nats-server's default sync: no config, flags only.
     DefaultSync(FlagServer),
     /// One the caller runs (`NATS_BENCH_URL`), e.g. to read its /varz.

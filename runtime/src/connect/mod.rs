@@ -39,6 +39,8 @@ mod secret;
 pub mod sink;
 pub mod source;
 pub mod sqs;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod tls;
 
 use std::collections::BTreeMap;
@@ -112,6 +114,27 @@ pub struct BuildError {
     pub name: String,
     /// What is wrong.
     pub message: String,
+}
+
+impl BuildError {
+    /// The source `ctx` names could not be built, for `message`.
+    pub fn source(ctx: &Context, message: impl Into<String>) -> Self {
+        Self::new("source", ctx, message)
+    }
+
+    /// The sink `ctx` names could not be built, for `message`.
+    pub fn sink(ctx: &Context, message: impl Into<String>) -> Self {
+        Self::new("sink", ctx, message)
+    }
+
+    /// A `connector` (`source` or `sink`) that could not be built.
+    pub fn new(connector: &'static str, ctx: &Context, message: impl Into<String>) -> Self {
+        BuildError {
+            connector,
+            name: ctx.name.clone(),
+            message: message.into(),
+        }
+    }
 }
 
 /// A problem in a connector block, at a path of keys below the block
@@ -195,6 +218,45 @@ pub trait SinkConfig: Send + Sync {
     }
 }
 
+/// The methods over a definition's connector blocks (`SourceDef`,
+/// `SinkDef`), from one list of its block fields, so that a connector
+/// added to the struct is added to `connectors`, `resolve_paths` and
+/// `KINDS` at once (a unit test checks the list against the struct).
+macro_rules! connector_blocks {
+    ($def:ty, $config:ident, [$($field:ident),+ $(,)?]) => {
+        impl $def {
+            /// The keys a connector block may have.
+            pub const KINDS: &'static [&'static str] = &[$(stringify!($field)),+];
+
+            /// The connector blocks present: exactly one is valid
+            /// (`validate` reports none or several).
+            pub fn connectors(&self) -> Vec<&dyn $config> {
+                let mut found: Vec<&dyn $config> = Vec::new();
+                $(
+                    if let Some(c) = &self.$field {
+                        found.push(c);
+                    }
+                )+
+                found
+            }
+
+            /// The connector block (the first, if several were given).
+            pub fn connector(&self) -> Option<&dyn $config> {
+                self.connectors().into_iter().next()
+            }
+
+            /// Makes every block's relative paths absolute against `dir`.
+            pub fn resolve_paths(&mut self, dir: &Path) {
+                $(
+                    if let Some(c) = &mut self.$field {
+                        c.resolve_paths(dir);
+                    }
+                )+
+            }
+        }
+    };
+}
+
 /// A source as the pipeline file declares it: a name, a topic, and one
 /// connector block.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
@@ -235,69 +297,13 @@ pub struct SourceDef {
     pub kafka: Option<kafka::KafkaSourceConfig>,
 }
 
+connector_blocks!(
+    SourceDef,
+    SourceConfig,
+    [redis, postgres, mqtt, nats, sqs, amqp, kafka]
+);
+
 impl SourceDef {
-    /// The connector blocks present, with their keys: exactly one is
-    /// valid (`validate` reports none or several).
-    pub fn connectors(&self) -> Vec<&dyn SourceConfig> {
-        let mut found: Vec<&dyn SourceConfig> = Vec::new();
-        if let Some(c) = &self.redis {
-            found.push(c);
-        }
-        if let Some(c) = &self.postgres {
-            found.push(c);
-        }
-        if let Some(c) = &self.mqtt {
-            found.push(c);
-        }
-        if let Some(c) = &self.nats {
-            found.push(c);
-        }
-        if let Some(c) = &self.sqs {
-            found.push(c);
-        }
-        if let Some(c) = &self.amqp {
-            found.push(c);
-        }
-        if let Some(c) = &self.kafka {
-            found.push(c);
-        }
-        found
-    }
-
-    /// The connector block (the first, if several were given).
-    pub fn connector(&self) -> Option<&dyn SourceConfig> {
-        self.connectors().into_iter().next()
-    }
-
-    /// Makes every block's relative paths absolute against `dir`.
-    pub fn resolve_paths(&mut self, dir: &Path) {
-        if let Some(c) = &mut self.redis {
-            c.resolve_paths(dir);
-        }
-        if let Some(c) = &mut self.postgres {
-            c.resolve_paths(dir);
-        }
-        if let Some(c) = &mut self.mqtt {
-            c.resolve_paths(dir);
-        }
-        if let Some(c) = &mut self.nats {
-            c.resolve_paths(dir);
-        }
-        if let Some(c) = &mut self.sqs {
-            c.resolve_paths(dir);
-        }
-        if let Some(c) = &mut self.amqp {
-            c.resolve_paths(dir);
-        }
-        if let Some(c) = &mut self.kafka {
-            c.resolve_paths(dir);
-        }
-    }
-
-    /// The keys a source's connector block may have.
-    pub const KINDS: &'static [&'static str] =
-        &["redis", "postgres", "mqtt", "nats", "sqs", "amqp"];
-
     /// `<pipeline>.<source>.dlq`.
     pub fn dlq_topic(&self, pipeline: &str) -> String {
         crate::config::default_dlq(pipeline, &self.name)
@@ -374,74 +380,13 @@ pub struct SinkDef {
     pub kafka: Option<kafka::KafkaSinkConfig>,
 }
 
+connector_blocks!(
+    SinkDef,
+    SinkConfig,
+    [http, postgres, redis, mqtt, nats, sqs, amqp, kafka]
+);
+
 impl SinkDef {
-    /// The connector blocks present: exactly one is valid.
-    pub fn connectors(&self) -> Vec<&dyn SinkConfig> {
-        let mut found: Vec<&dyn SinkConfig> = Vec::new();
-        if let Some(c) = &self.http {
-            found.push(c);
-        }
-        if let Some(c) = &self.postgres {
-            found.push(c);
-        }
-        if let Some(c) = &self.redis {
-            found.push(c);
-        }
-        if let Some(c) = &self.mqtt {
-            found.push(c);
-        }
-        if let Some(c) = &self.nats {
-            found.push(c);
-        }
-        if let Some(c) = &self.sqs {
-            found.push(c);
-        }
-        if let Some(c) = &self.amqp {
-            found.push(c);
-        }
-        if let Some(c) = &self.kafka {
-            found.push(c);
-        }
-        found
-    }
-
-    /// The connector block (the first, if several were given).
-    pub fn connector(&self) -> Option<&dyn SinkConfig> {
-        self.connectors().into_iter().next()
-    }
-
-    /// Makes every block's relative paths absolute against `dir`.
-    pub fn resolve_paths(&mut self, dir: &Path) {
-        if let Some(c) = &mut self.http {
-            c.resolve_paths(dir);
-        }
-        if let Some(c) = &mut self.postgres {
-            c.resolve_paths(dir);
-        }
-        if let Some(c) = &mut self.redis {
-            c.resolve_paths(dir);
-        }
-        if let Some(c) = &mut self.mqtt {
-            c.resolve_paths(dir);
-        }
-        if let Some(c) = &mut self.nats {
-            c.resolve_paths(dir);
-        }
-        if let Some(c) = &mut self.sqs {
-            c.resolve_paths(dir);
-        }
-        if let Some(c) = &mut self.amqp {
-            c.resolve_paths(dir);
-        }
-        if let Some(c) = &mut self.kafka {
-            c.resolve_paths(dir);
-        }
-    }
-
-    /// The keys a sink's connector block may have.
-    pub const KINDS: &'static [&'static str] =
-        &["http", "postgres", "redis", "mqtt", "nats", "sqs"];
-
     /// The stage that runs this sink: the same knobs, no plugin, and the
     /// sink itself as its built-in handler.
     pub fn to_stage(&self) -> Stage {
@@ -464,5 +409,56 @@ impl SinkDef {
             dedup: self.dedup.clone(),
             sink: Some(Arc::new(self.clone())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The top-level keys of `T`'s schema, but `others`, sorted.
+    fn block_keys<T: JsonSchema>(others: &[&str]) -> Vec<String> {
+        let schema = schemars::schema_for!(T);
+        let properties = schema
+            .get("properties")
+            .and_then(|p| p.as_object())
+            .expect("a struct's schema has properties");
+        let mut keys: Vec<String> = properties
+            .keys()
+            .filter(|k| !others.contains(&k.as_str()))
+            .cloned()
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    fn sorted(kinds: &[&str]) -> Vec<String> {
+        let mut kinds: Vec<String> = kinds.iter().map(|k| k.to_string()).collect();
+        kinds.sort();
+        kinds
+    }
+
+    /// A connector block added to `SourceDef` or `SinkDef` but not to its
+    /// `connector_blocks!` list would be parsed and then ignored.
+    #[test]
+    fn every_connector_block_of_the_structs_is_in_their_lists() {
+        assert_eq!(
+            block_keys::<SourceDef>(&["name", "to"]),
+            sorted(SourceDef::KINDS)
+        );
+        let stage_knobs = [
+            "name",
+            "subscribe",
+            "concurrency",
+            "ack_wait",
+            "retry",
+            "dlq",
+            "ordering",
+            "batch",
+            "timeout",
+            "max_ack_pending",
+            "dedup",
+        ];
+        assert_eq!(block_keys::<SinkDef>(&stage_knobs), sorted(SinkDef::KINDS));
     }
 }

@@ -174,11 +174,8 @@ impl SourceConfig for AmqpSourceConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<Box<dyn Source>, BuildError> {
-        let source = AmqpSource::new(self, &ctx.label()).map_err(|message| BuildError {
-            connector: "source",
-            name: ctx.name.clone(),
-            message,
-        })?;
+        let source = AmqpSource::new(self, &ctx.label())
+            .map_err(|message| BuildError::source(ctx, message))?;
         Ok(Box::new(source))
     }
 }
@@ -218,11 +215,8 @@ impl SinkConfig for AmqpSinkConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<std::sync::Arc<dyn Sink>, BuildError> {
-        let sink = AmqpSink::new(self, &ctx.label()).map_err(|message| BuildError {
-            connector: "sink",
-            name: ctx.name.clone(),
-            message,
-        })?;
+        let sink =
+            AmqpSink::new(self, &ctx.label()).map_err(|message| BuildError::sink(ctx, message))?;
         Ok(std::sync::Arc::new(sink))
     }
 }
@@ -230,17 +224,14 @@ impl SinkConfig for AmqpSinkConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::connect::testing::{block, problem_paths as paths};
 
     fn source(yaml: &str) -> AmqpSourceConfig {
-        serde_saphyr::from_str(yaml).expect("a source block")
+        block(yaml)
     }
 
     fn sink(yaml: &str) -> AmqpSinkConfig {
-        serde_saphyr::from_str(yaml).expect("a sink block")
-    }
-
-    fn paths(problems: &[ConfigProblem]) -> Vec<&'static str> {
-        problems.iter().flat_map(|p| p.path.clone()).collect()
+        block(yaml)
     }
 
     #[test]

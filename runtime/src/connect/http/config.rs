@@ -115,11 +115,7 @@ impl SinkConfig for HttpSinkConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<std::sync::Arc<dyn Sink>, BuildError> {
-        let refuse = |message: String| BuildError {
-            connector: "sink",
-            name: ctx.name.clone(),
-            message,
-        };
+        let refuse = |message: String| BuildError::sink(ctx, message);
         let problems = self.check();
         if let Some(problem) = problems.first() {
             return Err(refuse(problem.message.clone()));

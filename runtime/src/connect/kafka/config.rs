@@ -472,11 +472,8 @@ impl SourceConfig for KafkaSourceConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<Box<dyn Source>, BuildError> {
-        let source = KafkaSource::new(self, ctx).map_err(|message| BuildError {
-            connector: "source",
-            name: ctx.name.clone(),
-            message,
-        })?;
+        let source =
+            KafkaSource::new(self, ctx).map_err(|message| BuildError::source(ctx, message))?;
         Ok(Box::new(source))
     }
 }
@@ -528,11 +525,7 @@ impl SinkConfig for KafkaSinkConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<std::sync::Arc<dyn Sink>, BuildError> {
-        let sink = KafkaSink::new(self).map_err(|message| BuildError {
-            connector: "sink",
-            name: ctx.name.clone(),
-            message,
-        })?;
+        let sink = KafkaSink::new(self).map_err(|message| BuildError::sink(ctx, message))?;
         Ok(std::sync::Arc::new(sink))
     }
 }
@@ -540,13 +533,10 @@ impl SinkConfig for KafkaSinkConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::connect::testing::{block, problem_paths as paths};
 
     fn source(yaml: &str) -> KafkaSourceConfig {
-        serde_saphyr::from_str(yaml).expect("a source block")
-    }
-
-    fn paths(problems: &[ConfigProblem]) -> Vec<&'static str> {
-        problems.iter().map(|p| p.path[0]).collect()
+        block(yaml)
     }
 
     #[test]

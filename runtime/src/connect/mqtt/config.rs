@@ -447,11 +447,8 @@ impl SourceConfig for MqttSourceConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<Box<dyn Source>, BuildError> {
-        let source = MqttSource::new(self, ctx).map_err(|message| BuildError {
-            connector: "source",
-            name: ctx.name.clone(),
-            message,
-        })?;
+        let source =
+            MqttSource::new(self, ctx).map_err(|message| BuildError::source(ctx, message))?;
         Ok(Box::new(source))
     }
 }
@@ -502,11 +499,7 @@ impl SinkConfig for MqttSinkConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<std::sync::Arc<dyn Sink>, BuildError> {
-        let sink = MqttSink::new(self, ctx).map_err(|message| BuildError {
-            connector: "sink",
-            name: ctx.name.clone(),
-            message,
-        })?;
+        let sink = MqttSink::new(self, ctx).map_err(|message| BuildError::sink(ctx, message))?;
         Ok(std::sync::Arc::new(sink))
     }
 }
@@ -514,17 +507,14 @@ impl SinkConfig for MqttSinkConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::connect::testing::{block, problem_paths as paths};
 
     fn source(yaml: &str) -> MqttSourceConfig {
-        serde_saphyr::from_str(yaml).expect("a source block")
+        block(yaml)
     }
 
     fn sink(yaml: &str) -> MqttSinkConfig {
-        serde_saphyr::from_str(yaml).expect("a sink block")
-    }
-
-    fn paths(problems: &[ConfigProblem]) -> Vec<&'static str> {
-        problems.iter().flat_map(|p| p.path.clone()).collect()
+        block(yaml)
     }
 
     #[test]

@@ -425,11 +425,7 @@ impl SourceConfig for NatsSourceConfig {
         }
         let source = NatsSource::new(self, ctx)
             .await
-            .map_err(|message| BuildError {
-                connector: "source",
-                name: ctx.name.clone(),
-                message,
-            })?;
+            .map_err(|message| BuildError::source(ctx, message))?;
         Ok(Box::new(source))
     }
 }
@@ -467,11 +463,7 @@ impl SinkConfig for NatsSinkConfig {
     async fn build(&self, ctx: &Context) -> Result<std::sync::Arc<dyn Sink>, BuildError> {
         let sink = NatsSink::new(self, ctx)
             .await
-            .map_err(|message| BuildError {
-                connector: "sink",
-                name: ctx.name.clone(),
-                message,
-            })?;
+            .map_err(|message| BuildError::sink(ctx, message))?;
         Ok(std::sync::Arc::new(sink))
     }
 }
@@ -479,17 +471,14 @@ impl SinkConfig for NatsSinkConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::connect::testing::{block, problem_paths as paths};
 
     fn source(yaml: &str) -> NatsSourceConfig {
-        serde_saphyr::from_str(yaml).expect("a source block")
+        block(yaml)
     }
 
     fn sink(yaml: &str) -> NatsSinkConfig {
-        serde_saphyr::from_str(yaml).expect("a sink block")
-    }
-
-    fn paths(problems: &[ConfigProblem]) -> Vec<&'static str> {
-        problems.iter().flat_map(|p| p.path.clone()).collect()
+        block(yaml)
     }
 
     #[test]

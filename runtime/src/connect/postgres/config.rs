@@ -133,11 +133,8 @@ fn settings(
     ctx: &Context,
     connector: &'static str,
 ) -> Result<connection::ConnectSettings, BuildError> {
-    connection::settings(url, files, statement_timeout.get()).map_err(|message| BuildError {
-        connector,
-        name: ctx.name.clone(),
-        message,
-    })
+    connection::settings(url, files, statement_timeout.get())
+        .map_err(|message| BuildError::new(connector, ctx, message))
 }
 
 #[async_trait]
@@ -263,11 +260,7 @@ impl SinkConfig for TableSinkConfig {
     ) -> Result<std::sync::Arc<dyn Sink>, BuildError> {
         let problems = self.check();
         if let Some(problem) = problems.first() {
-            return Err(BuildError {
-                connector: "sink",
-                name: ctx.name.clone(),
-                message: problem.message.clone(),
-            });
+            return Err(BuildError::sink(ctx, problem.message.clone()));
         }
         let settings = settings(
             &self.url,
@@ -284,11 +277,7 @@ impl SinkConfig for TableSinkConfig {
             self.create,
             usize::try_from(concurrency.get()).unwrap_or(usize::MAX),
         )
-        .map_err(|message| BuildError {
-            connector: "sink",
-            name: ctx.name.clone(),
-            message,
-        })?;
+        .map_err(|message| BuildError::sink(ctx, message))?;
         Ok(std::sync::Arc::new(sink))
     }
 }

@@ -191,11 +191,7 @@ impl SourceConfig for RedisSourceConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<Box<dyn Source>, BuildError> {
-        let source = RedisSource::new(self).map_err(|message| BuildError {
-            connector: "source",
-            name: ctx.name.clone(),
-            message,
-        })?;
+        let source = RedisSource::new(self).map_err(|message| BuildError::source(ctx, message))?;
         tracing::debug!(source = %ctx.label(), consumer = source.consumer(), "redis consumer");
         Ok(Box::new(source))
     }
@@ -231,11 +227,7 @@ impl SinkConfig for RedisSinkConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<std::sync::Arc<dyn Sink>, BuildError> {
-        let sink = RedisSink::new(self).map_err(|message| BuildError {
-            connector: "sink",
-            name: ctx.name.clone(),
-            message,
-        })?;
+        let sink = RedisSink::new(self).map_err(|message| BuildError::sink(ctx, message))?;
         Ok(std::sync::Arc::new(sink))
     }
 }
@@ -243,13 +235,10 @@ impl SinkConfig for RedisSinkConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::connect::testing::{block, problem_paths as paths};
 
     fn source(yaml: &str) -> RedisSourceConfig {
-        serde_saphyr::from_str(yaml).expect("a source block")
-    }
-
-    fn paths(problems: &[ConfigProblem]) -> Vec<&'static str> {
-        problems.iter().flat_map(|p| p.path.clone()).collect()
+        block(yaml)
     }
 
     #[test]

@@ -355,19 +355,16 @@ impl SinkConfig for SqsSinkConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::connect::testing::{block, problem_paths as paths};
 
     const Q: &str = "https://sqs.eu-west-1.amazonaws.com/123456789012/orders";
 
     fn source(yaml: &str) -> SqsSourceConfig {
-        serde_saphyr::from_str(yaml).expect("a source block")
+        block(yaml)
     }
 
     fn sink(yaml: &str) -> SqsSinkConfig {
-        serde_saphyr::from_str(yaml).expect("a sink block")
-    }
-
-    fn paths(problems: &[ConfigProblem]) -> Vec<&'static str> {
-        problems.iter().flat_map(|p| p.path.clone()).collect()
+        block(yaml)
     }
 
     #[test]
