@@ -1,6 +1,11 @@
 //! What every connector bench shares: how many messages and samples a
-//! run takes, and how a row of the side-by-side table is printed
+//! run takes, the timed window of the daemon's side (its rate and its CPU
+//! per message), and how a row of the side-by-side table is printed
 //! (medians, and the ratio B/A).
+
+use std::time::{Duration, Instant};
+
+use crate::Daemon;
 
 /// N (`SLUICE_BENCH_N`, else `release` in a bench build and `debug` in
 /// the debug test profile, which only checks that the bench works), and
@@ -22,6 +27,48 @@ pub fn size(debug: usize, release: usize, release_samples: usize) -> (usize, usi
     (n, samples)
 }
 
+/// One sample of the daemon's side.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    /// Messages per second.
+    pub rate: f64,
+    /// The daemon's CPU time (all threads, user and system) per message,
+    /// in microseconds.
+    pub cpu_us: f64,
+}
+
+/// The timed window of one sample of the daemon's side: from the first
+/// message written upstream to the last one seen downstream.
+pub struct Window {
+    started: Instant,
+    cpu: Duration,
+}
+
+impl Window {
+    /// Starts timing `daemon` now.
+    pub fn start(daemon: &Daemon) -> Window {
+        Window {
+            started: Instant::now(),
+            cpu: daemon.cpu_time(),
+        }
+    }
+
+    /// The time since the start.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The sample, over `n` messages.
+    pub fn finish(self, daemon: &Daemon, n: usize) -> Sample {
+        let wall = self.started.elapsed().as_secs_f64();
+        let cpu = daemon.cpu_time().saturating_sub(self.cpu);
+        Sample {
+            rate: n as f64 / wall,
+            cpu_us: cpu.as_secs_f64() * 1e6 / n as f64,
+        }
+    }
+}
+
 /// The median of `samples` (the upper one of an even count).
 ///
 /// # Panics
@@ -33,8 +80,21 @@ pub fn median(samples: &[f64]) -> f64 {
     sorted[sorted.len() / 2]
 }
 
-/// Prints one table row: `name`, the medians of A and B, and B/A.
-pub fn report(name: &str, a: &[f64], b: &[f64]) {
-    let (ma, mb) = (median(a), median(b));
-    println!("| {name} | {ma:.0} | {mb:.0} | {:.2} |", mb / ma);
+/// Prints the table's header.
+pub fn header() {
+    println!("| benchmark | A | B | ratio B/A | daemon CPU µs/msg |");
+    println!("|---|---|---|---|---|");
+}
+
+/// Prints one table row: `name`, the medians of A's rates and B's, B/A,
+/// and the median of B's CPU per message.
+pub fn report(name: &str, a: &[f64], b: &[Sample]) {
+    let rates: Vec<f64> = b.iter().map(|s| s.rate).collect();
+    let cpu: Vec<f64> = b.iter().map(|s| s.cpu_us).collect();
+    let (ma, mb) = (median(a), median(&rates));
+    println!(
+        "| {name} | {ma:.0} | {mb:.0} | {:.2} | {:.1} |",
+        mb / ma,
+        median(&cpu)
+    );
 }

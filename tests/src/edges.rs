@@ -113,6 +113,63 @@ pub fn indent(text: &str, by: usize) -> String {
     out
 }
 
+/// The suite's TLS scenario. `up`'s blocks connect over TLS and trust
+/// the test's CA (`tls_ca`). `n` messages go round and all arrive (exact
+/// set, duplicates as `dupes` allows). Then a second sink, `held`, with
+/// the block `untrusted` (the same server, no `tls_ca`), is given three
+/// messages on topic `copy`: it is held, not dead-lettered, and readiness
+/// says `not trusted`. Returns the daemon's log, for the test to check
+/// what it says.
+///
+/// # Panics
+///
+/// As [`round_trip_under_faults`]; also when the untrusted sink is not
+/// held and said.
+pub fn round_trip_over_tls(
+    up: &mut dyn Upstream,
+    n: usize,
+    dupes: Duplicates,
+    untrusted: &str,
+) -> String {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let file = edge_pipeline(dir.path(), &up.source_block(), &up.sink_block());
+    // The held sink joins the suite's pipeline, on a topic of its own.
+    let mut yaml = std::fs::read_to_string(&file)
+        .expect("the pipeline")
+        .replace("topics: [in, up]", "topics: [in, up, copy]");
+    yaml.push_str(&format!(
+        "  - name: held\n    subscribe: copy\n    retry: {{max_attempts: 2, backoff: {{initial: 100ms, max: 500ms}}}}\n{}",
+        indent(untrusted, 4)
+    ));
+    std::fs::write(&file, yaml).expect("writing the pipeline");
+    up.produce(0, n);
+    let daemon = Daemon::builder(&[&file], &dir.path().join("data"))
+        .envs(up.env())
+        .start();
+    daemon.wait_until(&format!("all {n} delivered over TLS"), EDGE_WAIT, |_| {
+        distinct(&up.delivered()) >= n
+    });
+    let got = up.delivered();
+    check_exact_set(&got, n, dupes, &|| {
+        format!("{}\n{}", daemon.log(), up.log())
+    });
+    let copies: Vec<crate::Msg> = (0..3)
+        .map(|i| crate::Msg::new(format!("c{i}"), "x"))
+        .collect();
+    daemon.publish("copy", &copies);
+    daemon.wait_until(
+        "readiness says the held sink's server is not trusted",
+        EDGE_WAIT,
+        |d| {
+            let (status, reasons) = d.readiness();
+            status == "degraded" && reasons.contains("edge/held") && reasons.contains("not trusted")
+        },
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(daemon.depth("edge.held.dlq"), 0, "held, not dead-lettered");
+    daemon.log()
+}
+
 /// What [`round_trip_under_faults`] saw, for the test to report.
 #[derive(Debug)]
 pub struct Report {

@@ -154,6 +154,15 @@ pub fn plugin(name: &str) -> String {
     sluice_harness::plugin(name).display().to_string()
 }
 
+/// A self-signed certificate for `localhost` and `127.0.0.1`, as (cert
+/// PEM, key PEM): the TLS tests' servers serve it, and the daemon trusts
+/// it as its CA (`tls_ca`).
+pub fn self_signed_certificate() -> (String, String) {
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
+        .expect("a self-signed certificate");
+    (cert.cert.pem(), cert.signing_key.serialize_pem())
+}
+
 /// Writes `yaml` as `pipeline.yaml` in `dir` and returns its path.
 pub fn write_pipeline(dir: &Path, name: &str, yaml: &str) -> PathBuf {
     let path = dir.join(format!("{name}.yaml"));

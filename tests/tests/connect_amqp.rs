@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sluice_harness::rabbitmq::RabbitNode;
 use sluice_tests::edges::{
-    Delivered, Duplicates, Upstream, edge_pipeline, round_trip_under_faults,
+    Delivered, Duplicates, Upstream, edge_pipeline, round_trip_over_tls, round_trip_under_faults,
 };
 use sluice_tests::{Daemon, header};
 
@@ -86,20 +86,47 @@ struct Rabbit {
     taken: Vec<Delivered>,
     /// The prefetch seen after each restart.
     restored: Vec<u64>,
+    /// The CA file the daemon trusts, when it connects over TLS.
+    tls_ca: Option<PathBuf>,
+}
+
+impl Rabbit {
+    /// The suite's queues and exchange on `node`.
+    fn on(node: RabbitNode) -> Rabbit {
+        client(&["setup", &node.url()]);
+        Rabbit {
+            node,
+            taken: Vec::new(),
+            restored: Vec::new(),
+            tls_ca: None,
+        }
+    }
+
+    /// The URL the daemon connects to, and its TLS line.
+    fn daemon_url(&self) -> String {
+        match &self.tls_ca {
+            Some(ca) => format!(
+                "\"{}\"\n  tls_ca: {}",
+                self.node.tls_url().expect("a TLS listener"),
+                ca.display()
+            ),
+            None => format!("\"{}\"", self.node.url()),
+        }
+    }
 }
 
 impl Upstream for Rabbit {
     fn source_block(&self) -> String {
         format!(
-            "amqp:\n  url: \"{}\"\n  queue: in\n  prefetch: {PREFETCH}\n",
-            self.node.url()
+            "amqp:\n  url: {}\n  queue: in\n  prefetch: {PREFETCH}\n",
+            self.daemon_url()
         )
     }
 
     fn sink_block(&self) -> String {
         format!(
-            "batch: {{max: 100, wait: 10ms}}\namqp:\n  url: \"{}\"\n  exchange: edge-out\n  routing_key: out\n",
-            self.node.url()
+            "batch: {{max: 100, wait: 10ms}}\namqp:\n  url: {}\n  exchange: edge-out\n  routing_key: out\n",
+            self.daemon_url()
         )
     }
 
@@ -164,14 +191,29 @@ impl Upstream for Rabbit {
 }
 
 #[test]
+fn over_tls_every_message_arrives_and_an_untrusted_broker_is_held_and_said() {
+    let (cert, key) = sluice_tests::self_signed_certificate();
+    let node = RabbitNode::start_with_tls(&cert, &key)
+        .unwrap_or_else(|e| panic!("starting rabbitmq with TLS: {e:#}"));
+    let certs = tempfile::tempdir().expect("a directory for the CA");
+    let ca = certs.path().join("ca.pem");
+    std::fs::write(&ca, &cert).expect("writing the CA");
+    let mut up = Rabbit::on(node);
+    up.tls_ca = Some(ca);
+    let untrusted = format!(
+        "amqp:\n  url: \"{}\"\n  exchange: edge-out\n  routing_key: never\n",
+        up.node.tls_url().expect("a TLS listener")
+    );
+    let log = round_trip_over_tls(&mut up, 500, Duplicates::None, &untrusted);
+    assert!(
+        log.contains("not trusted") && log.contains("tls_ca"),
+        "the log says why and what to do:\n{log}"
+    );
+}
+
+#[test]
 fn twenty_thousand_messages_survive_kills_and_a_broker_restart() {
-    let node = node();
-    client(&["setup", &node.url()]);
-    let mut up = Rabbit {
-        node,
-        taken: Vec::new(),
-        restored: Vec::new(),
-    };
+    let mut up = Rabbit::on(node());
     let started = Instant::now();
     let report = round_trip_under_faults(&mut up, 20_000, Duplicates::SameId);
     eprintln!(

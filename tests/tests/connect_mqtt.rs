@@ -13,7 +13,8 @@ use serde_json::Value;
 use sluice_harness::mosquitto::{Mosquitto, Options};
 use sluice_tests::Daemon;
 use sluice_tests::edges::{
-    Delivered, Duplicates, Upstream, distinct, edge_pipeline, round_trip_under_faults,
+    Delivered, Duplicates, Upstream, distinct, edge_pipeline, round_trip_over_tls,
+    round_trip_under_faults,
 };
 
 const LONG: Duration = Duration::from_secs(240);
@@ -169,13 +170,37 @@ struct MqttUpstream {
     reader: Subscriber,
     v311: bool,
     sink_extra: String,
+    /// The CA file the daemon trusts, when it connects over TLS.
+    tls_ca: Option<PathBuf>,
+    _certs: Option<tempfile::TempDir>,
 }
 
 const SOURCE_CLIENT: &str = "sluice-edge-src";
 
 impl MqttUpstream {
     fn new(v311: bool) -> MqttUpstream {
-        let broker = broker();
+        MqttUpstream::on(broker(), v311)
+    }
+
+    /// The daemon connects over TLS (`mqtts://`, trusting the broker's
+    /// self-signed certificate); outside clients use the plain port.
+    fn over_tls() -> MqttUpstream {
+        let (cert, key) = sluice_tests::self_signed_certificate();
+        let broker = Mosquitto::start_with(&Options {
+            tls: Some((cert.clone(), key)),
+            ..Options::default()
+        })
+        .unwrap_or_else(|e| panic!("starting mosquitto with TLS: {e:#}"));
+        let certs = tempfile::tempdir().expect("a directory for the CA");
+        let ca = certs.path().join("ca.pem");
+        std::fs::write(&ca, cert).expect("writing the CA");
+        let mut up = MqttUpstream::on(broker, false);
+        up.tls_ca = Some(ca);
+        up._certs = Some(certs);
+        up
+    }
+
+    fn on(broker: Mosquitto, v311: bool) -> MqttUpstream {
         // The daemon's session exists before it first runs, so what is
         // produced before it starts waits for it.
         prime(broker.port(), SOURCE_CLIENT, "in/+", v311);
@@ -185,6 +210,20 @@ impl MqttUpstream {
             reader,
             v311,
             sink_extra: String::new(),
+            tls_ca: None,
+            _certs: None,
+        }
+    }
+
+    /// The URL the daemon connects to, and its TLS lines.
+    fn daemon_url(&self) -> String {
+        match &self.tls_ca {
+            Some(ca) => format!(
+                "{}\n  tls_ca: {}",
+                self.broker.tls_url().expect("a TLS listener"),
+                ca.display()
+            ),
+            None => self.broker.url(),
         }
     }
 
@@ -197,7 +236,7 @@ impl Upstream for MqttUpstream {
     fn source_block(&self) -> String {
         format!(
             "mqtt:\n  url: {}\n  topic: in/+\n  client_id: {SOURCE_CLIENT}\n  version: {}\n",
-            self.broker.url(),
+            self.daemon_url(),
             self.version()
         )
     }
@@ -206,7 +245,7 @@ impl Upstream for MqttUpstream {
         format!(
             "batch: {{max: 100, wait: 20ms}}\n{}mqtt:\n  url: {}\n  topic: out/all\n  version: {}\n",
             self.sink_extra,
-            self.broker.url(),
+            self.daemon_url(),
             self.version()
         )
     }
@@ -240,6 +279,20 @@ impl Upstream for MqttUpstream {
     fn log(&self) -> String {
         format!("mosquitto log:\n{}", self.broker.log())
     }
+}
+
+#[test]
+fn over_tls_every_message_arrives_and_an_untrusted_broker_is_held_and_said() {
+    let mut up = MqttUpstream::over_tls();
+    let untrusted = format!(
+        "mqtt:\n  url: {}\n  topic: out/never\n",
+        up.broker.tls_url().expect("a TLS listener")
+    );
+    let log = round_trip_over_tls(&mut up, 500, Duplicates::None, &untrusted);
+    assert!(
+        log.contains("not trusted") && log.contains("tls_ca"),
+        "the log says why and what to do:\n{log}"
+    );
 }
 
 #[test]

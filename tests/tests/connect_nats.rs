@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sluice_harness::nats::NatsServer;
-use sluice_tests::edges::{Delivered, Duplicates, Upstream, round_trip_under_faults};
+use sluice_tests::edges::{
+    Delivered, Duplicates, Upstream, round_trip_over_tls, round_trip_under_faults,
+};
 use sluice_tests::{Daemon, Msg, write_pipeline};
 
 const LONG: Duration = Duration::from_secs(240);
@@ -109,20 +111,48 @@ struct Nats {
     /// What `OUT` held at the last look, and the next sequence to read.
     seen: Vec<Delivered>,
     next: u64,
+    /// The CA file the daemon trusts, when it connects over TLS.
+    tls_ca: Option<PathBuf>,
+}
+
+impl Nats {
+    /// Streams `IN` and `OUT` on `server`.
+    fn on(server: NatsServer) -> Nats {
+        create_stream(&server.url(), "IN", "edge.in");
+        create_stream(&server.url(), "OUT", "edge.out");
+        Nats {
+            server,
+            seen: Vec::new(),
+            next: 1,
+            tls_ca: None,
+        }
+    }
+
+    /// The URL the daemon connects to, and its TLS line.
+    fn daemon_url(&self) -> String {
+        match &self.tls_ca {
+            Some(ca) => format!(
+                "\"{}\"\n  tls_ca: {}",
+                self.server.tls_url().expect("a TLS server"),
+                ca.display()
+            ),
+            None => format!("\"{}\"", self.server.url()),
+        }
+    }
 }
 
 impl Upstream for Nats {
     fn source_block(&self) -> String {
         format!(
-            "nats:\n  url: \"{}\"\n  subject: edge.in\n  stream: IN\n  ack_wait: 10s\n  batch: 200\n",
-            self.server.url()
+            "nats:\n  url: {}\n  subject: edge.in\n  stream: IN\n  ack_wait: 10s\n  batch: 200\n",
+            self.daemon_url()
         )
     }
 
     fn sink_block(&self) -> String {
         format!(
-            "batch: {{max: 100, wait: 20ms}}\nnats:\n  url: \"{}\"\n  subject: edge.out\n",
-            self.server.url()
+            "batch: {{max: 100, wait: 20ms}}\nnats:\n  url: {}\n  subject: edge.out\n",
+            self.daemon_url()
         )
     }
 
@@ -154,15 +184,29 @@ impl Upstream for Nats {
 }
 
 #[test]
+fn over_tls_every_message_arrives_and_an_untrusted_server_is_held_and_said() {
+    let (cert, key) = sluice_tests::self_signed_certificate();
+    let server = NatsServer::start_with_tls(&cert, &key)
+        .unwrap_or_else(|e| panic!("starting nats-server with TLS: {e:#}"));
+    let certs = tempfile::tempdir().expect("a directory for the CA");
+    let ca = certs.path().join("ca.pem");
+    std::fs::write(&ca, &cert).expect("writing the CA");
+    let mut up = Nats::on(server);
+    up.tls_ca = Some(ca);
+    let untrusted = format!(
+        "nats:\n  url: \"{}\"\n  subject: edge.never\n",
+        up.server.tls_url().expect("a TLS server")
+    );
+    let log = round_trip_over_tls(&mut up, 500, Duplicates::None, &untrusted);
+    assert!(
+        log.contains("not trusted") && log.contains("tls_ca"),
+        "the log says why and what to do:\n{log}"
+    );
+}
+
+#[test]
 fn twenty_thousand_messages_survive_two_kills_and_a_server_restart() {
-    let server = server();
-    create_stream(&server.url(), "IN", "edge.in");
-    create_stream(&server.url(), "OUT", "edge.out");
-    let mut up = Nats {
-        server,
-        seen: Vec::new(),
-        next: 1,
-    };
+    let mut up = Nats::on(server());
     let report = round_trip_under_faults(&mut up, 20_000, Duplicates::None);
     assert_eq!(report.distinct, 20_000);
     assert_eq!(report.duplicates, 0);

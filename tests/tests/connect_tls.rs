@@ -17,13 +17,7 @@ use sluice_tests::{Daemon, Msg, header, write_pipeline};
 
 const LONG: Duration = Duration::from_secs(120);
 
-/// A self-signed certificate for `localhost` and `127.0.0.1`: (cert PEM,
-/// key PEM).
-fn certificate() -> (String, String) {
-    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
-        .expect("a self-signed certificate");
-    (cert.cert.pem(), cert.signing_key.serialize_pem())
-}
+use sluice_tests::self_signed_certificate as certificate;
 
 /// A client's own self-signed certificate and key (PEM): the servers
 /// trust it as the CA of their clients.

@@ -31,7 +31,7 @@ pub use config::{Deliver, NatsSinkConfig, NatsSourceConfig, default_durable};
 pub use sink::NatsSink;
 pub use source::NatsSource;
 
-use crate::connect::tls::TlsFiles;
+use crate::connect::tls::{self, TlsFiles};
 use crate::connect::{Secret, SecretUrl};
 
 /// How a block authenticates, besides `user:password@` in the URL.
@@ -106,8 +106,12 @@ impl Conn {
                 format!("cannot use `creds` {}: {}", creds.display(), e.kind())
             })?;
         }
+        let host = parsed.host_str().unwrap_or_default().to_owned();
+        let port = parsed.port().unwrap_or(4222);
+        let mut probe = None;
         if parsed.scheme() == "tls" || files.first_given().is_some() {
             let config = files.client_config()?;
+            probe = Some(TlsProbe::new(&host, port, Arc::new(config.clone())));
             options = options.require_tls(true).tls_client_config(config);
         }
         let last_error: Arc<Mutex<Option<String>>> = Arc::default();
@@ -118,9 +122,20 @@ impl Conn {
             let seen = seen.clone();
             let shown = shown.clone();
             let scrub_with = scrub_with.clone();
+            let probe = probe.clone();
             async move {
+                let probe = probe.clone();
                 let text = match event {
-                    async_nats::Event::ClientError(err) => err.to_string(),
+                    // async-nats says only `IO error` or `TLS error` for a
+                    // handshake it could not make: a probe finds out
+                    // whether the certificates are why.
+                    async_nats::Event::ClientError(err) => match probe {
+                        Some(probe) => match probe.hint().await {
+                            Some(hint) => format!("{err}: {hint}"),
+                            None => err.to_string(),
+                        },
+                        None => err.to_string(),
+                    },
                     async_nats::Event::ServerError(err) => err.to_string(),
                     async_nats::Event::Connected => {
                         *seen.lock().unwrap_or_else(PoisonError::into_inner) = None;
@@ -136,12 +151,10 @@ impl Conn {
                 *seen.lock().unwrap_or_else(PoisonError::into_inner) = Some(text);
             }
         });
-        let host = parsed.host_str().unwrap_or_default();
-        let port = parsed.port().unwrap_or(4222);
         let host = if host.contains(':') && !host.starts_with('[') {
             format!("[{host}]")
         } else {
-            host.to_owned()
+            host
         };
         let addr: async_nats::ServerAddr = format!("{}://{host}:{port}", parsed.scheme())
             .parse()
@@ -206,6 +219,79 @@ impl Conn {
     /// `text` with every secret of this connection replaced by `***`.
     pub(crate) fn scrub(&self, text: &str) -> String {
         scrub(&self.url, &self.secrets, text)
+    }
+}
+
+/// A TLS handshake made on its own, as NATS makes it (the server's
+/// `INFO` line in clear, then TLS), to tell an operator why the client's
+/// fails: async-nats reports a refused certificate as a bare `IO error`.
+/// At most one probe per [`TlsProbe::EVERY`]; the answer is kept between.
+#[derive(Clone)]
+struct TlsProbe {
+    host: String,
+    port: u16,
+    config: Arc<rustls::ClientConfig>,
+    /// When the last probe ran, and its hint.
+    last: Arc<tokio::sync::Mutex<Option<Probed>>>,
+}
+
+/// When a probe ran, and what it found.
+type Probed = (tokio::time::Instant, Option<&'static str>);
+
+impl TlsProbe {
+    /// How often a failing connection is probed again.
+    const EVERY: Duration = Duration::from_secs(30);
+    /// How long one probe may take.
+    const TIMEOUT: Duration = Duration::from_secs(5);
+
+    fn new(host: &str, port: u16, config: Arc<rustls::ClientConfig>) -> TlsProbe {
+        TlsProbe {
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
+            port,
+            config,
+            last: Arc::default(),
+        }
+    }
+
+    /// What the operator should do, when the server's handshake fails
+    /// over certificates ([`tls::trust_hint`]); `None` otherwise, or when
+    /// the server cannot be reached at all.
+    async fn hint(&self) -> Option<&'static str> {
+        let mut last = self.last.lock().await;
+        if let Some((at, hint)) = *last
+            && at.elapsed() < Self::EVERY
+        {
+            return hint;
+        }
+        let hint = tokio::time::timeout(Self::TIMEOUT, self.handshake())
+            .await
+            .ok()
+            .flatten();
+        *last = Some((tokio::time::Instant::now(), hint));
+        hint
+    }
+
+    async fn handshake(&self) -> Option<&'static str> {
+        use tokio::io::AsyncBufReadExt;
+        let tcp = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
+            .await
+            .ok()?;
+        // The server speaks first, in clear: one `INFO {...}` line, then it
+        // waits for the client, so nothing more is buffered.
+        let mut reader = tokio::io::BufReader::new(tcp);
+        let mut info = String::new();
+        reader.read_line(&mut info).await.ok()?;
+        let name = rustls_pki_types::ServerName::try_from(self.host.clone()).ok()?;
+        match tokio_rustls::TlsConnector::from(self.config.clone())
+            .connect(name, reader.into_inner())
+            .await
+        {
+            Ok(_) => None,
+            Err(e) => tls::trust_hint(&e),
+        }
     }
 }
 
