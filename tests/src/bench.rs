@@ -9,7 +9,8 @@ use crate::Daemon;
 
 /// N (`SLUICE_BENCH_N`, else `release` in a bench build and `debug` in
 /// the debug test profile, which only checks that the bench works), and
-/// the samples of each side (`release_samples`, or 1 in debug).
+/// the samples of each side (`SLUICE_BENCH_SAMPLES`, else
+/// `release_samples`, or 1 in debug).
 pub fn size(debug: usize, release: usize, release_samples: usize) -> (usize, usize) {
     let n = std::env::var("SLUICE_BENCH_N")
         .ok()
@@ -19,11 +20,14 @@ pub fn size(debug: usize, release: usize, release_samples: usize) -> (usize, usi
         } else {
             release
         });
-    let samples = if cfg!(debug_assertions) {
-        1
-    } else {
-        release_samples
-    };
+    let samples = std::env::var("SLUICE_BENCH_SAMPLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if cfg!(debug_assertions) {
+            1
+        } else {
+            release_samples
+        });
     (n, samples)
 }
 

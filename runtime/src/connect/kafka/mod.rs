@@ -106,3 +106,72 @@ pub(crate) fn is_outage(code: RDKafkaErrorCode) -> bool {
             | C::Fatal
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::connect::testing::block;
+
+    /// A PEM file of a self-signed certificate, and its key, in `dir`.
+    fn pem_files(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).expect("a cert");
+        let (ca, key) = (dir.join("ca.pem"), dir.join("key.pem"));
+        std::fs::write(&ca, cert.cert.pem()).expect("write");
+        std::fs::write(&key, cert.signing_key.serialize_pem()).expect("write");
+        (ca, key)
+    }
+
+    #[test]
+    fn tls_and_sasl_options_reach_librdkafka_and_the_password_is_scrubbed() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (ca, key) = pem_files(dir.path());
+        let sink: KafkaSinkConfig = block(&format!(
+            "brokers: \"b1:9093,b2:9093\"\ntopic: out\nsecurity: sasl_ssl\n\
+             sasl: {{mechanism: SCRAM-SHA-512, username: app, password: hunter2}}\n\
+             tls_ca: {ca}\ntls_cert: {ca}\ntls_key: {key}\nclient_id: edge-1\n",
+            ca = ca.display(),
+            key = key.display()
+        ));
+        let config = client_config(&sink.connection()).expect("a client config");
+        let get = |k: &str| config.get(k).map(str::to_owned);
+        assert_eq!(get("bootstrap.servers").as_deref(), Some("b1:9093,b2:9093"));
+        assert_eq!(get("security.protocol").as_deref(), Some("sasl_ssl"));
+        assert_eq!(get("ssl.ca.location"), Some(ca.display().to_string()));
+        assert_eq!(
+            get("ssl.certificate.location"),
+            Some(ca.display().to_string())
+        );
+        assert_eq!(get("ssl.key.location"), Some(key.display().to_string()));
+        assert_eq!(
+            get("enable.ssl.certificate.verification").as_deref(),
+            Some("true")
+        );
+        assert_eq!(get("sasl.mechanism").as_deref(), Some("SCRAM-SHA-512"));
+        assert_eq!(get("sasl.username").as_deref(), Some("app"));
+        assert_eq!(get("client.id").as_deref(), Some("edge-1"));
+        let said = scrub(
+            sink.sasl.as_ref(),
+            "SASL authentication failed for app/hunter2",
+        );
+        assert!(!said.contains("hunter2"), "{said}");
+        // Plaintext sets no TLS or SASL at all.
+        let plain: KafkaSinkConfig = block("brokers: \"b1:9092\"\ntopic: out\n");
+        let config = client_config(&plain.connection()).expect("a client config");
+        assert_eq!(config.get("security.protocol"), Some("plaintext"));
+        assert_eq!(config.get("ssl.ca.location"), None);
+        assert_eq!(config.get("sasl.password"), None);
+    }
+
+    #[test]
+    fn a_ca_file_that_is_not_pem_is_refused_with_its_name() {
+        let dir = tempfile::tempdir().expect("dir");
+        let bad = dir.path().join("ca.pem");
+        std::fs::write(&bad, "not a certificate").expect("write");
+        let sink: KafkaSinkConfig = block(&format!(
+            "brokers: \"b1:9093\"\ntopic: out\nsecurity: ssl\ntls_ca: {}\n",
+            bad.display()
+        ));
+        let err = client_config(&sink.connection()).err().expect("refused");
+        assert!(err.contains("ca.pem"), "{err}");
+    }
+}
