@@ -57,8 +57,7 @@ fn main() {
         }
         rows.push((batch, raw, sluice));
     }
-    println!("| benchmark | A | B | ratio B/A |");
-    println!("|---|---|---|---|");
+    bench::header();
     for (batch, raw, sluice) in rows {
         report(
             &format!(
@@ -238,7 +237,7 @@ fn through_sluice(
     n: usize,
     batch: usize,
     run: &str,
-) -> f64 {
+) -> bench::Sample {
     let (input, output) = (format!("in-{run}"), format!("out-{run}"));
     let conn = rt.block_on(connect(url));
     let channel = rt.block_on(conn.create_channel()).expect("channel");
@@ -274,7 +273,7 @@ sinks:
     daemon.wait_until("ready", Duration::from_secs(60), |d| {
         d.readiness().0 == "ready"
     });
-    let started = Instant::now();
+    let window = bench::Window::start(&daemon);
     rt.block_on(async {
         produce(url, &input, n).await;
         loop {
@@ -283,14 +282,14 @@ sinks:
                 break;
             }
             assert!(
-                started.elapsed() < Duration::from_secs(600),
+                window.elapsed() < Duration::from_secs(600),
                 "only {len} of {n} arrived; log:\n{}",
                 daemon.log()
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     });
-    let rate = n as f64 / started.elapsed().as_secs_f64();
+    let sample = window.finish(&daemon, n);
     let _ = rt.block_on(conn.close(200, "".into()));
-    rate
+    sample
 }

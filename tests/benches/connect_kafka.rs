@@ -58,8 +58,7 @@ fn main() {
         }
         rows.push((batch, raw, sluice));
     }
-    println!("| benchmark | A | B | ratio B/A |");
-    println!("|---|---|---|---|");
+    bench::header();
     for (batch, raw, sluice) in rows {
         report(
             &format!(
@@ -214,7 +213,7 @@ fn through_sluice(
     n: usize,
     batch: usize,
     run: &str,
-) -> f64 {
+) -> bench::Sample {
     let (input, output) = (format!("in-{run}"), format!("out-{run}"));
     create(brokers, &input);
     create(brokers, &output);
@@ -265,7 +264,7 @@ sinks:
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let started = Instant::now();
+    let window = bench::Window::start(&daemon);
     rt.block_on(produce(brokers, &input, n));
     loop {
         let got = delivered(&probe, &output);
@@ -273,11 +272,11 @@ sinks:
             break;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(600),
+            window.elapsed() < Duration::from_secs(600),
             "only {got} of {n} arrived; log:\n{}",
             daemon.log()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    n as f64 / started.elapsed().as_secs_f64()
+    window.finish(&daemon, n)
 }

@@ -7,9 +7,10 @@
 //! small N, to check that it works. `SLUICE_BENCH_N` sets N.
 //!
 //! - **A, raw loop**: one rumqttc (MQTT 5) client with manual acks in a
-//!   persistent session: takes up to b received messages from `raw-in`,
-//!   publishes each to `raw-out` at QoS 1, waits for their PUBACKs, then
-//!   sends the PUBACKs of the b it received; until N are done.
+//!   persistent session, pipelined: publishes each message received from
+//!   `raw-in` to `raw-out` at QoS 1 as it comes (at most b awaiting their
+//!   PUBACK), and acks each input when its forward's PUBACK comes; until
+//!   N are done.
 //! - **B, sluice**: the real `sluice run` binary (embedded broker, durable,
 //!   default sync): an MQTT source (`batch: b`) -> `identity` stage
 //!   (concurrency 2) -> MQTT sink (concurrency 2, `batch: {max: b}`).
@@ -23,6 +24,7 @@
 #![allow(missing_docs)]
 
 use sluice_tests::bench::{self, report};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -56,8 +58,7 @@ fn main() {
         }
         rows.push((batch, raw, sluice));
     }
-    println!("| benchmark | A | B | ratio B/A |");
-    println!("|---|---|---|---|");
+    bench::header();
     for (batch, raw, sluice) in rows {
         report(
             &format!(
@@ -152,9 +153,10 @@ async fn produce(port: u16, id: String, topic: String, n: usize) {
     drop(sender.await);
 }
 
-async fn wait_count(count: &AtomicUsize, n: usize, started: Instant) {
+/// Waits for `count` to reach `n`, `elapsed` being the time so far.
+async fn wait_count(count: &AtomicUsize, n: usize, elapsed: impl Fn() -> Duration) {
     while count.load(Ordering::Relaxed) < n {
-        assert!(started.elapsed() < LIMIT, "only {count:?} of {n} arrived");
+        assert!(elapsed() < LIMIT, "only {count:?} of {n} arrived");
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
@@ -168,36 +170,32 @@ async fn raw_loop(port: u16, n: usize, batch: usize, run: &str) -> f64 {
     let (client, mut el) = AsyncClient::new(options(&id, port, true), 4096);
     let started = Instant::now();
     let producer = tokio::spawn(produce(port, format!("raw-prod-{run}"), input, n));
-    let mut received: Vec<Publish> = Vec::new();
-    let mut forwarded: Vec<Publish> = Vec::new();
-    let mut awaiting = 0usize;
+    // Forwarded but not yet acknowledged downstream, in publish order:
+    // mosquitto answers QoS 1 publishes of one connection in order, so
+    // each PUBACK settles the oldest, whose input is then acked.
+    let mut received: VecDeque<Publish> = VecDeque::new();
+    let mut in_flight: VecDeque<Publish> = VecDeque::new();
     let mut done = 0usize;
     while done < n {
         match el.poll().await.expect("raw loop") {
-            Event::Incoming(Packet::Publish(p)) => received.push(p),
+            Event::Incoming(Packet::Publish(p)) => received.push_back(p),
             Event::Incoming(Packet::PubAck(_)) => {
-                awaiting -= 1;
-                if awaiting == 0 {
-                    for p in forwarded.drain(..) {
-                        client.try_ack(&p).expect("ack");
-                        done += 1;
-                    }
-                }
+                let p = in_flight.pop_front().expect("a PUBACK for a forward");
+                client.try_ack(&p).expect("ack");
+                done += 1;
             }
             _ => {}
         }
-        if awaiting == 0 && forwarded.is_empty() && !received.is_empty() {
-            let take = received.len().min(batch);
-            forwarded.extend(received.drain(..take));
-            for p in &forwarded {
-                client
-                    .try_publish(&output, QoS::AtLeastOnce, false, p.payload.clone())
-                    .expect("publish");
-            }
-            awaiting = forwarded.len();
+        while in_flight.len() < batch
+            && let Some(p) = received.pop_front()
+        {
+            client
+                .try_publish(&output, QoS::AtLeastOnce, false, p.payload.clone())
+                .expect("publish");
+            in_flight.push_back(p);
         }
     }
-    wait_count(&count, n, started).await;
+    wait_count(&count, n, || started.elapsed()).await;
     let rate = n as f64 / started.elapsed().as_secs_f64();
     producer.await.expect("producer");
     rate
@@ -210,7 +208,7 @@ fn through_sluice(
     n: usize,
     batch: usize,
     run: &str,
-) -> f64 {
+) -> bench::Sample {
     let (input, output) = (format!("in/{run}"), format!("out/{run}"));
     let client_id = format!("bench-src-{run}");
     let dir = tempfile::tempdir().expect("dir");
@@ -247,10 +245,10 @@ sinks:
     daemon.wait_until("the source connected", LIMIT, |d| {
         d.readiness().0 == "ready"
     });
-    let started = Instant::now();
+    let window = bench::Window::start(&daemon);
     rt.block_on(async {
         produce(port, format!("prod-{run}"), input, n).await;
-        wait_count(&count, n, started).await;
+        wait_count(&count, n, || window.elapsed()).await;
     });
-    n as f64 / started.elapsed().as_secs_f64()
+    window.finish(&daemon, n)
 }

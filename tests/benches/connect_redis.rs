@@ -56,8 +56,7 @@ fn main() {
         }
         rows.push((batch, mark, raw, sluice));
     }
-    println!("| benchmark | A | B | ratio B/A |");
-    println!("|---|---|---|---|");
+    bench::header();
     for (batch, mark, raw, sluice) in rows {
         let mark = mark.map_or_else(String::new, |m| format!(", high_water_mark {m}"));
         report(
@@ -202,7 +201,7 @@ fn through_sluice(
     batch: usize,
     mark: Option<u64>,
     run: &str,
-) -> f64 {
+) -> bench::Sample {
     let (input, output) = (format!("in-{run}"), format!("out-{run}"));
     let mark = mark.map_or_else(String::new, |m| format!(", high_water_mark: {m}"));
     let dir = tempfile::tempdir().expect("dir");
@@ -243,7 +242,7 @@ sinks:
         assert!(started.elapsed() < Duration::from_secs(60), "no group");
         std::thread::sleep(Duration::from_millis(10));
     }
-    let started = Instant::now();
+    let window = bench::Window::start(&daemon);
     rt.block_on(async {
         let mut producer = connect(url).await;
         produce(&mut producer, &input, n).await;
@@ -253,12 +252,12 @@ sinks:
                 break;
             }
             assert!(
-                started.elapsed() < Duration::from_secs(600),
+                window.elapsed() < Duration::from_secs(600),
                 "only {len} of {n} arrived; log:\n{}",
                 daemon.log()
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     });
-    n as f64 / started.elapsed().as_secs_f64()
+    window.finish(&daemon, n)
 }

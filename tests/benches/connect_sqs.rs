@@ -23,7 +23,7 @@
 
 #![allow(missing_docs)]
 
-use sluice_tests::bench::{self, median};
+use sluice_tests::bench::{self, report};
 use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::Client;
@@ -50,14 +50,15 @@ fn main() {
         raw.push(rt.block_on(raw_loop(&client, n, sample)));
         sluice.push(through_sluice(&rt, &moto, &client, n, sample));
     }
-    println!("| benchmark | A | B | ratio B/A |");
-    println!("|---|---|---|---|");
-    let (ma, mb) = (median(&raw), median(&sluice));
-    println!(
-        "| sqs queue -> sqs queue on moto, {n} x 64 B, batch {BATCH}, messages/s: raw \
-         Receive+SendBatch+DeleteBatch loop | sluice source -> identity -> sink (embedded, \
-         durable) | {ma:.0} | {mb:.0} | {:.2} |",
-        mb / ma
+    bench::header();
+    report(
+        &format!(
+            "sqs queue -> sqs queue on moto, {n} x 64 B, batch {BATCH}, messages/s: raw \
+             Receive+SendBatch+DeleteBatch loop | sluice source -> identity -> sink (embedded, \
+             durable)"
+        ),
+        &raw,
+        &sluice,
     );
 }
 
@@ -205,7 +206,7 @@ fn through_sluice(
     client: &Client,
     n: usize,
     sample: usize,
-) -> f64 {
+) -> bench::Sample {
     let input = rt.block_on(create(client, &format!("in-{sample}")));
     let output = rt.block_on(create(client, &format!("out-{sample}")));
     let dir = tempfile::tempdir().expect("dir");
@@ -238,7 +239,7 @@ sinks:
     let daemon = Daemon::builder(&[&file], &dir.path().join("data"))
         .envs(moto.env())
         .start();
-    let started = Instant::now();
+    let window = bench::Window::start(&daemon);
     rt.block_on(async {
         let producer = tokio::spawn(produce(client.clone(), input.clone(), n));
         loop {
@@ -247,7 +248,7 @@ sinks:
                 break;
             }
             assert!(
-                started.elapsed() < Duration::from_secs(900),
+                window.elapsed() < Duration::from_secs(900),
                 "only {len} of {n} arrived; log:\n{}",
                 daemon.log()
             );
@@ -255,5 +256,5 @@ sinks:
         }
         producer.await.expect("producer");
     });
-    n as f64 / started.elapsed().as_secs_f64()
+    window.finish(&daemon, n)
 }
