@@ -118,19 +118,13 @@ pub fn indent(text: &str, by: usize) -> String {
 /// set, duplicates as `dupes` allows). Then a second sink, `held`, with
 /// the block `untrusted` (the same server, no `tls_ca`), is given three
 /// messages on topic `copy`: it is held, not dead-lettered, and readiness
-/// says `not trusted`. Returns the daemon's log, for the test to check
-/// what it says.
+/// and the log say `not trusted` and what to do (`tls_ca`).
 ///
 /// # Panics
 ///
 /// As [`round_trip_under_faults`]; also when the untrusted sink is not
 /// held and said.
-pub fn round_trip_over_tls(
-    up: &mut dyn Upstream,
-    n: usize,
-    dupes: Duplicates,
-    untrusted: &str,
-) -> String {
+pub fn round_trip_over_tls(up: &mut dyn Upstream, n: usize, dupes: Duplicates, untrusted: &str) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let file = edge_pipeline(dir.path(), &up.source_block(), &up.sink_block());
     // The held sink joins the suite's pipeline, on a topic of its own.
@@ -167,7 +161,11 @@ pub fn round_trip_over_tls(
     );
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(daemon.depth("edge.held.dlq"), 0, "held, not dead-lettered");
-    daemon.log()
+    let log = daemon.log();
+    assert!(
+        log.contains("not trusted") && log.contains("tls_ca"),
+        "the log says why and what to do:\n{log}"
+    );
 }
 
 /// What [`round_trip_under_faults`] saw, for the test to report.

@@ -163,6 +163,40 @@ pub fn self_signed_certificate() -> (String, String) {
     (cert.cert.pem(), cert.signing_key.serialize_pem())
 }
 
+/// A server certificate for the TLS tests ([`self_signed_certificate`]),
+/// with its PEM also written to a file for the daemon's `tls_ca`.
+pub struct TestCert {
+    /// The certificate (PEM), for the server.
+    pub cert: String,
+    /// Its private key (PEM), for the server.
+    pub key: String,
+    /// The certificate as a file, for the daemon to trust.
+    pub ca_file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl TestCert {
+    /// A fresh certificate and its CA file.
+    pub fn new() -> TestCert {
+        let (cert, key) = self_signed_certificate();
+        let dir = tempfile::tempdir().expect("a directory for the CA");
+        let ca_file = dir.path().join("ca.pem");
+        std::fs::write(&ca_file, &cert).expect("writing the CA");
+        TestCert {
+            cert,
+            key,
+            ca_file,
+            _dir: dir,
+        }
+    }
+}
+
+impl Default for TestCert {
+    fn default() -> Self {
+        TestCert::new()
+    }
+}
+
 /// Writes `yaml` as `pipeline.yaml` in `dir` and returns its path.
 pub fn write_pipeline(dir: &Path, name: &str, yaml: &str) -> PathBuf {
     let path = dir.join(format!("{name}.yaml"));
