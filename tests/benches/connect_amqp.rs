@@ -22,7 +22,7 @@
 
 #![allow(missing_docs)]
 
-use sluice_tests::bench::{self, report};
+use sluice_tests::bench;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
@@ -40,33 +40,21 @@ const BATCHES: [usize; 2] = [100, 1000];
 
 fn main() {
     let (n, samples) = bench::size(2_000, 20_000, SAMPLES);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = bench::runtime();
     sluice_harness::plugin("identity");
     let node = RabbitNode::start().expect("rabbitmq");
     let url = node.url();
-    let mut rows = Vec::new();
-    for batch in BATCHES {
-        let (mut raw, mut sluice) = (Vec::new(), Vec::new());
-        for sample in 0..samples {
-            let run = format!("{batch}-{sample}");
-            raw.push(rt.block_on(raw_loop(&url, n, batch, &run)));
-            sluice.push(through_sluice(&rt, &url, n, batch, &run));
-        }
-        rows.push((batch, raw, sluice));
-    }
-    bench::header();
-    for (batch, raw, sluice) in rows {
-        report(
-            &format!(
+    bench::side_by_side(
+        &BATCHES,
+        samples,
+        |batch, run| rt.block_on(raw_loop(&url, n, batch, run)),
+        |batch, run| through_sluice(&rt, &url, n, batch, run),
+        |batch| {
+            format!(
                 "amqp queue -> amqp exchange, {n} x 64 B persistent, batch {batch}, messages/s: raw lapin consume+publish(confirms)+ack loop | sluice source -> identity -> sink (embedded, durable)"
-            ),
-            &raw,
-            &sluice,
-        );
-    }
+            )
+        },
+    );
 }
 
 async fn connect(url: &str) -> Connection {

@@ -23,7 +23,7 @@
 
 #![allow(missing_docs)]
 
-use sluice_tests::bench::{self, report};
+use sluice_tests::bench;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -41,33 +41,21 @@ const PARTITIONS: usize = 4;
 
 fn main() {
     let (n, samples) = bench::size(2_000, 20_000, SAMPLES);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = bench::runtime();
     sluice_harness::plugin("identity");
     let server = TansuServer::start().expect("tansu");
     let brokers = server.brokers();
-    let mut rows = Vec::new();
-    for batch in BATCHES {
-        let (mut raw, mut sluice) = (Vec::new(), Vec::new());
-        for sample in 0..samples {
-            let run = format!("{batch}-{sample}");
-            raw.push(rt.block_on(raw_loop(&brokers, n, batch, &run)));
-            sluice.push(through_sluice(&rt, &brokers, n, batch, &run));
-        }
-        rows.push((batch, raw, sluice));
-    }
-    bench::header();
-    for (batch, raw, sluice) in rows {
-        report(
-            &format!(
+    bench::side_by_side(
+        &BATCHES,
+        samples,
+        |batch, run| rt.block_on(raw_loop(&brokers, n, batch, run)),
+        |batch, run| through_sluice(&rt, &brokers, n, batch, run),
+        |batch| {
+            format!(
                 "kafka topic -> kafka topic (tansu), {n} x 64 B, batch {batch}, messages/s: raw consume+produce+commit loop | sluice source -> identity -> sink (embedded, durable)"
-            ),
-            &raw,
-            &sluice,
-        );
-    }
+            )
+        },
+    );
 }
 
 /// Creates `topic` with the outside client (tansu does not create topics

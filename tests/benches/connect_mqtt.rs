@@ -23,7 +23,7 @@
 
 #![allow(missing_docs)]
 
-use sluice_tests::bench::{self, report};
+use sluice_tests::bench;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -41,33 +41,21 @@ const LIMIT: Duration = Duration::from_secs(600);
 
 fn main() {
     let (n, samples) = bench::size(2_000, 20_000, SAMPLES);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = bench::runtime();
     sluice_harness::plugin("identity");
     let broker = Mosquitto::start().expect("mosquitto");
     let port = broker.port();
-    let mut rows = Vec::new();
-    for batch in CASES {
-        let (mut raw, mut sluice) = (Vec::new(), Vec::new());
-        for sample in 0..samples {
-            let run = format!("{batch}-{sample}");
-            raw.push(rt.block_on(raw_loop(port, n, batch, &run)));
-            sluice.push(through_sluice(&rt, &broker, n, batch, &run));
-        }
-        rows.push((batch, raw, sluice));
-    }
-    bench::header();
-    for (batch, raw, sluice) in rows {
-        report(
-            &format!(
+    bench::side_by_side(
+        &CASES,
+        samples,
+        |batch, run| rt.block_on(raw_loop(port, n, batch, run)),
+        |batch, run| through_sluice(&rt, &broker, n, batch, run),
+        |batch| {
+            format!(
                 "mqtt -> mqtt (mosquitto, MQTT 5, QoS 1), {n} x 64 B, batch {batch}, messages/s: raw receive+publish+PUBACK loop | sluice source -> identity -> sink (embedded, durable)"
-            ),
-            &raw,
-            &sluice,
-        );
-    }
+            )
+        },
+    );
 }
 
 fn options(id: &str, port: u16, persistent: bool) -> MqttOptions {

@@ -23,7 +23,7 @@
 
 #![allow(missing_docs)]
 
-use sluice_tests::bench::{self, report};
+use sluice_tests::bench;
 use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
@@ -41,10 +41,7 @@ const CASES: [(usize, Option<u64>); 3] = [(100, None), (1000, None), (100, Some(
 
 fn main() {
     let (n, samples) = bench::size(2_000, 20_000, SAMPLES);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = bench::runtime();
     sluice_harness::plugin("identity");
     let server = NatsServer::start().expect("nats-server");
     let url = server.url();
@@ -56,27 +53,18 @@ fn main() {
         let _inside = rt.enter();
         jetstream::new(client.clone())
     };
-    let mut rows = Vec::new();
-    for (batch, mark) in CASES {
-        let (mut raw, mut sluice) = (Vec::new(), Vec::new());
-        for sample in 0..samples {
-            let run = format!("{batch}-{}-{sample}", mark.unwrap_or(0));
-            raw.push(rt.block_on(raw_loop(&client, &js, n, batch, &run)));
-            sluice.push(through_sluice(&rt, &js, &url, n, batch, mark, &run));
-        }
-        rows.push((batch, mark, raw, sluice));
-    }
-    bench::header();
-    for (batch, mark, raw, sluice) in rows {
-        let mark = mark.map_or_else(String::new, |m| format!(", high_water_mark {m}"));
-        report(
-            &format!(
+    bench::side_by_side(
+        &CASES,
+        samples,
+        |(batch, _), run| rt.block_on(raw_loop(&client, &js, n, batch, run)),
+        |(batch, mark), run| through_sluice(&rt, &js, &url, n, batch, mark, run),
+        |(batch, mark)| {
+            let mark = mark.map_or_else(String::new, |m| format!(", high_water_mark {m}"));
+            format!(
                 "nats jetstream -> nats jetstream, {n} x 64 B, batch {batch}{mark}, messages/s: raw fetch+publish+ack loop | sluice source -> identity -> sink (embedded, durable)"
-            ),
-            &raw,
-            &sluice,
-        );
-    }
+            )
+        },
+    );
 }
 
 fn payload(i: usize) -> Bytes {

@@ -23,7 +23,7 @@
 
 #![allow(missing_docs)]
 
-use sluice_tests::bench::{self, report};
+use sluice_tests::bench;
 use std::time::{Duration, Instant};
 
 use redis::{AsyncCommands, Value};
@@ -39,34 +39,22 @@ const CASES: [(usize, Option<u64>); 3] = [(100, None), (1000, None), (100, Some(
 
 fn main() {
     let (n, samples) = bench::size(2_000, 20_000, SAMPLES);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = bench::runtime();
     sluice_harness::plugin("identity");
     let server = RedisServer::start().expect("redis-server");
     let url = server.url();
-    let mut rows = Vec::new();
-    for (batch, mark) in CASES {
-        let (mut raw, mut sluice) = (Vec::new(), Vec::new());
-        for sample in 0..samples {
-            let run = format!("{batch}-{}-{sample}", mark.unwrap_or(0));
-            raw.push(rt.block_on(raw_loop(&url, n, batch, &run)));
-            sluice.push(through_sluice(&rt, &url, n, batch, mark, &run));
-        }
-        rows.push((batch, mark, raw, sluice));
-    }
-    bench::header();
-    for (batch, mark, raw, sluice) in rows {
-        let mark = mark.map_or_else(String::new, |m| format!(", high_water_mark {m}"));
-        report(
-            &format!(
+    bench::side_by_side(
+        &CASES,
+        samples,
+        |(batch, _), run| rt.block_on(raw_loop(&url, n, batch, run)),
+        |(batch, mark), run| through_sluice(&rt, &url, n, batch, mark, run),
+        |(batch, mark)| {
+            let mark = mark.map_or_else(String::new, |m| format!(", high_water_mark {m}"));
+            format!(
                 "redis stream -> redis stream, {n} x 64 B, batch {batch}{mark}, entries/s: raw XREADGROUP+XADD+XACK loop | sluice source -> identity -> sink (embedded, durable)"
-            ),
-            &raw,
-            &sluice,
-        );
-    }
+            )
+        },
+    );
 }
 
 fn payload(i: usize) -> String {

@@ -23,7 +23,7 @@
 
 #![allow(missing_docs)]
 
-use sluice_tests::bench::{self, report};
+use sluice_tests::bench;
 use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::Client;
@@ -38,27 +38,22 @@ const BATCH: usize = 10;
 
 fn main() {
     let (n, samples) = bench::size(200, 2_000, SAMPLES);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = bench::runtime();
     sluice_harness::plugin("identity");
     let moto = MotoServer::start().expect("moto");
     let client = rt.block_on(client(&moto));
-    let (mut raw, mut sluice) = (Vec::new(), Vec::new());
-    for sample in 0..samples {
-        raw.push(rt.block_on(raw_loop(&client, n, sample)));
-        sluice.push(through_sluice(&rt, &moto, &client, n, sample));
-    }
-    bench::header();
-    report(
-        &format!(
-            "sqs queue -> sqs queue on moto, {n} x 64 B, batch {BATCH}, messages/s: raw \
-             Receive+SendBatch+DeleteBatch loop | sluice source -> identity -> sink (embedded, \
-             durable)"
-        ),
-        &raw,
-        &sluice,
+    bench::side_by_side(
+        &[BATCH],
+        samples,
+        |_, run| rt.block_on(raw_loop(&client, n, run)),
+        |_, run| through_sluice(&rt, &moto, &client, n, run),
+        |batch| {
+            format!(
+                "sqs queue -> sqs queue on moto, {n} x 64 B, batch {batch}, messages/s: raw \
+                 Receive+SendBatch+DeleteBatch loop | sluice source -> identity -> sink (embedded, \
+                 durable)"
+            )
+        },
     );
 }
 
@@ -119,9 +114,9 @@ async fn produce(client: Client, url: String, n: usize) {
 }
 
 /// A: the raw loop, in messages/s.
-async fn raw_loop(client: &Client, n: usize, sample: usize) -> f64 {
-    let input = create(client, &format!("raw-in-{sample}")).await;
-    let output = create(client, &format!("raw-out-{sample}")).await;
+async fn raw_loop(client: &Client, n: usize, run: &str) -> f64 {
+    let input = create(client, &format!("raw-in-{run}")).await;
+    let output = create(client, &format!("raw-out-{run}")).await;
     let started = Instant::now();
     let producer = tokio::spawn(produce(client.clone(), input.clone(), n));
     let mut done = 0;
@@ -205,10 +200,10 @@ fn through_sluice(
     moto: &MotoServer,
     client: &Client,
     n: usize,
-    sample: usize,
+    run: &str,
 ) -> bench::Sample {
-    let input = rt.block_on(create(client, &format!("in-{sample}")));
-    let output = rt.block_on(create(client, &format!("out-{sample}")));
+    let input = rt.block_on(create(client, &format!("in-{run}")));
+    let output = rt.block_on(create(client, &format!("out-{run}")));
     let dir = tempfile::tempdir().expect("dir");
     let yaml = format!(
         r#"

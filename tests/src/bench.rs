@@ -84,6 +84,42 @@ pub fn median(samples: &[f64]) -> f64 {
     sorted[sorted.len() / 2]
 }
 
+/// A multi-threaded tokio runtime for a bench's clients.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// The run every connector bench makes: for each of `cases`, `samples`
+/// runs of A (`raw`, in messages/s) and B (`sluice`) alternating, each
+/// given a label unique in the run (`<case>-<sample>`, for its topic,
+/// queue and group names); then the table, a row per case named by
+/// `name`.
+pub fn side_by_side<C: Copy>(
+    cases: &[C],
+    samples: usize,
+    mut raw: impl FnMut(C, &str) -> f64,
+    mut sluice: impl FnMut(C, &str) -> Sample,
+    name: impl Fn(C) -> String,
+) {
+    let mut rows = Vec::new();
+    for (i, &case) in cases.iter().enumerate() {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for sample in 0..samples {
+            let run = format!("{i}-{sample}");
+            a.push(raw(case, &run));
+            b.push(sluice(case, &run));
+        }
+        rows.push((case, a, b));
+    }
+    header();
+    for (case, a, b) in rows {
+        report(&name(case), &a, &b);
+    }
+}
+
 /// Prints the table's header.
 pub fn header() {
     println!("| benchmark | A | B | ratio B/A | daemon CPU µs/msg |");
