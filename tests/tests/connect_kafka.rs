@@ -312,7 +312,17 @@ fn two_daemons_in_one_group_hand_partitions_over_losing_and_committing_nothing_e
     let total = first + more;
     let high = watermarks(&brokers, "in");
     assert_eq!(high.values().sum::<i64>(), total as i64, "{high:?}");
-    wait_for_all(&a, &b, &server, total, &high);
+    wait_or_say(&a, &b, &server, "every message in a Sluice topic", || {
+        let held = durable(&[&a, &b]);
+        let mut per_partition: BTreeMap<i32, usize> = BTreeMap::new();
+        for (p, _) in &held {
+            *per_partition.entry(*p).or_default() += 1;
+        }
+        (
+            held.len() >= total,
+            format!("held per partition {per_partition:?} of {high:?}"),
+        )
+    });
     // 0 lost: every upstream position is in a Sluice topic.
     let held = durable(&[&a, &b]);
     for (p, h) in &high {
@@ -323,9 +333,19 @@ fn two_daemons_in_one_group_hand_partitions_over_losing_and_committing_nothing_e
         assert!(missing.is_empty(), "partition {p}: lost {missing:?}");
     }
     // The commits catch up with everything, and never pass it.
-    a.wait_until("commits reach the end of every partition", LONG, |_| {
-        committed(&brokers, "g", "in") == high
-    });
+    wait_or_say(
+        &a,
+        &b,
+        &server,
+        "commits reach the end of every partition",
+        || {
+            let commits = committed(&brokers, "g", "in");
+            (
+                commits == high,
+                format!("committed {commits:?} of {high:?}"),
+            )
+        },
+    );
     // Both daemons read (the group shared the partitions).
     assert!(a.depth("in") > 0 && b.depth("in") > 0);
     // Per-partition lag is reported, by the daemon that holds partitions
@@ -340,35 +360,28 @@ fn two_daemons_in_one_group_hand_partitions_over_losing_and_committing_nothing_e
     );
 }
 
-/// Waits until every one of `total` upstream messages is in A's or B's
-/// topic; on a timeout, says per partition how far each got, what the
-/// group committed, and both daemons' and tansu's logs (a partition that
-/// nobody fetches after a rebalance shows here, not in one log).
-fn wait_for_all(
+/// Waits until `check` says done; on a timeout, panics with what it
+/// last said (how far each partition got), the group's commits, and both
+/// daemons' and tansu's logs: a partition nobody reads after a rebalance
+/// shows across them, not in one log.
+fn wait_or_say(
     a: &Daemon,
     b: &Daemon,
     server: &TansuServer,
-    total: usize,
-    high: &BTreeMap<i32, i64>,
+    what: &str,
+    check: impl Fn() -> (bool, String),
 ) {
     let deadline = std::time::Instant::now() + LONG;
     loop {
-        let held = durable(&[a, b]);
-        if held.len() >= total {
+        let (done, state) = check();
+        if done {
             return;
         }
         if std::time::Instant::now() > deadline {
-            let mut per_partition: BTreeMap<i32, usize> = BTreeMap::new();
-            for (p, _) in &held {
-                *per_partition.entry(*p).or_default() += 1;
-            }
-            let brokers = server.brokers();
             panic!(
-                "only {} of {total} messages are in a Sluice topic after {LONG:?}: held per \
-                 partition {per_partition:?} of {high:?}, committed {:?}\n--- daemon A ---\n{}\n\
-                 --- daemon B ---\n{}\n--- tansu ---\n{}",
-                held.len(),
-                committed(&brokers, "g", "in"),
+                "timed out after {LONG:?} waiting for {what}: {state}; committed {:?}\n\
+                 --- daemon A ---\n{}\n--- daemon B ---\n{}\n--- tansu ---\n{}",
+                committed(&server.brokers(), "g", "in"),
                 a.log(),
                 b.log(),
                 server.log()
