@@ -33,7 +33,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use sluice_harness::rabbitmq::RabbitNode;
-use sluice_tests::{Daemon, write_pipeline};
+use sluice_tests::Daemon;
 
 const SAMPLES: usize = 5;
 const BATCHES: [usize; 2] = [100, 1000];
@@ -231,32 +231,14 @@ fn through_sluice(
     let channel = rt.block_on(conn.create_channel()).expect("channel");
     rt.block_on(declare(&channel, &input, &output));
     let dir = tempfile::tempdir().expect("dir");
-    let yaml = format!(
-        r#"
-name: bench
-topics: [in, mid]
-sources:
-  - name: src
-    to: in
-    amqp: {{url: "{url}", queue: {input}, batch: {batch}, prefetch: {prefetch}}}
-stages:
-  - name: id
-    subscribe: in
-    plugin: {plugin}
-    publish: [mid]
-    concurrency: {conc}
-sinks:
-  - name: out
-    subscribe: mid
-    concurrency: {conc}
-    batch: {{max: {batch}, wait: 5ms}}
-    amqp: {{url: "{url}", exchange: amq.direct, routing_key: {output}}}
-"#,
-        prefetch = (batch * 2).min(65_535),
-        plugin = sluice_harness::plugin("identity").display(),
-        conc = std::env::var("SLUICE_BENCH_CONCURRENCY").unwrap_or_else(|_| "2".into()),
+    let prefetch = (batch * 2).min(65_535);
+    let file = bench::round_trip_pipeline(
+        dir.path(),
+        None,
+        batch,
+        &format!(r#"amqp: {{url: "{url}", queue: {input}, batch: {batch}, prefetch: {prefetch}}}"#),
+        &format!(r#"amqp: {{url: "{url}", exchange: amq.direct, routing_key: {output}}}"#),
     );
-    let file = write_pipeline(dir.path(), "bench", &yaml);
     let daemon = Daemon::start(&[&file], &dir.path().join("data"));
     daemon.wait_until("ready", Duration::from_secs(60), |d| {
         d.readiness().0 == "ready"

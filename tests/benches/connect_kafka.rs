@@ -33,7 +33,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use sluice_harness::tansu::TansuServer;
-use sluice_tests::{Daemon, write_pipeline};
+use sluice_tests::Daemon;
 
 const SAMPLES: usize = 5;
 const BATCHES: [usize; 2] = [100, 1000];
@@ -206,32 +206,16 @@ fn through_sluice(
     create(brokers, &input);
     create(brokers, &output);
     let dir = tempfile::tempdir().expect("dir");
-    let yaml = format!(
-        r#"
-name: bench
-topics: [in, mid]
-sources:
-  - name: src
-    to: in
-    kafka: {{brokers: "{brokers}", topic: {input}, group: g-{run}, start: earliest, batch: {batch}, buffer: {buffer}}}
-stages:
-  - name: id
-    subscribe: in
-    plugin: {plugin}
-    publish: [mid]
-    concurrency: {conc}
-sinks:
-  - name: out
-    subscribe: mid
-    concurrency: {conc}
-    batch: {{max: {batch}, wait: 5ms}}
-    kafka: {{brokers: "{brokers}", topic: {output}}}
-"#,
-        buffer = (batch * 4).max(2000),
-        plugin = sluice_harness::plugin("identity").display(),
-        conc = std::env::var("SLUICE_BENCH_CONCURRENCY").unwrap_or_else(|_| "2".into()),
+    let buffer = (batch * 4).max(2000);
+    let file = bench::round_trip_pipeline(
+        dir.path(),
+        None,
+        batch,
+        &format!(
+            r#"kafka: {{brokers: "{brokers}", topic: {input}, group: g-{run}, start: earliest, batch: {batch}, buffer: {buffer}}}"#
+        ),
+        &format!(r#"kafka: {{brokers: "{brokers}", topic: {output}}}"#),
     );
-    let file = write_pipeline(dir.path(), "bench", &yaml);
     let daemon = Daemon::start(&[&file], &dir.path().join("data"));
     let _guard = rt.enter();
     let probe: StreamConsumer = ClientConfig::new()

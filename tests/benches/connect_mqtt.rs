@@ -33,7 +33,7 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish};
 use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
 use sluice_harness::mosquitto::Mosquitto;
-use sluice_tests::{Daemon, write_pipeline};
+use sluice_tests::Daemon;
 
 const SAMPLES: usize = 5;
 const CASES: [usize; 2] = [100, 1000];
@@ -200,32 +200,16 @@ fn through_sluice(
     let (input, output) = (format!("in/{run}"), format!("out/{run}"));
     let client_id = format!("bench-src-{run}");
     let dir = tempfile::tempdir().expect("dir");
-    let yaml = format!(
-        r#"
-name: bench
-topics: [in, mid]
-sources:
-  - name: src
-    to: in
-    mqtt: {{url: "{url}", topic: "{input}", client_id: {client_id}, batch: {batch}}}
-stages:
-  - name: id
-    subscribe: in
-    plugin: {plugin}
-    publish: [mid]
-    concurrency: {conc}
-sinks:
-  - name: out
-    subscribe: mid
-    concurrency: {conc}
-    batch: {{max: {batch}, wait: 5ms}}
-    mqtt: {{url: "{url}", topic: "{output}", inflight: 1000}}
-"#,
-        url = broker.url(),
-        plugin = sluice_harness::plugin("identity").display(),
-        conc = std::env::var("SLUICE_BENCH_CONCURRENCY").unwrap_or_else(|_| "2".into()),
+    let url = broker.url();
+    let file = bench::round_trip_pipeline(
+        dir.path(),
+        None,
+        batch,
+        &format!(
+            r#"mqtt: {{url: "{url}", topic: "{input}", client_id: {client_id}, batch: {batch}}}"#
+        ),
+        &format!(r#"mqtt: {{url: "{url}", topic: "{output}", inflight: 1000}}"#),
     );
-    let file = write_pipeline(dir.path(), "bench", &yaml);
     let port = broker.port();
     rt.block_on(prime(port, &client_id, &input));
     let count = rt.block_on(counter(port, &format!("count-{run}"), &output));

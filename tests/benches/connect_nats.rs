@@ -31,7 +31,7 @@ use async_nats::jetstream::{self, consumer::pull, stream};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use sluice_harness::nats::NatsServer;
-use sluice_tests::{Daemon, write_pipeline};
+use sluice_tests::Daemon;
 
 const SAMPLES: usize = 5;
 /// The read batch (`fetch`, the source's `batch`) and the write batch
@@ -211,33 +211,16 @@ fn through_sluice(
     run: &str,
 ) -> bench::Sample {
     let [(input, in_subject), (output, out_subject)] = rt.block_on(streams(js, "SL", run));
-    let mark = mark.map_or_else(String::new, |m| format!(", high_water_mark: {m}"));
     let dir = tempfile::tempdir().expect("dir");
-    let yaml = format!(
-        r#"
-name: bench
-topics: [{{name: in{mark}}}, mid]
-sources:
-  - name: src
-    to: in
-    nats: {{url: "{url}", subject: "{in_subject}", stream: {input}, batch: {batch}}}
-stages:
-  - name: id
-    subscribe: in
-    plugin: {plugin}
-    publish: [mid]
-    concurrency: {conc}
-sinks:
-  - name: out
-    subscribe: mid
-    concurrency: {conc}
-    batch: {{max: {batch}, wait: 5ms}}
-    nats: {{url: "{url}", subject: "{out_subject}"}}
-"#,
-        plugin = sluice_harness::plugin("identity").display(),
-        conc = std::env::var("SLUICE_BENCH_CONCURRENCY").unwrap_or_else(|_| "2".into()),
+    let file = bench::round_trip_pipeline(
+        dir.path(),
+        mark,
+        batch,
+        &format!(
+            r#"nats: {{url: "{url}", subject: "{in_subject}", stream: {input}, batch: {batch}}}"#
+        ),
+        &format!(r#"nats: {{url: "{url}", subject: "{out_subject}"}}"#),
     );
-    let file = write_pipeline(dir.path(), "bench", &yaml);
     let daemon = Daemon::start(&[&file], &dir.path().join("data"));
     // The consumer exists once the source has read (an empty stream) once.
     let started = Instant::now();

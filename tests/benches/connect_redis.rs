@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use redis::{AsyncCommands, Value};
 use sluice_harness::redis::RedisServer;
-use sluice_tests::{Daemon, write_pipeline};
+use sluice_tests::Daemon;
 
 const SAMPLES: usize = 5;
 /// The read batch (`COUNT`, the source's `batch`) and the write batch (one
@@ -191,33 +191,16 @@ fn through_sluice(
     run: &str,
 ) -> bench::Sample {
     let (input, output) = (format!("in-{run}"), format!("out-{run}"));
-    let mark = mark.map_or_else(String::new, |m| format!(", high_water_mark: {m}"));
     let dir = tempfile::tempdir().expect("dir");
-    let yaml = format!(
-        r#"
-name: bench
-topics: [{{name: in{mark}}}, mid]
-sources:
-  - name: src
-    to: in
-    redis: {{url: "{url}", stream: {input}, group: g, start: oldest, batch: {batch}}}
-stages:
-  - name: id
-    subscribe: in
-    plugin: {plugin}
-    publish: [mid]
-    concurrency: {conc}
-sinks:
-  - name: out
-    subscribe: mid
-    concurrency: {conc}
-    batch: {{max: {batch}, wait: 5ms}}
-    redis: {{url: "{url}", stream: {output}}}
-"#,
-        plugin = sluice_harness::plugin("identity").display(),
-        conc = std::env::var("SLUICE_BENCH_CONCURRENCY").unwrap_or_else(|_| "2".into()),
+    let file = bench::round_trip_pipeline(
+        dir.path(),
+        mark,
+        batch,
+        &format!(
+            r#"redis: {{url: "{url}", stream: {input}, group: g, start: oldest, batch: {batch}}}"#
+        ),
+        &format!(r#"redis: {{url: "{url}", stream: {output}}}"#),
     );
-    let file = write_pipeline(dir.path(), "bench", &yaml);
     let daemon = Daemon::start(&[&file], &dir.path().join("data"));
     let mut conn = rt.block_on(connect(url));
     // The group exists once the source has read (an empty stream) once.

@@ -31,7 +31,7 @@ use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, QueueAttributeName, SendMessageBatchRequestEntry,
 };
 use sluice_harness::moto::MotoServer;
-use sluice_tests::{Daemon, write_pipeline};
+use sluice_tests::Daemon;
 
 const SAMPLES: usize = 3;
 const BATCH: usize = 10;
@@ -205,32 +205,17 @@ fn through_sluice(
     let input = rt.block_on(create(client, &format!("in-{run}")));
     let output = rt.block_on(create(client, &format!("out-{run}")));
     let dir = tempfile::tempdir().expect("dir");
-    let yaml = format!(
-        r#"
-name: bench
-topics: [in, mid]
-sources:
-  - name: src
-    to: in
-    sqs: {{queue_url: "{input}", endpoint: "{endpoint}", region: {region}, wait_time: 1s}}
-stages:
-  - name: id
-    subscribe: in
-    plugin: {plugin}
-    publish: [mid]
-    concurrency: 2
-sinks:
-  - name: out
-    subscribe: mid
-    concurrency: 2
-    batch: {{max: {BATCH}, wait: 5ms}}
-    sqs: {{queue_url: "{output}", endpoint: "{endpoint}", region: {region}}}
-"#,
-        endpoint = moto.endpoint(),
-        region = sluice_harness::moto::REGION,
-        plugin = sluice_harness::plugin("identity").display(),
+    let endpoint = moto.endpoint();
+    let region = sluice_harness::moto::REGION;
+    let file = bench::round_trip_pipeline(
+        dir.path(),
+        None,
+        BATCH,
+        &format!(
+            r#"sqs: {{queue_url: "{input}", endpoint: "{endpoint}", region: {region}, wait_time: 1s}}"#
+        ),
+        &format!(r#"sqs: {{queue_url: "{output}", endpoint: "{endpoint}", region: {region}}}"#),
     );
-    let file = write_pipeline(dir.path(), "bench", &yaml);
     let daemon = Daemon::builder(&[&file], &dir.path().join("data"))
         .envs(moto.env())
         .start();

@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::Daemon;
+use std::path::{Path, PathBuf};
+
+use crate::{Daemon, write_pipeline};
 
 /// N (`SLUICE_BENCH_N`, else `release` in a bench build and `debug` in
 /// the debug test profile, which only checks that the bench works), and
@@ -118,6 +120,49 @@ pub fn side_by_side<C: Copy>(
     for (case, a, b) in rows {
         report(&name(case), &a, &b);
     }
+}
+
+/// Writes the round trip every connector bench runs to `dir`: the
+/// connector's `source` block (one line, `kafka: {...}`) into topic `in`
+/// (with `high_water_mark` if given), the `identity` stage into `mid`
+/// (concurrency `SLUICE_BENCH_CONCURRENCY`, else 2), and the `sink` block
+/// with batches of `batch` (5 ms wait), at the same concurrency.
+pub fn round_trip_pipeline(
+    dir: &Path,
+    mark: Option<u64>,
+    batch: usize,
+    source: &str,
+    sink: &str,
+) -> PathBuf {
+    let input = mark.map_or_else(
+        || "in".to_owned(),
+        |m| format!("{{name: in, high_water_mark: {m}}}"),
+    );
+    let yaml = format!(
+        r#"
+name: bench
+topics: [{input}, mid]
+sources:
+  - name: src
+    to: in
+    {source}
+stages:
+  - name: id
+    subscribe: in
+    plugin: {plugin}
+    publish: [mid]
+    concurrency: {conc}
+sinks:
+  - name: out
+    subscribe: mid
+    concurrency: {conc}
+    batch: {{max: {batch}, wait: 5ms}}
+    {sink}
+"#,
+        plugin = sluice_harness::plugin("identity").display(),
+        conc = std::env::var("SLUICE_BENCH_CONCURRENCY").unwrap_or_else(|_| "2".into()),
+    );
+    write_pipeline(dir, "bench", &yaml)
 }
 
 /// Prints the table's header.
