@@ -1,5 +1,6 @@
-//! The daemon's Prometheus metrics, named as DESIGN's metrics table names
-//! them. The engine and the ingest path count into [`Metrics`]; gauges that
+//! The daemon's Prometheus metrics, under the stable names registered in
+//! [`Metrics::new`]; operators' dashboards and alerts rely on them. The
+//! engine and the ingest path count into [`Metrics`]; gauges that
 //! describe the broker (depth, age, in-flight, DLQ depth) are read from it
 //! when `/metrics` is scraped, so they are never stale.
 

@@ -458,7 +458,7 @@ impl AdminState {
 }
 
 /// Creates every loaded topic's and stage's series at zero, so `/metrics`
-/// shows each DESIGN metric from the first scrape and `rate()`/`increase()`
+/// shows each metric of `crate::metrics` from the first scrape and `rate()`/`increase()`
 /// see the first increment rather than a series appearing out of nowhere.
 fn zero_series(metrics: &Metrics, topics: &HashMap<String, TopicEntry>, stages: &[StageEntry]) {
     for topic in topics.keys() {

@@ -20,7 +20,7 @@
 //! the directory, and the references to their objects are in topics and
 //! dead-letter queues this daemon does not read.
 //!
-//! S3 stores are not swept: set a lifecycle rule on the bucket (README).
+//! S3 stores are not swept: set a lifecycle rule on the bucket (`docs/claim-check.md`).
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -39,7 +39,7 @@ pub struct ClaimCheck {
     pub threshold: HumanSize,
     /// How long a stored payload is kept at least. A `file://` store's
     /// sweeper removes objects older than this that no pending message or
-    /// dead letter references; for S3, set a lifecycle rule (README).
+    /// dead letter references; for S3, set a lifecycle rule (`docs/claim-check.md`).
     #[serde(default = "default_claim_retention")]
     pub retention: HumanDuration,
     /// The largest payload accepted on a claim-checked topic; a larger one

@@ -1,6 +1,6 @@
 //! The pipeline model: what a pipeline file may say. These structs are the
 //! configuration reference; `sluice schema` prints them as a JSON Schema and
-//! README's "Pipelines" section follows them.
+//! `docs/pipelines.md` follows them.
 //!
 //! Every optional field has a default from a named `default_*` function, and
 //! every struct rejects keys it does not know. Values a serde type cannot
@@ -34,7 +34,7 @@ pub struct Pipeline {
     pub name: String,
     /// Where the topics live: `embedded` (the durable single-node broker built
     /// into the daemon) or a `nats://host:port` URL for NATS JetStream
-    /// (see the README for its options). `sluice run --broker` overrides it,
+    /// (see `docs/nats.md` for its options). `sluice run --broker` overrides it,
     /// so the same file runs on either.
     #[serde(default = "default_broker")]
     pub broker: String,

@@ -245,7 +245,7 @@ fn millis(d: Duration) -> u64 {
 /// The environment variable of the crash test hook: with `N`, the process
 /// aborts at the N-th completion of a deduplicated delivery, after the
 /// handler ran (and, on NATS, after its outputs were published) and before
-/// the COMPLETED record is written: the window DESIGN's guarantee names.
+/// the COMPLETED record is written: the window the dedup guarantee names.
 /// For tests only; unset in production.
 pub const CRASH_HOOK_ENV: &str = "SLUICE_TEST_ABORT_BEFORE_DEDUP_RECORD";
 

@@ -7,7 +7,7 @@
 //!   delivery through the concurrency valve, dedup, invoke and settle, and
 //!   the batch call) and `stage::leases` (the lease heartbeat and graceful
 //!   drain);
-//! - `settle`: DESIGN's outcome table (complete, nak with backoff,
+//! - `settle`: the outcome table (complete, nak with backoff,
 //!   dead-letter with provenance);
 //! - `dedup`: the dedup step (run, wait for the key's holder, or settle
 //!   as a duplicate);

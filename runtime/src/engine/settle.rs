@@ -1,4 +1,4 @@
-//! What happens to a delivery after its handler returns: DESIGN's outcome
+//! What happens to a delivery after its handler returns: the outcome
 //! table, in one place.
 //!
 //! | outcome | action |
