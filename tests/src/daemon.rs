@@ -14,6 +14,11 @@ use crate::{Backend, CACHE, Msg, sluice_bin, write_pipeline};
 /// plugins first, seconds each for a Python or JavaScript one.
 const READY_LIMIT: Duration = Duration::from_secs(120);
 
+/// How long [`Daemon::wait`] (and so [`Daemon::sigterm`]) gives the daemon
+/// to exit: far past any test's `shutdown_timeout`, so only a shutdown
+/// that hangs reaches it.
+pub const EXIT_LIMIT: Duration = Duration::from_secs(120);
+
 /// A running `sluice run`.
 pub struct Daemon {
     child: Option<Child>,
@@ -337,10 +342,29 @@ impl Daemon {
         assert!(status.success());
     }
 
-    /// Waits, however long it takes, for the daemon to exit; its status.
+    /// Waits for the daemon to exit; its status.
+    ///
+    /// # Panics
+    ///
+    /// When it has not exited within [`EXIT_LIMIT`] (its shutdown hangs):
+    /// it is killed, and the panic carries its log.
     pub fn wait(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("running");
-        child.wait().expect("wait")
+        let started = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return status;
+            }
+            if started.elapsed() > EXIT_LIMIT {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the daemon did not exit within {EXIT_LIMIT:?} of being asked to; log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// SIGTERM; returns the exit status and how long it took to exit.
@@ -534,6 +558,28 @@ impl Daemon {
         let value: Value = response.json().expect("json");
         assert!(status.is_success(), "POST {path}: {status}: {value}");
         value
+    }
+
+    /// The sum of a metric's samples in `/metrics` over all its labels
+    /// (`sluice_source_messages_total`, say); zero when it has none.
+    ///
+    /// # Panics
+    ///
+    /// When `/metrics` does not answer.
+    pub fn metric_sum(&self, name: &str) -> f64 {
+        let text = self
+            .http
+            .get(self.url("/metrics"))
+            .send()
+            .and_then(reqwest::blocking::Response::text)
+            .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
+        text.lines()
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 
     /// Waits until `done` holds, polling; panics with the log after `limit`.

@@ -117,18 +117,6 @@ fn payloads(server: &PostgresServer, table: &str) -> Vec<String> {
     out.lines().map(str::to_owned).collect()
 }
 
-/// `sluice_source_messages_total` of a daemon, summed.
-fn source_messages(d: &Daemon) -> u64 {
-    let text = reqwest::blocking::get(format!("{}/metrics", d.base))
-        .and_then(|r| r.text())
-        .unwrap_or_default();
-    text.lines()
-        .filter(|l| l.starts_with("sluice_source_messages_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .sum()
-}
-
 fn outbox_pipeline(url: &str) -> String {
     format!(
         r#"
@@ -200,7 +188,10 @@ fn outbox_two_daemons_on_nats_every_committed_row_once() {
         "downstream differs from the committed rows"
     );
     // Both daemons took part, and together read each row once.
-    let (ra, rb) = (source_messages(&a), source_messages(&b));
+    let (ra, rb) = (
+        a.metric_sum("sluice_source_messages_total") as u64,
+        b.metric_sum("sluice_source_messages_total") as u64,
+    );
     assert!(ra > 0 && rb > 0, "one daemon did all the work: {ra} + {rb}");
     assert_eq!(ra + rb, expected, "rows read more than once: {ra} + {rb}");
     // Key and headers came through.

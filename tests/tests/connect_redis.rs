@@ -739,16 +739,20 @@ fn two_daemons_share_one_group(backend: &Backend) {
     let redis = server();
     let mut conn = client(&redis.url());
     let n = 4_000;
-    produce(&mut conn, "in", 0, n);
     let dir = tempfile::tempdir().expect("dir");
     let file = upper_pipeline(dir.path(), &redis.url(), "");
     let a = Daemon::start_on(backend, &[&file], &dir.path().join("a"));
     let b = Daemon::start_on(backend, &[&file], &dir.path().join("b"));
+    // Both are waiting on the group before the first entry: neither can
+    // have read everything before the other started.
+    produce(&mut conn, "in", 0, n);
     wait_for_len(&a, &mut conn, "out", n);
     wait_no_pending(&b, &mut conn, "in", "g");
     std::thread::sleep(Duration::from_secs(1));
     assert_exactly_once(&mut conn, "out", n);
-    // Both were consumers of the group.
+    // Both were consumers of the group, both read entries, and together
+    // they read each entry once (an entry read twice would also be
+    // published twice into `in`, under the same id: counted here).
     let consumers: Vec<Value> = redis::cmd("XINFO")
         .arg("CONSUMERS")
         .arg("in")
@@ -756,6 +760,13 @@ fn two_daemons_share_one_group(backend: &Backend) {
         .query(&mut conn)
         .expect("XINFO CONSUMERS");
     assert_eq!(consumers.len(), 2, "{consumers:?}");
+    let read = |d: &Daemon| d.metric_sum("sluice_source_messages_total") as usize;
+    let (ra, rb) = (read(&a), read(&b));
+    assert!(
+        ra > 0 && rb > 0,
+        "one daemon did all the reading: {ra} + {rb}"
+    );
+    assert_eq!(ra + rb, n, "entries read more than once: {ra} + {rb}");
 }
 
 #[test]

@@ -306,7 +306,14 @@ fn sigterm_under_load_drains_in_time_and_redelivers_nothing_done(backend: &Backe
         "    concurrency: 2\n    config: {sleep_ms: 20}\n",
     );
     let data = dir.path().join("data");
-    let mut daemon = Daemon::start_on(backend, &[&file], &data);
+    // Every handler call's start is logged with its message id, and the
+    // log runs on across the restart: a message handled before the
+    // shutdown and again after it shows up twice, even though its second
+    // output (same id) would be dropped by the duplicate window.
+    let mut daemon = Daemon::builder(&[&file], &data)
+        .on(backend)
+        .envs([("SLUICE_LOG", "warn,sluice=info,sluice::calls=debug")])
+        .start();
     let n = 600;
     let messages: Vec<Msg> = (0..n).map(|i| Msg::new(format!("t{i}"), "x")).collect();
     daemon.publish("in", &messages);
@@ -319,23 +326,41 @@ fn sigterm_under_load_drains_in_time_and_redelivers_nothing_done(backend: &Backe
     );
     // shutdown_timeout is 5 s; each call takes 20 ms, so it drains well within.
     assert!(took < Duration::from_secs(5 + 3), "took {took:?}");
+    let calls_before = handler_calls(&daemon.log());
+    assert!(
+        (20..n).contains(&calls_before.values().sum::<usize>()),
+        "the shutdown should land mid-run: {} calls before it",
+        calls_before.len()
+    );
     daemon.restart();
-    let before_restart = daemon.read_all("out");
     daemon.wait_until("all outputs", LONG, |d| d.depth("out") >= n);
-    std::thread::sleep(Duration::from_millis(300));
     let out = daemon.read_all("out");
     assert_exactly_once(&out, "t", n);
-    // Nothing finished before the shutdown ran again after it.
-    let done_before: BTreeSet<&str> = before_restart
-        .iter()
-        .filter_map(|m| header(m, "x-input-id"))
-        .collect();
-    let handled_after: Vec<&Value> = out[before_restart.len()..].iter().collect();
+    // No call was abandoned (20 ms calls, a 5 s deadline) and none failed,
+    // so every message was handled exactly once across both runs: one
+    // handled before the shutdown was not handed out again after it.
+    let calls = handler_calls(&daemon.log());
+    let twice: Vec<_> = calls.iter().filter(|(_, c)| **c != 1).collect();
     assert!(
-        handled_after
-            .iter()
-            .all(|m| header(m, "x-input-id").is_some_and(|id| !done_before.contains(id)))
+        twice.is_empty(),
+        "handled more than once: {twice:?}\nlog:\n{}",
+        daemon.log()
     );
+    assert_eq!(calls.len(), n, "every message handled");
+}
+
+/// Handler calls per message id, from the `sluice::calls=debug` lines
+/// (`handler call starts id=...`).
+fn handler_calls(log: &str) -> BTreeMap<String, usize> {
+    let mut calls = BTreeMap::new();
+    for line in log.lines().filter(|l| l.contains("handler call starts")) {
+        let id = line
+            .split_whitespace()
+            .find_map(|word| word.strip_prefix("id="))
+            .unwrap_or_else(|| panic!("no id in {line:?}"));
+        *calls.entry(id.to_owned()).or_insert(0) += 1;
+    }
+    calls
 }
 
 fn a_handler_slower_than_ack_wait_is_not_redelivered(backend: &Backend) {
