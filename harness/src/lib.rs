@@ -37,6 +37,7 @@ pub mod postgres;
 pub mod process;
 pub mod rabbitmq;
 pub mod redis;
+pub mod skip;
 pub mod tansu;
 
 pub use lang::{LANG_PLUGINS, build_lang_plugin, build_lang_plugins};

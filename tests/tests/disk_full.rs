@@ -89,8 +89,9 @@ fn body(i: usize) -> String {
 #[test]
 fn a_full_disk_answers_503_and_recovers_without_a_restart() {
     if !is_root() {
-        eprintln!(
-            "SKIPPED a_full_disk_answers_503_and_recovers_without_a_restart: needs root to mount a tmpfs"
+        sluice_harness::skip::skip(
+            "a_full_disk_answers_503_and_recovers_without_a_restart",
+            "needs root to mount a tmpfs",
         );
         return;
     }

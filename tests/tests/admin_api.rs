@@ -45,7 +45,7 @@ stages:
 "#;
 
 /// A running admin server over a fresh embedded broker.
-struct Daemon {
+struct InProcessAdmin {
     dir: TempDir,
     broker: Arc<EmbeddedBroker>,
     addr: SocketAddr,
@@ -54,12 +54,12 @@ struct Daemon {
     server: Option<JoinHandle<std::io::Result<()>>>,
 }
 
-impl Daemon {
-    async fn start() -> Daemon {
-        Daemon::start_with(|state| state).await
+impl InProcessAdmin {
+    async fn start() -> InProcessAdmin {
+        InProcessAdmin::start_with(|state| state).await
     }
 
-    async fn start_with(configure: impl FnOnce(AdminState) -> AdminState) -> Daemon {
+    async fn start_with(configure: impl FnOnce(AdminState) -> AdminState) -> InProcessAdmin {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("shop.yaml");
         std::fs::write(&file, PIPELINE).expect("write pipeline");
@@ -81,7 +81,7 @@ impl Daemon {
         let server = tokio::spawn(admin::serve(listener, state, async move {
             let _ = stopped.await;
         }));
-        Daemon {
+        InProcessAdmin {
             dir,
             broker,
             addr,
@@ -139,7 +139,7 @@ impl Daemon {
     }
 
     fn cli_with_stdin(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        let mut child = Command::new(sluice_tests::sluice_bin())
             .args(args)
             .env("SLUICE_ADMIN", self.addr.to_string())
             .stdin(if stdin.is_some() {
@@ -239,14 +239,14 @@ fn stderr(output: &Output) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_answers_ok() {
-    let d = Daemon::start().await;
+    let d = InProcessAdmin::start().await;
     assert_eq!(d.get_json("/health").await, json!({"status": "ok"}));
     d.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_published_message_reads_back_with_key_headers_and_payload() {
-    let d = Daemon::start().await;
+    let d = InProcessAdmin::start().await;
     let response = d
         .http
         .post(d.url("/v1/topics/orders/messages"))
@@ -305,7 +305,7 @@ async fn a_published_message_reads_back_with_key_headers_and_payload() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idempotency_key_stores_a_message_once() {
-    let d = Daemon::start().await;
+    let d = InProcessAdmin::start().await;
     let mut receipts = Vec::new();
     for _ in 0..2 {
         let response = d
@@ -330,7 +330,7 @@ async fn an_idempotency_key_stores_a_message_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_json_errors_with_codes() {
-    let d = Daemon::start().await;
+    let d = InProcessAdmin::start().await;
     let expect = async |response: reqwest::Response, status: u16, code: &str| {
         assert_eq!(response.status(), status);
         let body: Value = response.json().await.expect("JSON error");
@@ -397,7 +397,7 @@ async fn bad_requests_get_json_errors_with_codes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_is_validated_whole_and_published_together() {
-    let d = Daemon::start().await;
+    let d = InProcessAdmin::start().await;
     let post = async |body: &str, content_type: &str| {
         d.http
             .post(d.url("/v1/topics/orders/batch"))
@@ -441,7 +441,7 @@ async fn a_batch_is_validated_whole_and_published_together() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingest_answers_429_at_the_high_water_mark() {
-    let d = Daemon::start().await;
+    let d = InProcessAdmin::start().await;
     for i in 0..2 {
         let response = d.post("/v1/topics/limited/messages", format!("m{i}")).await;
         assert_eq!(response.status(), 202);
@@ -483,7 +483,7 @@ async fn ingest_answers_429_at_the_high_water_mark() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_over_the_limit_gets_a_json_413() {
-    let d = Daemon::start_with(|state| state.with_body_limit(1024)).await;
+    let d = InProcessAdmin::start_with(|state| state.with_body_limit(1024)).await;
     let response = d.post("/v1/topics/orders/messages", vec![b'x'; 4096]).await;
     assert_eq!(response.status(), 413);
     let body: Value = response.json().await.expect("JSON");
@@ -500,7 +500,7 @@ async fn a_body_over_the_limit_gets_a_json_413() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_use_the_design_names_and_the_prometheus_content_type() {
-    let d = Daemon::start().await;
+    let d = InProcessAdmin::start().await;
     seed_dead_letter(&*d.broker, "m1", "bad", "rejected").await;
     d.post("/v1/topics/orders/messages", "x").await;
     let response = d.get("/metrics").await;
@@ -539,7 +539,7 @@ async fn metrics_use_the_design_names_and_the_prometheus_content_type() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_has_one_object_per_stage() {
-    let d = Daemon::start().await;
+    let d = InProcessAdmin::start().await;
     d.post("/v1/topics/orders/messages", "a").await;
     d.post("/v1/topics/orders/messages", "b").await;
     seed_dead_letter(&*d.broker, "m1", "bad", "trap").await;
@@ -563,7 +563,7 @@ async fn status_has_one_object_per_stage() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_redrive_holds_only_its_own_stage_and_stops_at_its_time_limit() {
-    let d = Daemon::start_with(|s| s.with_redrive_time_limit(Duration::from_secs(3))).await;
+    let d = InProcessAdmin::start_with(|s| s.with_redrive_time_limit(Duration::from_secs(3))).await;
     let b = &*d.broker;
     for i in 0..3 {
         seed_dead_letter(b, &format!("m{i}"), "p", "rejected").await;
@@ -609,7 +609,7 @@ async fn a_slow_redrive_holds_only_its_own_stage_and_stops_at_its_time_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlq_list_show_redrive_and_purge() {
-    let d = Daemon::start().await;
+    let d = InProcessAdmin::start().await;
     let b = &*d.broker;
     let first = seed_dead_letter(b, "m1", "first", "rejected").await;
     seed_dead_letter(b, "m2", "second", "timeout").await;
@@ -720,7 +720,7 @@ async fn dlq_list_show_redrive_and_purge() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_poll_returns_a_new_message_and_ends_on_shutdown() {
-    let d = Daemon::start().await;
+    let d = InProcessAdmin::start().await;
     let url = d.url("/v1/topics/orders/messages?from=1&wait_ms=20000");
     let http = d.http.clone();
     let poll = tokio::spawn(async move { http.get(url).send().await?.json::<Value>().await });
@@ -745,7 +745,7 @@ async fn a_long_poll_returns_a_new_message_and_ends_on_shutdown() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_publish_from_data_file_and_stdin() {
-    let d = Daemon::start().await;
+    let d = InProcessAdmin::start().await;
     let out = d.cli(&[
         "publish",
         "orders",
@@ -802,7 +802,7 @@ async fn cli_publish_from_data_file_and_stdin() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_tail_prints_json_lines() {
-    let d = Daemon::start().await;
+    let d = InProcessAdmin::start().await;
     for payload in ["one", "two", "three"] {
         d.post("/v1/topics/orders/messages", payload).await;
     }
@@ -819,7 +819,7 @@ async fn cli_tail_prints_json_lines() {
 
     // Without --from-start only new messages are printed: publish until the
     // follower (started in the background) has seen one.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let mut child = Command::new(sluice_tests::sluice_bin())
         .args(["tail", "orders", "--count", "1", "--admin"])
         .arg(d.addr.to_string())
         .stdout(Stdio::piped())
@@ -842,7 +842,7 @@ async fn cli_tail_prints_json_lines() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_dlq_list_show_redrive_and_purge() {
-    let d = Daemon::start().await;
+    let d = InProcessAdmin::start().await;
     let seq = seed_dead_letter(&*d.broker, "m1", "bad order", "rejected").await;
     seed_dead_letter(&*d.broker, "m2", "worse order", "timeout").await;
 
@@ -900,7 +900,7 @@ async fn cli_dlq_list_show_redrive_and_purge() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_status_prints_a_table_and_json() {
-    let d = Daemon::start().await;
+    let d = InProcessAdmin::start().await;
     d.post("/v1/topics/orders/messages", "a").await;
     let out = d.cli(&["status"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -942,7 +942,7 @@ fn cli_says_plainly_when_the_daemon_is_not_running() {
         vec!["tail", "orders"],
         vec!["dlq", "list", "shop/route"],
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        let out = Command::new(sluice_tests::sluice_bin())
             .args(&args)
             .env("SLUICE_ADMIN", &admin)
             .output()

@@ -1,15 +1,13 @@
 //! The plugin host against real plugins built from `plugins/`: the examples,
 //! the adversarial testkit, bad plugin files and the compile cache.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{HOST, msg, plugin, settings};
 use sluice::FailureKind;
 use sluice::plugin::{
     CacheStatus, HostConfig, Isolation, Limits, Message, Outputs, PluginHost, WorkerSettings, World,
 };
+use sluice_tests::plugins::{HOST, msg, plugin, settings};
 
 /// After an adversarial call, the same host must still serve a normal one.
 async fn host_still_serves() {
@@ -202,9 +200,11 @@ async fn spin_times_out_promptly_and_the_host_recovers() {
     let elapsed = started.elapsed();
     assert_eq!(failure.kind, FailureKind::Timeout, "{failure}");
     assert!(elapsed >= timeout, "not before the timeout: {elapsed:?}");
+    // Promptly: the epoch deadline stops the guest, not some far later
+    // limit. The margin is generous because the machine may be loaded.
     assert!(
-        elapsed < timeout + Duration::from_millis(100),
-        "within timeout + 100 ms: {elapsed:?}"
+        elapsed < timeout + Duration::from_secs(5),
+        "within the timeout and a few seconds: {elapsed:?}"
     );
     // The trapped instance was discarded: the next call starts a new one (and times out again).
     assert_eq!(

@@ -1,7 +1,5 @@
-//! Shared set-up for the plugin tests: one host per test binary, and the
-//! plugins freshly built from source by the harness.
-
-#![allow(dead_code)]
+//! The plugin host in-process, for tests of the host itself: one host per
+//! test binary, and the plugins freshly built from source by the harness.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};

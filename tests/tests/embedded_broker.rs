@@ -992,6 +992,8 @@ async fn concurrent_workers_settle_everything_once() {
     };
     // (consumer, id) -> finished; (consumer, id) -> attempts delivered.
     let finished: Arc<Mutex<HashMap<(String, String), u32>>> = Default::default();
+    // The output ids of the completes the broker accepted.
+    let completed: Arc<Mutex<Vec<String>>> = Default::default();
     type Seen = HashMap<(String, String), std::collections::HashSet<u32>>;
     let attempts: Arc<Mutex<Seen>> = Default::default();
     let mut workers = tokio::task::JoinSet::new();
@@ -1000,6 +1002,7 @@ async fn concurrent_workers_settle_everything_once() {
             let b = b.clone();
             let finished = finished.clone();
             let attempts = attempts.clone();
+            let completed = completed.clone();
             workers.spawn(async move {
                 let mut rng = w * 7919 + name.len() as u64;
                 let mut mine: HashMap<(String, String), u32> = HashMap::new();
@@ -1067,6 +1070,12 @@ async fn concurrent_workers_settle_everything_once() {
                                     .expect("lock")
                                     .insert(key.clone(), d.attempt);
                                 assert!(prev.is_none(), "{key:?} finished twice");
+                                if roll == 3 {
+                                    completed
+                                        .lock()
+                                        .expect("lock")
+                                        .push(format!("o-{}-{}", name, d.message.id));
+                                }
                             }
                             // An expired lease raced a redelivery: allowed.
                             (_, Err(BrokerError::LeaseLost(_))) => {}
@@ -1095,9 +1104,15 @@ async fn concurrent_workers_settle_everything_once() {
         .read("out", 0, 100_000, Duration::ZERO)
         .await
         .expect("read");
-    let completed = finished.lock().expect("lock").len();
-    assert_eq!(completed, 2 * N);
-    assert!(!outputs.is_empty());
+    assert_eq!(finished.lock().expect("lock").len(), 2 * N);
+    // Every accepted complete published its output, once; a complete
+    // refused (its lease lost) published nothing.
+    let mut expected = completed.lock().expect("lock").clone();
+    expected.sort();
+    let mut got: Vec<String> = outputs.iter().map(|m| m.message.id.clone()).collect();
+    got.sort();
+    assert!(!expected.is_empty(), "no worker completed with an output");
+    assert_eq!(got, expected, "outputs against accepted completes");
 }
 
 /// The embedded dedup store: a key is taken once, busy while held, done

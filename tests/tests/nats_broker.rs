@@ -300,7 +300,7 @@ async fn user_password_and_token_logins_work_and_a_wrong_one_says_why() {
     assert!(!text.contains("wrong"), "the password leaked: {text}");
 
     // The CLI takes the login from the environment instead of the URL.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let out = std::process::Command::new(sluice_tests::sluice_bin())
         .args(["publish", "secured", "--data", "hi", "--id", "env-login"])
         .args(["--broker", &format!("nats://127.0.0.1:{port}")])
         .env("SLUICE_NATS_USER", "alice")

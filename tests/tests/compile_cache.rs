@@ -111,8 +111,9 @@ fn a_cache_directory_owned_by_another_user_is_not_used_nor_changed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let me = std::fs::metadata(dir.path()).expect("meta").uid();
     if me != 0 {
-        eprintln!(
-            "SKIPPED: giving the cache directory to another user needs root (running as uid {me})"
+        sluice_harness::skip::skip(
+            "a_cache_directory_owned_by_another_user_is_not_used_nor_changed",
+            &format!("giving the cache directory to another user needs root (running as uid {me})"),
         );
         return;
     }
