@@ -232,7 +232,7 @@ async fn sink_stage(n: usize, url: &str, count: &AtomicUsize, sync: SyncMode) ->
     };
     let before = count.load(Ordering::Relaxed);
     let started = Instant::now();
-    let engine = Engine::start(broker.clone(), metrics, None, vec![setup])
+    let engine = Engine::start(broker.clone(), metrics, None, None, vec![setup])
         .await
         .expect("engine");
     while count.load(Ordering::Relaxed) - before < n {
@@ -287,9 +287,15 @@ async fn noop_stage(n: usize) -> f64 {
     };
     let consumer = setup.consumer().name;
     let started = Instant::now();
-    let engine = Engine::start(broker.clone(), Arc::new(Metrics::new()), None, vec![setup])
-        .await
-        .expect("engine");
+    let engine = Engine::start(
+        broker.clone(),
+        Arc::new(Metrics::new()),
+        None,
+        None,
+        vec![setup],
+    )
+    .await
+    .expect("engine");
     loop {
         let stats = broker.consumer_stats(&consumer).await.expect("stats");
         if stats.pending == 0 && stats.in_flight == 0 {

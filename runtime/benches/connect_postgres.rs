@@ -275,7 +275,7 @@ async fn run_stage(url: &str, table: &str, n: usize, noop: Option<Arc<Noop>>) ->
     };
     let admin = connect(url).await;
     let started = Instant::now();
-    let engine = Engine::start(broker.clone(), metrics, None, vec![setup])
+    let engine = Engine::start(broker.clone(), metrics, None, None, vec![setup])
         .await
         .expect("engine");
     // Done when the stage has settled every message: a row is written

@@ -364,9 +364,15 @@ async fn sluice_stage(
         .expect("consumer");
 
     let started = Instant::now();
-    let engine = Engine::start(broker.clone(), Arc::new(Metrics::new()), None, vec![setup])
-        .await
-        .expect("engine");
+    let engine = Engine::start(
+        broker.clone(),
+        Arc::new(Metrics::new()),
+        None,
+        None,
+        vec![setup],
+    )
+    .await
+    .expect("engine");
     loop {
         let out = broker.topic_stats(&output).await.expect("stats").last_seq;
         if out >= MESSAGES as u64 {

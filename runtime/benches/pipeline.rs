@@ -25,6 +25,14 @@
 //!   Python ≥ 0.6 × Rust, JavaScript ≥ 0.4 × Rust. Also the JavaScript
 //!   logic as a batch stage (`upper-batch-js`, batch max 64) against the
 //!   unbatched Rust stage.
+//! - **stage hop**: the `identity` plugin as a stage (one output per
+//!   input) against the raw broker loop that does the same work: fetch up
+//!   to 256, then publish one output and ack each in one atomic
+//!   `complete`, all of a fetch's completes in flight at once, in
+//!   `CONCURRENCY` loops. Durable (sync always). Also the process's CPU
+//!   per message on each side (user + system, every thread: the
+//!   committer's too), so the engine's own CPU is the difference. Target:
+//!   stage ≥ 0.8 × raw loop.
 //! - **daemon backlog RSS**: the real `sluice run` binary with a stage that
 //!   holds its first message for a minute, while 1,000,000 messages of 64 B
 //!   are published through the admin API: the daemon's VmRSS at 100k, 500k
@@ -50,6 +58,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const SAMPLES: usize = 5;
 const MESSAGES: usize = 40_000;
 const CONCURRENCY: u32 = 2;
+/// Messages per stage-hop sample: enough that the CPU time, read to 10 ms,
+/// is within a few per cent.
+const HOP_MESSAGES: usize = 100_000;
 
 fn main() {
     let filter: Vec<String> = std::env::args()
@@ -90,6 +101,9 @@ fn main() {
             &native,
             &wasm,
         );
+    }
+    if wants("stage-hop") {
+        stage_hop(&rt, &host);
     }
     if wants("dedup") {
         let uppercase = host
@@ -211,8 +225,9 @@ async fn run_stage(n: usize, handler: impl Fn() -> Box<dyn StageHandler>) -> f64
 /// [`run_stage`] with the stage's settings given.
 async fn run_stage_as(n: usize, stage: Stage, handler: impl Fn() -> Box<dyn StageHandler>) -> f64 {
     let dir = tempfile::tempdir().expect("dir");
-    let broker: Arc<dyn Broker> =
-        EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
+    let embedded = EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
+    let dedup: Arc<dyn sluice::dedup::DedupStore> = embedded.clone();
+    let broker: Arc<dyn Broker> = embedded;
     for name in ["in", "out", "s.s.dlq"] {
         broker
             .ensure_topic(&TopicSpec::new(name))
@@ -234,9 +249,15 @@ async fn run_stage_as(n: usize, stage: Stage, handler: impl Fn() -> Box<dyn Stag
         shutdown_timeout: Duration::from_secs(5),
     };
     let started = Instant::now();
-    let engine = Engine::start(broker.clone(), Arc::new(Metrics::new()), None, vec![setup])
-        .await
-        .expect("engine");
+    let engine = Engine::start(
+        broker.clone(),
+        Arc::new(Metrics::new()),
+        None,
+        Some(dedup),
+        vec![setup],
+    )
+    .await
+    .expect("engine");
     // Done when every input is an output or a dead letter. The rate is the
     // healthy stream's: outputs over the time until the last output, so the
     // poison's final retries (after the healthy work is done) do not count.
@@ -340,6 +361,148 @@ impl StageHandler for NativeUppercase {
     }
 }
 
+/// The stage hop: raw broker loop (A) against the identity stage (B), in
+/// msgs/s and in CPU µs per message.
+fn stage_hop(rt: &tokio::runtime::Runtime, host: &PluginHost) {
+    let identity = host
+        .load(sluice_harness::plugin("identity"))
+        .expect("identity");
+    let stage = stage("identity", &[]);
+    let settings = stage.worker_settings();
+    let (mut raw, mut wasm) = (Vec::new(), Vec::new());
+    let (mut raw_cpu, mut wasm_cpu) = (Vec::new(), Vec::new());
+    // `STAGE_HOP_SIDE=raw` or `=stage` runs one side alone, to profile it.
+    let side = std::env::var("STAGE_HOP_SIDE").unwrap_or_default();
+    for _ in 0..SAMPLES {
+        if side != "stage" {
+            let before = cpu_time();
+            raw.push(rt.block_on(raw_loop(HOP_MESSAGES)));
+            raw_cpu.push(per_message_us(cpu_time() - before, HOP_MESSAGES));
+        }
+        if side == "raw" {
+            continue;
+        }
+        let before = cpu_time();
+        wasm.push(rt.block_on(run_stage_as(HOP_MESSAGES, stage.clone(), || {
+            Box::new(identity.worker(settings.clone())) as Box<dyn StageHandler>
+        })));
+        wasm_cpu.push(per_message_us(cpu_time() - before, HOP_MESSAGES));
+    }
+    report(
+        &format!(
+            "stage hop, durable, {HOP_MESSAGES} × 64 B, concurrency {CONCURRENCY}, msgs/s: raw broker loop | identity stage"
+        ),
+        &raw,
+        &wasm,
+    );
+    report(
+        "stage hop, CPU µs per message (all threads, publish included): raw broker loop | identity stage",
+        &raw_cpu,
+        &wasm_cpu,
+    );
+}
+
+/// What a hand-written consumer of the embedded broker does for the same
+/// hop as an identity stage: fetch, then one atomic complete (the output
+/// and the ack) per message, a fetch's completes all in flight, in
+/// `CONCURRENCY` loops. Publishing the inputs is outside the timing, as
+/// in [`run_stage_as`].
+async fn raw_loop(n: usize) -> f64 {
+    let dir = tempfile::tempdir().expect("dir");
+    let broker: Arc<dyn Broker> =
+        EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
+    for name in ["in", "out"] {
+        broker
+            .ensure_topic(&TopicSpec::new(name))
+            .await
+            .expect("topic");
+    }
+    let payload = bytes::Bytes::from(vec![b'a'; 64]);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let batch = chunk
+            .iter()
+            .map(|i| Message::new(format!("m{i}"), "in", payload.clone()))
+            .collect();
+        broker.publish(batch).await.expect("publish");
+    }
+    let consumer = sluice::broker::ConsumerSpec {
+        name: "raw".into(),
+        topic: "in".into(),
+        filter: Default::default(),
+        ack_wait: Duration::from_secs(30),
+        max_ack_pending: None,
+        max_deliver: None,
+    };
+    broker.ensure_consumer(&consumer).await.expect("consumer");
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let loops: Vec<_> = (0..CONCURRENCY)
+        .map(|_| {
+            let (broker, done) = (broker.clone(), done.clone());
+            tokio::spawn(async move {
+                while done.load(std::sync::atomic::Ordering::Relaxed) < n {
+                    let deliveries = broker
+                        .fetch_within("raw", 256, 64 << 20, Duration::from_millis(100))
+                        .await
+                        .expect("fetch");
+                    let completes = deliveries.iter().map(|d| {
+                        let output = Message {
+                            id: format!("{}.0", d.message.id),
+                            topic: "out".into(),
+                            key: d.message.key.clone(),
+                            headers: d.message.headers.clone(),
+                            payload: bytes::Bytes::from(d.message.payload.to_vec()),
+                            published_at: 0,
+                        };
+                        let broker = broker.clone();
+                        async move {
+                            broker
+                                .complete(&sluice::broker::Completion::new(
+                                    &d.receipt,
+                                    vec![output],
+                                ))
+                                .await
+                        }
+                    });
+                    for result in futures_util::future::join_all(completes).await {
+                        result.expect("complete");
+                    }
+                    done.fetch_add(deliveries.len(), std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for l in loops {
+        l.await.expect("raw loop");
+    }
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    assert_eq!(
+        broker.topic_stats("out").await.expect("stats").last_seq,
+        n as u64,
+        "the raw loop published one output per input"
+    );
+    rate
+}
+
+/// This process's CPU time so far, user and system, every thread (those
+/// that ended too), from `/proc/self/stat`, to 10 ms.
+fn cpu_time() -> Duration {
+    /// `USER_HZ`, the unit of `/proc/<pid>/stat`'s times.
+    const TICKS_PER_SECOND: u64 = 100;
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // After the command name in parentheses: utime is field 14, stime 15.
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<u64> = after_name
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    Duration::from_millis((fields[14 - 3] + fields[15 - 3]) * 1000 / TICKS_PER_SECOND)
+}
+
+fn per_message_us(cpu: Duration, n: usize) -> f64 {
+    cpu.as_secs_f64() * 1e6 / n as f64
+}
+
 fn median(samples: &[f64]) -> f64 {
     let mut sorted = samples.to_vec();
     sorted.sort_by(f64::total_cmp);
@@ -348,6 +511,10 @@ fn median(samples: &[f64]) -> f64 {
 
 fn report(name: &str, a: &[f64], b: &[f64]) {
     if a.is_empty() || b.is_empty() {
+        let one = if a.is_empty() { b } else { a };
+        if !one.is_empty() {
+            println!("| {name} (one side) | {:.1} |", median(one));
+        }
         return;
     }
     let (ma, mb) = (median(a), median(b));

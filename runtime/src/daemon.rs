@@ -18,6 +18,7 @@ use crate::broker::{Broker, BrokerError, TopicSpec};
 use crate::claim::{ClaimingBroker, Claims};
 use crate::config::{self, Diagnostics, Pipeline};
 use crate::connect;
+use crate::dedup::DedupStore;
 use crate::engine::{Engine, StageHandler, StageSetup};
 use crate::metrics::Metrics;
 use crate::plugin::{HostConfig, HostError, LoadError, PluginHost};
@@ -173,7 +174,10 @@ pub async fn run(
         source,
     })?;
 
-    let (broker, broker_label): (Arc<dyn Broker>, String) = match choice {
+    // The broker keeps the stages' dedup records too: a key is recorded
+    // COMPLETED in the same step as the outputs and the ack.
+    let (broker, dedup, broker_label): (Arc<dyn Broker>, Arc<dyn DedupStore>, String) = match choice
+    {
         BrokerChoice::Embedded => {
             let embedded = EmbeddedBroker::open(EmbeddedOptions {
                 sync: opts.sync,
@@ -184,12 +188,12 @@ pub async fn run(
                 opts.data_dir.display(),
                 opts.sync
             );
-            (embedded, label)
+            (embedded.clone(), embedded, label)
         }
         BrokerChoice::Nats(options) => {
             let nats = NatsBroker::connect(options, NATS_CONNECT_TIMEOUT).await?;
             let label = format!("NATS JetStream at {}", nats.describe());
-            (nats, label)
+            (nats.clone(), nats, label)
         }
     };
     for spec in topic_specs(&pipelines) {
@@ -228,7 +232,14 @@ pub async fn run(
             });
         }
     }
-    let engine = Engine::start(broker.clone(), metrics.clone(), claims.clone(), setups).await?;
+    let engine = Engine::start(
+        broker.clone(),
+        metrics.clone(),
+        claims.clone(),
+        Some(dedup),
+        setups,
+    )
+    .await?;
     // Sources start once the stages read: their topics' consumers exist,
     // so backpressure counts them from the first read.
     let (stop_sources, sources_stopped) = tokio::sync::watch::channel(false);

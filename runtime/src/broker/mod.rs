@@ -23,6 +23,8 @@
 //!   broker runs on the other.
 
 pub mod embedded;
+#[cfg(test)]
+pub(crate) mod memory;
 pub mod nats;
 mod portable;
 
@@ -375,13 +377,6 @@ pub trait Broker: Send + Sync + 'static {
     /// Removes the given messages from a topic (DLQ redrive and purge).
     /// Returns how many were there.
     async fn remove(&self, topic: &str, seqs: &[u64]) -> Result<u64, BrokerError>;
-
-    /// This broker's store for stage dedup records (see [`crate::dedup`]),
-    /// if it keeps them. A wrapper hands out its inner broker's: a key is
-    /// recorded COMPLETED by [`Broker::complete`], which the wrapper sees.
-    fn dedup_store(self: Arc<Self>) -> Option<Arc<dyn crate::dedup::DedupStore>> {
-        None
-    }
 
     /// Makes everything done so far durable (for shutdown).
     async fn flush(&self) -> Result<(), BrokerError>;

@@ -268,6 +268,7 @@ mod tests {
             broker.clone(),
             metrics.clone(),
             None,
+            None,
             vec![StageSetup {
                 pipeline: "p".into(),
                 stage,

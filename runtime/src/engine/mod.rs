@@ -24,6 +24,8 @@ mod handler;
 mod ids;
 mod settle;
 mod stage;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -39,6 +41,7 @@ pub use stage::{DEFAULT_IN_FLIGHT, IN_FLIGHT_BYTES, StageSetup};
 
 use crate::broker::{Broker, BrokerError};
 use crate::claim::Claims;
+use crate::dedup::DedupStore;
 use crate::metrics::Metrics;
 
 /// Running stages. Dropping it without [`Engine::shutdown`] aborts nothing:
@@ -55,16 +58,20 @@ impl Engine {
     /// resolves claim-check references before a handler runs (a reference
     /// with no `claims` is `claim-missing`); publishing through a
     /// [`ClaimingBroker`](crate::claim::ClaimingBroker) offloads outputs.
+    /// `dedup` keeps the records of stages with `dedup:` (the broker's own
+    /// store, which [`Broker::complete`] records keys in); a stage with
+    /// `dedup:` and no store is refused.
     pub async fn start(
         broker: Arc<dyn Broker>,
         metrics: Arc<Metrics>,
         claims: Option<Arc<Claims>>,
+        dedup: Option<Arc<dyn DedupStore>>,
         setups: Vec<StageSetup>,
     ) -> Result<Engine, BrokerError> {
         let mut dedup_stores = Vec::with_capacity(setups.len());
         for setup in &setups {
             broker.ensure_consumer(&setup.consumer()).await?;
-            dedup_stores.push(dedup_store(&broker, setup).await?);
+            dedup_stores.push(dedup_store(dedup.as_ref(), setup).await?);
         }
         let (stop, stopped) = watch::channel(None);
         let mut runners = Vec::with_capacity(setups.len());
@@ -135,13 +142,13 @@ impl Engine {
 
 /// The dedup store of a stage with `dedup:`, prepared for its records.
 async fn dedup_store(
-    broker: &Arc<dyn Broker>,
+    store: Option<&Arc<dyn DedupStore>>,
     setup: &StageSetup,
-) -> Result<Option<Arc<dyn crate::dedup::DedupStore>>, BrokerError> {
+) -> Result<Option<Arc<dyn DedupStore>>, BrokerError> {
     let Some(dedup) = &setup.stage.dedup else {
         return Ok(None);
     };
-    let store = broker.clone().dedup_store().ok_or_else(|| {
+    let store = store.ok_or_else(|| {
         BrokerError::Provision(format!(
             "stage `{}` of pipeline `{}` has `dedup:`, but this broker keeps no dedup records",
             setup.stage.name, setup.pipeline
@@ -150,5 +157,5 @@ async fn dedup_store(
     store
         .ensure_scope(&setup.consumer().name, dedup.ttl.get())
         .await?;
-    Ok(Some(store))
+    Ok(Some(store.clone()))
 }

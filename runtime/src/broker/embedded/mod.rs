@@ -594,10 +594,6 @@ impl Broker for EmbeddedBroker {
         self.call(|reply| Op::Remove { topic, seqs, reply }).await
     }
 
-    fn dedup_store(self: Arc<Self>) -> Option<Arc<dyn crate::dedup::DedupStore>> {
-        Some(self)
-    }
-
     async fn flush(&self) -> Result<(), BrokerError> {
         self.call(|reply| Op::Flush { reply }).await
     }

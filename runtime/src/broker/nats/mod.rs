@@ -678,10 +678,6 @@ impl Broker for NatsBroker {
         Ok(removed)
     }
 
-    fn dedup_store(self: Arc<Self>) -> Option<Arc<dyn crate::dedup::DedupStore>> {
-        Some(self)
-    }
-
     async fn flush(&self) -> Result<(), BrokerError> {
         self.client.flush().await.map_err(|e| unavailable(&e))
     }
