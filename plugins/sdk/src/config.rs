@@ -30,10 +30,34 @@ where
     T: FromStr,
     T::Err: Display,
 {
-    match config(key) {
-        None => Ok(None),
-        Some(raw) => raw.trim().parse().map(Some).map_err(|e| {
-            HandlerError::reject(format_args!("config `{key}` = {raw:?} is invalid: {e}"))
-        }),
+    config(key).map(|raw| parse(key, &raw)).transpose()
+}
+
+/// Parses one config value, trimmed; a `reject` naming the key and the
+/// value when it does not parse.
+fn parse<T>(key: &str, raw: &str) -> Result<T, HandlerError>
+where
+    T: FromStr,
+    T::Err: Display,
+{
+    raw.trim()
+        .parse()
+        .map_err(|e| HandlerError::reject(format_args!("config `{key}` = {raw:?} is invalid: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_trimmed_and_a_bad_one_names_its_key_and_value() {
+        assert_eq!(parse::<u32>("limit", " 10\n"), Ok(10));
+        assert_eq!(parse::<bool>("strict", "true"), Ok(true));
+        assert_eq!(
+            parse::<u32>("limit", "ten"),
+            Err(HandlerError::Reject(
+                "config `limit` = \"ten\" is invalid: invalid digit found in string".into()
+            ))
+        );
     }
 }

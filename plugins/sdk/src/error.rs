@@ -39,3 +39,33 @@ impl fmt::Display for HandlerError {
 }
 
 impl std::error::Error for HandlerError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constructors_and_display_say_what_happens() {
+        assert_eq!(HandlerError::retry().to_string(), "retry");
+        assert_eq!(
+            HandlerError::retry_after(Duration::from_millis(1500)).to_string(),
+            "retry after 1500 ms"
+        );
+        assert_eq!(
+            HandlerError::reject(format_args!("bad {}", 7)).to_string(),
+            "rejected: bad 7"
+        );
+    }
+
+    #[test]
+    fn retry_after_keeps_milliseconds_and_saturates() {
+        assert_eq!(
+            HandlerError::retry_after(Duration::from_micros(2_999)),
+            HandlerError::Retry(Some(2))
+        );
+        assert_eq!(
+            HandlerError::retry_after(Duration::MAX),
+            HandlerError::Retry(Some(u64::MAX))
+        );
+    }
+}

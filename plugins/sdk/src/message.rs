@@ -103,3 +103,99 @@ impl Emit {
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(payload: &[u8]) -> Message {
+        Message {
+            id: "m1".into(),
+            topic: "in".into(),
+            key: Some("k".into()),
+            headers: vec![
+                ("tenant".into(), "a".into()),
+                ("tenant".into(), "b".into()),
+                ("Trace".into(), "t".into()),
+            ],
+            payload: payload.to_vec(),
+            attempt: 1,
+            published_at: 0,
+        }
+    }
+
+    #[test]
+    fn header_is_the_first_value_by_exact_name() {
+        let m = message(b"");
+        assert_eq!(m.header("tenant"), Some("a"));
+        assert_eq!(m.header("Trace"), Some("t"));
+        assert_eq!(m.header("trace"), None, "names are case-sensitive");
+        assert_eq!(m.header("absent"), None);
+    }
+
+    #[test]
+    fn text_rejects_a_payload_that_is_not_utf8() {
+        assert_eq!(message(b"caf\xc3\xa9").text(), Ok("café"));
+        let err = message(b"\xff\xfe").text().expect_err("not UTF-8");
+        match err {
+            HandlerError::Reject(reason) => {
+                assert!(reason.starts_with("payload is not UTF-8 text"), "{reason}");
+            }
+            other => panic!("expected a reject, got {other:?}"),
+        }
+    }
+
+    #[cfg(feature = "json")]
+    #[test]
+    fn json_rejects_bad_json_and_the_wrong_shape_differently() {
+        type Order = std::collections::BTreeMap<String, u32>;
+        assert_eq!(
+            message(br#"{"qty": 3}"#).json::<Order>(),
+            Ok(Order::from([("qty".to_owned(), 3)]))
+        );
+        let reason = |payload: &[u8]| match message(payload).json::<Order>() {
+            Err(HandlerError::Reject(reason)) => reason,
+            other => panic!("expected a reject, got {other:?}"),
+        };
+        assert!(reason(b"{not json").starts_with("payload is not JSON"));
+        assert!(
+            reason(br#"{"qty": "three"}"#)
+                .starts_with("payload JSON does not have the expected shape")
+        );
+    }
+
+    #[test]
+    fn emit_builders_set_what_they_say_and_keep_header_order() {
+        let m = message(b"x");
+        let emit = Emit::to_default("out")
+            .with_key(m.key.clone())
+            .with_headers(m.headers.clone())
+            .with_header("tenant", "c");
+        assert_eq!(emit.topic, "", "the default output is the empty topic");
+        assert_eq!(emit.payload, b"out");
+        assert_eq!(emit.key.as_deref(), Some("k"));
+        let names: Vec<(&str, &str)> = emit
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("tenant", "a"),
+                ("tenant", "b"),
+                ("Trace", "t"),
+                ("tenant", "c")
+            ]
+        );
+        assert_eq!(Emit::new("t", "p").with_key(None).key, None);
+    }
+
+    #[cfg(feature = "json")]
+    #[test]
+    fn emit_json_serialises_the_value() {
+        let emit = Emit::json("t", &serde_json::json!({"a": [1, 2]})).expect("serialises");
+        assert_eq!(emit.topic, "t");
+        assert_eq!(emit.payload, br#"{"a":[1,2]}"#);
+    }
+}
