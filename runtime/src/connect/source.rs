@@ -248,7 +248,7 @@ impl<'a> Runner<'a> {
         while !*self.stop.borrow() {
             // Acknowledge, in read order, every read already durable.
             while let Some(Some((durable, count))) = self.publishing.next().now_or_never() {
-                if !self.settle(durable, count).await {
+                if !self.ack_upstream(durable, count).await {
                     return self.give_back().await;
                 }
             }
@@ -269,7 +269,7 @@ impl<'a> Runner<'a> {
                     if self.sleep(pause).await {
                         break;
                     }
-                } else if !self.settle_oldest().await {
+                } else if !self.ack_oldest_upstream().await {
                     return self.give_back().await;
                 }
                 continue;
@@ -324,7 +324,7 @@ impl<'a> Runner<'a> {
             }
             if messages.is_empty() {
                 // Nothing new: finish the oldest read before asking again.
-                if !self.publishing.is_empty() && !self.settle_oldest().await {
+                if !self.publishing.is_empty() && !self.ack_oldest_upstream().await {
                     return self.give_back().await;
                 }
                 continue;
@@ -356,22 +356,22 @@ impl<'a> Runner<'a> {
         self.give_back().await;
     }
 
-    /// Waits for the oldest read's publish and settles it; false if stop
+    /// Waits for the oldest read's publish and acknowledges it upstream; false if stop
     /// came first.
-    async fn settle_oldest(&mut self) -> bool {
+    async fn ack_oldest_upstream(&mut self) -> bool {
         let next = tokio::select! {
             next = self.publishing.next() => next,
             _ = self.stop.wait_for(|s| *s) => return false,
         };
         match next {
-            Some((durable, count)) => self.settle(durable, count).await,
+            Some((durable, count)) => self.ack_upstream(durable, count).await,
             None => true,
         }
     }
 
     /// After the oldest read's publish ended: acknowledges it upstream if
     /// it is durable. False if it is not (stop came first).
-    async fn settle(&mut self, durable: bool, count: u64) -> bool {
+    async fn ack_upstream(&mut self, durable: bool, count: u64) -> bool {
         if !durable {
             return false;
         }
@@ -404,7 +404,7 @@ impl<'a> Runner<'a> {
         while let Some(next) = self.publishing.next().now_or_never() {
             match next {
                 Some((true, count)) => {
-                    self.settle(true, count).await;
+                    self.ack_upstream(true, count).await;
                 }
                 Some((false, _)) => break,
                 None => return,

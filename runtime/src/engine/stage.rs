@@ -10,18 +10,19 @@
 //! unsettled lease is in `leases`, which the heartbeat extends and shutdown
 //! naks.
 //!
-//! Its parts: `intake` (fetch, permits, byte budget, dispatch), `lanes`
-//! (per-key ordering), `attempt` (one delivery's tries, and the batch
-//! call) and `leases` (heartbeat and shutdown drain). This module holds
-//! the stage's shared state and its run.
+//! Its parts, each owning its state: `budget` (the in-flight permits and
+//! the byte budget), `leases` (the lease keeper, the heartbeat and the
+//! shutdown drain) and `lanes` (per-key ordering); and the steps that use
+//! them: `intake` (fetch and dispatch) and `attempt` (one delivery's tries,
+//! and the batch call). This module holds the stage's shared state and its
+//! run.
 
 mod attempt;
+mod budget;
 mod intake;
 mod lanes;
 mod leases;
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -31,9 +32,13 @@ use tokio::task::JoinSet;
 use super::dedup::DedupGate;
 use super::handler::StageHandler;
 use super::settle::Settler;
-use crate::broker::{Broker, ConsumerSpec, Delivery, Receipt, consumer_name};
+use budget::Budget;
+use lanes::Lanes;
+use leases::LeaseKeeper;
+
+use crate::broker::{Broker, ConsumerSpec, Delivery, consumer_name};
 use crate::claim::Claims;
-use crate::config::{OrderingKey, Stage};
+use crate::config::Stage;
 use crate::dedup::DedupStore;
 use crate::metrics::Metrics;
 
@@ -137,25 +142,20 @@ pub(super) struct StageRunner {
     ack_wait: Duration,
     /// `<pipeline>/<stage>`, what a redriven message names in `sluice-redrive-to`.
     target: String,
-    ordering: Option<OrderingKey>,
     batch: Option<(usize, Duration)>,
     shutdown_timeout: Duration,
-    max_in_flight: usize,
-    /// Unsettled deliveries.
-    inflight: Arc<Semaphore>,
-    /// The byte budget of unsettled deliveries ([`IN_FLIGHT_BYTES`]).
-    inflight_bytes: Arc<Semaphore>,
-    /// The size a fetch assumes per message: the recent largest, decaying.
-    typical_size: AtomicUsize,
+    /// What the stage may hold at once: in-flight permits and bytes.
+    budget: Budget,
+    /// The leases of every fetched, unsettled delivery.
+    leases: LeaseKeeper,
+    /// Per-key queues of deliveries waiting behind a running one.
+    lanes: Lanes,
     /// The concurrency valve: free worker slots. Closed when shutdown
     /// begins, so that no handler call starts after it.
     valve: Arc<Semaphore>,
     /// Turns true when shutdown begins; wakes retry and dedup pauses.
     halted: watch::Sender<bool>,
     pool: Mutex<Vec<Box<dyn StageHandler>>>,
-    leases: Mutex<HashMap<u64, Receipt>>,
-    /// Per-key queues of deliveries waiting behind a running one.
-    lanes: Mutex<HashMap<String, VecDeque<Job>>>,
     /// Resolves claim-check references (None: no claim check configured).
     claims: Option<Arc<Claims>>,
     /// The dedup step (None: the stage does not deduplicate).
@@ -201,19 +201,14 @@ impl StageRunner {
             consumer: consumer_name(&setup.pipeline, &stage.name).into(),
             ack_wait: stage.ack_wait.get(),
             target: format!("{}/{}", setup.pipeline, stage.name),
-            ordering: stage.ordering.as_ref().map(|o| o.key.clone()),
             batch,
             shutdown_timeout: setup.shutdown_timeout,
-            max_in_flight,
-            inflight: Arc::new(Semaphore::new(max_in_flight)),
-            inflight_bytes: Arc::new(Semaphore::new(IN_FLIGHT_BYTES)),
-            // Unknown yet: the first fetches are small until sizes are seen.
-            typical_size: AtomicUsize::new(IN_FLIGHT_BYTES / 16),
+            budget: Budget::new(max_in_flight),
+            leases: LeaseKeeper::default(),
+            lanes: Lanes::new(stage.ordering.as_ref().map(|o| o.key.clone())),
             valve: Arc::new(Semaphore::new(concurrency)),
             halted: watch::Sender::new(false),
             pool: Mutex::new(setup.handlers),
-            leases: Mutex::new(HashMap::new()),
-            lanes: Mutex::new(HashMap::new()),
             claims,
             broker,
         }

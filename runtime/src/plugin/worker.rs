@@ -162,7 +162,7 @@ impl Worker {
             Err(failure) => return Err(failure),
         };
         let mut limit_hit = false;
-        let outcome = self.settle(item, &mut limit_hit);
+        let outcome = self.check_outcome(item, &mut limit_hit);
         self.end_call(limit_hit);
         outcome
     }
@@ -189,14 +189,14 @@ impl Worker {
         let mut limit_hit = false;
         let outcomes = raw
             .into_iter()
-            .map(|item| self.settle(item, &mut limit_hit))
+            .map(|item| self.check_outcome(item, &mut limit_hit))
             .collect();
         self.end_call(limit_hit);
         outcomes
     }
 
     /// Checks one guest result; notes whether it hit an output limit.
-    fn settle(&self, item: Outcome, limit_hit: &mut bool) -> Outcome {
+    fn check_outcome(&self, item: Outcome, limit_hit: &mut bool) -> Outcome {
         let checked = item.and_then(|emits| self.check_emits(emits));
         *limit_hit |= matches!(&checked, Err(f) if matches!(f.kind, FailureKind::OutputTooLarge | FailureKind::UndeclaredTopic));
         checked

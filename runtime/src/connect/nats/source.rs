@@ -211,7 +211,7 @@ impl Source for NatsSource {
         if replies.is_empty() {
             return Ok(());
         }
-        let result = settle(&self.conn.client, replies, b"+ACK").await;
+        let result = reply_all(&self.conn.client, replies, b"+ACK").await;
         result.map_err(|e| self.unavailable("acknowledging", &e))
     }
 
@@ -226,7 +226,7 @@ impl Source for NatsSource {
         if open.is_empty() || !self.conn.connected() {
             return;
         }
-        let _ = settle(&self.conn.client, open, b"-NAK").await;
+        let _ = reply_all(&self.conn.client, open, b"-NAK").await;
     }
 
     async fn lag(&mut self) -> Option<u64> {
@@ -239,7 +239,7 @@ impl Source for NatsSource {
 }
 
 /// Publishes `kind` (`+ACK`, `-NAK`) to each reply subject, then flushes.
-async fn settle(
+async fn reply_all(
     client: &async_nats::Client,
     replies: Vec<Subject>,
     kind: &'static [u8],

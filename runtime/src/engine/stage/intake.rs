@@ -4,14 +4,13 @@
 //! or batches.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use super::{FETCH_AFTER_STOP, FETCH_MAX, IN_FLIGHT_BYTES, Job, StageRunner};
+use super::{FETCH_AFTER_STOP, FETCH_MAX, Job, StageRunner};
 use crate::broker::{BrokerError, Delivery};
 use crate::dlq;
 
@@ -65,44 +64,13 @@ impl StageRunner {
         }
     }
 
-    /// Waits for in-flight permits, then takes as many more as are free, up
-    /// to one fetch's worth. When every permit is taken (the stage is
-    /// saturated) it waits for a chunk of them rather than one: each fetch
-    /// is a broker round trip, and fetching one message per settled one
-    /// would spend the stage's time on round trips. The chunk is at most a
-    /// quarter of the in-flight limit, so the rest stays busy meanwhile.
+    /// The in-flight permits for the next fetch (see [`super::budget::Budget::reserve`]).
+    /// A batch stage fetches several batches at once (split in
+    /// `dispatch`): one round trip per batch left a batch stage at 0.3-0.8
+    /// of an unbatched one's rate (BENCHMARKS.md).
     async fn reserve(&self) -> Vec<OwnedSemaphorePermit> {
-        // A batch stage fetches several batches at once (split in
-        // `dispatch`): one round trip per batch left a batch stage at
-        // 0.3-0.8 of an unbatched one's rate (BENCHMARKS.md).
-        let want = self
-            .batch
-            .map_or(FETCH_MAX, |(max, _)| max.max(FETCH_MAX))
-            .min(self.max_in_flight);
-        let mut permits = Vec::with_capacity(want);
-        let chunk = if self.inflight.available_permits() == 0 {
-            (self.max_in_flight / 4).clamp(1, 32).min(want)
-        } else {
-            1
-        };
-        let chunk = u32::try_from(chunk).unwrap_or(1);
-        if let Ok(mut taken) = self.inflight.clone().acquire_many_owned(chunk).await {
-            while let Some(one) = taken.split(1) {
-                permits.push(one);
-            }
-        }
-        while permits.len() < want {
-            match self.inflight.clone().try_acquire_owned() {
-                Ok(permit) => permits.push(permit),
-                Err(_) => break,
-            }
-        }
-        // As many as the free byte budget fits at the recent message size
-        // (at least one: a message larger than the budget still runs).
-        let typical = self.typical_size.load(Ordering::Relaxed).max(1);
-        let fits = (self.inflight_bytes.available_permits() / typical).max(1);
-        permits.truncate(fits);
-        permits
+        let per_fetch = self.batch.map_or(FETCH_MAX, |(max, _)| max.max(FETCH_MAX));
+        self.budget.reserve(per_fetch).await
     }
 
     /// Takes each fetched delivery's bytes from the budget and dispatches
@@ -115,18 +83,17 @@ impl StageRunner {
         tasks: &mut JoinSet<()>,
         stop: &mut watch::Receiver<Option<Instant>>,
     ) -> bool {
-        self.learn_sizes(&deliveries);
+        self.budget.learn_sizes(&deliveries);
         let mut jobs = Vec::with_capacity(deliveries.len());
         for (delivery, permit) in deliveries.into_iter().zip(permits) {
-            let need = footprint(&delivery);
-            let bytes = match self.inflight_bytes.clone().try_acquire_many_owned(need) {
-                Ok(bytes) => Some(bytes),
-                Err(_) => {
+            let bytes = match self.budget.try_take_bytes(&delivery) {
+                Some(bytes) => Some(bytes),
+                None => {
                     // Over the budget: start what is held (it frees bytes
                     // as it settles), then wait.
                     self.dispatch(std::mem::take(&mut jobs), tasks).await;
                     tokio::select! {
-                        bytes = self.inflight_bytes.clone().acquire_many_owned(need) => bytes.ok(),
+                        bytes = self.budget.take_bytes(&delivery) => bytes,
                         _ = stop.changed() => return false,
                     }
                 }
@@ -141,24 +108,12 @@ impl StageRunner {
         true
     }
 
-    /// Updates the size a fetch assumes per message: the largest just
-    /// fetched, or half the previous figure, whichever is larger, so a
-    /// run of large messages shrinks fetches at once and small ones
-    /// grow them back within a few fetches.
-    fn learn_sizes(&self, deliveries: &[Delivery]) {
-        if let Some(largest) = deliveries.iter().map(|d| footprint(d) as usize).max() {
-            let before = self.typical_size.load(Ordering::Relaxed);
-            self.typical_size
-                .store(largest.max(before / 2), Ordering::Relaxed);
-        }
-    }
-
     /// Fetches up to `max` deliveries, within the free byte budget (or one
     /// larger message), and records their leases. A batch stage whose first
     /// fetch did not fill one batch keeps fetching until it does, the
     /// budget is full, or the batch's wait is over.
     async fn fetch(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
-        let budget = self.inflight_bytes.available_permits();
+        let budget = self.budget.free_bytes();
         let mut out = match self.batch {
             None => {
                 self.broker
@@ -221,7 +176,7 @@ impl StageRunner {
             return;
         }
         for job in ready {
-            let Some(key) = self.lane_key(&job.delivery.message) else {
+            let Some(key) = self.lanes.key_of(&job.delivery.message) else {
                 // Take the worker slot here, in fetch order, so a stage with
                 // concurrency 1 handles unkeyed messages in publish order.
                 // A dedup stage takes it after the dedup check instead (see
@@ -241,12 +196,4 @@ impl StageRunner {
             self.enqueue(key, job, tasks);
         }
     }
-}
-
-/// What a delivery counts against the byte budget: what it holds in
-/// memory, capped at the budget so that one larger message still runs
-/// (alone).
-fn footprint(delivery: &Delivery) -> u32 {
-    let bytes = delivery.message.size();
-    u32::try_from(bytes.min(IN_FLIGHT_BYTES)).unwrap_or(u32::MAX)
 }

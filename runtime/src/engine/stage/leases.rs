@@ -1,8 +1,9 @@
-//! The leases a stage holds: every fetched, unsettled delivery is in the
-//! `leases` map, so the heartbeat extends it while it waits or runs, and
+//! The leases a stage holds: every fetched, unsettled delivery is in its
+//! [`LeaseKeeper`], so the heartbeat extends it while it waits or runs, and
 //! shutdown hands it back (nak) rather than leave it to expire.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
@@ -10,7 +11,13 @@ use tokio::task::JoinSet;
 use super::{RELEASE_GRACE, StageRunner, lock};
 use crate::broker::{Delivery, Receipt};
 
-impl StageRunner {
+/// The leases of a stage's fetched, unsettled deliveries, by seq.
+#[derive(Default)]
+pub(super) struct LeaseKeeper {
+    leases: Mutex<HashMap<u64, Receipt>>,
+}
+
+impl LeaseKeeper {
     /// Records the leases of fresh deliveries.
     pub(super) fn remember(&self, deliveries: &[Delivery]) {
         let mut leases = lock(&self.leases);
@@ -19,8 +26,29 @@ impl StageRunner {
         }
     }
 
+    /// Forgets a settled delivery's lease.
     pub(super) fn forget(&self, seq: u64) {
         lock(&self.leases).remove(&seq);
+    }
+
+    /// Every lease held now.
+    fn held(&self) -> Vec<Receipt> {
+        lock(&self.leases).values().cloned().collect()
+    }
+
+    /// Every lease held now, forgotten: the caller hands them back.
+    fn take_all(&self) -> Vec<Receipt> {
+        lock(&self.leases).drain().map(|(_, r)| r).collect()
+    }
+}
+
+impl StageRunner {
+    pub(super) fn remember(&self, deliveries: &[Delivery]) {
+        self.leases.remember(deliveries);
+    }
+
+    pub(super) fn forget(&self, seq: u64) {
+        self.leases.forget(seq);
     }
 
     /// Extends every unsettled lease at a third of `ack_wait`, so a slow
@@ -33,7 +61,7 @@ impl StageRunner {
         ticker.tick().await;
         loop {
             ticker.tick().await;
-            let receipts: Vec<Receipt> = lock(&self.leases).values().cloned().collect();
+            let receipts = self.leases.held();
             for receipt in receipts {
                 if let Err(err) = self.broker.in_progress(&receipt).await {
                     tracing::debug!(seq = receipt.seq, error = %err, "lease extension failed");
@@ -49,9 +77,10 @@ impl StageRunner {
     /// acked: it is naked, or if the broker does not answer within
     /// [`RELEASE_GRACE`] its lease expires; either way it is redelivered.
     pub(super) async fn drain(&self, mut tasks: JoinSet<()>, deadline: Instant) {
-        let queued: Vec<Receipt> = lock(&self.lanes)
-            .values_mut()
-            .flat_map(|queue| queue.drain(..))
+        let queued: Vec<Receipt> = self
+            .lanes
+            .take_queued()
+            .into_iter()
             .map(|job| {
                 self.forget(job.delivery.seq);
                 job.delivery.receipt.clone()
@@ -77,7 +106,7 @@ impl StageRunner {
             .await;
             tasks.detach_all();
         }
-        let left: Vec<Receipt> = lock(&self.leases).drain().map(|(_, r)| r).collect();
+        let left = self.leases.take_all();
         self.release_all(left, deadline.max(Instant::now() + RELEASE_GRACE))
             .await;
     }
