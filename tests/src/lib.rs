@@ -73,7 +73,7 @@ pub const SOURCES: &[&str] = &["runtime/src", "author/src", "wit"];
 
 fn find_sluice_bin() -> PathBuf {
     let how = "build it with `cargo build -p sluice` (same profile as the tests), \
-               or run `cargo test --workspace`, which builds it; \
+               or run `cargo xtask test`, which builds it before the tests; \
                or set SLUICE_BIN to a sluice binary";
     if let Some(bin) = std::env::var_os("SLUICE_BIN").filter(|v| !v.is_empty()) {
         let bin = PathBuf::from(bin);

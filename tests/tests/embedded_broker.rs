@@ -214,14 +214,16 @@ async fn an_expired_lease_is_redelivered_with_the_next_attempt() {
 #[tokio::test]
 async fn in_progress_keeps_the_lease() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let b = setup(dir.path(), SyncMode::Os, Duration::from_millis(400)).await;
+    // A lease of 2 s extended every 0.5 s: only a stall of 1.5 s between
+    // two extensions (not a slow machine) could let it expire.
+    let b = setup(dir.path(), SyncMode::Os, Duration::from_secs(2)).await;
     publish_ids(&b, "in", &["a"]).await;
     let d = fetch_n(&b, "p.s", 1).await.remove(0);
-    // Keep extending for well past ack_wait; it is never redelivered.
+    // Keep extending for twice ack_wait; it is never redelivered.
     for _ in 0..8 {
         b.in_progress(&d.receipt).await.expect("in_progress");
         assert!(
-            b.fetch("p.s", 1, Duration::from_millis(100))
+            b.fetch("p.s", 1, Duration::from_millis(500))
                 .await
                 .expect("fetch")
                 .is_empty()

@@ -519,6 +519,13 @@ fn test(extra: &[&str]) -> anyhow::Result<()> {
         .env("CARGO_TARGET_DIR", target_dir().join("plugins-build")))?;
     println!("== plugins");
     plugins()?;
+    // The end-to-end tests run the `sluice` binary, which no test target
+    // of the workspace depends on: build it first, in the tests' profile.
+    println!("== sluice binary");
+    let release = extra.contains(&"--release");
+    run(cargo()
+        .args(["build", "--package", "sluice", "--bin", "sluice"])
+        .args(release.then_some("--release")))?;
     println!("== tests");
     let skip_log = target_dir().join("skipped-tests.log");
     let _ = std::fs::remove_file(&skip_log);
