@@ -403,9 +403,9 @@ fn stage_hop(rt: &tokio::runtime::Runtime, host: &PluginHost) {
 }
 
 /// What a hand-written consumer of the embedded broker does for the same
-/// hop as an identity stage: fetch, then one atomic complete (the output
-/// and the ack) per message, a fetch's completes all in flight, in
-/// `CONCURRENCY` loops. Publishing the inputs is outside the timing, as
+/// hop as an identity stage: fetch, then one atomic complete (the output,
+/// under the same deterministic id, and the ack) per message, a fetch's
+/// completes all in flight, in `CONCURRENCY` loops. Publishing the inputs is outside the timing, as
 /// in [`run_stage_as`].
 async fn raw_loop(n: usize) -> f64 {
     let dir = tempfile::tempdir().expect("dir");
@@ -446,8 +446,10 @@ async fn raw_loop(n: usize) -> f64 {
                         .await
                         .expect("fetch");
                     let completes = deliveries.iter().map(|d| {
+                        // The stage's output id (a hash of the input's), so
+                        // the store files and probes the same keys.
                         let output = Message {
-                            id: format!("{}.0", d.message.id),
+                            id: sluice::engine::emit_id("s", "s", &d.message.id, 0),
                             topic: "out".into(),
                             key: d.message.key.clone(),
                             headers: d.message.headers.clone(),
