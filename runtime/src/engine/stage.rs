@@ -22,12 +22,14 @@ mod budget;
 mod intake;
 mod lanes;
 mod leases;
+mod workers;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use super::dedup::DedupGate;
 use super::handler::StageHandler;
@@ -150,6 +152,10 @@ pub(super) struct StageRunner {
     leases: LeaseKeeper,
     /// Per-key queues of deliveries waiting behind a running one.
     lanes: Lanes,
+    /// A plain stage's deliveries, in fetch order, for its worker loops
+    /// (`workers`); None for a batched, ordered or deduplicating stage,
+    /// which runs a task per delivery or batch.
+    queue: Option<(async_channel::Sender<Job>, async_channel::Receiver<Job>)>,
     /// The concurrency valve: free worker slots. Closed when shutdown
     /// begins, so that no handler call starts after it.
     valve: Arc<Semaphore>,
@@ -195,6 +201,7 @@ impl StageRunner {
             }
             _ => None,
         };
+        let plain = batch.is_none() && stage.ordering.is_none() && dedup.is_none();
         StageRunner {
             settler,
             dedup,
@@ -206,6 +213,7 @@ impl StageRunner {
             budget: Budget::new(max_in_flight),
             leases: LeaseKeeper::default(),
             lanes: Lanes::new(stage.ordering.as_ref().map(|o| o.key.clone())),
+            queue: plain.then(async_channel::unbounded),
             valve: Arc::new(Semaphore::new(concurrency)),
             halted: watch::Sender::new(false),
             pool: Mutex::new(setup.handlers),
@@ -221,6 +229,11 @@ impl StageRunner {
     pub(super) async fn run(self: Arc<Self>, stop: watch::Receiver<Option<Instant>>) {
         let heartbeat = tokio::spawn(self.clone().heartbeat());
         let mut tasks = JoinSet::new();
+        if let Some((_, jobs)) = &self.queue {
+            for _ in 0..self.valve.available_permits() {
+                tasks.spawn(self.clone().work(jobs.clone()).in_current_span());
+            }
+        }
         {
             let mut stopped = stop.clone();
             let cut = async {
@@ -236,6 +249,11 @@ impl StageRunner {
                 () = self.fetch_loop(&mut tasks, stop.clone()) => {}
                 () = cut => tracing::warn!("shutdown deadline reached while the fetch loop was still busy; abandoning it"),
             }
+        }
+        // The worker loops end once they have taken what is queued (with
+        // the valve closed, they start nothing: `drain` hands it back).
+        if let Some((queue, _)) = &self.queue {
+            queue.close();
         }
         let began = (*stop.borrow()).unwrap_or_else(Instant::now);
         self.drain(tasks, began + self.shutdown_timeout).await;

@@ -19,7 +19,7 @@ use crate::engine::settle::Next;
 use crate::plugin::Message as PluginMessage;
 
 /// How one try of a delivery ended, before its settle.
-enum Tried {
+pub(super) enum Tried {
     /// Shutdown began before the handler call: the delivery is left
     /// unsettled, its lease for `drain` to hand back.
     Left,
@@ -88,7 +88,7 @@ impl StageRunner {
     /// One try of `delivery` up to its settle: takes a worker slot (unless
     /// `slot` is one), resolves its claim, asks the dedup gate, and invokes
     /// the handler. The slot is free again when this returns.
-    async fn attempt(
+    pub(super) async fn attempt(
         &self,
         delivery: &Delivery,
         attempt: u32,

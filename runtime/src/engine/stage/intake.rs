@@ -175,6 +175,15 @@ impl StageRunner {
             }
             return;
         }
+        if let Some((queue, _)) = &self.queue {
+            for job in ready {
+                // Unbounded, but never longer than the in-flight limit:
+                // every job holds a permit. Sent only while open: once
+                // closed, the job's lease is left for `drain`.
+                let _ = queue.try_send(job);
+            }
+            return;
+        }
         for job in ready {
             let Some(key) = self.lanes.key_of(&job.delivery.message) else {
                 // Take the worker slot here, in fetch order, so a stage with

@@ -1,0 +1,74 @@
+//! The worker loops of a plain stage (unbatched, unordered, without
+//! dedup): `concurrency` long-lived tasks that take fetched deliveries in
+//! fetch order, each under a worker slot, call the handler, and settle in
+//! the background, instead of a task per delivery. A task per delivery was
+//! 1.5 µs of the stage's 11 µs of CPU per message over the raw broker loop
+//! (BENCHMARKS.md, the stage hop).
+//!
+//! Settling (the broker's round trip) does not hold a worker: each loop
+//! keeps its deliveries' settles in flight beside its next call. A delivery
+//! whose settle says "later" (its target is unavailable) goes on, among
+//! them, through the per-delivery path ([`StageRunner::process`]), which
+//! holds and retries it as ever.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt as _;
+use futures_util::stream::FuturesUnordered;
+
+use super::attempt::Tried;
+use super::{Job, StageRunner};
+use crate::engine::settle::Next;
+
+impl StageRunner {
+    /// One worker loop: runs until the queue is closed and empty, or until
+    /// shutdown closes the valve, then finishes the settles it started.
+    pub(super) async fn work(self: Arc<Self>, jobs: async_channel::Receiver<Job>) {
+        let mut settling = FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                biased;
+                Some(()) = settling.next(), if !settling.is_empty() => {}
+                job = jobs.recv() => {
+                    let Ok(job) = job else { break };
+                    let Ok(slot) = self.valve.clone().acquire_owned().await else {
+                        // Shutdown began: no call starts. The lease stays
+                        // in the keeper, and `drain` hands it back.
+                        break;
+                    };
+                    let attempt = job.delivery.attempt;
+                    match self.attempt(&job.delivery, attempt, false, Some(slot)).await {
+                        Tried::Left => break,
+                        tried => settling.push(self.clone().finish(job, attempt, tried)),
+                    }
+                }
+            }
+        }
+        while settling.next().await.is_some() {}
+    }
+
+    /// Settles a worker's try of `job`; a delivery that is not done (held
+    /// while its target is unavailable) goes on through
+    /// [`StageRunner::process`] after its pause.
+    async fn finish(self: Arc<Self>, job: Job, attempt: u32, tried: Tried) {
+        let next = match tried {
+            Tried::Left => return,
+            Tried::Settled(next) => next,
+            Tried::Ran(outcome, ticket) => {
+                self.settler
+                    .settle(&job.delivery, attempt, outcome, false, ticket.as_ref())
+                    .await
+            }
+            // A plain stage has no dedup gate, so no key is ever busy;
+            // were one, the per-delivery path asks again.
+            Tried::Busy(pause) => Next::Hold(pause),
+        };
+        match next {
+            Next::Done => self.forget(job.delivery.seq),
+            Next::Hold(delay) | Next::RetryAfter(delay) => {
+                self.pause(delay).await;
+                self.process(job, false, None).await;
+            }
+        }
+    }
+}
