@@ -512,3 +512,42 @@ async fn per_key_ordering_keeps_each_keys_order_across_retries() {
         "an ordered stage retries in place"
     );
 }
+
+/// A delivery held while its target is unavailable, retried by a worker
+/// loop's settle, takes the only worker slot for its retry while the loop
+/// already has the next delivery: the loop must keep driving that retry
+/// (every call here awaits, as a sink's request does), or neither ever
+/// finishes.
+#[tokio::test(start_paused = true)]
+async fn a_held_delivery_and_the_next_ones_share_one_slot_without_stalling() {
+    let held = Arc::new(Mutex::new(0usize));
+    let count = held.clone();
+    let mut handler = Scripted::new(move |m, _| {
+        if m.id == "a" {
+            let mut tries = count.lock().expect("tries");
+            *tries += 1;
+            if *tries <= 3 {
+                return fail(FailureKind::Unavailable);
+            }
+        }
+        upper(m)
+    });
+    handler.during = Some(Arc::new(|_| Some(Duration::from_millis(10))));
+    let rig = rig(memory(), stage("concurrency: 1\n"), &handler).await;
+    rig.publish(&[
+        ("a", None, "x"),
+        ("b", None, "y"),
+        ("c", None, "z"),
+        ("d", None, "w"),
+    ])
+    .await;
+    rig.until("four outputs", |b| b.messages("out").len() == 4)
+        .await;
+    let broker = rig.settle_and_stop().await;
+    assert_eq!(
+        *held.lock().expect("tries"),
+        4,
+        "held three times, then done"
+    );
+    assert!(broker.naks().is_empty(), "a hold spends no attempt");
+}

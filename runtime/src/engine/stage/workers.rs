@@ -23,26 +23,34 @@ use crate::engine::settle::Next;
 impl StageRunner {
     /// One worker loop: runs until the queue is closed and empty, or until
     /// shutdown closes the valve, then finishes the settles it started.
+    ///
+    /// The settles in flight are polled all the while, also while the loop
+    /// waits for a job or a worker slot and while the handler runs: a held
+    /// delivery among them may hold a slot of its own (its retry calls the
+    /// handler), and must be able to finish and give it back.
     pub(super) async fn work(self: Arc<Self>, jobs: async_channel::Receiver<Job>) {
         let mut settling = FuturesUnordered::new();
         loop {
-            tokio::select! {
-                biased;
-                Some(()) = settling.next(), if !settling.is_empty() => {}
-                job = jobs.recv() => {
-                    let Ok(job) = job else { break };
-                    let Ok(slot) = self.valve.clone().acquire_owned().await else {
-                        // Shutdown began: no call starts. The lease stays
-                        // in the keeper, and `drain` hands it back.
-                        break;
-                    };
-                    let attempt = job.delivery.attempt;
-                    match self.attempt(&job.delivery, attempt, false, Some(slot)).await {
-                        Tried::Left => break,
-                        tried => settling.push(self.clone().finish(job, attempt, tried)),
-                    }
-                }
+            let next = async {
+                let job = jobs.recv().await.ok()?;
+                // `None` once shutdown closed the valve: no call starts,
+                // the lease stays in the keeper and `drain` hands it back.
+                let slot = self.valve.clone().acquire_owned().await.ok()?;
+                Some((job, slot))
+            };
+            let Some((job, slot)) = beside(&mut settling, next).await else {
+                break;
+            };
+            let attempt = job.delivery.attempt;
+            let tried = beside(
+                &mut settling,
+                self.attempt(&job.delivery, attempt, false, Some(slot)),
+            )
+            .await;
+            if matches!(tried, Tried::Left) {
+                break;
             }
+            settling.push(self.clone().finish(job, attempt, tried));
         }
         while settling.next().await.is_some() {}
     }
@@ -69,6 +77,23 @@ impl StageRunner {
                 self.pause(delay).await;
                 self.process(job, false, None).await;
             }
+        }
+    }
+}
+
+/// Runs `work` to its end while also driving the futures in `settling`
+/// (those that finish meanwhile are dropped, done).
+async fn beside<T, F, S>(settling: &mut FuturesUnordered<S>, work: F) -> T
+where
+    F: std::future::Future<Output = T>,
+    S: std::future::Future<Output = ()>,
+{
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            Some(()) = settling.next(), if !settling.is_empty() => {}
+            done = &mut work => return done,
         }
     }
 }
