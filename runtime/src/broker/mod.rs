@@ -133,7 +133,29 @@ pub struct Completion {
     pub outputs: Vec<Message>,
     /// The dedup key the delivery holds, to record COMPLETED (None: the
     /// stage does not deduplicate, or the message has no key).
-    pub ticket: Option<crate::dedup::Ticket>,
+    pub ticket: Option<Ticket>,
+}
+
+/// The right to complete (or release) a stage dedup key: what
+/// [`crate::dedup::Begin::Run`] hands out, and what a [`Completion`] carries
+/// so the broker records the key COMPLETED with the outputs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ticket {
+    /// The scope.
+    pub scope: String,
+    /// The dedup key.
+    pub key: String,
+    /// [`crate::dedup::key_digest`] of the key.
+    pub digest: [u8; 32],
+    /// The holder's token.
+    pub token: String,
+    /// The payload hash recorded with it.
+    pub hash: Option<Vec<u8>>,
+    /// The store's revision of the IN_PROGRESS record (NATS KV); 0 for
+    /// the embedded store.
+    pub revision: u64,
+    /// How long the key is remembered.
+    pub ttl: Duration,
 }
 
 impl Completion {

@@ -23,7 +23,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::broker::{BrokerError, Message};
+use crate::broker::{BrokerError, Message, Ticket};
 
 /// Added to the handler timeout to make an IN_PROGRESS lease: the time a
 /// settle may take after the handler returns.
@@ -109,26 +109,6 @@ pub struct BeginRequest {
     pub hash: Option<Vec<u8>>,
     /// How long the holder owns the key (handler timeout + margin).
     pub lease: Duration,
-    /// How long the key is remembered.
-    pub ttl: Duration,
-}
-
-/// The right to complete (or release) a key: what [`Begin::Run`] hands out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ticket {
-    /// The scope.
-    pub scope: String,
-    /// The dedup key.
-    pub key: String,
-    /// [`key_digest`] of the key.
-    pub digest: [u8; 32],
-    /// The holder's token.
-    pub token: String,
-    /// The payload hash recorded with it.
-    pub hash: Option<Vec<u8>>,
-    /// The store's revision of the IN_PROGRESS record (NATS KV); 0 for
-    /// the embedded store.
-    pub revision: u64,
     /// How long the key is remembered.
     pub ttl: Duration,
 }

@@ -5,9 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::broker::Ticket;
 use crate::broker::{Message, consumer_name};
 use crate::config::{Dedup, DedupKey, MissingKey, Stage};
-use crate::dedup::{self, Begin, BeginRequest, DedupStore, Ticket};
+use crate::dedup::{self, Begin, BeginRequest, DedupStore};
 use crate::failure::{Failure, FailureKind};
 use crate::plugin::Message as PluginMessage;
 

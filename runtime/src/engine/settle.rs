@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::{backoff, ids};
+use crate::broker::Ticket;
 use crate::broker::{Broker, BrokerError, Completion, Delivery, Message, now_millis};
 use crate::config::{Backoff, Stage};
-use crate::dedup::{DedupStore, REPUBLISH_WITHIN, Ticket};
+use crate::dedup::{DedupStore, REPUBLISH_WITHIN};
 use crate::dlq::{self, Provenance};
 use crate::failure::{Failure, FailureKind};
 use crate::metrics::{Metrics, OutcomeLabels, StageLabels, TopicLabels};

@@ -17,6 +17,7 @@
 
 mod bindings;
 mod cache;
+mod clock;
 mod error;
 mod host;
 mod inspect;

@@ -14,7 +14,7 @@ use wasmtime::{ResourceLimiter, StoreContextMut, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::{Level, single::sluice::plugin::host};
-use super::host::TickClock;
+use super::clock::TickClock;
 use super::stdio::{GuestOutputFactory, LogBudget, Stream};
 
 /// The longest text one `log` call forwards; the rest is cut.

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::EmbeddedBroker;
-use super::commit::Op;
+use super::commit::op::Op;
 use super::consumer::{Consumer, Pending};
 use super::store::{MessageRecord, PendingRecord, decode, key_seq, msg_key, storage};
 use super::topic::Topic;

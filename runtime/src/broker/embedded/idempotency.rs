@@ -21,10 +21,11 @@ use std::sync::{Mutex, PoisonError};
 use async_trait::async_trait;
 
 use super::EmbeddedBroker;
-use super::commit::Group;
+use super::commit::group::Group;
 use super::store::{decode, encode, idempotency_key, storage};
+use crate::broker::Ticket;
 use crate::broker::{BrokerError, Message, Receipt, now_millis};
-use crate::dedup::{self, Begin, BeginRequest, DedupStore, Record, Ticket};
+use crate::dedup::{self, Begin, BeginRequest, DedupStore, Record};
 
 /// Keys held by running handlers: stored key -> the holder's record.
 #[derive(Default)]

@@ -25,6 +25,7 @@
 
 mod commit;
 mod consumer;
+mod database;
 mod fetch;
 mod health;
 mod idempotency;
@@ -49,7 +50,8 @@ use tokio::sync::oneshot;
 
 use self::commit::{Group, Op, Reply, SettleItem};
 use self::consumer::{Consumer, ConsumerState, millis};
-use self::store::{ConsumerRecord, Position, Store, StoreSlot, cursor_key, encode};
+use self::database::{Store, StoreSlot};
+use self::store::{ConsumerRecord, Position, cursor_key, encode};
 use self::topic::{Topic, TopicState};
 use super::{
     Broker, BrokerError, Completion, ConsumerSpec, ConsumerStats, Delivery, Message, PublishAck,
@@ -169,6 +171,27 @@ impl Shared {
             .ok_or_else(|| BrokerError::UnknownConsumer(name.to_owned()))
     }
 
+    /// The consumers reading `topic`: its fan-out.
+    fn consumers_of(&self, topic: &Topic) -> Vec<Arc<Consumer>> {
+        self.consumers
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .filter(|c| c.topic.id == topic.id)
+            .cloned()
+            .collect()
+    }
+
+    /// Every declared consumer.
+    fn consumer_list(&self) -> Vec<Arc<Consumer>> {
+        self.consumers
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+
     /// Allocates a topic id (`topic`) or consumer id.
     fn next_id(&self, topic: bool) -> u32 {
         let mut ids = self
@@ -235,7 +258,7 @@ impl EmbeddedBroker {
         }
         let store_dir = dir.join("store");
         let store = Store::open(&store_dir)?;
-        let loaded = store::guard_panic(&store_dir, || recover::load(&store))?;
+        let loaded = database::guard_panic(&store_dir, || recover::load(&store))?;
         let shared = Arc::new(Shared {
             store: StoreSlot::new(store_dir, store),
             health: health::Health::default(),
@@ -290,7 +313,7 @@ impl EmbeddedBroker {
         &self,
         receipt: &Receipt,
         outputs: Vec<Message>,
-        record: Option<(Vec<u8>, crate::dedup::Ticket)>,
+        record: Option<(Vec<u8>, crate::broker::Ticket)>,
     ) -> Result<(), BrokerError> {
         let consumer = self.take_for_settle(receipt, &outputs)?;
         let result = self
@@ -426,8 +449,7 @@ impl Broker for EmbeddedBroker {
                             .consumers
                             .write()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .insert(spec.name.clone(), consumer.clone());
-                        topic.add_consumer(consumer);
+                            .insert(spec.name.clone(), consumer);
                         g.batch.insert(
                             &store.cursors,
                             cursor_key(id),

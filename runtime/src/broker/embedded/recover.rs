@@ -13,9 +13,10 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use super::consumer::{Consumer, ConsumerState, Pending};
+use super::database::Store;
 use super::store::{
-    ConsumerRecord, PendingRecord, Position, Store, TopicRecord, cursor_key, decode, key_seq,
-    msg_key, storage,
+    ConsumerRecord, PendingRecord, Position, TopicRecord, cursor_key, decode, key_seq, msg_key,
+    storage,
 };
 use super::topic::{Topic, TopicState};
 use crate::broker::{BrokerError, ConsumerSpec, now_millis};
@@ -180,7 +181,6 @@ pub(super) fn load(store: &Store) -> Result<Loaded, BrokerError> {
         }
         first_deliveries(store, &topic, position, now, &mut state)?;
         let consumer = Arc::new(Consumer::new(rec.id, topic.clone(), state));
-        topic.add_consumer(consumer.clone());
         consumers.insert(name, consumer);
     }
     Ok(Loaded {

@@ -23,8 +23,9 @@
 use std::sync::Arc;
 
 use super::Shared;
-use super::commit::Group;
-use super::store::{MessageRecord, decode, delete_message, key_seq, msg_key, storage};
+use super::commit::group::{Done, Group, unit};
+use super::database::delete_message;
+use super::store::{MessageRecord, decode, key_seq, msg_key, storage};
 use super::topic::Topic;
 use crate::broker::BrokerError;
 
@@ -59,7 +60,7 @@ fn run(shared: &Shared, full: bool) -> Result<(), BrokerError> {
         if st.depth == 0 {
             continue;
         }
-        let consumers = topic.consumer_list();
+        let consumers = shared.consumers_of(&topic);
         if !consumers.is_empty() {
             let watermark = consumers
                 .iter()
@@ -93,12 +94,12 @@ fn run(shared: &Shared, full: bool) -> Result<(), BrokerError> {
 
 /// Writes what a run put in its batch (to the OS: nothing it deletes
 /// needs an fsync to be safe).
-fn commit(group: Group<'_>, early: Vec<super::commit::Done>) -> Result<(), BrokerError> {
+fn commit(group: Group<'_>, early: Vec<Done>) -> Result<(), BrokerError> {
     if group.batch.is_empty() {
         return Ok(());
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
-    group.commit(false, false, early, vec![super::commit::unit(tx)]);
+    group.commit(false, false, early, vec![unit(tx)]);
     rx.blocking_recv()
         .map_err(|_| BrokerError::Unavailable("maintenance reply lost".into()))?
 }
@@ -181,7 +182,8 @@ fn expire(
 
 #[cfg(test)]
 mod tests {
-    use super::super::store::{Store, delete_message, msg_key};
+    use super::super::database::{Store, delete_message};
+    use super::super::store::msg_key;
 
     /// Why consumed messages go with weak tombstones: messages deleted
     /// before their memtable is flushed cost the tables nothing.

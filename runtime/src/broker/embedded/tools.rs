@@ -18,8 +18,9 @@ use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use super::database::{Store, guard_panic};
 use super::journal::{self, JournalFile};
-use super::store::{Store, TopicRecord, decode, encode, guard_panic, key_seq, msg_key};
+use super::store::{TopicRecord, decode, encode, key_seq, msg_key};
 use super::{LOCK_FILE, recover};
 use crate::broker::BrokerError;
 

@@ -2,12 +2,11 @@
 //! committer, so stats never touch disk) and the wake-up for waiting
 //! readers.
 
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::consumer::Consumer;
 use super::store::TopicRecord;
 use crate::broker::{TopicStats, now_millis};
 
@@ -21,8 +20,6 @@ pub(super) struct Topic {
     pub state: Mutex<TopicState>,
     /// Woken after each commit that adds messages, and on naks.
     pub notify: Notify,
-    /// The consumers reading it (fan-out).
-    pub consumers: RwLock<Vec<Arc<Consumer>>>,
 }
 
 /// What the committer keeps about a topic.
@@ -61,7 +58,6 @@ impl Topic {
             name: name.into(),
             state: Mutex::new(state),
             notify: Notify::new(),
-            consumers: RwLock::new(Vec::new()),
         }
     }
 
@@ -75,22 +71,6 @@ impl Topic {
     /// A copy of the counters.
     pub fn snapshot(&self) -> TopicState {
         *self.state()
-    }
-
-    /// The consumers reading it.
-    pub fn consumer_list(&self) -> Vec<Arc<Consumer>> {
-        self.consumers
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Adds a consumer.
-    pub fn add_consumer(&self, consumer: Arc<Consumer>) {
-        self.consumers
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(consumer);
     }
 
     /// The public stats, from memory.

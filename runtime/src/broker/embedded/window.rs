@@ -215,7 +215,8 @@ impl DedupWindow {
 
 #[cfg(test)]
 mod tests {
-    use super::super::store::{Store, dedup_key};
+    use super::super::database::Store;
+    use super::super::store::dedup_key;
     use super::*;
 
     const W: u64 = 1_000;

@@ -19,8 +19,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::{NatsBroker, naming, read, write};
+use crate::broker::Ticket;
 use crate::broker::{Broker, BrokerError, Message, Receipt, now_millis};
-use crate::dedup::{self, Begin, BeginRequest, DedupStore, Record, Ticket};
+use crate::dedup::{self, Begin, BeginRequest, DedupStore, Record};
 
 /// A begin that loses a race re-reads and decides again, this many times.
 const MAX_RACES: usize = 8;

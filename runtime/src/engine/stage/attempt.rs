@@ -11,8 +11,8 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::{CALLS, DEDUP_POLL_MAX, DEDUP_POLL_MIN, Job, StageRunner, lock};
 use crate::broker::Delivery;
+use crate::broker::Ticket;
 use crate::claim::{self, ClaimError};
-use crate::dedup::Ticket;
 use crate::engine::dedup::Gate;
 use crate::engine::handler::StageHandler;
 use crate::engine::settle::Next;
