@@ -25,6 +25,9 @@ pub mod dedup;
 pub mod dlq;
 pub mod engine;
 pub mod failure;
+#[cfg(feature = "fuzz")]
+#[doc(hidden)]
+pub mod fuzz;
 pub mod metrics;
 pub mod plugin;
 

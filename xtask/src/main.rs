@@ -19,12 +19,15 @@
 //! * `soak --minutes N [--rate R]`: a three-stage pipeline with fan-out,
 //!   retries and dead letters under steady ingest; RSS and open files
 //!   sampled every 10 s, exact output sets checked at the end (`soak.rs`).
+//! * `fuzz [--seconds N] [TARGET...]`: the fuzz targets in `fuzz/` under
+//!   libFuzzer, from their seeds, 30 s each by default (`fuzz.rs`).
 
 use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
 
 use anyhow::{Context, bail};
 
+mod fuzz;
 mod soak;
 
 /// What `cargo xtask` without a known command prints.
@@ -39,6 +42,7 @@ commands:
   bench      run the benchmarks and print the comparison table
   soak       --minutes N [--rate R]: steady ingest through a three-stage pipeline;
              check RSS, open files and exact outputs (no loss, no duplicates)
+  fuzz       [--seconds N] [TARGET...]: the fuzz targets in fuzz/, 30 s each
 ";
 
 fn main() -> ExitCode {
@@ -50,6 +54,7 @@ fn main() -> ExitCode {
         ["test", ref rest @ ..] => test(rest),
         ["bench", ref rest @ ..] => bench(rest),
         ["soak", ref rest @ ..] => soak::soak(rest),
+        ["fuzz", ref rest @ ..] => fuzz::fuzz(rest),
         ["help" | "-h" | "--help"] => {
             print!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -488,18 +493,16 @@ fn test(extra: &[&str]) -> anyhow::Result<()> {
         .context("non-UTF-8 repository path")?;
     println!("== cargo fmt --check");
     run(cargo().args(["fmt", "--all", "--check"]))?;
-    run(cargo().args([
-        "fmt",
-        "--all",
-        "--check",
-        "--manifest-path",
-        plugins_manifest,
-    ]))?;
+    for manifest in [plugins_manifest, "fuzz/Cargo.toml"] {
+        run(cargo().args(["fmt", "--all", "--check", "--manifest-path", manifest]))?;
+    }
     println!("== clippy (warnings denied)");
     run(cargo().args([
         "clippy",
         "--workspace",
         "--all-targets",
+        // The `fuzz` feature's entry points too.
+        "--all-features",
         "--quiet",
         "--",
         "-D",
@@ -546,7 +549,10 @@ fn test(extra: &[&str]) -> anyhow::Result<()> {
     run(cargo()
         .args(["test", "--quiet", "--manifest-path", plugins_manifest])
         .args(["--package", "sluice-sdk", "--lib"])
-        .env("CARGO_TARGET_DIR", target_dir().join("sdk-host")))
+        .env("CARGO_TARGET_DIR", target_dir().join("sdk-host")))?;
+    // The parsers of files, bodies and stored bytes under random input,
+    // 30 seconds a target, from the seeds in fuzz/corpus.
+    fuzz::fuzz(&[])
 }
 
 /// Prints how many tests skipped themselves, and why: `cargo test` counts

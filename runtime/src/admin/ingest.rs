@@ -354,7 +354,15 @@ async fn publish_batch_inner(
     let limit = state.request_limit();
     let (body, _budget) =
         read_body(&state, body, limit, || ApiError::PayloadTooLarge(limit)).await?;
-    let text = std::str::from_utf8(&body)
+    let lines = parse_batch_body(&body)?;
+    let receipt = publish_numbered(&state, &topic, &entry, lines).await?;
+    Ok((StatusCode::ACCEPTED, Json(receipt)))
+}
+
+/// The JSON lines of a batch body, each with its line number; blank lines
+/// are skipped.
+fn parse_batch_body(body: &[u8]) -> Result<Vec<(usize, BatchLine)>, ApiError> {
+    let text = std::str::from_utf8(body)
         .map_err(|_| ApiError::BadRequest("the batch body is not UTF-8 text".into()))?;
     let mut lines = Vec::new();
     for (index, line) in text.lines().enumerate() {
@@ -370,8 +378,26 @@ async fn publish_batch_inner(
             .map_err(|e| ApiError::BadRequest(format!("line {}: {e}", index + 1)))?;
         lines.push((index + 1, parsed));
     }
-    let receipt = publish_numbered(&state, &topic, &entry, lines).await?;
-    Ok((StatusCode::ACCEPTED, Json(receipt)))
+    Ok(lines)
+}
+
+/// A batch body turned into messages for `topic` as ingest does before it
+/// publishes (a dead-letter topic when `is_dlq`): for the fuzz targets.
+#[cfg(feature = "fuzz")]
+pub(crate) fn batch_messages(body: &[u8], is_dlq: bool) -> Result<Vec<Message>, String> {
+    let entry = TopicEntry {
+        high_water_mark: None,
+        subscribers: Vec::new(),
+        is_dlq,
+        max_payload: None,
+    };
+    let lines = parse_batch_body(body).map_err(|e| e.to_string())?;
+    lines
+        .into_iter()
+        .map(|(number, line)| {
+            message_from_line("t", &entry, line).map_err(|e| format!("line {number}: {e}"))
+        })
+        .collect()
 }
 
 impl AdminState {

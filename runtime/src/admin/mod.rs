@@ -55,6 +55,8 @@ pub use dlq::{
     RedriveReport, RedriveRequest, SkippedEntry,
 };
 pub use error::{ApiError, ErrorBody};
+#[cfg(feature = "fuzz")]
+pub(crate) use ingest::batch_messages;
 pub use ingest::{
     BatchHeaders, BatchLine, BatchReceipt, HEADER_PREFIX, ID_HEADER, KEY_HEADER, MAX_ID_BYTES,
     PublishReceipt, check_id,

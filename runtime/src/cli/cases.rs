@@ -341,7 +341,18 @@ pub(crate) fn load(path: &Path) -> Result<Loaded, String> {
         ));
     }
     let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: cannot read: {e}"))?;
-    let (file, tree): (CasesFile, Node) = parse_yaml(&text)
+    parse(&text, &shown.to_string())
+}
+
+/// Parses and checks the text of a cases file; `shown` names it in errors.
+pub(crate) fn parse(text: &str, shown: &str) -> Result<Loaded, String> {
+    if text.len() as u64 > MAX_CASES_BYTES {
+        return Err(format!(
+            "{shown}: {} bytes is more than a cases file may hold ({MAX_CASES_BYTES})",
+            text.len()
+        ));
+    }
+    let (file, tree): (CasesFile, Node) = parse_yaml(text)
         .map_err(|(pos, msg)| format!("{shown}:{}:{}: {msg}", pos.line, pos.col))?;
     let at = |path: &[Seg<'_>]| {
         let pos = tree.locate(path);

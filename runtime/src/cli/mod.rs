@@ -19,6 +19,9 @@ mod table;
 mod tail;
 mod validate;
 
+#[cfg(feature = "fuzz")]
+pub(crate) use cases::parse as parse_cases;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

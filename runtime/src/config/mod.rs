@@ -38,6 +38,8 @@ pub use parse::{MAX_ALIAS_REPLAY, MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES};
 pub use tree::Pos;
 pub(crate) use tree::{Node, Seg};
 pub use units::{HumanDuration, HumanSize};
+#[cfg(feature = "fuzz")]
+pub(crate) use validate::load_bytes;
 pub use validate::{load, load_and_check_plugins, load_with};
 
 /// The JSON Schema of a pipeline file, derived from [`Pipeline`], for

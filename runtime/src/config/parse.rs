@@ -76,6 +76,16 @@ pub(crate) fn read_file(
     file.take(MAX_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| vec![(start, format!("cannot read the pipeline file: {e}"))])?;
+    parse_bytes(bytes, env)
+}
+
+/// Parses a pipeline file's bytes: refused when larger than
+/// `MAX_FILE_BYTES` or not UTF-8, each at the place it goes wrong.
+pub(crate) fn parse_bytes(
+    bytes: Vec<u8>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Document, Vec<Problem>> {
+    let start = Pos { line: 1, col: 1 };
     if bytes.len() as u64 > MAX_FILE_BYTES {
         return Err(vec![(
             start,

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use super::diagnostic::{Diagnostic, Diagnostics};
 use super::model::{Pipeline, default_dlq};
-use super::parse::{Document, locate, read_file};
+use super::parse::{Document, Problem, locate, read_file};
 use super::tree::{Pos, Seg};
 use crate::plugin::{Inspection, PluginHost, check_memory};
 
@@ -57,9 +57,36 @@ pub fn load_with(
 ) -> Result<Vec<Pipeline>, Diagnostics> {
     let mut diagnostics = Diagnostics::default();
     let files = expand(paths, &mut diagnostics);
+    let parsed = files
+        .into_iter()
+        .map(|file| {
+            let doc = read_file(&file, env);
+            (file, doc)
+        })
+        .collect();
+    check_documents(parsed, diagnostics, host)
+}
+
+/// The pipeline file `path` from its bytes, checked as [`load`] checks it:
+/// the loader without the file system, for the fuzz targets.
+#[cfg(feature = "fuzz")]
+pub(crate) fn load_bytes(path: &Path, bytes: &[u8]) -> Result<Vec<Pipeline>, Diagnostics> {
+    let env = |name: &str| (name == "SET").then(|| "value".to_owned());
+    let doc = super::parse::parse_bytes(bytes.to_vec(), &env);
+    check_documents(vec![(path.to_owned(), doc)], Diagnostics::default(), None)
+}
+
+/// Checks parsed files alone and together; `diagnostics` holds what was
+/// found before (files that could not be listed).
+fn check_documents(
+    parsed: Vec<(PathBuf, Result<Document, Vec<Problem>>)>,
+    mut diagnostics: Diagnostics,
+    host: Option<&PluginHost>,
+) -> Result<Vec<Pipeline>, Diagnostics> {
     let mut docs: Vec<Document> = Vec::new();
-    for file in &files {
-        match read_file(file, env) {
+    for (file, doc) in parsed {
+        let file = &file;
+        match doc {
             Ok(mut doc) => {
                 doc.pipeline.source = file.clone();
                 resolve_plugins(&mut doc.pipeline, file);

@@ -241,6 +241,34 @@ fn read_journal(path: PathBuf, buf: &[u8], active: bool) -> JournalFile {
     }
 }
 
+/// Reads `bytes` as a journal both ways the tools do (`check` and
+/// `salvage`), checking what the reader reports: the fuzz target.
+#[cfg(feature = "fuzz")]
+pub(crate) fn walk(bytes: &[u8]) {
+    for active in [false, true] {
+        let file = read_journal(PathBuf::from("fuzz.jnl"), bytes, active);
+        assert!(file.valid_end <= file.len, "valid end past the file's end");
+        if let Some(damage) = &file.damage {
+            assert_eq!(damage.at, file.valid_end, "damage away from the valid end");
+            assert!(
+                damage.after.iter().all(|b| b.start > damage.at),
+                "a batch after the damage starts before it"
+            );
+        }
+        let _ = file.refusal();
+    }
+    let mut pos = 0;
+    while pos < bytes.len() {
+        match parse_batch(bytes, pos, true) {
+            Ok((_, end)) => {
+                assert!(end > pos && end <= bytes.len(), "a batch that ends nowhere");
+                pos = end;
+            }
+            Err(_) => break,
+        }
+    }
+}
+
 /// Whether `bytes` are all zero (a new journal's preallocated space, up
 /// to 64 MiB): compared a page at a time, so it is a memcmp even in a
 /// debug build.

@@ -37,6 +37,9 @@ pub mod tools;
 mod topic;
 mod window;
 
+#[cfg(feature = "fuzz")]
+pub(crate) use store::decode_every_record;
+
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;

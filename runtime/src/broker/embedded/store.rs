@@ -180,6 +180,24 @@ impl Position {
     }
 }
 
+/// Decodes `bytes` as every kind of value and key the store holds, as
+/// opening a damaged store would: each gives a value or an error. For the
+/// fuzz targets.
+#[cfg(feature = "fuzz")]
+pub(crate) fn decode_every_record(bytes: &[u8]) {
+    let _ = decode::<MessageRecord>(bytes);
+    let _ = decode::<TopicRecord>(bytes);
+    let _ = decode::<ConsumerRecord>(bytes);
+    let _ = decode::<PendingRecord>(bytes);
+    let _ = decode::<DedupRecord>(bytes);
+    let _ = decode::<crate::dedup::Record>(bytes);
+    if let Some(p) = Position::decode(bytes) {
+        let again = Position::decode(&p.encode()).expect("an encoded position decodes");
+        assert_eq!(again.cursor, p.cursor);
+    }
+    let _ = key_seq(bytes);
+}
+
 /// `id` BE followed by `seq` BE.
 fn id_seq_key(id: u32, seq: u64) -> [u8; 12] {
     let mut k = [0u8; 12];
