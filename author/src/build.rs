@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use crate::files::{COMPONENTIZE_JS, COMPONENTIZE_PY};
-use crate::project::{Lang, Project};
+use crate::project::{JsEngine, Lang, Project};
 use crate::{AuthorError, io};
 
 /// The Rust target components are built for.
@@ -61,8 +61,189 @@ pub struct BuildReport {
 pub fn build(project: &Project) -> Result<BuildReport, AuthorError> {
     match project.lang {
         Lang::Rust => build_rust(project),
+        Lang::Js if project.js_engine()? == JsEngine::QuickJs => build_quickjs(project),
         Lang::Python | Lang::Js => build_componentized(project),
     }
+}
+
+/// A JS build on QuickJS: cargo builds the engine crate (which the binary
+/// carries, [`crate::files::quickjs_engine`]) with the project's scripts
+/// compiled in. The crate and its target directory live in a cache shared
+/// by every project, so QuickJS's C sources compile once, and a project's
+/// build costs the engine crate's own compile and link.
+fn build_quickjs(project: &Project) -> Result<BuildReport, AuthorError> {
+    let world = project.world()?;
+    let cargo = cargo()?;
+    let c = wasm_c_toolchain()?;
+    let out = project.output();
+    let stamp_path = out.with_extension("wasm.inputs");
+    let engine = crate::files::quickjs_engine();
+    let hash = |files: &mut dyn Iterator<Item = &(&str, String)>| {
+        let mut hasher = blake3::Hasher::new();
+        for (path, text) in files {
+            hasher
+                .update(path.as_bytes())
+                .update(b"\0")
+                .update(text.as_bytes());
+        }
+        hasher.finalize().to_hex()[..16].to_owned()
+    };
+    let stamp = inputs_hash(
+        &project.dir,
+        &[world.name(), "quickjs", &hash(&mut engine.iter())],
+    )?;
+    if out.is_file() && std::fs::read_to_string(&stamp_path).is_ok_and(|s| s.trim() == stamp) {
+        return Ok(BuildReport {
+            wasm: out,
+            rebuilt: false,
+        });
+    }
+    // Named by the dependencies alone: a new engine source rebuilds the
+    // engine crate in place, not QuickJS's C sources in a new directory.
+    let deps = hash(&mut engine.iter().filter(|(p, _)| p.starts_with("Cargo.")));
+    let dir = cache_dir().join(format!("js-quickjs-{deps}"));
+    for (path, text) in &engine {
+        let path = dir.join(path);
+        if std::fs::read_to_string(&path).is_ok_and(|old| old == *text) {
+            continue;
+        }
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(io(format!("creating {}", parent.display())))?;
+        }
+        std::fs::write(&path, text).map_err(io(format!("writing {}", path.display())))?;
+    }
+    // Two builds at once would share the engine's one output file.
+    let lock_path = dir.join("build.lock");
+    let lock = std::fs::File::create(&lock_path)
+        .map_err(io(format!("creating {}", lock_path.display())))?;
+    lock.lock()
+        .map_err(io(format!("locking {}", lock_path.display())))?;
+    let mut cmd = Command::new(&cargo);
+    cmd.current_dir(&dir)
+        .args(["build", "--release", "--target", RUST_TARGET]);
+    if world == crate::World::BatchHandler {
+        cmd.args(["--features", "batch"]);
+    }
+    for var in SCRUBBED_ENV {
+        cmd.env_remove(var);
+    }
+    cmd.env("CARGO_TARGET_DIR", dir.join("target"))
+        .env("SLUICE_JS_PROJECT", &project.dir)
+        .env("SLUICE_JS_INPUTS", &stamp);
+    c.apply(&mut cmd);
+    run(&mut cmd, None)?;
+    let built = dir
+        .join("target")
+        .join(RUST_TARGET)
+        .join("release")
+        .join("sluice_js_quickjs.wasm");
+    let target = out.parent().unwrap_or(&project.dir);
+    std::fs::create_dir_all(target).map_err(io(format!("creating {}", target.display())))?;
+    let tmp = out.with_extension(format!("wasm.tmp{}", std::process::id()));
+    std::fs::copy(&built, &tmp).map_err(io(format!("copying {}", built.display())))?;
+    drop(lock);
+    std::fs::rename(&tmp, &out).map_err(io(format!("writing {}", out.display())))?;
+    std::fs::write(&stamp_path, format!("{stamp}\n"))
+        .map_err(io(format!("writing {}", stamp_path.display())))?;
+    Ok(BuildReport {
+        wasm: out,
+        rebuilt: true,
+    })
+}
+
+/// Where builds keep what every project shares: `$SLUICE_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/sluice`, else `~/.cache/sluice`.
+fn cache_dir() -> PathBuf {
+    let var = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    var("SLUICE_CACHE_DIR")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("sluice")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache").join("sluice")))
+        .unwrap_or_else(|| std::env::temp_dir().join("sluice-cache"))
+}
+
+/// How QuickJS's C sources are compiled for `wasm32-wasip2`.
+enum WasmC {
+    /// A wasi-sdk (`$WASI_SDK`): rquickjs-sys uses its clang and sysroot.
+    WasiSdk,
+    /// The system's clang, with the wasi-libc headers in `include`.
+    Clang {
+        /// wasi-libc's headers.
+        include: PathBuf,
+    },
+}
+
+impl WasmC {
+    fn apply(&self, cmd: &mut Command) {
+        if let WasmC::Clang { include } = self {
+            // rquickjs-sys would download a wasi-sdk otherwise.
+            cmd.env("RQUICKJS_SYS_NO_WASI_SDK", "1")
+                .env("CC_wasm32_wasip2", "clang")
+                // No sysroot, so that clang never reads the host's headers.
+                .env(
+                    "CFLAGS_wasm32_wasip2",
+                    format!("--sysroot=/nonexistent -isystem {}", include.display()),
+                );
+            if tool_version(Command::new("llvm-ar").arg("--version")).is_some() {
+                cmd.env("AR_wasm32_wasip2", "llvm-ar");
+            }
+        }
+    }
+}
+
+/// `$WASI_SDK`, else clang and wasi-libc's headers (`$WASI_SYSROOT`, or
+/// where Debian, Ubuntu, Fedora and Arch install them).
+fn wasm_c_toolchain() -> Result<WasmC, AuthorError> {
+    const INSTALL: &str = "`apt install clang wasi-libc` (Debian, Ubuntu; `dnf install clang \
+         wasi-libc-devel` on Fedora), or a wasi-sdk with WASI_SDK set to it";
+    if std::env::var_os("WASI_SDK").is_some_and(|d| Path::new(&d).join("bin/clang").is_file()) {
+        return Ok(WasmC::WasiSdk);
+    }
+    if tool_version(Command::new("clang").arg("--version")).is_none() {
+        return Err(missing("clang (to compile QuickJS for wasm)", INSTALL));
+    }
+    let sysroot = std::env::var_os("WASI_SYSROOT").map(PathBuf::from);
+    let candidates = sysroot
+        .iter()
+        .flat_map(|s| [s.join("include/wasm32-wasi"), s.join("include")])
+        .chain([
+            PathBuf::from("/usr/include/wasm32-wasi"),
+            PathBuf::from("/usr/share/wasi-sysroot/include/wasm32-wasi"),
+            PathBuf::from("/usr/share/wasi-sysroot/include"),
+        ]);
+    for include in candidates {
+        if include.join("wasi/api.h").is_file() {
+            return Ok(WasmC::Clang { include });
+        }
+    }
+    Err(missing(
+        "the wasi-libc headers (to compile QuickJS for wasm)",
+        INSTALL,
+    ))
+}
+
+/// `$CARGO` or `cargo`, with the wasm target installed.
+fn cargo() -> Result<std::ffi::OsString, AuthorError> {
+    let cargo = std::env::var_os("CARGO")
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| "cargo".into());
+    if tool_version(Command::new(&cargo).arg("--version")).is_none() {
+        return Err(missing("cargo", "rustup, from https://rustup.rs"));
+    }
+    if let Some(installed) =
+        tool_version(Command::new("rustup").args(["target", "list", "--installed"]))
+        && !installed.lines().any(|l| l.trim() == RUST_TARGET)
+    {
+        return Err(missing(
+            &format!("the Rust target {RUST_TARGET}"),
+            &format!("rustup target add {RUST_TARGET}"),
+        ));
+    }
+    Ok(cargo)
 }
 
 /// A Python or JS build: skipped when the inputs are unchanged.
@@ -164,21 +345,7 @@ fn find_componentize_js(dir: &Path) -> Option<PathBuf> {
 /// `cargo build --release --target wasm32-wasip2` in the project; the
 /// component is the `.wasm` cargo reports.
 fn build_rust(project: &Project) -> Result<BuildReport, AuthorError> {
-    let cargo = std::env::var_os("CARGO")
-        .filter(|c| !c.is_empty())
-        .unwrap_or_else(|| "cargo".into());
-    if tool_version(Command::new(&cargo).arg("--version")).is_none() {
-        return Err(missing("cargo", "rustup, from https://rustup.rs"));
-    }
-    if let Some(installed) =
-        tool_version(Command::new("rustup").args(["target", "list", "--installed"]))
-        && !installed.lines().any(|l| l.trim() == RUST_TARGET)
-    {
-        return Err(missing(
-            &format!("the Rust target {RUST_TARGET}"),
-            &format!("rustup target add {RUST_TARGET}"),
-        ));
-    }
+    let cargo = cargo()?;
     let mut cmd = Command::new(&cargo);
     cmd.current_dir(&project.dir)
         .args(["build", "--release", "--target", RUST_TARGET])

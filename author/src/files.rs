@@ -59,6 +59,44 @@ pub const RUST_SDK: &[File] = &[
     ),
 ];
 
+/// The QuickJS engine for JavaScript handlers (`plugins/js/engine-quickjs`),
+/// without its manifest: see [`quickjs_engine`].
+const QUICKJS_ENGINE: &[File] = &[
+    (
+        "Cargo.lock",
+        include_str!("../../plugins/js/engine-quickjs/Cargo.lock"),
+    ),
+    (
+        "build.rs",
+        include_str!("../../plugins/js/engine-quickjs/build.rs"),
+    ),
+    (
+        "src/lib.rs",
+        include_str!("../../plugins/js/engine-quickjs/src/lib.rs"),
+    ),
+];
+
+/// The engine's manifest in the repository, whose SDK is `../../sdk`.
+const QUICKJS_MANIFEST: &str = include_str!("../../plugins/js/engine-quickjs/Cargo.toml");
+
+/// The QuickJS engine crate as `sluice plugin build` writes it out to
+/// build it: its sources, the Rust SDK vendored beside them and the WIT
+/// the SDK reads (`vendor/sluice-sdk/../../wit`).
+pub fn quickjs_engine() -> Vec<(&'static str, String)> {
+    let manifest = QUICKJS_MANIFEST.replace(
+        r#"sluice-sdk = { path = "../../sdk""#,
+        r#"sluice-sdk = { path = "vendor/sluice-sdk""#,
+    );
+    let mut files = vec![("Cargo.toml", manifest), (WIT.0, WIT.1.to_owned())];
+    files.extend(
+        QUICKJS_ENGINE
+            .iter()
+            .chain(RUST_SDK)
+            .map(|(path, text)| (*path, (*text).to_owned())),
+    );
+    files
+}
+
 /// The vendored SDK's manifest: the repository's, without the workspace
 /// inheritance a standalone project cannot resolve.
 const RUST_SDK_MANIFEST: &str = r#"[package]
@@ -87,6 +125,23 @@ wit-bindgen = { version = "0.61.1", default-features = false, features = ["macro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_quickjs_engine_is_written_out_with_the_vendored_sdk() {
+        let files = quickjs_engine();
+        let manifest = &files[0].1;
+        assert!(
+            manifest.contains(r#"sluice-sdk = { path = "vendor/sluice-sdk""#),
+            "the engine's manifest moved its SDK dependency: update quickjs_engine"
+        );
+        for wanted in [
+            "wit/plugin.wit",
+            "src/lib.rs",
+            "vendor/sluice-sdk/src/lib.rs",
+        ] {
+            assert!(files.iter().any(|(p, _)| *p == wanted), "{wanted}");
+        }
+    }
 
     #[test]
     fn the_vendored_sdk_asks_for_what_the_repository_sdk_uses() {

@@ -17,7 +17,7 @@ pub mod project;
 pub mod scaffold;
 
 pub use build::{BuildReport, build};
-pub use project::{Lang, Project, World};
+pub use project::{JsEngine, Lang, Project, World};
 pub use scaffold::scaffold;
 
 /// Why an author's command failed. Each says what to do.

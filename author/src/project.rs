@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | Rust | `Cargo.toml` (a `cdylib` using `sluice-sdk`) | cargo, target `wasm32-wasip2` |
 //! | Python | `app.py` (exports `MessageHandler`) | componentize-py |
-//! | JavaScript | `handler.js` (exports `messageHandler`) | componentize-js |
+//! | JavaScript | `handler.js` (exports `messageHandler`) | componentize-js, or cargo and the QuickJS guest (`"sluice": { "engine": "quickjs" }` in `package.json`) |
 //!
 //! A Python or JS project implements the `batch-handler` world when its
 //! handler exports `BatchMessageHandler` / `batchMessageHandler`, else the
@@ -85,6 +85,36 @@ impl World {
     }
 }
 
+/// The engine a JavaScript project's handler runs in, chosen in its
+/// `package.json` (`"sluice": { "engine": "quickjs" }`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JsEngine {
+    /// SpiderMonkey, through componentize-js (the default: no C toolchain).
+    #[default]
+    SpiderMonkey,
+    /// QuickJS, embedded in a Rust guest that Sluice builds with the
+    /// scripts compiled in: a call costs a fraction of SpiderMonkey's.
+    QuickJs,
+}
+
+impl JsEngine {
+    /// Every engine.
+    pub const ALL: [JsEngine; 2] = [JsEngine::SpiderMonkey, JsEngine::QuickJs];
+
+    /// The name `package.json` gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            JsEngine::SpiderMonkey => "spidermonkey",
+            JsEngine::QuickJs => "quickjs",
+        }
+    }
+
+    /// The engine named `name`.
+    pub fn parse(name: &str) -> Option<JsEngine> {
+        Self::ALL.into_iter().find(|e| e.name() == name)
+    }
+}
+
 /// A plugin project found in a directory.
 #[derive(Debug, Clone)]
 pub struct Project {
@@ -152,6 +182,36 @@ impl Project {
         } else {
             World::Handler
         })
+    }
+
+    /// The engine a JS project asks for: `sluice.engine` in its
+    /// `package.json`, SpiderMonkey when it names none.
+    ///
+    /// # Errors
+    ///
+    /// [`AuthorError::Invalid`] for a `package.json` that is not JSON or an
+    /// engine that does not exist.
+    pub fn js_engine(&self) -> Result<JsEngine, AuthorError> {
+        let path = self.dir.join("package.json");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(JsEngine::default());
+        };
+        let doc: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| AuthorError::Invalid(format!("{}: {e}", path.display())))?;
+        match &doc["sluice"]["engine"] {
+            serde_json::Value::Null => Ok(JsEngine::default()),
+            serde_json::Value::String(name) => JsEngine::parse(name).ok_or_else(|| {
+                AuthorError::Invalid(format!(
+                    "{}: unknown engine {name:?} under \"sluice\"; the engines are {}",
+                    path.display(),
+                    JsEngine::ALL.map(JsEngine::name).join(", ")
+                ))
+            }),
+            other => Err(AuthorError::Invalid(format!(
+                "{}: \"sluice\": {{ \"engine\" }} must be a string, not {other}",
+                path.display()
+            ))),
+        }
     }
 
     /// Where a Python or JS build writes its component.
@@ -222,6 +282,36 @@ mod tests {
         assert!(err.contains("not a plugin project"), "{err}");
         assert!(err.contains("sluice plugin new"), "{err}");
         std::fs::remove_dir_all(root).expect("test step");
+    }
+
+    #[test]
+    fn a_js_project_names_its_engine_in_package_json() {
+        // Not under tempfile_dir(): the other test removes it when done.
+        let dir = std::env::temp_dir().join(format!("sluice-author-engine-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("test step");
+        std::fs::write(dir.join("handler.js"), "").expect("test step");
+        let engine = |package: Option<&str>| {
+            let _ = std::fs::remove_file(dir.join("package.json"));
+            if let Some(text) = package {
+                std::fs::write(dir.join("package.json"), text).expect("test step");
+            }
+            Project::detect(&dir).expect("test step").js_engine()
+        };
+        assert_eq!(
+            engine(None).expect("no package.json"),
+            JsEngine::SpiderMonkey
+        );
+        assert_eq!(
+            engine(Some("{}")).expect("none named"),
+            JsEngine::SpiderMonkey
+        );
+        let quickjs = r#"{ "sluice": { "engine": "quickjs" } }"#;
+        assert_eq!(engine(Some(quickjs)).expect("quickjs"), JsEngine::QuickJs);
+        let err = engine(Some(r#"{ "sluice": { "engine": "v8" } }"#))
+            .expect_err("unknown")
+            .to_string();
+        assert!(err.contains("spidermonkey, quickjs"), "{err}");
+        std::fs::remove_dir_all(dir).expect("test step");
     }
 
     fn tempfile_dir() -> PathBuf {

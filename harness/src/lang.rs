@@ -5,7 +5,8 @@
 //! Each is staged as a project in `<plugins-build>/<lang>/<name>/`: its
 //! handler file, the language's SDK and the contract's WIT, copied from the
 //! repository; a JS project also links `plugins/js/node_modules`, where
-//! `cargo xtask setup` installed the pinned componentize-js. The build is
+//! `cargo xtask setup` installed the pinned componentize-js, or, on
+//! QuickJS, gets a `package.json` that names the engine. The build is
 //! skipped while the staged inputs are unchanged, so the component's bytes
 //! (and the daemon's compile cache) stay the same between test runs.
 
@@ -13,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use anyhow::{Context, bail};
-use sluice_author::{Lang, Project};
+use sluice_author::{JsEngine, Lang, Project};
 
 /// A handler in another language than Rust.
 #[derive(Debug, Clone, Copy)]
@@ -24,6 +25,9 @@ pub struct LangPlugin {
     pub lang: Lang,
     /// Its source directory, under `plugins/python` or `plugins/js`.
     pub source: &'static str,
+    /// The engine a JavaScript handler is built for (its staged
+    /// `package.json` names it); ignored for Python.
+    pub engine: JsEngine,
 }
 
 /// Every handler built from `plugins/python` and `plugins/js`.
@@ -32,38 +36,70 @@ pub const LANG_PLUGINS: &[LangPlugin] = &[
         name: "uppercase-py",
         lang: Lang::Python,
         source: "examples/uppercase",
+        engine: JsEngine::SpiderMonkey,
     },
     LangPlugin {
         name: "router-py",
         lang: Lang::Python,
         source: "examples/router",
+        engine: JsEngine::SpiderMonkey,
     },
     // No SDK: the raw componentize-py bindings.
     LangPlugin {
         name: "raw-py",
         lang: Lang::Python,
         source: "testkit/raw",
+        engine: JsEngine::SpiderMonkey,
     },
     LangPlugin {
         name: "uppercase-js",
         lang: Lang::Js,
         source: "examples/uppercase",
+        engine: JsEngine::SpiderMonkey,
     },
     LangPlugin {
         name: "router-js",
         lang: Lang::Js,
         source: "examples/router",
+        engine: JsEngine::SpiderMonkey,
     },
     LangPlugin {
         name: "upper-batch-js",
         lang: Lang::Js,
         source: "examples/upper-batch",
+        engine: JsEngine::SpiderMonkey,
     },
     // No SDK: the raw componentize-js bindings.
     LangPlugin {
         name: "raw-js",
         lang: Lang::Js,
         source: "testkit/raw",
+        engine: JsEngine::SpiderMonkey,
+    },
+    // The same JavaScript on QuickJS (`plugins/js/engine-quickjs`).
+    LangPlugin {
+        name: "uppercase-qjs",
+        lang: Lang::Js,
+        source: "examples/uppercase",
+        engine: JsEngine::QuickJs,
+    },
+    LangPlugin {
+        name: "router-qjs",
+        lang: Lang::Js,
+        source: "examples/router",
+        engine: JsEngine::QuickJs,
+    },
+    LangPlugin {
+        name: "upper-batch-qjs",
+        lang: Lang::Js,
+        source: "examples/upper-batch",
+        engine: JsEngine::QuickJs,
+    },
+    LangPlugin {
+        name: "raw-qjs",
+        lang: Lang::Js,
+        source: "testkit/raw",
+        engine: JsEngine::QuickJs,
     },
 ];
 
@@ -130,7 +166,13 @@ fn stage(plugin: &LangPlugin) -> anyhow::Result<PathBuf> {
     write_if_changed(&dir.join(sdk.0), sdk.1)?;
     let wit = sluice_author::files::WIT;
     write_if_changed(&dir.join(wit.0), wit.1)?;
-    if plugin.lang == Lang::Js {
+    if plugin.engine == JsEngine::QuickJs {
+        let manifest = format!(
+            "{{\n  \"private\": true,\n  \"type\": \"module\",\n  \"sluice\": {{ \"engine\": \"{}\" }}\n}}\n",
+            plugin.engine.name()
+        );
+        write_if_changed(&dir.join("package.json"), &manifest)?;
+    } else if plugin.lang == Lang::Js {
         let modules = lang.join("node_modules");
         if !modules
             .join("@bytecodealliance/componentize-js/package.json")

@@ -17,15 +17,18 @@
 //!   (from the compile cache).
 //! - **languages**: one call of the uppercase example (64 B) in Rust against
 //!   Python and JavaScript, through each SDK and against the raw bindings
-//!   (`raw-py`, `raw-js`: the toolchain's floor); and the Python and JS
-//!   components' first compile
+//!   (`raw-py`, `raw-js`: the toolchain's floor), JavaScript on
+//!   SpiderMonkey (`-js`) and on QuickJS (`-qjs`), and componentize-qjs for
+//!   comparison; and the Python and JS components' first compile
 //!   against their start from the compile cache (3 samples: a compile takes
-//!   seconds).
+//!   seconds). `languages/NAME` (e.g. `languages/uppercase-qjs`) runs that
+//!   one call row alone, for a profiler; `languages//path/to/x.wasm` a
+//!   component of one's own.
 
 #![allow(missing_docs)]
 
 use std::hint::black_box;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -71,14 +74,20 @@ fn main() {
     if wants("startup") {
         startup();
     }
-    if wants("languages") {
-        languages(&rt, &host);
+    // `languages/NAME` runs that row of the section alone (e.g. under perf).
+    let only: Vec<&str> = filter
+        .iter()
+        .filter_map(|f| f.strip_prefix("languages/"))
+        .collect();
+    if wants("languages") || !only.is_empty() {
+        languages(&rt, &host, &only);
     }
 }
 
 /// Per-call cost of the uppercase example in each language, and the Python
 /// and JS components' first compile against their start from the cache.
-fn languages(rt: &tokio::runtime::Runtime, host: &PluginHost) {
+fn languages(rt: &tokio::runtime::Runtime, host: &PluginHost, only: &[&str]) {
+    let wanted = |name: &str| only.is_empty() || only.contains(&name);
     let msg = message(64, 0);
     let worker = |name: &str| {
         host.load(sluice_harness::plugin(name))
@@ -88,9 +97,37 @@ fn languages(rt: &tokio::runtime::Runtime, host: &PluginHost) {
     let mut rust = worker("uppercase");
     // `raw-py` and `raw-js` are the same upper-casing against the raw
     // bindings, no SDK: the toolchain's own floor for one call (`raw-js`
-    // also makes one `log` host call at debug level).
-    for other in ["uppercase-py", "raw-py", "uppercase-js", "raw-js"] {
-        let mut measured = worker(other);
+    // also makes one `log` host call at debug level). `-qjs` is the same
+    // JavaScript on the QuickJS engine (`plugins/js/engine-quickjs`).
+    let mut others: Vec<(String, Worker)> = [
+        "uppercase-py",
+        "raw-py",
+        "uppercase-js",
+        "raw-js",
+        "uppercase-qjs",
+        "raw-qjs",
+    ]
+    .into_iter()
+    .filter(|name| wanted(name))
+    .map(|name| (name.to_owned(), worker(name)))
+    .collect();
+    // A path ending in `.wasm` is measured as it is: for trying variants.
+    for path in only.iter().filter(|n| n.ends_with(".wasm")) {
+        let plugin = host.load(Path::new(path)).expect(path);
+        others.push(((*path).to_owned(), plugin.worker(WorkerSettings::default())));
+    }
+    if wanted("componentize-qjs") {
+        match componentize_qjs() {
+            Ok(path) => others.push((
+                "componentize-qjs".to_owned(),
+                host.load(&path)
+                    .expect("componentize-qjs")
+                    .worker(WorkerSettings::default()),
+            )),
+            Err(e) => eprintln!("componentize-qjs row skipped: {e}"),
+        }
+    }
+    for (other, mut measured) in others {
         let (base, time) = compare(
             2_000,
             |n| rt.block_on(wasm_single(&mut rust, &msg, n)),
@@ -102,7 +139,10 @@ fn languages(rt: &tokio::runtime::Runtime, host: &PluginHost) {
             time,
         );
     }
-    for name in ["uppercase-py", "uppercase-js"] {
+    for name in ["uppercase-py", "uppercase-js", "uppercase-qjs"] {
+        if !only.is_empty() {
+            break;
+        }
         let path = sluice_harness::plugin(name);
         let (mut cold, mut warm) = (Vec::new(), Vec::new());
         for _ in 0..3 {
@@ -122,6 +162,32 @@ fn languages(rt: &tokio::runtime::Runtime, host: &PluginHost) {
             median(warm),
             median(cold),
         );
+    }
+}
+
+/// The uppercase handler built with componentize-qjs `--sync` (the release
+/// `plugins/js/package-lock.json` pins, through jco), for comparison only:
+/// `sluice plugin build` does not offer it.
+fn componentize_qjs() -> Result<PathBuf, String> {
+    let root = sluice_harness::repo_root();
+    let js = root.join("plugins/js");
+    let out = root.join("target/plugins/componentize-qjs.wasm");
+    std::fs::create_dir_all(root.join("target/plugins")).map_err(|e| e.to_string())?;
+    let status = std::process::Command::new("node")
+        .arg(js.join("node_modules/componentize-qjs/bin/componentize-qjs"))
+        .args(["--sync", "-n", "handler", "-w"])
+        .arg(root.join("wit"))
+        .arg("-j")
+        .arg(js.join("testkit/componentize-qjs/handler.js"))
+        .arg("-o")
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("node: {e}"))?;
+    if status.success() {
+        Ok(out)
+    } else {
+        Err(format!("componentize-qjs failed ({status})"))
     }
 }
 

@@ -203,6 +203,41 @@ fn a_rust_handler_from_an_empty_directory() {
     from_an_empty_directory("rust");
 }
 
+/// A JS project that names `"engine": "quickjs"` in its package.json builds
+/// without npm, passes its cases, runs in a pipeline, and an uncaught
+/// exception traps with its message.
+#[test]
+fn a_javascript_handler_on_quickjs() {
+    let parent = tempfile::tempdir().expect("dir");
+    let out = sluice(parent.path(), &["plugin", "new", "quick", "--lang", "js"]);
+    assert!(out.status.success(), "plugin new: {}", text(&out.stderr));
+    let dir = parent.path().join("quick");
+    let package = std::fs::read_to_string(dir.join("package.json")).expect("package.json");
+    let package = package.replacen('{', "{\n  \"sluice\": { \"engine\": \"quickjs\" },", 1);
+    std::fs::write(dir.join("package.json"), package).expect("write");
+    let out = sluice(&dir, &["plugin", "build"]);
+    assert!(
+        out.status.success(),
+        "quickjs build:\n{}",
+        text(&out.stderr)
+    );
+    let wasm = PathBuf::from(text(&out.stdout).lines().last().expect("a path").trim());
+    cases_pass_and_a_wrong_one_fails(&dir, "js on quickjs");
+    runs_in_a_pipeline(&wasm, "js on quickjs");
+
+    let source = std::fs::read_to_string(dir.join("handler.js")).expect("source");
+    let source = source.replace(
+        "return text.toUpperCase();",
+        "throw new RangeError(`no vowels in ${text}`);",
+    );
+    std::fs::write(dir.join("handler.js"), source).expect("write");
+    let out = sluice(&dir, &["plugin", "test", ".", "--data", "xyz"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    let trap = &err[err.rfind("trap: ").unwrap_or_else(|| panic!("{err}"))..];
+    assert!(trap.contains("RangeError: no vowels in xyz"), "{trap}");
+}
+
 #[test]
 fn an_unchanged_project_is_not_rebuilt_and_a_changed_one_is() {
     let parent = tempfile::tempdir().expect("dir");
@@ -279,7 +314,14 @@ fn a_missing_tool_is_named_with_its_install_command() {
 #[test]
 fn examples_and_raw_bindings_run_through_plugin_test() {
     let here = Path::new(".");
-    for name in ["uppercase-py", "uppercase-js", "raw-py", "raw-js"] {
+    for name in [
+        "uppercase-py",
+        "uppercase-js",
+        "raw-py",
+        "raw-js",
+        "uppercase-qjs",
+        "raw-qjs",
+    ] {
         let wasm = plugin(name);
         let out = sluice(
             here,
@@ -292,12 +334,12 @@ fn examples_and_raw_bindings_run_through_plugin_test() {
             "{name}: {stdout}"
         );
     }
-    for name in ["raw-py", "raw-js"] {
+    for name in ["raw-py", "raw-js", "raw-qjs"] {
         let wasm = plugin(name);
         fails_with(name, &wasm, "", "rejected: empty payload");
         fails_with(name, &wasm, "retry", "retry");
     }
-    for name in ["router-py", "router-js"] {
+    for name in ["router-py", "router-js", "router-qjs"] {
         let wasm = plugin(name);
         let out = sluice(
             here,

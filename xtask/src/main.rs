@@ -329,8 +329,21 @@ fn ensure_lang_tools() -> anyhow::Result<()> {
 
 /// The JavaScript example handlers are built with the componentize-js that
 /// `plugins/js/package-lock.json` pins: `npm ci` there when it is not
-/// installed (Node.js and npm from Debian when they are missing).
+/// installed (Node.js and npm from Debian when they are missing); their
+/// QuickJS builds need clang and wasi-libc's headers (from Debian).
 fn ensure_js_tools() -> anyhow::Result<()> {
+    let has_clang = Command::new("clang")
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_clang || !Path::new("/usr/include/wasm32-wasi/wasi/api.h").is_file() {
+        apt_install(
+            &["clang", "wasi-libc"],
+            "the QuickJS builds of the JavaScript handlers compile C for wasm",
+        )?;
+    }
     let js = sluice_harness::repo_root().join("plugins").join("js");
     let installed = js.join("node_modules/@bytecodealliance/componentize-js/package.json");
     let pinned = format!("\"version\": \"{}\"", sluice_author::files::COMPONENTIZE_JS);
@@ -493,7 +506,11 @@ fn test(extra: &[&str]) -> anyhow::Result<()> {
         .context("non-UTF-8 repository path")?;
     println!("== cargo fmt --check");
     run(cargo().args(["fmt", "--all", "--check"]))?;
-    for manifest in [plugins_manifest, "fuzz/Cargo.toml"] {
+    for manifest in [
+        plugins_manifest,
+        "fuzz/Cargo.toml",
+        "plugins/js/engine-quickjs/Cargo.toml",
+    ] {
         run(cargo().args(["fmt", "--all", "--check", "--manifest-path", manifest]))?;
     }
     println!("== clippy (warnings denied)");
