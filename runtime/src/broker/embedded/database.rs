@@ -9,7 +9,7 @@ use std::sync::RwLock;
 use fjall::config::{BloomConstructionPolicy, FilterPolicy, FilterPolicyEntry, PinningPolicy};
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, OwnedWriteBatch};
 
-use super::store::{MessageRecord, decode, key_seq, msg_key, storage};
+use super::store::{MessageRecord, decode_message, key_seq, msg_key, storage};
 use super::window::DedupWindow;
 use crate::broker::BrokerError;
 
@@ -143,7 +143,7 @@ impl Store {
             .get(msg_key(topic_id, seq))
             .map_err(|e| storage("reading a message", e))?
         {
-            Some(bytes) => decode(&bytes).map(Some),
+            Some(bytes) => decode_message(bytes).map(Some),
             None => Ok(None),
         }
     }
@@ -162,7 +162,7 @@ impl Store {
                 let (k, v) = guard
                     .into_inner()
                     .map_err(|e| storage("reading a message", e))?;
-                Ok(Some((key_seq(&k)?, decode(&v)?)))
+                Ok(Some((key_seq(&k)?, decode_message(v)?)))
             }
             None => Ok(None),
         }

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::EmbeddedBroker;
 use super::commit::op::Op;
 use super::consumer::{Consumer, Pending};
-use super::store::{MessageRecord, PendingRecord, decode, key_seq, msg_key, storage};
+use super::store::{MessageRecord, PendingRecord, decode_message, key_seq, msg_key, storage};
 use super::topic::Topic;
 use crate::broker::{BrokerError, ConsumerStats, Delivery, Message, Receipt, Stored, now_millis};
 
@@ -165,7 +165,7 @@ impl EmbeddedBroker {
                         .into_inner()
                         .map_err(|e| storage("reading messages", e))?;
                     let seq = key_seq(&k)?;
-                    let rec: MessageRecord = decode(&v)?;
+                    let rec = decode_message(v)?;
                     let m = message(topic, rec);
                     let accepted = spec.accepts(&m);
                     if accepted
@@ -253,7 +253,7 @@ impl EmbeddedBroker {
                         .map_err(|e| storage("reading messages", e))?;
                     out.push(Stored {
                         seq: key_seq(&k)?,
-                        message: message(topic, decode(&v)?),
+                        message: message(topic, decode_message(v)?),
                     });
                 }
             }

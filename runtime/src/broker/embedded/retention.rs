@@ -25,7 +25,7 @@ use std::sync::Arc;
 use super::Shared;
 use super::commit::group::{Done, Group, unit};
 use super::database::delete_message;
-use super::store::{MessageRecord, decode, key_seq, msg_key, storage};
+use super::store::{decode_message, key_seq, msg_key, storage};
 use super::topic::Topic;
 use crate::broker::BrokerError;
 
@@ -160,7 +160,7 @@ fn expire(
         let (key, value) = guard
             .into_inner()
             .map_err(|e| storage("reading a message", e))?;
-        let record: MessageRecord = decode(&value)?;
+        let record = decode_message(value)?;
         if record.published_at >= cutoff {
             break;
         }

@@ -39,7 +39,7 @@ pub(super) struct MessageRecord {
 
 /// [`MessageRecord`] borrowed from a [`crate::broker::Message`], so
 /// encoding copies nothing first. Same wire format.
-#[derive(Serialize)]
+#[derive(Serialize, Clone, Copy)]
 pub(super) struct MessageRecordRef<'a> {
     /// See [`MessageRecord::published_at`].
     pub published_at: u64,
@@ -186,6 +186,18 @@ impl Position {
 #[cfg(feature = "fuzz")]
 pub(crate) fn decode_every_record(bytes: &[u8]) {
     let _ = decode::<MessageRecord>(bytes);
+    if let Ok(m) = decode_message(fjall::Slice::from(bytes)) {
+        let again = encode_message(&MessageRecordRef {
+            published_at: m.published_at,
+            id: &m.id,
+            key: &m.key,
+            headers: &m.headers,
+            payload: &m.payload,
+        })
+        .expect("a decoded message encodes");
+        let back = decode_message(again).expect("an encoded message decodes");
+        assert_eq!(back.payload, m.payload, "a payload changed in a round trip");
+    }
     let _ = decode::<TopicRecord>(bytes);
     let _ = decode::<ConsumerRecord>(bytes);
     let _ = decode::<PendingRecord>(bytes);
@@ -232,6 +244,94 @@ pub(super) fn idempotency_key(scope: &str, digest: &[u8; 32]) -> Vec<u8> {
     k
 }
 
+/// Payloads from this size on are decoded as a view into the stored value
+/// rather than copied out of it ([`decode_message`]). Below it a copy is
+/// cheap, and a view could keep a whole table block alive for a few bytes.
+const SHARE_PAYLOAD_FROM: usize = 64 << 10;
+
+/// Encodes a message record straight into the buffer fjall stores: the
+/// bytes [`encode`] gives, without a `Vec` that the write batch would copy
+/// again (a 60 MB payload was held twice more before it reached the
+/// journal). The payload is the record's last field, so the record is the
+/// encoding of the other fields, then the payload's bin header, then the
+/// payload.
+pub(super) fn encode_message(rec: &MessageRecordRef<'_>) -> Result<fjall::Slice, BrokerError> {
+    use std::io::Read as _;
+    let empty = Bytes::new();
+    let head = encode(&MessageRecordRef {
+        payload: &empty,
+        ..*rec
+    })?;
+    // An empty payload encodes as bin 8 of length 0.
+    let head = head
+        .strip_suffix(&[0xc4, 0x00])
+        .ok_or_else(|| BrokerError::Storage("encoding a record: unexpected layout".into()))?;
+    let len = rec.payload.len();
+    let mut bin = Vec::with_capacity(5);
+    match u32::try_from(len) {
+        Ok(n) if n < 1 << 8 => bin.extend([0xc4, n as u8]),
+        Ok(n) if n < 1 << 16 => {
+            bin.push(0xc5);
+            bin.extend((n as u16).to_be_bytes());
+        }
+        Ok(n) => {
+            bin.push(0xc6);
+            bin.extend(n.to_be_bytes());
+        }
+        Err(_) => {
+            return Err(BrokerError::PayloadTooLarge(format!(
+                "a payload of {len} bytes cannot be stored"
+            )));
+        }
+    }
+    let total = head.len() + bin.len() + len;
+    let mut bytes = head.chain(&bin[..]).chain(&rec.payload[..]);
+    fjall::Slice::from_reader(&mut bytes, total)
+        .map_err(|e| BrokerError::Storage(format!("encoding a record: {e}")))
+}
+
+/// Decodes a stored message. A payload of [`SHARE_PAYLOAD_FROM`] bytes or
+/// more is not copied: it is a view into `value`, fjall's own buffer (which
+/// a read from the memtable shares rather than copies), so a large message
+/// is held once however many deliveries and reads hold it.
+pub(super) fn decode_message(value: fjall::Slice) -> Result<MessageRecord, BrokerError> {
+    #[derive(Deserialize)]
+    struct Borrowed<'a> {
+        published_at: u64,
+        id: String,
+        key: Option<String>,
+        headers: Vec<(String, String)>,
+        #[serde(borrow)]
+        payload: &'a [u8],
+    }
+    let (published_at, id, key, headers, range) = {
+        let record: Borrowed<'_> = rmp_serde::from_slice(&value)
+            .map_err(|e| BrokerError::Storage(format!("decoding a stored record: {e}")))?;
+        // The payload is a sub-slice of `value`: where it starts in it.
+        let start = record.payload.as_ptr() as usize - value.as_ptr() as usize;
+        let range = start..start + record.payload.len();
+        (
+            record.published_at,
+            record.id,
+            record.key,
+            record.headers,
+            range,
+        )
+    };
+    let payload = if range.len() < SHARE_PAYLOAD_FROM {
+        Bytes::copy_from_slice(&value[range])
+    } else {
+        Bytes::from_owner(value).slice(range)
+    };
+    Ok(MessageRecord {
+        published_at,
+        id,
+        key,
+        headers,
+        payload,
+    })
+}
+
 /// Encodes a record with rmp-serde (positional, compact).
 pub(super) fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, BrokerError> {
     rmp_serde::to_vec(value).map_err(|e| BrokerError::Storage(format!("encoding a record: {e}")))
@@ -251,6 +351,32 @@ pub(super) fn storage(what: impl std::fmt::Display, e: impl std::fmt::Display) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_encodes_as_serde_would_and_decodes_with_its_payload_shared_when_large() {
+        for len in [0, 1, 255, 256, 65_535, 65_536, 70_000] {
+            let payload = Bytes::from(vec![7u8; len]);
+            let key = Some("k".to_owned());
+            let headers = vec![("h".to_owned(), "v".to_owned())];
+            let rec = MessageRecordRef {
+                published_at: 1_795_690_000_000,
+                id: "id-1",
+                key: &key,
+                headers: &headers,
+                payload: &payload,
+            };
+            let slice = encode_message(&rec).expect("encodes");
+            assert_eq!(&*slice, &encode(&rec).expect("encodes")[..], "len {len}");
+            let back = decode_message(slice.clone()).expect("decodes");
+            assert_eq!(back.payload, payload);
+            assert_eq!(
+                (back.id.as_str(), back.key, back.headers),
+                ("id-1", key, headers)
+            );
+            let shared = slice.as_ptr_range().contains(&back.payload.as_ptr());
+            assert_eq!(shared, len >= SHARE_PAYLOAD_FROM, "len {len}");
+        }
+    }
 
     #[test]
     fn a_position_round_trips_and_the_old_cursor_form_has_its_floor_at_the_cursor() {

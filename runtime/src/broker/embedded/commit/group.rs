@@ -15,8 +15,8 @@ use crate::broker::Ticket;
 use crate::broker::embedded::consumer::{Consumer, Pending};
 use crate::broker::embedded::database::{Store, delete_message};
 use crate::broker::embedded::store::{
-    DedupRecord, MessageRecordRef, Position, cursor_key, dedup_key, encode, msg_key, pending_key,
-    run_key, storage,
+    DedupRecord, MessageRecordRef, Position, cursor_key, dedup_key, encode, encode_message,
+    msg_key, pending_key, run_key, storage,
 };
 use crate::broker::embedded::topic::{Topic, TopicState};
 use crate::broker::embedded::{Shared, SyncMode};
@@ -241,7 +241,7 @@ impl<'a> Group<'a> {
                 st.first_published_at = published_at;
             }
             st.depth += 1;
-            let value = encode(&MessageRecordRef {
+            let value = encode_message(&MessageRecordRef {
                 published_at,
                 id: &m.id,
                 key: &m.key,
