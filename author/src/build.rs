@@ -75,8 +75,6 @@ fn build_quickjs(project: &Project) -> Result<BuildReport, AuthorError> {
     let world = project.world()?;
     let cargo = cargo()?;
     let c = wasm_c_toolchain()?;
-    let out = project.output();
-    let stamp_path = out.with_extension("wasm.inputs");
     let engine = crate::files::quickjs_engine();
     let hash = |files: &mut dyn Iterator<Item = &(&str, String)>| {
         let mut hasher = blake3::Hasher::new();
@@ -92,11 +90,9 @@ fn build_quickjs(project: &Project) -> Result<BuildReport, AuthorError> {
         &project.dir,
         &[world.name(), "quickjs", &hash(&mut engine.iter())],
     )?;
-    if out.is_file() && std::fs::read_to_string(&stamp_path).is_ok_and(|s| s.trim() == stamp) {
-        return Ok(BuildReport {
-            wasm: out,
-            rebuilt: false,
-        });
+    let output = Stamped::new(project, stamp)?;
+    if let Some(fresh) = output.fresh() {
+        return Ok(fresh);
     }
     // Named by the dependencies alone: a new engine source rebuilds the
     // engine crate in place, not QuickJS's C sources in a new directory.
@@ -130,7 +126,7 @@ fn build_quickjs(project: &Project) -> Result<BuildReport, AuthorError> {
     }
     cmd.env("CARGO_TARGET_DIR", dir.join("target"))
         .env("SLUICE_JS_PROJECT", &project.dir)
-        .env("SLUICE_JS_INPUTS", &stamp);
+        .env("SLUICE_JS_INPUTS", &output.stamp);
     c.apply(&mut cmd);
     run(&mut cmd, None)?;
     let built = dir
@@ -138,18 +134,9 @@ fn build_quickjs(project: &Project) -> Result<BuildReport, AuthorError> {
         .join(RUST_TARGET)
         .join("release")
         .join("sluice_js_quickjs.wasm");
-    let target = out.parent().unwrap_or(&project.dir);
-    std::fs::create_dir_all(target).map_err(io(format!("creating {}", target.display())))?;
-    let tmp = out.with_extension(format!("wasm.tmp{}", std::process::id()));
-    std::fs::copy(&built, &tmp).map_err(io(format!("copying {}", built.display())))?;
+    std::fs::copy(&built, &output.tmp).map_err(io(format!("copying {}", built.display())))?;
     drop(lock);
-    std::fs::rename(&tmp, &out).map_err(io(format!("writing {}", out.display())))?;
-    std::fs::write(&stamp_path, format!("{stamp}\n"))
-        .map_err(io(format!("writing {}", stamp_path.display())))?;
-    Ok(BuildReport {
-        wasm: out,
-        rebuilt: true,
-    })
+    output.finish()
 }
 
 /// Where builds keep what every project shares: `$SLUICE_CACHE_DIR`, else
@@ -253,27 +240,66 @@ fn build_componentized(project: &Project) -> Result<BuildReport, AuthorError> {
         Lang::Python => python_command(project, world.name())?,
         _ => js_command(project, world.name())?,
     };
-    let out = project.output();
-    let stamp_path = out.with_extension("wasm.inputs");
     let stamp = inputs_hash(&project.dir, &[world.name(), &version])?;
-    if out.is_file() && std::fs::read_to_string(&stamp_path).is_ok_and(|s| s.trim() == stamp) {
-        return Ok(BuildReport {
-            wasm: out,
-            rebuilt: false,
-        });
+    let output = Stamped::new(project, stamp)?;
+    if let Some(fresh) = output.fresh() {
+        return Ok(fresh);
     }
-    let target = out.parent().unwrap_or(&project.dir);
-    std::fs::create_dir_all(target).map_err(io(format!("creating {}", target.display())))?;
-    let tmp = out.with_extension(format!("wasm.tmp{}", std::process::id()));
-    cmd.arg("-o").arg(&tmp);
+    cmd.arg("-o").arg(&output.tmp);
     run(&mut cmd, None)?;
-    std::fs::rename(&tmp, &out).map_err(io(format!("writing {}", out.display())))?;
-    std::fs::write(&stamp_path, format!("{stamp}\n"))
-        .map_err(io(format!("writing {}", stamp_path.display())))?;
-    Ok(BuildReport {
-        wasm: out,
-        rebuilt: true,
-    })
+    output.finish()
+}
+
+/// A build's output (`target/NAME.wasm`) with the hash of the inputs it
+/// comes from beside it (`NAME.wasm.inputs`): a build whose inputs did not
+/// change is skipped, and a new output is written to a temporary file and
+/// moved into place before its hash is recorded, so a failed build never
+/// leaves an output that looks current.
+struct Stamped {
+    /// The output.
+    out: PathBuf,
+    /// Where the build writes it first.
+    tmp: PathBuf,
+    /// The hash of the inputs.
+    stamp: String,
+}
+
+impl Stamped {
+    /// The output of `project` for inputs hashing to `stamp`; creates its
+    /// directory.
+    fn new(project: &Project, stamp: String) -> Result<Stamped, AuthorError> {
+        let out = project.output();
+        let dir = out.parent().unwrap_or(&project.dir);
+        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        let tmp = out.with_extension(format!("wasm.tmp{}", std::process::id()));
+        Ok(Stamped { out, tmp, stamp })
+    }
+
+    fn stamp_path(&self) -> PathBuf {
+        self.out.with_extension("wasm.inputs")
+    }
+
+    /// The output, when it was built from these same inputs.
+    fn fresh(&self) -> Option<BuildReport> {
+        let same = std::fs::read_to_string(self.stamp_path()).is_ok_and(|s| s.trim() == self.stamp);
+        (self.out.is_file() && same).then(|| BuildReport {
+            wasm: self.out.clone(),
+            rebuilt: false,
+        })
+    }
+
+    /// Moves the finished build into place and records its inputs.
+    fn finish(self) -> Result<BuildReport, AuthorError> {
+        std::fs::rename(&self.tmp, &self.out)
+            .map_err(io(format!("writing {}", self.out.display())))?;
+        let stamp_path = self.stamp_path();
+        std::fs::write(&stamp_path, format!("{}\n", self.stamp))
+            .map_err(io(format!("writing {}", stamp_path.display())))?;
+        Ok(BuildReport {
+            wasm: self.out,
+            rebuilt: true,
+        })
+    }
 }
 
 /// `componentize-py -d wit -w WORLD componentize app -p .`, and the tool's
