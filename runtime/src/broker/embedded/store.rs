@@ -267,25 +267,32 @@ pub(super) fn encode_message(rec: &MessageRecordRef<'_>) -> Result<fjall::Slice,
         .strip_suffix(&[0xc4, 0x00])
         .ok_or_else(|| BrokerError::Storage("encoding a record: unexpected layout".into()))?;
     let len = rec.payload.len();
-    let mut bin = Vec::with_capacity(5);
-    match u32::try_from(len) {
-        Ok(n) if n < 1 << 8 => bin.extend([0xc4, n as u8]),
+    // The bin header on the stack: a Vec here would be one more allocation
+    // per message on the publish path.
+    let mut bin = [0u8; 5];
+    let bin = match u32::try_from(len) {
+        Ok(n) if n < 1 << 8 => {
+            bin[..2].copy_from_slice(&[0xc4, n as u8]);
+            &bin[..2]
+        }
         Ok(n) if n < 1 << 16 => {
-            bin.push(0xc5);
-            bin.extend((n as u16).to_be_bytes());
+            bin[0] = 0xc5;
+            bin[1..3].copy_from_slice(&(n as u16).to_be_bytes());
+            &bin[..3]
         }
         Ok(n) => {
-            bin.push(0xc6);
-            bin.extend(n.to_be_bytes());
+            bin[0] = 0xc6;
+            bin[1..5].copy_from_slice(&n.to_be_bytes());
+            &bin[..5]
         }
         Err(_) => {
             return Err(BrokerError::PayloadTooLarge(format!(
                 "a payload of {len} bytes cannot be stored"
             )));
         }
-    }
+    };
     let total = head.len() + bin.len() + len;
-    let mut bytes = head.chain(&bin[..]).chain(&rec.payload[..]);
+    let mut bytes = head.chain(bin).chain(&rec.payload[..]);
     fjall::Slice::from_reader(&mut bytes, total)
         .map_err(|e| BrokerError::Storage(format!("encoding a record: {e}")))
 }
