@@ -176,13 +176,9 @@ impl Shared {
 
     /// The consumers reading `topic`: its fan-out.
     fn consumers_of(&self, topic: &Topic) -> Vec<Arc<Consumer>> {
-        self.consumers
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .values()
-            .filter(|c| c.topic.id == topic.id)
-            .cloned()
-            .collect()
+        let mut consumers = self.consumer_list();
+        consumers.retain(|c| c.topic.id == topic.id);
+        consumers
     }
 
     /// Every declared consumer.
