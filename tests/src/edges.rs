@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::{Daemon, plugin, write_pipeline};
 
@@ -197,9 +197,7 @@ pub fn round_trip_under_faults(up: &mut dyn Upstream, n: usize, dupes: Duplicate
         .start();
     let at = |daemon: &Daemon, up: &mut dyn Upstream, share: usize, what: &str| {
         let want = n * share / 10;
-        daemon.wait_until(&format!("{want} delivered ({what})"), EDGE_WAIT, |_| {
-            distinct(&up.delivered()) >= want
-        });
+        wait_for_deliveries(daemon, up, want, what);
     };
     at(&daemon, &mut *up, 1, "before the first kill");
     daemon.kill9();
@@ -210,9 +208,7 @@ pub fn round_trip_under_faults(up: &mut dyn Upstream, n: usize, dupes: Duplicate
     at(&daemon, &mut *up, 6, "after the upstream restart");
     daemon.kill9();
     daemon.restart();
-    daemon.wait_until(&format!("all {n} delivered"), EDGE_WAIT, |_| {
-        distinct(&up.delivered()) >= n
-    });
+    wait_for_deliveries(&daemon, up, n, "at the end");
     // Anything redelivered late would land now.
     std::thread::sleep(Duration::from_secs(3));
     let got = up.delivered();
@@ -221,6 +217,34 @@ pub fn round_trip_under_faults(up: &mut dyn Upstream, n: usize, dupes: Duplicate
     });
     daemon.term();
     report
+}
+
+/// Waits until `want` distinct payloads were delivered. A loaded machine
+/// may take long, so the limit is on a stall: it fails when no new payload
+/// arrived for [`EDGE_WAIT`], not when the whole wait passes a fixed time.
+///
+/// # Panics
+///
+/// On a stall, quoting the daemon's log.
+fn wait_for_deliveries(daemon: &Daemon, up: &mut dyn Upstream, want: usize, what: &str) {
+    let mut best = 0;
+    let mut progressed = Instant::now();
+    loop {
+        let now = distinct(&up.delivered());
+        if now >= want {
+            return;
+        }
+        if now > best {
+            best = now;
+            progressed = Instant::now();
+        }
+        assert!(
+            progressed.elapsed() < EDGE_WAIT,
+            "{want} delivered ({what}): stuck at {best} for {EDGE_WAIT:?}; daemon log:\n{}",
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// The distinct payloads in `got`.

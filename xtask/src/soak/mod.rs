@@ -1,11 +1,12 @@
 //! `cargo xtask soak --minutes N [--rate R]`: the soak test (issue 25).
 //!
 //! Starts the real `sluice run` on a fresh data directory (embedded broker,
-//! `--sync always`) with a pipeline of three stages and a fan-out:
+//! `--sync always`) with a pipeline of three stages, a fan-out and two
+//! webhook sinks:
 //!
 //! ```text
-//! in --stamp--> mid --route--> out.b     (router: rejects 1 %, dead-lettered)
-//!                   \--copy--> out.c     (identity: every message)
+//! in --stamp--> mid --route--> out.b --deliver-b--> receiver /b   (router: rejects 1 %, dead-lettered)
+//!                   \--copy--> out.c --deliver-c--> receiver /c   (identity: every message)
 //! ```
 //!
 //! `route` and `copy` both subscribe `mid`, so every message of `mid` goes
@@ -14,20 +15,26 @@
 //! `fail_until_attempt: 2`) fails on its first attempt and passes on its
 //! second; another one in a hundred has no `type` field, which `router`
 //! rejects, so it is dead-lettered at once. The rest pass straight through.
+//! The sinks post every output to a receiver in this process
+//! ([`receiver`]), which counts it as it arrives: like a real deployment,
+//! the store holds what is in transit, not everything ever sent.
 //!
 //! A producer thread posts batches to the ingest API at `--rate` messages
 //! per second, sending a batch answered 429 or 503 again (same ids) until
 //! it is taken. Every 10 s the daemon's RSS (`VmRSS`) and open file
 //! descriptors (at rest: the fewest of ten counts over a second) are
-//! sampled. At the end ingest stops, the stages drain, and
-//! every output topic and DLQ is read and compared with the exact sets the
-//! inputs call for: nothing lost, nothing duplicated, nothing else; then
-//! the daemon gets SIGTERM and must exit 0.
+//! sampled. At the end ingest stops, the stages drain, what the receiver
+//! got and every DLQ are compared with the exact sets the inputs call for
+//! ([`ledger`]): nothing lost, nothing duplicated, nothing else; then the
+//! daemon gets SIGTERM and must exit 0.
 //!
 //! Fails on a lost, duplicated, unexpected or altered message, on open
 //! descriptors growing by more than [`FD_SLACK`] after the warm-up, and,
 //! for runs of 30 minutes or more, on RSS growing 5 % or more from the end
 //! of the warm-up (minute 5) to the end.
+
+mod ledger;
+mod receiver;
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
@@ -42,6 +49,8 @@ use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
 use super::{cargo, ensure_wasm_target, plugins, run, target_dir};
+use ledger::{Ledger, Tally};
+use receiver::Receiver;
 
 /// Usage of `cargo xtask soak`.
 const USAGE: &str = "\
@@ -100,7 +109,7 @@ const DLQ_ROUTE: &str = "soak.route.dlq";
 const DLQ_COPY: &str = "soak.copy.dlq";
 
 /// The pipeline, with `{stamp}`, `{router}` and `{identity}` standing for
-/// the plugins' absolute paths.
+/// the plugins' absolute paths and `{receiver}` for the receiver's URL.
 const PIPELINE_YAML: &str = r#"# Written by `cargo xtask soak`.
 name: soak
 topics:
@@ -131,6 +140,16 @@ stages:
     plugin: {identity}
     publish: [out.c]
     concurrency: 2
+# The outputs leave through webhooks, as they would in production.
+sinks:
+  - name: deliver-b
+    subscribe: out.b
+    concurrency: 4
+    http: {url: "{receiver}/b"}
+  - name: deliver-c
+    subscribe: out.c
+    concurrency: 4
+    http: {url: "{receiver}/c"}
 "#;
 
 /// What `cargo xtask soak` was asked for.
@@ -204,8 +223,11 @@ pub(crate) fn soak(args: &[&str]) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("sluice-soak-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let pipeline = write_pipeline(&dir)?;
-    let outcome = soak_in(&opts, &sluice, &pipeline, &dir.join("data"));
+    let delivered = Delivered::new();
+    let receiver = Receiver::start(&[("b", delivered.b.clone()), ("c", delivered.c.clone())])?;
+    let pipeline = write_pipeline(&dir, &receiver.url)?;
+    let outcome = soak_in(&opts, &sluice, &pipeline, &dir.join("data"), &delivered);
+    drop(receiver);
     match &outcome {
         Ok(()) => {
             let _ = std::fs::remove_dir_all(&dir);
@@ -216,7 +238,7 @@ pub(crate) fn soak(args: &[&str]) -> anyhow::Result<()> {
 }
 
 /// Writes the pipeline into `dir`; its path.
-fn write_pipeline(dir: &Path) -> anyhow::Result<PathBuf> {
+fn write_pipeline(dir: &Path, receiver: &str) -> anyhow::Result<PathBuf> {
     let plugin = |name: &str| -> anyhow::Result<String> {
         let path = sluice_harness::repo_root()
             .join("target")
@@ -232,7 +254,8 @@ fn write_pipeline(dir: &Path) -> anyhow::Result<PathBuf> {
     let yaml = PIPELINE_YAML
         .replace("{stamp}", &plugin("stamp")?)
         .replace("{router}", &plugin("router")?)
-        .replace("{identity}", &plugin("identity")?);
+        .replace("{identity}", &plugin("identity")?)
+        .replace("{receiver}", receiver);
     let path = dir.join("soak.yaml");
     std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
@@ -728,7 +751,13 @@ fn print_sample(daemon: &Daemon, s: &Sample, phase: &str, accepted: u64) {
 }
 
 /// The soak proper, once everything is built.
-fn soak_in(opts: &Options, sluice: &Path, pipeline: &Path, data: &Path) -> anyhow::Result<()> {
+fn soak_in(
+    opts: &Options,
+    sluice: &Path,
+    pipeline: &Path,
+    data: &Path,
+    delivered: &Delivered,
+) -> anyhow::Result<()> {
     let mut daemon = Daemon::start(sluice, pipeline, data)?;
     let pid = daemon.pid();
     println!(
@@ -820,11 +849,11 @@ fn soak_in(opts: &Options, sluice: &Path, pipeline: &Path, data: &Path) -> anyho
     let drained = sample(pid, started.elapsed())?;
     print_sample(&daemon, &drained, "done", inputs);
     println!(
-        "== drained in {:.1}s; reading every output topic and DLQ",
+        "== drained in {:.1}s; checking what the sinks delivered, and every DLQ",
         drain_started.elapsed().as_secs_f64()
     );
 
-    let check = Check::run(&daemon, inputs)?;
+    let check = Check::run(&daemon, inputs, delivered)?;
 
     // The retries and dead letters the daemon logged, for the record.
     let retries_logged = daemon.retries_logged.load(Ordering::Relaxed);
@@ -858,40 +887,24 @@ fn soak_in(opts: &Options, sluice: &Path, pipeline: &Path, data: &Path) -> anyho
     Ok(())
 }
 
-/// How one topic's contents compare with what the inputs call for.
-#[derive(Debug, Default)]
-struct Tally {
-    topic: &'static str,
-    stored: u64,
-    expected: u64,
-    /// Expected inputs with no message.
-    lost: u64,
-    /// Extra copies: an input's messages past its first.
-    duplicated: u64,
-    /// Messages of inputs that must not be here, or of no input at all.
-    unexpected: u64,
-    /// Messages of an input whose payload differs from the input's.
-    altered: u64,
-    /// DLQ entries that are not a rejection on the first attempt.
-    wrong_kind: u64,
-    /// Some lost or unexpected inputs, for the report.
-    examples: Vec<String>,
+/// What the receiver counts: `out.b` as delivered to `/b`, `out.c` to
+/// `/c`.
+struct Delivered {
+    b: Arc<Mutex<Ledger>>,
+    c: Arc<Mutex<Ledger>>,
 }
 
-impl Tally {
-    fn ok(&self) -> bool {
-        self.lost == 0
-            && self.duplicated == 0
-            && self.unexpected == 0
-            && self.altered == 0
-            && self.wrong_kind == 0
+impl Delivered {
+    fn new() -> Delivered {
+        let ledger = |place, expect| Arc::new(Mutex::new(Ledger::new(place, expect, false)));
+        Delivered {
+            b: ledger(OUT_B, |i| class(i) != Class::Reject),
+            c: ledger(OUT_C, |_| true),
+        }
     }
 }
 
-/// Whether input `i` must have exactly one message in a topic (else none).
-type Expect<'a> = dyn Fn(u64) -> bool + 'a;
-
-/// The exact-set checks of every output topic and DLQ.
+/// The exact-set checks of every output and DLQ.
 struct Check {
     tallies: Vec<Tally>,
     /// Inputs to be retried, and those whose `out.c` output shows a second
@@ -901,8 +914,9 @@ struct Check {
     /// Other inputs whose output shows more than one attempt (a lease that
     /// ran out): not a failure, but worth seeing.
     redelivered: u64,
-    /// Messages left in `in` and `mid` (0 once drained).
-    left_in_sources: u64,
+    /// Messages left in the topics once drained (0 when every stage and
+    /// sink is done).
+    left_in_topics: u64,
 }
 
 /// The value of header `name` of a message as the read API shows it.
@@ -916,101 +930,40 @@ fn header<'a>(message: &'a Value, name: &str) -> Option<&'a str> {
 }
 
 impl Check {
-    fn run(daemon: &Daemon, inputs: u64) -> anyhow::Result<Check> {
-        let mut tallies = Vec::new();
-        let mut retry_inputs = 0u64;
-        let mut retried = 0u64;
-        let mut redelivered = 0u64;
-        let everything = |_: u64| true;
-        let not_rejected = |i: u64| class(i) != Class::Reject;
-        let rejected = |i: u64| class(i) == Class::Reject;
-        let nothing = |_: u64| false;
-        let topics: [(&'static str, &Expect<'_>, bool); 5] = [
-            (OUT_B, &not_rejected, false),
-            (OUT_C, &everything, false),
-            (DLQ_ROUTE, &rejected, true),
-            (DLQ_STAMP, &nothing, true),
-            (DLQ_COPY, &nothing, true),
+    fn run(daemon: &Daemon, inputs: u64, delivered: &Delivered) -> anyhow::Result<Check> {
+        let lock = |l: &Arc<Mutex<Ledger>>| {
+            let mut ledger = l.lock().unwrap_or_else(|e| e.into_inner());
+            let counts = (ledger.retried, ledger.redelivered);
+            (ledger.finish(inputs), counts)
+        };
+        let (b, _) = lock(&delivered.b);
+        let (c, (retried, redelivered)) = lock(&delivered.c);
+        let mut tallies = vec![b, c];
+        let dlqs: [(&'static str, fn(u64) -> bool); 3] = [
+            (DLQ_ROUTE, |i| class(i) == Class::Reject),
+            (DLQ_STAMP, |_| false),
+            (DLQ_COPY, |_| false),
         ];
-        for (topic, expect, dlq) in topics {
-            let n = usize::try_from(inputs).context("too many inputs")?;
-            let mut seen = vec![0u32; n];
-            let mut tally = Tally {
-                topic,
-                expected: (0..inputs).filter(|&i| expect(i)).count() as u64,
-                ..Tally::default()
-            };
-            tally.stored = daemon.read_all(topic, |m| {
+        for (topic, expect) in dlqs {
+            let mut ledger = Ledger::new(topic, expect, true);
+            daemon.read_all(topic, |m| {
                 let text = m["payload"].as_str().unwrap_or_default();
-                let index = index_of(text).filter(|&i| i < inputs);
-                let Some(i) = index else {
-                    tally.unexpected += 1;
-                    if tally.examples.len() < 5 {
-                        tally.examples.push(format!("not an input: {m}"));
-                    }
-                    return;
-                };
-                let Some(count) = usize::try_from(i).ok().and_then(|i| seen.get_mut(i)) else {
-                    return;
-                };
-                *count += 1;
-                if !expect(i) {
-                    tally.unexpected += 1;
-                    if tally.examples.len() < 5 {
-                        tally.examples.push(format!("unexpected {}", message_id(i)));
-                    }
-                } else if *count > 1 {
-                    tally.duplicated += 1;
-                    if tally.examples.len() < 5 {
-                        tally.examples.push(format!("duplicated {}", message_id(i)));
-                    }
-                }
-                if text != payload(i) {
-                    tally.altered += 1;
-                }
-                if dlq
-                    && (header(m, "sluice-dlq-kind") != Some("rejected")
-                        || header(m, "sluice-dlq-attempts") != Some("1"))
-                {
-                    tally.wrong_kind += 1;
-                }
-                if topic == OUT_C && *count == 1 {
-                    let attempt: u32 = header(m, "x-attempt")
-                        .and_then(|a| a.parse().ok())
-                        .unwrap_or(0);
-                    match class(i) {
-                        Class::Retry if attempt >= 2 => retried += 1,
-                        Class::Retry => {}
-                        _ if attempt > 1 => redelivered += 1,
-                        _ => {}
-                    }
-                }
+                ledger.record(text, |name| header(m, name));
             })?;
-            for (i, &count) in (0..inputs).zip(&seen) {
-                if expect(i) && count == 0 {
-                    tally.lost += 1;
-                    if tally.examples.len() < 5 {
-                        tally.examples.push(format!("lost {}", message_id(i)));
-                    }
-                }
-            }
-            if topic == OUT_C {
-                retry_inputs = (0..inputs).filter(|&i| class(i) == Class::Retry).count() as u64;
-            }
-            tallies.push(tally);
+            tallies.push(ledger.finish(inputs));
         }
-        let mut left_in_sources = 0;
-        for topic in [IN, "mid"] {
-            left_in_sources += daemon.get(&format!("/v1/topics/{topic}"))?["depth"]
+        let mut left_in_topics = 0;
+        for topic in [IN, "mid", OUT_B, OUT_C] {
+            left_in_topics += daemon.get(&format!("/v1/topics/{topic}"))?["depth"]
                 .as_u64()
                 .unwrap_or(0);
         }
         Ok(Check {
             tallies,
-            retry_inputs,
+            retry_inputs: (0..inputs).filter(|&i| class(i) == Class::Retry).count() as u64,
             retried,
             redelivered,
-            left_in_sources,
+            left_in_topics,
         })
     }
 }
@@ -1059,11 +1012,7 @@ impl Report<'_> {
             format!("other failed posts: {}", self.post_errors),
         );
         for t in &c.tallies {
-            let kind = if t.topic.ends_with(".dlq") {
-                "DLQ"
-            } else {
-                "outputs"
-            };
+            let kind = if t.is_dlq() { "DLQ" } else { "delivered" };
             let mut note = format!(
                 "expected {}, lost {}, duplicated {}, unexpected {}, altered {}",
                 thousands(t.expected),
@@ -1072,14 +1021,14 @@ impl Report<'_> {
                 t.unexpected,
                 t.altered
             );
-            if t.topic.ends_with(".dlq") {
+            if t.is_dlq() {
                 note += &format!(", not rejected-at-once {}", t.wrong_kind);
             }
-            row(&format!("{kind} {}", t.topic), thousands(t.stored), note);
+            row(&format!("{kind} {}", t.place), thousands(t.stored), note);
             if !t.ok() {
                 failures.push(format!(
                     "{}: {} lost, {} duplicated, {} unexpected, {} altered, {} of the wrong kind (e.g. {})",
-                    t.topic,
+                    t.place,
                     t.lost,
                     t.duplicated,
                     t.unexpected,
@@ -1113,10 +1062,10 @@ impl Report<'_> {
                 thousands(self.dead_letters_logged)
             ),
         );
-        if c.left_in_sources != 0 {
+        if c.left_in_topics != 0 {
             failures.push(format!(
-                "{} messages are still stored in `{IN}` and `mid` after the drain",
-                c.left_in_sources
+                "{} messages are still stored in `{IN}`, `mid`, `{OUT_B}` and `{OUT_C}` after the drain",
+                c.left_in_topics
             ));
         }
 
@@ -1228,6 +1177,12 @@ mod tests {
             assert!(PIPELINE_YAML.contains(&format!("- name: {stage}\n")));
         }
         assert!(PIPELINE_YAML.starts_with("# Written by `cargo xtask soak`.\nname: soak\n"));
+        // Both outputs leave through a sink to the receiver's two ledgers.
+        for (topic, path) in [(OUT_B, "b"), (OUT_C, "c")] {
+            assert!(PIPELINE_YAML.contains(&format!(
+                "    subscribe: {topic}\n    concurrency: 4\n    http: {{url: \"{{receiver}}/{path}\"}}\n"
+            )));
+        }
     }
 
     #[test]
