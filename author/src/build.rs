@@ -1,4 +1,6 @@
-//! Building a project into a component with its language's own toolchain.
+//! Building a project into a component with its language's own toolchain,
+//! or, for JavaScript on QuickJS, with none: its scripts are injected into
+//! the engine `sluice` carries ([`crate::quickjs`]).
 //!
 //! Nothing is installed behind the user's back: a missing tool is reported
 //! as [`AuthorError::ToolMissing`] with the command that installs it. The
@@ -6,41 +8,27 @@
 //!
 //! A Python or JS build is skipped when its inputs (every file of the
 //! project but `target/`, `node_modules/`, `__pycache__/` and dot-files, the
-//! world and the tool's version) hash to what the last build recorded in
-//! `target/<name>.wasm.inputs`: those tools never give the same bytes
-//! twice, so an unchanged project would otherwise cost a fresh compile in
-//! every daemon that loads it. Cargo makes that decision itself for Rust.
+//! world and the tool's version or the engine's hash) hash to what the
+//! last build recorded in `target/<name>.wasm.inputs`: componentize-py and
+//! componentize-js never give the same bytes twice, so an unchanged project
+//! would otherwise cost a fresh compile in every daemon that loads it.
+//! Cargo makes that decision itself for Rust.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::files::{COMPONENTIZE_JS, COMPONENTIZE_PY};
-use crate::project::{JsEngine, Lang, Project};
+use crate::files::{COMPONENTIZE_JS, COMPONENTIZE_PY, PREVIEW2_SHIM};
+use crate::project::{JsEngine, Lang, Project, World};
+use crate::toolchain::{WasmC, tool_version};
 use crate::{AuthorError, io};
 
-/// The Rust target components are built for.
-pub const RUST_TARGET: &str = "wasm32-wasip2";
+pub use crate::toolchain::{RUST_TARGET, SCRUBBED_ENV};
 
 /// The WASI features componentize-js links by default that Sluice does not
 /// offer: without `-d http -d fetch-event` the component imports
 /// `wasi:http` and cannot load.
 pub const JS_DISABLED_FEATURES: &[&str] = &["http", "fetch-event"];
-
-/// Variables of a calling cargo that must not leak into a plugin's cargo:
-/// host rustflags or wrappers (coverage, sccache) would be applied to Wasm
-/// code, an outer jobserver would not be ours, and neither would its target
-/// directory.
-pub const SCRUBBED_ENV: &[&str] = &[
-    "RUSTFLAGS",
-    "CARGO_ENCODED_RUSTFLAGS",
-    "CARGO_BUILD_RUSTFLAGS",
-    "RUSTC_WRAPPER",
-    "RUSTC_WORKSPACE_WRAPPER",
-    "CARGO_BUILD_TARGET",
-    "CARGO_MAKEFLAGS",
-    "CARGO_TARGET_DIR",
-];
 
 /// What a build produced.
 #[derive(Debug, Clone)]
@@ -66,16 +54,48 @@ pub fn build(project: &Project) -> Result<BuildReport, AuthorError> {
     }
 }
 
-/// A JS build on QuickJS: cargo builds the engine crate (which the binary
-/// carries, [`crate::files::quickjs_engine`]) with the project's scripts
-/// compiled in. The crate and its target directory live in a cache shared
-/// by every project, so QuickJS's C sources compile once, and a project's
-/// build costs the engine crate's own compile and link.
+/// A JS build on QuickJS: the project's `.js` and `.mjs` files are
+/// injected into a built engine ([`crate::quickjs`]), which takes
+/// milliseconds. The engine is the one this binary carries
+/// ([`crate::files::quickjs_prebuilt`]), else one built here once
+/// ([`local_quickjs_engine`]).
 fn build_quickjs(project: &Project) -> Result<BuildReport, AuthorError> {
     let world = project.world()?;
-    let cargo = cargo()?;
-    let c = wasm_c_toolchain()?;
-    let engine = crate::files::quickjs_engine();
+    let prebuilt = crate::files::quickjs_prebuilt(world);
+    let engine_id = match prebuilt {
+        Some(engine) => format!("prebuilt {}", blake3::hash(engine).to_hex()),
+        None => format!("local {}", engine_hashes().1),
+    };
+    let stamp = inputs_hash(&project.dir, &[world.name(), "quickjs", &engine_id])?;
+    let output = Stamped::new(project, stamp)?;
+    if let Some(fresh) = output.fresh() {
+        return Ok(fresh);
+    }
+    let mut scripts = Vec::new();
+    for (rel, path) in sources(&project.dir)? {
+        if rel.ends_with(".js") || rel.ends_with(".mjs") {
+            let bytes = std::fs::read(&path).map_err(io(format!("reading {}", path.display())))?;
+            scripts.push((rel, bytes));
+        }
+    }
+    let local;
+    let engine = match prebuilt {
+        Some(engine) => engine,
+        None => {
+            local = local_quickjs_engine(world)?;
+            &local
+        }
+    };
+    let component = crate::quickjs::inject(engine, &crate::quickjs::bundle(&scripts))?;
+    std::fs::write(&output.tmp, component)
+        .map_err(io(format!("writing {}", output.tmp.display())))?;
+    output.finish()
+}
+
+/// Hashes of the engine crate's files, as [`crate::files::quickjs_engine`]
+/// writes them out: of its manifest and lock alone (what its dependencies
+/// are), and of all.
+fn engine_hashes() -> (String, String) {
     let hash = |files: &mut dyn Iterator<Item = &(&str, String)>| {
         let mut hasher = blake3::Hasher::new();
         for (path, text) in files {
@@ -86,19 +106,35 @@ fn build_quickjs(project: &Project) -> Result<BuildReport, AuthorError> {
         }
         hasher.finalize().to_hex()[..16].to_owned()
     };
-    let stamp = inputs_hash(
-        &project.dir,
-        &[world.name(), "quickjs", &hash(&mut engine.iter())],
-    )?;
-    let output = Stamped::new(project, stamp)?;
-    if let Some(fresh) = output.fresh() {
-        return Ok(fresh);
-    }
+    let engine = crate::files::quickjs_engine();
+    let deps = hash(&mut engine.iter().filter(|(p, _)| p.starts_with("Cargo.")));
+    (deps, hash(&mut engine.iter()))
+}
+
+/// The QuickJS engine for `world`, built here by a `sluice` that carries
+/// none: cargo builds the engine crate once per source and world, in a
+/// cache shared by every project (so QuickJS's C sources compile once too),
+/// and keeps the result there.
+fn local_quickjs_engine(world: World) -> Result<Vec<u8>, AuthorError> {
+    let (deps, all) = engine_hashes();
     // Named by the dependencies alone: a new engine source rebuilds the
     // engine crate in place, not QuickJS's C sources in a new directory.
-    let deps = hash(&mut engine.iter().filter(|(p, _)| p.starts_with("Cargo.")));
     let dir = cache_dir().join(format!("js-quickjs-{deps}"));
-    for (path, text) in &engine {
+    let kept = dir.join(format!("engine-{all}-{}.wasm", world.name()));
+    if let Ok(engine) = std::fs::read(&kept) {
+        return Ok(engine);
+    }
+    let needs = |m: crate::toolchain::Missing| AuthorError::ToolMissing {
+        tool: format!(
+            "{} (this sluice carries no prebuilt QuickJS engine, so the first QuickJS build \
+             builds one)",
+            m.tool
+        ),
+        install: m.install,
+    };
+    let cargo = crate::toolchain::cargo().map_err(needs)?;
+    let c = WasmC::find().map_err(needs)?;
+    for (path, text) in &crate::files::quickjs_engine() {
         let path = dir.join(path);
         if std::fs::read_to_string(&path).is_ok_and(|old| old == *text) {
             continue;
@@ -115,18 +151,19 @@ fn build_quickjs(project: &Project) -> Result<BuildReport, AuthorError> {
         .map_err(io(format!("creating {}", lock_path.display())))?;
     lock.lock()
         .map_err(io(format!("locking {}", lock_path.display())))?;
+    if let Ok(engine) = std::fs::read(&kept) {
+        return Ok(engine);
+    }
     let mut cmd = Command::new(&cargo);
     cmd.current_dir(&dir)
         .args(["build", "--release", "--target", RUST_TARGET]);
-    if world == crate::World::BatchHandler {
+    if world == World::BatchHandler {
         cmd.args(["--features", "batch"]);
     }
     for var in SCRUBBED_ENV {
         cmd.env_remove(var);
     }
-    cmd.env("CARGO_TARGET_DIR", dir.join("target"))
-        .env("SLUICE_JS_PROJECT", &project.dir)
-        .env("SLUICE_JS_INPUTS", &output.stamp);
+    cmd.env("CARGO_TARGET_DIR", dir.join("target"));
     c.apply(&mut cmd);
     run(&mut cmd, None)?;
     let built = dir
@@ -134,9 +171,12 @@ fn build_quickjs(project: &Project) -> Result<BuildReport, AuthorError> {
         .join(RUST_TARGET)
         .join("release")
         .join("sluice_js_quickjs.wasm");
-    std::fs::copy(&built, &output.tmp).map_err(io(format!("copying {}", built.display())))?;
+    let engine = std::fs::read(&built).map_err(io(format!("reading {}", built.display())))?;
+    let tmp = kept.with_extension(format!("wasm.tmp{}", std::process::id()));
+    std::fs::write(&tmp, &engine).map_err(io(format!("writing {}", tmp.display())))?;
+    std::fs::rename(&tmp, &kept).map_err(io(format!("writing {}", kept.display())))?;
     drop(lock);
-    output.finish()
+    Ok(engine)
 }
 
 /// Where builds keep what every project shares: `$SLUICE_CACHE_DIR`, else
@@ -151,86 +191,6 @@ fn cache_dir() -> PathBuf {
         .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("sluice")))
         .or_else(|| var("HOME").map(|d| d.join(".cache").join("sluice")))
         .unwrap_or_else(|| std::env::temp_dir().join("sluice-cache"))
-}
-
-/// How QuickJS's C sources are compiled for `wasm32-wasip2`.
-enum WasmC {
-    /// A wasi-sdk (`$WASI_SDK`): rquickjs-sys uses its clang and sysroot.
-    WasiSdk,
-    /// The system's clang, with the wasi-libc headers in `include`.
-    Clang {
-        /// wasi-libc's headers.
-        include: PathBuf,
-    },
-}
-
-impl WasmC {
-    fn apply(&self, cmd: &mut Command) {
-        if let WasmC::Clang { include } = self {
-            // rquickjs-sys would download a wasi-sdk otherwise.
-            cmd.env("RQUICKJS_SYS_NO_WASI_SDK", "1")
-                .env("CC_wasm32_wasip2", "clang")
-                // No sysroot, so that clang never reads the host's headers.
-                .env(
-                    "CFLAGS_wasm32_wasip2",
-                    format!("--sysroot=/nonexistent -isystem {}", include.display()),
-                );
-            if tool_version(Command::new("llvm-ar").arg("--version")).is_some() {
-                cmd.env("AR_wasm32_wasip2", "llvm-ar");
-            }
-        }
-    }
-}
-
-/// `$WASI_SDK`, else clang and wasi-libc's headers (`$WASI_SYSROOT`, or
-/// where Debian, Ubuntu, Fedora and Arch install them).
-fn wasm_c_toolchain() -> Result<WasmC, AuthorError> {
-    const INSTALL: &str = "`apt install clang wasi-libc` (Debian, Ubuntu; `dnf install clang \
-         wasi-libc-devel` on Fedora), or a wasi-sdk with WASI_SDK set to it";
-    if std::env::var_os("WASI_SDK").is_some_and(|d| Path::new(&d).join("bin/clang").is_file()) {
-        return Ok(WasmC::WasiSdk);
-    }
-    if tool_version(Command::new("clang").arg("--version")).is_none() {
-        return Err(missing("clang (to compile QuickJS for wasm)", INSTALL));
-    }
-    let sysroot = std::env::var_os("WASI_SYSROOT").map(PathBuf::from);
-    let candidates = sysroot
-        .iter()
-        .flat_map(|s| [s.join("include/wasm32-wasi"), s.join("include")])
-        .chain([
-            PathBuf::from("/usr/include/wasm32-wasi"),
-            PathBuf::from("/usr/share/wasi-sysroot/include/wasm32-wasi"),
-            PathBuf::from("/usr/share/wasi-sysroot/include"),
-        ]);
-    for include in candidates {
-        if include.join("wasi/api.h").is_file() {
-            return Ok(WasmC::Clang { include });
-        }
-    }
-    Err(missing(
-        "the wasi-libc headers (to compile QuickJS for wasm)",
-        INSTALL,
-    ))
-}
-
-/// `$CARGO` or `cargo`, with the wasm target installed.
-fn cargo() -> Result<std::ffi::OsString, AuthorError> {
-    let cargo = std::env::var_os("CARGO")
-        .filter(|c| !c.is_empty())
-        .unwrap_or_else(|| "cargo".into());
-    if tool_version(Command::new(&cargo).arg("--version")).is_none() {
-        return Err(missing("cargo", "rustup, from https://rustup.rs"));
-    }
-    if let Some(installed) =
-        tool_version(Command::new("rustup").args(["target", "list", "--installed"]))
-        && !installed.lines().any(|l| l.trim() == RUST_TARGET)
-    {
-        return Err(missing(
-            &format!("the Rust target {RUST_TARGET}"),
-            &format!("rustup target add {RUST_TARGET}"),
-        ));
-    }
-    Ok(cargo)
 }
 
 /// A Python or JS build: skipped when the inputs are unchanged.
@@ -329,9 +289,10 @@ fn js_command(project: &Project, world: &str) -> Result<(Command, String), Autho
         return Err(missing(
             "componentize-js",
             &format!(
-                "`npm install` in {} (its package.json pins @bytecodealliance/componentize-js \
-                 {COMPONENTIZE_JS}), or `npm install --save-dev \
-                 @bytecodealliance/componentize-js@{COMPONENTIZE_JS}`",
+                "`npm install --save-dev @bytecodealliance/componentize-js@{COMPONENTIZE_JS} \
+                 @bytecodealliance/preview2-shim@{PREVIEW2_SHIM}` in {} (or `npm install` when \
+                 its package.json pins them); or leave SpiderMonkey for QuickJS, which needs \
+                 neither: `\"sluice\": {{ \"engine\": \"quickjs\" }}` in package.json",
                 project.dir.display()
             ),
         ));
@@ -371,7 +332,7 @@ fn find_componentize_js(dir: &Path) -> Option<PathBuf> {
 /// `cargo build --release --target wasm32-wasip2` in the project; the
 /// component is the `.wasm` cargo reports.
 fn build_rust(project: &Project) -> Result<BuildReport, AuthorError> {
-    let cargo = cargo()?;
+    let cargo = crate::toolchain::cargo()?;
     let mut cmd = Command::new(&cargo);
     cmd.current_dir(&project.dir)
         .args(["build", "--release", "--target", RUST_TARGET])
@@ -448,17 +409,6 @@ fn shown(cmd: &Command) -> String {
     s
 }
 
-/// The first line of what `cmd` prints, or None when it cannot run.
-fn tool_version(cmd: &mut Command) -> Option<String> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()
-        .filter(|o| o.status.success())?;
-    Some(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
-
 /// Like [`tool_version`], but a failure says why: the last lines of the
 /// tool's stderr (Node's "Cannot find package …" is the useful one).
 fn probe_version(cmd: &mut Command) -> Result<String, String> {
@@ -501,9 +451,7 @@ fn warn_version(tool: &str, found: &str, pinned: &str, install: &str) {
 
 /// A hash of the project's sources and `extra`.
 fn inputs_hash(dir: &Path, extra: &[&str]) -> Result<String, AuthorError> {
-    let mut files = Vec::new();
-    collect(dir, dir, &mut files)?;
-    files.sort();
+    let files = sources(dir)?;
     let mut hasher = blake3::Hasher::new();
     for e in extra {
         hasher.update(e.as_bytes()).update(b"\0");
@@ -517,6 +465,15 @@ fn inputs_hash(dir: &Path, extra: &[&str]) -> Result<String, AuthorError> {
             .update(&bytes);
     }
     Ok(hasher.finalize().to_hex().to_string())
+}
+
+/// The project's source files, as (path relative to `dir` with `/`
+/// separators, path), sorted.
+fn sources(dir: &Path) -> Result<Vec<(String, PathBuf)>, AuthorError> {
+    let mut files = Vec::new();
+    collect(dir, dir, &mut files)?;
+    files.sort();
+    Ok(files)
 }
 
 /// The project's source files under `dir`, as (relative path, path).
@@ -535,7 +492,7 @@ fn collect(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> Result<
             collect(root, &path, out)?;
         } else if path.is_file() {
             let rel = path.strip_prefix(root).unwrap_or(&path);
-            out.push((rel.to_string_lossy().into_owned(), path));
+            out.push((rel.to_string_lossy().replace('\\', "/"), path));
         }
     }
     Ok(())

@@ -1,7 +1,11 @@
 //! What the `sluice` binary carries so that a project can be created and
 //! built outside this repository: the contract's WIT and the SDK of each
 //! language, as they are in the repository (compiled in, so they can never
-//! disagree with the runtime that loads the result).
+//! disagree with the runtime that loads the result), and the QuickJS engine,
+//! prebuilt when the machine that built Sluice could build it (`build.rs`),
+//! as sources otherwise.
+
+use crate::World;
 
 /// A file to write into a project: its path inside the project, its text.
 pub type File = (&'static str, &'static str);
@@ -67,10 +71,6 @@ const QUICKJS_ENGINE: &[File] = &[
         include_str!("../../plugins/js/engine-quickjs/Cargo.lock"),
     ),
     (
-        "build.rs",
-        include_str!("../../plugins/js/engine-quickjs/build.rs"),
-    ),
-    (
         "src/lib.rs",
         include_str!("../../plugins/js/engine-quickjs/src/lib.rs"),
     ),
@@ -95,6 +95,24 @@ pub fn quickjs_engine() -> Vec<(&'static str, String)> {
             .map(|(path, text)| (*path, (*text).to_owned())),
     );
     files
+}
+
+mod prebuilt {
+    include!(concat!(env!("OUT_DIR"), "/quickjs_prebuilt.rs"));
+}
+
+/// The QuickJS engine for `world`, built with this binary (`build.rs`,
+/// `cargo build --release --target wasm32-wasip2` of
+/// `plugins/js/engine-quickjs`), with an empty script area for
+/// [`crate::quickjs::inject`]. None when the machine that built Sluice
+/// could not build it, or `SLUICE_PREBUILT_QUICKJS=0` said not to: a
+/// QuickJS project's build then builds the engine from
+/// [`quickjs_engine`], once.
+pub fn quickjs_prebuilt(world: World) -> Option<&'static [u8]> {
+    match world {
+        World::Handler => prebuilt::HANDLER,
+        World::BatchHandler => prebuilt::BATCH_HANDLER,
+    }
 }
 
 /// The vendored SDK's manifest: the repository's, without the workspace

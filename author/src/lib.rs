@@ -8,13 +8,18 @@
 //!   tool with the command that installs it, and skipping a rebuild when
 //!   nothing changed (neither Python nor JS tooling gives the same bytes
 //!   twice, and every new byte means a new compile in the daemon).
+//! - [`quickjs`]: a JS project on QuickJS needs no toolchain: its scripts
+//!   are injected into a prebuilt engine.
 //! - [`scaffold`]: a new project that builds and passes its test cases.
-//! - [`files`]: what this crate carries: the contract's WIT and the SDKs.
+//! - [`files`]: what this crate carries: the contract's WIT, the SDKs and
+//!   the QuickJS engine.
 
 pub mod build;
 pub mod files;
 pub mod project;
+pub mod quickjs;
 pub mod scaffold;
+mod toolchain;
 
 pub use build::{BuildReport, build};
 pub use project::{JsEngine, Lang, Project, World};
@@ -56,6 +61,9 @@ pub enum AuthorError {
         /// What probably went wrong, when the output says.
         hint: Option<String>,
     },
+    /// A JS project's scripts cannot go into the QuickJS engine.
+    #[error(transparent)]
+    QuickJs(#[from] quickjs::InjectError),
     /// A bad argument (a name, an existing directory).
     #[error("{0}")]
     Invalid(String),
@@ -68,6 +76,15 @@ pub enum AuthorError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<toolchain::Missing> for AuthorError {
+    fn from(m: toolchain::Missing) -> Self {
+        AuthorError::ToolMissing {
+            tool: m.tool,
+            install: m.install,
+        }
+    }
 }
 
 /// Wraps an I/O error with what was being done.

@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | Rust | `Cargo.toml` (a `cdylib` using `sluice-sdk`) | cargo, target `wasm32-wasip2` |
 //! | Python | `app.py` (exports `MessageHandler`) | componentize-py |
-//! | JavaScript | `handler.js` (exports `messageHandler`) | componentize-js, or cargo and the QuickJS guest (`"sluice": { "engine": "quickjs" }` in `package.json`) |
+//! | JavaScript | `handler.js` (exports `messageHandler`) | on QuickJS (`"sluice": { "engine": "quickjs" }` in `package.json`, what `plugin new` writes): nothing, the scripts go into the engine `sluice` carries; on SpiderMonkey (no engine named): componentize-js |
 //!
 //! A Python or JS project implements the `batch-handler` world when its
 //! handler exports `BatchMessageHandler` / `batchMessageHandler`, else the
@@ -87,13 +87,19 @@ impl World {
 
 /// The engine a JavaScript project's handler runs in, chosen in its
 /// `package.json` (`"sluice": { "engine": "quickjs" }`).
+///
+/// `plugin new` writes QuickJS. A project that names no engine stays on
+/// SpiderMonkey, as it was built before QuickJS existed: its
+/// `node_modules` has componentize-js, and its handler may use what only
+/// SpiderMonkey has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum JsEngine {
-    /// SpiderMonkey, through componentize-js (the default: no C toolchain).
+    /// SpiderMonkey, through componentize-js (npm): the engine of a project
+    /// that names none.
     #[default]
     SpiderMonkey,
-    /// QuickJS, embedded in a Rust guest that Sluice builds with the
-    /// scripts compiled in: a call costs a fraction of SpiderMonkey's.
+    /// QuickJS: the project's scripts injected into an engine that
+    /// `sluice` carries prebuilt; a call costs a fraction of SpiderMonkey's.
     QuickJs,
 }
 

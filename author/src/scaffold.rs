@@ -89,10 +89,7 @@ fn project_files(name: &str, lang: Lang) -> Vec<(String, String)> {
     files
         .into_iter()
         .map(|(path, text)| {
-            let mut text = text
-                .replace("{{name}}", name)
-                .replace("{{componentize_js}}", COMPONENTIZE_JS)
-                .replace("{{preview2_shim}}", PREVIEW2_SHIM);
+            let mut text = text.replace("{{name}}", name);
             if path == "README.md" {
                 for (k, v) in &readme {
                     text = text.replace(&format!("{{{{{k}}}}}"), v);
@@ -146,23 +143,31 @@ fn readme_values(name: &str, lang: Lang) -> Vec<(&'static str, String)> {
         Lang::Js => (
             "JavaScript",
             "handler.js",
-            "npm install                               # once: the pinned componentize-js\n"
+            String::new(),
+            "nothing else: `sluice` carries the QuickJS engine the handler runs in (a `sluice` \
+             built without it builds it once, with cargo, the wasm32-wasip2 target, clang and \
+             wasi-libc)"
                 .to_owned(),
-            format!(
-                "Node.js and componentize-js {COMPONENTIZE_JS} (`npm install` here; \
-                 package.json pins it)"
-            ),
             format!("target/{name}.wasm"),
-            "A handler is `(msg) => result`, exported with `export const messageHandler = \
-             handler(fn)`. It returns `undefined` (nothing to emit), a Uint8Array, a string or \
-             a JSON value (one emit to the default output), a `new Emit(payload, { topic, key, \
-             headers })`, or an array of them; an emit without `key` or `headers` keeps the \
-             input's, and headers may be an object. `throw new Reject(reason)` rejects; `throw \
-             new Retry()` (or `new Retry(afterMs)`) retries. `msg.text()` and `msg.json()` \
-             reject what does not parse; `config(key, fallback)` reads the stage's `config:`; \
-             `log.info` logs. `sluice.js` documents the rest. The build disables \
-             componentize-js's `http` and `fetch-event` features: Sluice links no wasi:http."
-                .to_owned(),
+            format!(
+                "A handler is `(msg) => result`, exported with `export const messageHandler = \
+                 handler(fn)`. It returns `undefined` (nothing to emit), a Uint8Array, a string \
+                 or a JSON value (one emit to the default output), a `new Emit(payload, {{ topic, \
+                 key, headers }})`, or an array of them; an emit without `key` or `headers` keeps \
+                 the input's, and headers may be an object. `throw new Reject(reason)` rejects; \
+                 `throw new Retry()` (or `new Retry(afterMs)`) retries. `msg.text()` and \
+                 `msg.json()` reject what does not parse; `config(key, fallback)` reads the \
+                 stage's `config:`; `log.info` logs. `sluice.js` documents the rest.\n\n\
+                 The handler runs in QuickJS (`\"sluice\": {{ \"engine\": \"quickjs\" }}` in \
+                 `package.json`): a call costs a fourth to a sixth of SpiderMonkey's, and the build \
+                 only puts the project's `.js` and `.mjs` files into the engine `sluice` \
+                 carries. To run it in SpiderMonkey (componentize-js) instead, set `\"engine\": \
+                 \"spidermonkey\"` and `npm install --save-dev \
+                 @bytecodealliance/componentize-js@{COMPONENTIZE_JS} \
+                 @bytecodealliance/preview2-shim@{PREVIEW2_SHIM}`; its builds need Node.js \
+                 then, and disable componentize-js's `http` and `fetch-event` features (Sluice \
+                 links no wasi:http)."
+            ),
             "exception",
         ),
     };
@@ -207,6 +212,22 @@ mod tests {
                 assert!(!text.contains("{{"), "{lang}: {path} keeps a placeholder");
             }
         }
+    }
+
+    #[test]
+    fn a_new_javascript_project_runs_on_quickjs() {
+        let parent =
+            std::env::temp_dir().join(format!("sluice-scaffold-js-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&parent);
+        let dir = scaffold(&parent, "q", Lang::Js).expect("test step");
+        let project = crate::Project::detect(&dir).expect("test step");
+        assert_eq!(
+            project.js_engine().expect("test step"),
+            crate::JsEngine::QuickJs
+        );
+        // The SDK is written in: no npm.
+        assert!(dir.join("sluice.js").is_file());
+        std::fs::remove_dir_all(parent).expect("test step");
     }
 
     #[test]

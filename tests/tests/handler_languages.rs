@@ -6,7 +6,8 @@
 //! handlers, and handlers written against the raw bindings with no SDK.
 //!
 //! Needs the toolchains `cargo xtask setup` installs (componentize-py from
-//! PyPI; npm for componentize-js) and, for Rust, crates.io.
+//! PyPI; npm for componentize-js) and, for Rust, crates.io. A JS project is
+//! on QuickJS unless it says otherwise, and needs none of them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,8 +30,8 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// `plugin new`, then `npm install` for JS, then `plugin build`; returns
-/// the project directory and the component.
+/// `plugin new`, then `plugin build` (a JS project is on QuickJS: no npm);
+/// returns the project directory and the component.
 fn new_project(parent: &Path, name: &str, lang: &str) -> (PathBuf, PathBuf) {
     let out = sluice(parent, &["plugin", "new", name, "--lang", lang]);
     assert!(out.status.success(), "plugin new: {}", text(&out.stderr));
@@ -39,30 +40,18 @@ fn new_project(parent: &Path, name: &str, lang: &str) -> (PathBuf, PathBuf) {
         assert!(dir.join(file).is_file(), "{lang}: no {file}");
     }
     if lang == "js" {
-        // Before `npm install`, the build names what is missing and how to
-        // get it.
-        let out = sluice(&dir, &["plugin", "build"]);
-        assert!(!out.status.success());
-        let err = text(&out.stderr);
+        let package = std::fs::read_to_string(dir.join("package.json")).expect("package.json");
         assert!(
-            err.contains("componentize-js was not found") && err.contains("npm install"),
-            "{err}"
+            package.contains(r#""sluice": { "engine": "quickjs" }"#),
+            "{package}"
         );
-        let npm = Command::new("npm")
-            .args([
-                "install",
-                "--no-audit",
-                "--no-fund",
-                "--prefer-offline",
-                "--loglevel=error",
-            ])
-            .current_dir(&dir)
-            .stdin(Stdio::null())
-            .status()
-            .expect("npm");
-        assert!(npm.success(), "npm install");
     }
-    let out = sluice(&dir, &["plugin", "build"]);
+    (dir.clone(), build(&dir, lang))
+}
+
+/// `plugin build` in `dir`; returns the component.
+fn build(dir: &Path, lang: &str) -> PathBuf {
+    let out = sluice(dir, &["plugin", "build"]);
     assert!(out.status.success(), "{lang} build:\n{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     let wasm = PathBuf::from(stdout.lines().last().expect("a path").trim());
@@ -71,7 +60,7 @@ fn new_project(parent: &Path, name: &str, lang: &str) -> (PathBuf, PathBuf) {
         "{lang}: {} is not the built component",
         wasm.display()
     );
-    (dir, wasm)
+    wasm
 }
 
 /// The generated cases pass; a broken expectation fails with a diff.
@@ -203,39 +192,153 @@ fn a_rust_handler_from_an_empty_directory() {
     from_an_empty_directory("rust");
 }
 
-/// A JS project that names `"engine": "quickjs"` in its package.json builds
-/// without npm, passes its cases, runs in a pipeline, and an uncaught
-/// exception traps with its message.
+/// A JS project on SpiderMonkey (componentize-js): before `npm install`
+/// the build names what is missing and how to get it; then it builds,
+/// passes its cases and runs in a pipeline.
 #[test]
-fn a_javascript_handler_on_quickjs() {
+fn a_javascript_handler_on_spidermonkey() {
+    let parent = tempfile::tempdir().expect("dir");
+    let out = sluice(parent.path(), &["plugin", "new", "monkey", "--lang", "js"]);
+    assert!(out.status.success(), "plugin new: {}", text(&out.stderr));
+    let dir = parent.path().join("monkey");
+    let package = format!(
+        r#"{{
+  "name": "monkey",
+  "private": true,
+  "type": "module",
+  "sluice": {{ "engine": "spidermonkey" }},
+  "devDependencies": {{
+    "@bytecodealliance/componentize-js": "{}",
+    "@bytecodealliance/preview2-shim": "{}"
+  }}
+}}
+"#,
+        sluice_author::files::COMPONENTIZE_JS,
+        sluice_author::files::PREVIEW2_SHIM
+    );
+    std::fs::write(dir.join("package.json"), package).expect("write");
+    let out = sluice(&dir, &["plugin", "build"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("componentize-js was not found") && err.contains("npm install"),
+        "{err}"
+    );
+    let npm = Command::new("npm")
+        .args([
+            "install",
+            "--no-audit",
+            "--no-fund",
+            "--prefer-offline",
+            "--loglevel=error",
+        ])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .status()
+        .expect("npm");
+    assert!(npm.success(), "npm install");
+    let wasm = build(&dir, "js on spidermonkey");
+    cases_pass_and_a_wrong_one_fails(&dir, "js on spidermonkey");
+    runs_in_a_pipeline(&wasm, "js on spidermonkey");
+}
+
+/// A new JS project (QuickJS) builds with no toolchain at all when this
+/// `sluice` carries the prebuilt engine: no cargo, clang or npm on the
+/// PATH, an empty cache. Its scripts may import each other from
+/// subdirectories; an unchanged project is not rebuilt; an uncaught
+/// exception traps with its message; a batch handler builds too.
+#[test]
+fn a_quickjs_project_builds_without_a_toolchain() {
     let parent = tempfile::tempdir().expect("dir");
     let out = sluice(parent.path(), &["plugin", "new", "quick", "--lang", "js"]);
     assert!(out.status.success(), "plugin new: {}", text(&out.stderr));
     let dir = parent.path().join("quick");
-    let package = std::fs::read_to_string(dir.join("package.json")).expect("package.json");
-    let package = package.replacen('{', "{\n  \"sluice\": { \"engine\": \"quickjs\" },", 1);
-    std::fs::write(dir.join("package.json"), package).expect("write");
-    let out = sluice(&dir, &["plugin", "build"]);
+    std::fs::create_dir_all(dir.join("lib")).expect("mkdir");
+    std::fs::write(
+        dir.join("lib/shout.mjs"),
+        "export const shout = (text) => `${text.toUpperCase()}!`;\n",
+    )
+    .expect("write");
+    let source = std::fs::read_to_string(dir.join("handler.js")).expect("source");
+    let source = source
+        .replace(
+            r#"import { Reject, Retry, handler } from "./sluice.js";"#,
+            "import { Reject, Retry, handler } from \"./sluice.js\";\nimport { shout } from \"./lib/shout.mjs\";",
+        )
+        .replace("return text.toUpperCase();", "return shout(text);");
+    std::fs::write(dir.join("handler.js"), source).expect("write");
+
+    let cache = tempfile::tempdir().expect("cache");
+    let bare = |args: &[&str]| {
+        Command::new(sluice_bin())
+            .args(args)
+            .current_dir(&dir)
+            .env("PATH", "/nonexistent")
+            .env("SLUICE_CACHE_DIR", cache.path())
+            .env_remove("CARGO")
+            .env_remove("WASI_SDK")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run sluice")
+    };
+    let out = bare(&["plugin", "build"]);
+    let err = text(&out.stderr);
+    if sluice_author::files::quickjs_prebuilt(sluice_author::World::Handler).is_none() {
+        // This build of Sluice could not build the engine (its build said
+        // so): the first QuickJS build needs the toolchain, and says which.
+        eprintln!("no prebuilt QuickJS engine in this build; checking the fallback's error");
+        assert!(
+            !out.status.success() && err.contains("carries no prebuilt QuickJS engine"),
+            "{err}"
+        );
+        return;
+    }
     assert!(
         out.status.success(),
-        "quickjs build:\n{}",
-        text(&out.stderr)
+        "quickjs build with no toolchain:\n{err}"
     );
     let wasm = PathBuf::from(text(&out.stdout).lines().last().expect("a path").trim());
-    cases_pass_and_a_wrong_one_fails(&dir, "js on quickjs");
-    runs_in_a_pipeline(&wasm, "js on quickjs");
+    let out = bare(&["plugin", "test", ".", "--data", "hi"]);
+    assert!(
+        text(&out.stdout).contains(r#""payload":"HI!""#),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let before = std::fs::read(&wasm).expect("wasm");
+    let out = bare(&["plugin", "build"]);
+    assert!(
+        text(&out.stderr).contains("up to date"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&wasm).expect("wasm"), before, "same bytes");
 
     let source = std::fs::read_to_string(dir.join("handler.js")).expect("source");
     let source = source.replace(
-        "return text.toUpperCase();",
+        "return shout(text);",
         "throw new RangeError(`no vowels in ${text}`);",
     );
     std::fs::write(dir.join("handler.js"), source).expect("write");
-    let out = sluice(&dir, &["plugin", "test", ".", "--data", "xyz"]);
+    let out = bare(&["plugin", "test", ".", "--data", "xyz"]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     let trap = &err[err.rfind("trap: ").unwrap_or_else(|| panic!("{err}"))..];
     assert!(trap.contains("RangeError: no vowels in xyz"), "{trap}");
+
+    // A batch handler: the engine of the other world.
+    let batch = std::fs::read_to_string(
+        sluice_harness::repo_root().join("plugins/js/examples/upper-batch/handler.js"),
+    )
+    .expect("example");
+    std::fs::write(dir.join("handler.js"), batch).expect("write");
+    let out = bare(&["plugin", "test", ".", "--data", "hi"]);
+    assert!(
+        text(&out.stdout).contains(r#""payload":"HI""#),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
 }
 
 #[test]

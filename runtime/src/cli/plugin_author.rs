@@ -12,7 +12,9 @@ pub(crate) struct NewArgs {
     /// The plugin's name, and the directory created for it: lowercase letters, digits, `-`
     /// and `_`, starting with a letter.
     name: String,
-    /// The handler's language.
+    /// The handler's language: rust, python or js. A js project runs on QuickJS (`"sluice":
+    /// { "engine": "quickjs" }` in its package.json), the faster engine, whose build needs
+    /// nothing but sluice; set "engine" to "spidermonkey" for componentize-js (npm).
     #[arg(long, value_name = "LANG", value_parser = parse_lang)]
     lang: Lang,
     /// Where to create the project (default: the current directory).
@@ -35,13 +37,9 @@ fn parse_lang(s: &str) -> Result<Lang, String> {
 pub(crate) fn new(args: NewArgs) -> ExitCode {
     match sluice_author::scaffold(&args.path, &args.name, args.lang) {
         Ok(dir) => {
-            let setup = match args.lang {
-                Lang::Js => "npm install\n  ",
-                Lang::Rust | Lang::Python => "",
-            };
             println!(
                 "created {} ({} handler, README.md, cases.yaml)\n\nnext:\n  cd {}\n  \
-                 {setup}sluice plugin build\n  sluice plugin test . --cases cases.yaml",
+                 sluice plugin build\n  sluice plugin test . --cases cases.yaml",
                 dir.display(),
                 args.lang,
                 dir.display()

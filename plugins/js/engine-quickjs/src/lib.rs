@@ -1,16 +1,20 @@
 //! A Sluice handler written in JavaScript, run by QuickJS inside this
 //! component.
 //!
-//! `sluice plugin build` compiles this crate with the project's scripts in
-//! (see `build.rs`). The first call evaluates `handler.js` and keeps the
-//! engine; every call then converts the message into the same JavaScript
-//! values componentize-js gives a handler, calls `messageHandler.handle`
-//! (or `batchMessageHandler.handleBatch` with the `batch` feature), and
-//! converts its `{ tag, val }` result back. So the SDK (`sluice.js`) and
+//! The engine is built once, with no project in it: it reserves an area
+//! for scripts ([`SCRIPTS`]) and describes it in [`SLOT`], which `sluice
+//! plugin build` finds in the component's data and fills in (the author
+//! crate's `quickjs` module), so a project's build needs no compiler. The
+//! first call reads the project's files from the area, evaluates
+//! `handler.js` and keeps the engine; every call then converts the message
+//! into the same JavaScript values componentize-js gives a handler, calls
+//! `messageHandler.handle` (or `batchMessageHandler.handleBatch` with the
+//! `batch` feature), and converts its `{ tag, val }` result back. So the SDK (`sluice.js`) and
 //! handlers on the raw bindings run unchanged on either engine, and the
 //! call path is Rust's, not a generic lifting layer's.
 
 use std::cell::RefCell;
+use std::sync::OnceLock;
 
 use rquickjs::function::This;
 use rquickjs::loader::{Loader, Resolver};
@@ -22,9 +26,42 @@ use rquickjs::{
 use sluice_sdk::bindings::handler::sluice::plugin::host::{self, Level};
 use sluice_sdk::{Emit, HandlerError, Message, Outcome};
 
-mod scripts {
-    include!(concat!(env!("OUT_DIR"), "/scripts.rs"));
+/// The most bytes of scripts a build can inject: the size of [`SCRIPTS`].
+/// It is zero-initialised, so it costs no byte of the component and no
+/// resident page until a build writes into it; it adds to the memory the
+/// component declares.
+const CAPACITY: usize = 8 << 20;
+
+/// The project's files, as `sluice plugin build` writes them: a bundle of
+/// `count: u32`, then per file `name length: u32`, the UTF-8 path relative
+/// to the project, `length: u32` and the bytes (integers little-endian).
+static mut SCRIPTS: [u8; CAPACITY] = [0; CAPACITY];
+
+/// Where the scripts are, for the injector: on wasm32, 24 bytes of magic
+/// (naming the bundle's format), then `area`, `capacity` and `len` as u32.
+/// The injector patches `len` and writes the bundle at `area` with a data
+/// segment of its own.
+#[repr(C)]
+struct Slot {
+    magic: [u8; 24],
+    area: *const u8,
+    capacity: u32,
+    len: u32,
 }
+
+// SAFETY: the slot is never written at run time; it is read only.
+unsafe impl Sync for Slot {}
+
+#[used]
+static SLOT: Slot = Slot {
+    magic: *b"SLUICE-JS-SCRIPTS-v1\0\0\0\0",
+    area: (&raw const SCRIPTS).cast::<u8>(),
+    capacity: CAPACITY as u32,
+    len: 0,
+};
+
+/// The project's files, read from [`SCRIPTS`] by the first call.
+static FILES: OnceLock<Vec<(&'static str, &'static [u8])>> = OnceLock::new();
 
 /// The module the handler is exported from.
 const ENTRY: &str = "handler.js";
@@ -184,6 +221,9 @@ fn shape<'js, T>(what: impl Into<String>) -> Result<T, Failure<'js>> {
 
 impl Engine {
     fn start() -> Result<Engine, String> {
+        if FILES.get().is_none() {
+            let _ = FILES.set(injected()?);
+        }
         let runtime = Runtime::new().map_err(|e| e.to_string())?;
         runtime.set_max_stack_size(MAX_STACK);
         runtime.set_loader(Scripts, Scripts);
@@ -224,10 +264,59 @@ impl Engine {
 }
 
 fn file(path: &str) -> Option<&'static [u8]> {
-    scripts::FILES
+    FILES
+        .get()?
         .iter()
         .find(|(p, _)| *p == path)
         .map(|(_, source)| *source)
+}
+
+/// The files `sluice plugin build` injected.
+fn injected() -> Result<Vec<(&'static str, &'static [u8])>, String> {
+    // SAFETY: volatile reads of an immutable static, so that the compiler
+    // reads what the injector wrote rather than folding the `0` it sees.
+    let (area, len) = unsafe {
+        (
+            std::ptr::read_volatile(&raw const SLOT.area),
+            std::ptr::read_volatile(&raw const SLOT.len),
+        )
+    };
+    if len == 0 {
+        let why = "no scripts were injected into this QuickJS engine: build the project \
+                   with `sluice plugin build`";
+        return Err(why.into());
+    }
+    let len = usize::try_from(len).unwrap_or(usize::MAX).min(CAPACITY);
+    // SAFETY: `area` is SCRIPTS, which nothing writes at run time, and
+    // `len` is within it.
+    let bundle: &'static [u8] = unsafe { std::slice::from_raw_parts(area, len) };
+    parse_bundle(bundle).ok_or_else(|| {
+        "the scripts injected into this QuickJS engine are damaged: rebuild the project with \
+         `sluice plugin build`"
+            .into()
+    })
+}
+
+/// The files of a bundle (see [`SCRIPTS`]), or None when it is malformed.
+fn parse_bundle(mut bundle: &[u8]) -> Option<Vec<(&str, &[u8])>> {
+    fn take<'a>(bundle: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = bundle.split_at_checked(n)?;
+        *bundle = rest;
+        Some(head)
+    }
+    fn number(bundle: &mut &[u8]) -> Option<usize> {
+        let bytes = take(bundle, 4)?.try_into().ok()?;
+        usize::try_from(u32::from_le_bytes(bytes)).ok()
+    }
+    let count = number(&mut bundle)?;
+    let mut files = Vec::with_capacity(count.min(bundle.len() / 8));
+    for _ in 0..count {
+        let name = number(&mut bundle)?;
+        let name = std::str::from_utf8(take(&mut bundle, name)?).ok()?;
+        let len = number(&mut bundle)?;
+        files.push((name, take(&mut bundle, len)?));
+    }
+    bundle.is_empty().then_some(files)
 }
 
 /// The native half of [`PRELUDE`].
@@ -274,7 +363,7 @@ fn natives<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<Object<'js>> {
 }
 
 /// Resolves `./x.js` and `../x.js` against the importing module, and loads
-/// the compiled-in scripts and the host module.
+/// the injected scripts and the host module.
 struct Scripts;
 
 impl Resolver for Scripts {
@@ -317,7 +406,9 @@ impl Loader for Scripts {
             Some(source) => Module::declare(ctx.clone(), name, source),
             None => Err(Exception::throw_reference(
                 ctx,
-                &format!("cannot find module `{name}`: only the project's .js files are built in"),
+                &format!(
+                    "cannot find module `{name}`: only the project's .js and .mjs files are built in"
+                ),
             )),
         }
     }
