@@ -91,8 +91,12 @@ fn main() {
     std::fs::write(out.join("quickjs_prebuilt.rs"), generated).expect("writing OUT_DIR");
 }
 
-/// Builds both worlds of the engine in `OUT_DIR/quickjs-target`, and copies
-/// them to `OUT_DIR`; says why not when it cannot.
+/// Builds both worlds of the engine and copies them to `OUT_DIR`; says why
+/// not when it cannot. Its target directory is `sluice-quickjs-engine` in
+/// the outer target directory (the nearest ancestor of `OUT_DIR` that cargo
+/// tagged `CACHEDIR.TAG`), so the dev, release and bench profiles share one
+/// build of it (the engine is always built in release); `OUT_DIR` itself
+/// when there is no such ancestor.
 fn build(engine: &Path, out: &Path) -> Result<Vec<PathBuf>, String> {
     let missing = |m: toolchain::Missing| {
         watch_for_installs();
@@ -100,8 +104,22 @@ fn build(engine: &Path, out: &Path) -> Result<Vec<PathBuf>, String> {
     };
     let cargo = toolchain::cargo().map_err(missing)?;
     let c = WasmC::find().map_err(missing)?;
-    let target = out.join("quickjs-target");
+    let target = out
+        .ancestors()
+        .find(|d| d.join("CACHEDIR.TAG").is_file())
+        .map_or_else(
+            || out.join("quickjs-target"),
+            |d| d.join("sluice-quickjs-engine"),
+        );
+    // Another profile's build script may build it at the same time: both
+    // worlds write the same file, so one build (and copy) at a time.
+    std::fs::create_dir_all(&target).map_err(|e| format!("creating {}: {e}", target.display()))?;
+    let lock_path = target.join("build.lock");
+    let lock = std::fs::File::create(&lock_path)
+        .and_then(|f| f.lock().map(|()| f))
+        .map_err(|e| format!("locking {}: {e}", lock_path.display()))?;
     let log_path = out.join("quickjs-build.log");
+    std::fs::write(&log_path, "").map_err(|e| format!("writing {}: {e}", log_path.display()))?;
     let mut paths = Vec::new();
     for (_, features, name) in WORLDS {
         let log = std::fs::OpenOptions::new()
@@ -139,6 +157,7 @@ fn build(engine: &Path, out: &Path) -> Result<Vec<PathBuf>, String> {
         std::fs::copy(&from, &to).map_err(|e| format!("copying {}: {e}", from.display()))?;
         paths.push(to);
     }
+    drop(lock);
     Ok(paths)
 }
 
