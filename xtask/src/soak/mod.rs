@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use super::{cargo, ensure_wasm_target, plugins, run, target_dir};
+use super::{cargo, ensure_wasm_target, run, target_dir};
 use ledger::{Ledger, Tally};
 use receiver::Receiver;
 
@@ -144,11 +144,11 @@ stages:
 sinks:
   - name: deliver-b
     subscribe: out.b
-    concurrency: 4
+    concurrency: 16
     http: {url: "{receiver}/b"}
   - name: deliver-c
     subscribe: out.c
-    concurrency: 4
+    concurrency: 16
     http: {url: "{receiver}/c"}
 "#;
 
@@ -207,8 +207,9 @@ fn parse_args(args: &[&str]) -> anyhow::Result<Options> {
 pub(crate) fn soak(args: &[&str]) -> anyhow::Result<()> {
     let opts = parse_args(args)?;
     ensure_wasm_target()?;
-    println!("== building the plugins");
-    plugins()?;
+    // Its three handlers are Rust plugins: no Python or JS toolchain.
+    println!("== building the Rust plugins");
+    sluice_harness::build_plugins()?;
     let release = !cfg!(debug_assertions);
     let profile = if release { "release" } else { "debug" };
     println!("== building sluice ({profile})");
@@ -1180,7 +1181,7 @@ mod tests {
         // Both outputs leave through a sink to the receiver's two ledgers.
         for (topic, path) in [(OUT_B, "b"), (OUT_C, "c")] {
             assert!(PIPELINE_YAML.contains(&format!(
-                "    subscribe: {topic}\n    concurrency: 4\n    http: {{url: \"{{receiver}}/{path}\"}}\n"
+                "    subscribe: {topic}\n    concurrency: 16\n    http: {{url: \"{{receiver}}/{path}\"}}\n"
             )));
         }
     }

@@ -31,7 +31,8 @@ impl Receiver {
                 post(arrive).with_state(Arc::clone(ledger)),
             );
         }
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
             .enable_all()
             .build()
             .context("the receiver's runtime")?;
