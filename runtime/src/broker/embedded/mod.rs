@@ -7,10 +7,12 @@
 //! - `store.rs`: the fjall keyspaces, keys and records.
 //! - `topic.rs` / `consumer.rs`: what is kept in memory: topic counters,
 //!   and per consumer a cursor, a pending set and lease/nak timers.
-//! - `commit.rs`: the single writer thread and its group commit.
+//! - `database.rs`: the open store and its reopen slot.
+//! - `commit/`: the single writer thread and its group commit.
 //! - `fetch.rs`: deliveries and browsing.
 //! - `retention.rs`: deleting what is settled or too old, expiring the
 //!   duplicate window.
+//! - `memtables.rs`: keeping large records from piling up in memory.
 //! - `recover.rs`: rebuilding the in-memory state on open.
 //! - `journal.rs`: verifying the journals before fjall opens them (any
 //!   damage but a torn tail refuses).
@@ -30,6 +32,7 @@ mod fetch;
 mod health;
 mod idempotency;
 pub mod journal;
+mod memtables;
 mod recover;
 mod retention;
 mod store;
@@ -141,6 +144,8 @@ pub(super) struct Shared {
     holds: idempotency::Holds,
     /// Where the next sweep of expired dedup records starts.
     dedup_sweep: idempotency::SweepCursor,
+    /// Large records sealed whose memtables fjall still holds.
+    release: memtables::Release,
 }
 
 impl Shared {
@@ -268,6 +273,7 @@ impl EmbeddedBroker {
             dedup_window_ms: millis(options.dedup_window),
             holds: idempotency::Holds::default(),
             dedup_sweep: idempotency::SweepCursor::default(),
+            release: memtables::Release::default(),
         });
         let (tx, rx) = mpsc::channel();
         let committer = std::thread::Builder::new()

@@ -34,6 +34,9 @@ const CHUNK: usize = 50_000;
 
 /// One maintenance run: everything above.
 pub(super) fn maintain(shared: &Shared) -> Result<(), BrokerError> {
+    if let Some(store) = shared.store.current() {
+        super::memtables::release_flushed(&store, &shared.release);
+    }
     run(shared, true)
 }
 

@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 use crate::broker::Ticket;
 use crate::broker::embedded::consumer::{Consumer, Pending};
 use crate::broker::embedded::database::{Store, delete_message};
+use crate::broker::embedded::memtables;
 use crate::broker::embedded::store::{
     DedupRecord, MessageRecordRef, Position, cursor_key, dedup_key, encode, encode_message,
     msg_key, pending_key, run_key, storage,
@@ -154,6 +155,9 @@ pub(in crate::broker::embedded) struct Group<'a> {
     settles: HashMap<u32, (Arc<Consumer>, Vec<u64>)>,
     /// The broker clock for this group.
     pub now: u64,
+    /// Bytes of large message records this group writes
+    /// ([`memtables::LARGE_RECORD_BYTES`] each or more).
+    large_bytes: u64,
 }
 
 impl<'a> Group<'a> {
@@ -169,6 +173,7 @@ impl<'a> Group<'a> {
             cursors: HashMap::new(),
             settles: HashMap::new(),
             now: now_millis(),
+            large_bytes: 0,
         }
     }
 
@@ -248,6 +253,9 @@ impl<'a> Group<'a> {
                 headers: &m.headers,
                 payload: &m.payload,
             })?;
+            if value.len() >= memtables::LARGE_RECORD_BYTES {
+                self.large_bytes += value.len() as u64;
+            }
             let store = &self.store;
             self.batch
                 .insert(&store.messages, msg_key(topic.id, seq), value);
@@ -422,6 +430,7 @@ impl<'a> Group<'a> {
             let e = self.write_failed(&e);
             return fail(&e, early, done);
         }
+        memtables::seal_after_large_writes(&self.store, &self.shared.release, self.large_bytes);
         for d in early {
             d.send(None);
         }

@@ -8,6 +8,7 @@ use crate::broker::Ticket;
 use crate::broker::embedded::Shared;
 use crate::broker::embedded::consumer::{Consumer, Pending};
 use crate::broker::embedded::database::Store;
+use crate::broker::embedded::memtables;
 use crate::broker::embedded::store::{PendingRecord, encode, pending_key};
 use crate::broker::embedded::topic::Topic;
 use crate::broker::{BrokerError, Message, PublishAck};
@@ -141,6 +142,7 @@ pub(super) fn refuse(op: Op, e: &BrokerError) {
 /// Builds, commits and answers one group. Returns whether it settled
 /// deliveries (so settled messages may be deletable).
 pub(super) fn process(shared: &Shared, store: Store, ops: &mut Vec<Op>) -> bool {
+    memtables::wait_for_flushes(&store);
     let mut group = Group::new(shared, store);
     let mut early = Vec::new();
     let mut done = Vec::new();
