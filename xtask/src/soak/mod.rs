@@ -29,9 +29,12 @@
 //! daemon gets SIGTERM and must exit 0.
 //!
 //! Fails on a lost, duplicated, unexpected or altered message, on open
-//! descriptors growing by more than [`FD_SLACK`] after the warm-up, and,
-//! for runs of 30 minutes or more, on RSS growing 5 % or more from the end
-//! of the warm-up (minute 5) to the end.
+//! descriptors other than sockets growing by more than [`FD_SLACK`] after
+//! the warm-up, on more sockets than the sinks' pools and the APIs account
+//! for ([`SOCKET_LIMIT`]: the pools open and close connections with the
+//! traffic, so sockets are bounded rather than flat), and, for runs of 30
+//! minutes or more, on RSS growing 5 % or more from the end of the warm-up
+//! (minute 5) to the end.
 
 mod ledger;
 mod receiver;
@@ -72,9 +75,16 @@ const WARM_UP: Duration = Duration::from_secs(5 * 60);
 const RSS_CHECKED_FROM_MINUTES: f64 = 30.0;
 /// RSS growth (percent) that fails a run of 30 minutes or more.
 const RSS_GROWTH_LIMIT: f64 = 5.0;
-/// How far open descriptors may move (max - min) after the warm-up:
-/// admin connections come and go.
+/// How far open descriptors other than sockets may move (max - min)
+/// after the warm-up: the store opens and closes table files as it
+/// flushes and compacts.
 const FD_SLACK: u64 = 8;
+/// Worker slots of each sink, so pooled connections to the receiver.
+const SINK_CONCURRENCY: u64 = 16;
+/// The most sockets the daemon may hold at rest: both sinks' pools, the
+/// admin listener, the producer's and the sampler's connections, and
+/// room for connections closing.
+const SOCKET_LIMIT: u64 = 2 * SINK_CONCURRENCY + 16;
 /// How long the stages get to drain once ingest stops.
 const DRAIN_LIMIT: Duration = Duration::from_secs(10 * 60);
 /// How long the daemon gets to exit after SIGTERM (its
@@ -308,10 +318,15 @@ fn index_of(payload: &str) -> Option<u64> {
 struct Sample {
     at: Duration,
     rss_kib: u64,
-    /// Open descriptors at rest: the fewest of [`FD_READS`] counts.
+    /// Open descriptors that are not sockets (files, pipes, event and
+    /// timer descriptors) at rest: the fewest of [`FD_READS`] counts.
     fds: u64,
     /// The most of those counts.
     fds_peak: u64,
+    /// Open sockets at rest (the fewest of the counts): listeners, ingest
+    /// and admin connections, and the sinks' pooled connections, which
+    /// come and go with the traffic.
+    sockets: u64,
 }
 
 /// How many times a sample counts the open descriptors, [`FD_READ_GAP`]
@@ -331,22 +346,35 @@ fn sample(pid: u32, at: Duration) -> anyhow::Result<Sample> {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .context("no VmRSS in /proc/PID/status")?;
-    let (mut fds, mut fds_peak) = (u64::MAX, 0);
+    let (mut fds, mut fds_peak, mut sockets) = (u64::MAX, 0, u64::MAX);
     for read in 0..FD_READS {
         if read > 0 {
             std::thread::sleep(FD_READ_GAP);
         }
-        let count = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        let (mut files, mut socks) = (0, 0);
+        for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))
             .with_context(|| format!("reading /proc/{pid}/fd"))?
-            .count() as u64;
-        fds = fds.min(count);
-        fds_peak = fds_peak.max(count);
+        {
+            // One closed between the listing and the link: not counted.
+            let Ok(target) = entry.and_then(|e| std::fs::read_link(e.path())) else {
+                continue;
+            };
+            if target.to_string_lossy().starts_with("socket:") {
+                socks += 1;
+            } else {
+                files += 1;
+            }
+        }
+        fds = fds.min(files);
+        fds_peak = fds_peak.max(files);
+        sockets = sockets.min(socks);
     }
     Ok(Sample {
         at,
         rss_kib,
         fds,
         fds_peak,
+        sockets,
     })
 }
 
@@ -742,11 +770,12 @@ fn print_sample(daemon: &Daemon, s: &Sample, phase: &str, accepted: u64) {
         Err(err) => format!("(status: {err:#})"),
     };
     println!(
-        "[{:>6}] {phase:<6} rss {:>10}  fds {:>3} (peak {:>3})  in {:>10}  waiting/in-flight: {backlog}",
+        "[{:>6}] {phase:<6} rss {:>10}  files {:>3} (peak {:>3})  sockets {:>3}  in {:>10}  waiting/in-flight: {backlog}",
         clock(s.at),
         mib(s.rss_kib),
         s.fds,
         s.fds_peak,
+        s.sockets,
         thousands(accepted),
     );
 }
@@ -763,7 +792,7 @@ fn soak_in(
     let pid = daemon.pid();
     println!(
         "== soak: {} min at {} msgs/s into `{IN}`; 1 % retried once, 1 % rejected; \
-         RSS and open fds every {}s",
+         RSS, open files and sockets every {}s",
         opts.minutes,
         opts.rate,
         SAMPLE_EVERY.as_secs()
@@ -888,6 +917,9 @@ fn soak_in(
     Ok(())
 }
 
+/// Whether input `i` must arrive in a place exactly once (else never).
+type Expect = fn(u64) -> bool;
+
 /// What the receiver counts: `out.b` as delivered to `/b`, `out.c` to
 /// `/c`.
 struct Delivered {
@@ -940,7 +972,7 @@ impl Check {
         let (b, _) = lock(&delivered.b);
         let (c, (retried, redelivered)) = lock(&delivered.c);
         let mut tallies = vec![b, c];
-        let dlqs: [(&'static str, fn(u64) -> bool); 3] = [
+        let dlqs: [(&'static str, Expect); 3] = [
             (DLQ_ROUTE, |i| class(i) == Class::Reject),
             (DLQ_STAMP, |_| false),
             (DLQ_COPY, |_| false),
@@ -1112,18 +1144,35 @@ impl Report<'_> {
                 let all_max = self.samples.iter().map(|s| s.fds).max().unwrap_or(0);
                 let peak = self.samples.iter().map(|s| s.fds_peak).max().unwrap_or(0);
                 row(
-                    "open fds after warm-up",
+                    "open files after warm-up",
                     format!("{min}..{max}"),
                     format!(
                         "spread {} (limit {FD_SLACK}); whole run {all_min}..{all_max}, \
-                         momentary peak {peak}, after the drain {}",
+                         momentary peak {peak}, after the drain {} (descriptors but sockets)",
                         max - min,
                         self.drained.fds
                     ),
                 );
                 if max - min > FD_SLACK {
                     failures.push(format!(
-                        "open fds grew from {min} to {max} after the warm-up (slack {FD_SLACK})"
+                        "open files grew from {min} to {max} after the warm-up (slack {FD_SLACK})"
+                    ));
+                }
+                let sockets = self.samples.iter().map(|s| s.sockets).max().unwrap_or(0);
+                row(
+                    "open sockets, most",
+                    sockets.to_string(),
+                    format!(
+                        "limit {SOCKET_LIMIT}: the sinks' {} pooled connections and the rest; \
+                         after the drain {}",
+                        2 * SINK_CONCURRENCY,
+                        self.drained.sockets
+                    ),
+                );
+                if sockets > SOCKET_LIMIT {
+                    failures.push(format!(
+                        "{sockets} sockets open at rest, more than the {SOCKET_LIMIT} the sinks \
+                         and the APIs account for"
                     ));
                 }
             }
@@ -1181,7 +1230,7 @@ mod tests {
         // Both outputs leave through a sink to the receiver's two ledgers.
         for (topic, path) in [(OUT_B, "b"), (OUT_C, "c")] {
             assert!(PIPELINE_YAML.contains(&format!(
-                "    subscribe: {topic}\n    concurrency: 16\n    http: {{url: \"{{receiver}}/{path}\"}}\n"
+                "    subscribe: {topic}\n    concurrency: {SINK_CONCURRENCY}\n    http: {{url: \"{{receiver}}/{path}\"}}\n"
             )));
         }
     }
