@@ -12,12 +12,12 @@
 //! - after a burst the daemon kept the last memtables (hundreds of MB)
 //!   until some later write rotated again, which an idle daemon never does.
 //!
-//! So the committer seals the `messages` memtable itself right after a
-//! group that wrote a large record ([`seal_after_large_writes`]), waits
-//! before a new group while unflushed memtables exceed [`WRITE_BUFFER_LIMIT`]
-//! ([`wait_for_flushes`]), and once those flushes are done and the broker
-//! is idle, rotates once more so fjall lets go of the flushed ones
-//! ([`release_flushed`]).
+//! So the committer seals the `messages` memtable itself once the large
+//! records written since the last seal fill one ([`seal_after_large_writes`]),
+//! waits before a new group while unflushed memtables exceed
+//! [`WRITE_BUFFER_LIMIT`] and a flush is under way ([`wait_for_flushes`]),
+//! and, in maintenance once those flushes are done, rotates once more so
+//! fjall lets go of the flushed ones ([`release_flushed`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -45,7 +45,7 @@ const RELEASE_KEY: &[u8] = b"\xffsluice-release";
 
 /// The committer's account of large records in the `messages` memtable.
 #[derive(Debug, Default)]
-pub(super) struct Release {
+pub(super) struct LargeRecords {
     /// Bytes of large records written since the last seal.
     unsealed: AtomicU64,
     /// Whether a memtable was sealed and not yet released.
@@ -57,20 +57,20 @@ pub(super) struct Release {
 /// rather than when a busy worker gets to it, and no later record joins
 /// it. (Many records of 100 KiB seal a memtable every 4 MiB, as often as
 /// fjall would rotate it; one of 60 MB seals at once.)
-pub(super) fn seal_after_large_writes(store: &Store, release: &Release, large_bytes: u64) {
+pub(super) fn seal_after_large_writes(store: &Store, large: &LargeRecords, large_bytes: u64) {
     if large_bytes == 0 {
         return;
     }
-    let unsealed = release.unsealed.fetch_add(large_bytes, Ordering::Relaxed) + large_bytes;
+    let unsealed = large.unsealed.fetch_add(large_bytes, Ordering::Relaxed) + large_bytes;
     if unsealed < MESSAGES_MEMTABLE_BYTES {
         return;
     }
-    release.unsealed.store(0, Ordering::Relaxed);
+    large.unsealed.store(0, Ordering::Relaxed);
     // Failing to rotate leaves the memtable to rotate on its own.
     if let Err(e) = store.messages.rotate_memtable() {
         tracing::debug!(error = %e, "sealing the messages memtable failed");
     }
-    release.sealed.store(true, Ordering::Relaxed);
+    large.sealed.store(true, Ordering::Relaxed);
 }
 
 /// Waits while the memtables hold more than [`WRITE_BUFFER_LIMIT`] bytes
@@ -100,11 +100,11 @@ pub(super) fn wait_for_flushes(store: &Store) {
 /// Once the sealed large records are flushed, rotates the `messages`
 /// memtable once more so fjall drops the versions that still reference
 /// the flushed memtables. Called from the committer's maintenance.
-pub(super) fn release_flushed(store: &Store, release: &Release) {
-    if !release.sealed.load(Ordering::Relaxed) || store.db.outstanding_flushes() > 0 {
+pub(super) fn release_flushed(store: &Store, large: &LargeRecords) {
+    if !large.sealed.load(Ordering::Relaxed) || store.db.outstanding_flushes() > 0 {
         return;
     }
-    release.sealed.store(false, Ordering::Relaxed);
+    large.sealed.store(false, Ordering::Relaxed);
     let rotated = store
         .messages
         .remove(RELEASE_KEY)
@@ -131,12 +131,12 @@ mod tests {
     /// A record of a memtable's size: sealed at once.
     const SIZE: usize = MESSAGES_MEMTABLE_BYTES as usize;
 
-    fn write_large(store: &Store, release: &Release, seq: u64) {
+    fn write_large(store: &Store, large: &LargeRecords, seq: u64) {
         let mut batch = store.db.batch();
         let value = vec![b'x'; SIZE];
         batch.insert(&store.messages, msg_key(1, seq), value.clone());
         batch.commit().expect("commit");
-        seal_after_large_writes(store, release, value.len() as u64);
+        seal_after_large_writes(store, large, value.len() as u64);
     }
 
     /// Without the seal, the record would wait in its memtable until a
@@ -145,14 +145,14 @@ mod tests {
     fn a_large_record_is_sealed_and_flushed_at_once_then_released() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(dir.path()).expect("open");
-        let release = Release::default();
-        write_large(&store, &release, 1);
+        let large = LargeRecords::default();
+        write_large(&store, &large, 1);
         wait("the sealed memtable was not flushed", || {
             store.messages.blob_file_count() == 1 && store.db.outstanding_flushes() == 0
         });
-        assert!(release.sealed.load(Ordering::Relaxed));
-        release_flushed(&store, &release);
-        assert!(!release.sealed.load(Ordering::Relaxed), "released once");
+        assert!(large.sealed.load(Ordering::Relaxed));
+        release_flushed(&store, &large);
+        assert!(!large.sealed.load(Ordering::Relaxed), "released once");
         // The release's removal is invisible: the message is all there is.
         let keys: Vec<_> = store
             .messages
@@ -177,18 +177,18 @@ mod tests {
     fn small_large_records_seal_once_a_memtable_is_full() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(dir.path()).expect("open");
-        let release = Release::default();
+        let large = LargeRecords::default();
         let each = 100 * 1024;
         let fill = MESSAGES_MEMTABLE_BYTES.div_ceil(each);
         for _ in 1..fill {
-            seal_after_large_writes(&store, &release, each);
+            seal_after_large_writes(&store, &large, each);
         }
-        assert!(!release.sealed.load(Ordering::Relaxed), "sealed too early");
-        seal_after_large_writes(&store, &release, each);
-        assert!(release.sealed.load(Ordering::Relaxed), "never sealed");
-        assert_eq!(release.unsealed.load(Ordering::Relaxed), 0);
-        seal_after_large_writes(&store, &release, each);
-        assert_eq!(release.unsealed.load(Ordering::Relaxed), each);
+        assert!(!large.sealed.load(Ordering::Relaxed), "sealed too early");
+        seal_after_large_writes(&store, &large, each);
+        assert!(large.sealed.load(Ordering::Relaxed), "never sealed");
+        assert_eq!(large.unsealed.load(Ordering::Relaxed), 0);
+        seal_after_large_writes(&store, &large, each);
+        assert_eq!(large.unsealed.load(Ordering::Relaxed), each);
     }
 
     #[test]
@@ -201,8 +201,8 @@ mod tests {
             db.persist(fjall::PersistMode::SyncAll).expect("persist");
         }
         let store = Store::open(dir.path()).expect("open");
-        let release = Release::default();
-        write_large(&store, &release, 7);
+        let large = LargeRecords::default();
+        write_large(&store, &large, 7);
         wait("the sealed memtable was not flushed", || {
             store.db.outstanding_flushes() == 0 && store.messages.table_count() == 1
         });

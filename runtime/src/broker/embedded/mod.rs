@@ -145,7 +145,7 @@ pub(super) struct Shared {
     /// Where the next sweep of expired dedup records starts.
     dedup_sweep: idempotency::SweepCursor,
     /// Large records sealed whose memtables fjall still holds.
-    release: memtables::Release,
+    large_records: memtables::LargeRecords,
 }
 
 impl Shared {
@@ -273,7 +273,7 @@ impl EmbeddedBroker {
             dedup_window_ms: millis(options.dedup_window),
             holds: idempotency::Holds::default(),
             dedup_sweep: idempotency::SweepCursor::default(),
-            release: memtables::Release::default(),
+            large_records: memtables::LargeRecords::default(),
         });
         let (tx, rx) = mpsc::channel();
         let committer = std::thread::Builder::new()

@@ -35,7 +35,7 @@ const CHUNK: usize = 50_000;
 /// One maintenance run: everything above.
 pub(super) fn maintain(shared: &Shared) -> Result<(), BrokerError> {
     if let Some(store) = shared.store.current() {
-        super::memtables::release_flushed(&store, &shared.release);
+        super::memtables::release_flushed(&store, &shared.large_records);
     }
     run(shared, true)
 }

@@ -430,7 +430,11 @@ impl<'a> Group<'a> {
             let e = self.write_failed(&e);
             return fail(&e, early, done);
         }
-        memtables::seal_after_large_writes(&self.store, &self.shared.release, self.large_bytes);
+        memtables::seal_after_large_writes(
+            &self.store,
+            &self.shared.large_records,
+            self.large_bytes,
+        );
         for d in early {
             d.send(None);
         }
