@@ -497,6 +497,7 @@ fn apt_install(packages: &[&str], why: &str) -> anyhow::Result<()> {
 
 /// `cargo xtask test`: what CI runs, in order of cost.
 fn test(extra: &[&str]) -> anyhow::Result<()> {
+    report_disk();
     setup()?;
     let plugins_manifest = sluice_harness::repo_root()
         .join("plugins")
@@ -569,7 +570,47 @@ fn test(extra: &[&str]) -> anyhow::Result<()> {
         .env("CARGO_TARGET_DIR", target_dir().join("sdk-host")))?;
     // The parsers of files, bodies and stored bytes under random input,
     // 30 seconds a target, from the seeds in fuzz/corpus.
+    report_disk();
     fuzz::fuzz(&[])
+}
+
+/// Prints the free space where the build writes. A disk that fills during
+/// a link shows up as a linker "bus error", far from its cause; this line in
+/// the log names the cause. Warns, and goes on, below `LOW_DISK_GIB`.
+fn report_disk() {
+    const LOW_DISK_GIB: u64 = 20;
+    let dir = target_dir();
+    let _ = std::fs::create_dir_all(&dir);
+    let free_kib = Command::new("df")
+        .args(["-Pk"])
+        .arg(&dir)
+        .output()
+        .ok()
+        .and_then(|out| {
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.lines()
+                .nth(1)?
+                .split_whitespace()
+                .nth(3)?
+                .parse::<u64>()
+                .ok()
+        });
+    match free_kib {
+        Some(kib) => {
+            let gib = kib / (1024 * 1024);
+            println!("== disk: {gib} GiB free under {}", dir.display());
+            if gib < LOW_DISK_GIB {
+                println!(
+                    "   warning: under {LOW_DISK_GIB} GiB free; the build and the fuzz \
+                     targets need more, and a full disk fails a link with a bus error"
+                );
+            }
+        }
+        None => println!(
+            "== disk: free space under {} unknown (df failed)",
+            dir.display()
+        ),
+    }
 }
 
 /// Prints how many tests skipped themselves, and why: `cargo test` counts
