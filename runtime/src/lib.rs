@@ -13,6 +13,7 @@
 //! - [`admin`]: the daemon's admin HTTP API (ingest, reads, status, DLQ, metrics).
 //! - [`daemon`]: `sluice run`: load, open, start, drain.
 //! - [`cli`]: the `sluice` command line.
+//! - [`timestamp`]: RFC 3339 times and durations back from now, as text.
 
 pub mod admin;
 pub mod broker;
@@ -30,5 +31,6 @@ pub mod failure;
 pub mod fuzz;
 pub mod metrics;
 pub mod plugin;
+pub mod timestamp;
 
 pub use failure::{Failure, FailureKind};

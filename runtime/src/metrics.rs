@@ -112,6 +112,8 @@ pub struct Metrics {
     pub dlq_depth: Family<StageLabels, Gauge>,
     /// `sluice_inflight{pipeline,stage}`.
     pub inflight: Family<StageLabels, Gauge>,
+    /// `sluice_stage_paused{pipeline,stage}`: 1 while the operator holds it.
+    pub stage_paused: Family<StageLabels, Gauge>,
     /// `sluice_handler_duration_seconds{pipeline,stage}`.
     pub handler_duration: Family<StageLabels, Histogram>,
     /// `sluice_claim_bytes_total{direction}`.
@@ -161,6 +163,7 @@ impl Metrics {
         let oldest_age = Family::<StageLabels, Gauge<f64, AtomicU64>>::default();
         let dlq_depth = Family::<StageLabels, Gauge>::default();
         let inflight = Family::<StageLabels, Gauge>::default();
+        let stage_paused = Family::<StageLabels, Gauge>::default();
         let handler_duration = Family::<StageLabels, Histogram>::new_with_constructor(|| {
             // 50 µs .. ~100 s.
             Histogram::new(exponential_buckets(0.000_05, 2.0, 22))
@@ -206,6 +209,11 @@ impl Metrics {
             "sluice_inflight",
             "Deliveries a stage holds and has not settled",
             inflight.clone(),
+        );
+        registry.register(
+            "sluice_stage_paused",
+            "1 while an operator has paused the stage (sluice stage pause), else 0",
+            stage_paused.clone(),
         );
         registry.register(
             "sluice_handler_duration_seconds",
@@ -291,6 +299,7 @@ impl Metrics {
             oldest_age,
             dlq_depth,
             inflight,
+            stage_paused,
             handler_duration,
             claim_bytes,
             ingest_responses,

@@ -227,6 +227,28 @@ async fn seed_dead_letter(broker: &dyn Broker, id: &str, payload: &str, kind: &s
     broker.publish(vec![entry]).await.expect("seed")[0].seq
 }
 
+/// Dead-letters `id` of `shop/route` with failure `kind` at `at` (ms since
+/// the epoch), with header `tenant`.
+async fn seed_failure(broker: &dyn Broker, id: &str, kind: &str, at: u64, tenant: &str) -> u64 {
+    let mut entry = Message::new(id, "shop.route.dlq", format!("payload of {id}"));
+    entry.key = Some(format!("key-{id}"));
+    entry.headers.push(("tenant".into(), tenant.into()));
+    Provenance {
+        pipeline: "shop".into(),
+        stage: "route".into(),
+        source_topic: "orders".into(),
+        source_seq: 1,
+        original_id: id.into(),
+        attempts: 3,
+        kind: kind.into(),
+        error: format!("{kind} in handler"),
+        first_failure: at - 1000,
+        last_failure: at,
+    }
+    .stamp(&mut entry);
+    broker.publish(vec![entry]).await.expect("seed")[0].seq
+}
+
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
@@ -837,6 +859,213 @@ async fn cli_tail_prints_json_lines() {
     let line: Value = serde_json::from_str(stdout(&out).trim()).expect("one JSON line");
     assert_eq!(line["payload"], "new");
     assert!(line["seq"].as_u64().expect("seq") > 3);
+    d.stop().await;
+}
+
+/// Two batches of rejected, timeout and trap entries, dead-lettered 10 s
+/// apart: a redrive of `--kind timeout --since <between them>` takes
+/// exactly the second batch's timeouts; the rest stay. The list and purge
+/// take the same filters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_filters_take_exactly_the_matching_entries() {
+    let d = InProcessAdmin::start().await;
+    let b = &*d.broker;
+    let first = sluice::broker::now_millis() - 60_000;
+    let second = first + 10_000;
+    for (batch, at) in [("a", first), ("b", second)] {
+        for kind in ["rejected", "timeout", "trap"] {
+            for n in 0..3 {
+                let tenant = if n == 0 { "acme" } else { "other" };
+                seed_failure(b, &format!("{batch}-{kind}-{n}"), kind, at, tenant).await;
+            }
+        }
+    }
+    let between = sluice::timestamp::format_rfc3339_millis(first + 5_000);
+    let ids = |value: &Value, field: &str| -> Vec<String> {
+        value[field]
+            .as_array()
+            .expect(field)
+            .iter()
+            .map(|e| e["id"].as_str().expect("id").to_owned())
+            .collect()
+    };
+
+    // The list takes the filters as query parameters.
+    let listed = d
+        .get_json(&format!(
+            "/v1/dlq/shop/route?kind=timeout&since={}",
+            url_escape(&between)
+        ))
+        .await;
+    assert_eq!(
+        ids(&listed, "entries"),
+        ["b-timeout-0", "b-timeout-1", "b-timeout-2"]
+    );
+    let acme = d
+        .get_json("/v1/dlq/shop/route?header=tenant%3Dacme&kind=trap&kind=rejected")
+        .await;
+    assert_eq!(
+        ids(&acme, "entries"),
+        ["a-rejected-0", "a-trap-0", "b-rejected-0", "b-trap-0"]
+    );
+    let keyed = d.get_json("/v1/dlq/shop/route?key=key-a-trap-1").await;
+    assert_eq!(ids(&keyed, "entries"), ["a-trap-1"]);
+    let by_error = d.get_json("/v1/dlq/shop/route?error=trap%20in").await;
+    assert_eq!(ids(&by_error, "entries").len(), 6);
+
+    // A dry run counts and shows the first ten, changing nothing.
+    let (status, dry) = d
+        .post_json(
+            "/v1/dlq/shop/route/redrive",
+            json!({"dry_run": true, "filter": {"kind": "timeout", "since": between}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{dry}");
+    assert_eq!(dry["redriven"], 3, "{dry}");
+    assert_eq!(
+        ids(&dry, "sample"),
+        ["b-timeout-0", "b-timeout-1", "b-timeout-2"]
+    );
+    assert_eq!(d.depth("shop.route.dlq").await, 18);
+
+    let (status, report) = d
+        .post_json(
+            "/v1/dlq/shop/route/redrive",
+            json!({"filter": {"kind": ["timeout"], "since": between}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["redriven"], 3, "{report}");
+    assert_eq!(
+        report["ids"],
+        json!([
+            "b-timeout-0~r1@shop/route",
+            "b-timeout-1~r1@shop/route",
+            "b-timeout-2~r1@shop/route"
+        ])
+    );
+    assert_eq!(d.depth("orders").await, 3);
+    let left = d.get_json("/v1/dlq/shop/route?limit=1000").await;
+    let left = ids(&left, "entries");
+    assert_eq!(left.len(), 15);
+    assert!(
+        left.iter().all(|id| !id.starts_with("b-timeout")),
+        "{left:?}"
+    );
+
+    // Purge: a dry run, then the first batch's rejections only.
+    let until = sluice::timestamp::format_rfc3339_millis(first);
+    let (_, dry) = d
+        .post_json(
+            "/v1/dlq/shop/route/purge",
+            json!({"all": true, "dry_run": true, "filter": {"kind": "rejected", "until": until}}),
+        )
+        .await;
+    assert_eq!(dry["purged"], 3, "{dry}");
+    assert_eq!(dry["dry_run"], true, "{dry}");
+    assert_eq!(d.depth("shop.route.dlq").await, 15);
+    let (_, purged) = d
+        .post_json(
+            "/v1/dlq/shop/route/purge",
+            json!({"all": true, "filter": {"kind": "rejected", "until": until}}),
+        )
+        .await;
+    assert_eq!(purged["purged"], 3, "{purged}");
+    let left = d.get_json("/v1/dlq/shop/route?kind=rejected").await;
+    assert_eq!(
+        ids(&left, "entries"),
+        ["b-rejected-0", "b-rejected-1", "b-rejected-2"]
+    );
+
+    // Bad filters are refused with a reason, never read as "everything".
+    for (path, body) in [
+        (
+            "/v1/dlq/shop/route/redrive",
+            json!({"filter": {"kind": "timout"}}),
+        ),
+        (
+            "/v1/dlq/shop/route/redrive",
+            json!({"filter": {"since": "yesterday"}}),
+        ),
+        (
+            "/v1/dlq/shop/route/purge",
+            json!({"all": true, "filter": {"header": "tenant"}}),
+        ),
+        (
+            "/v1/dlq/shop/route/purge",
+            json!({"all": true, "filter": {"kinds": "trap"}}),
+        ),
+    ] {
+        let (status, error) = d.post_json(path, body.clone()).await;
+        assert_eq!(status, 400, "{body} -> {error}");
+    }
+    assert_eq!(d.get("/v1/dlq/shop/route?knd=trap").await.status(), 400);
+    assert_eq!(d.get("/v1/dlq/shop/route?since=soon").await.status(), 400);
+    assert_eq!(d.depth("shop.route.dlq").await, 12);
+    d.stop().await;
+}
+
+fn url_escape(text: &str) -> String {
+    text.replace(':', "%3A").replace('+', "%2B")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_dlq_filters_and_dry_runs() {
+    let d = InProcessAdmin::start().await;
+    let b = &*d.broker;
+    let now = sluice::broker::now_millis();
+    for n in 0..12 {
+        seed_failure(b, &format!("t{n}"), "timeout", now - 1000, "acme").await;
+    }
+    seed_failure(b, "old", "timeout", now - 7_200_000, "acme").await;
+    seed_failure(b, "r0", "rejected", now - 1000, "acme").await;
+
+    let out = d.cli(&["dlq", "list", "shop/route", "--kind", "rejected"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(text.contains("r0"), "{text}");
+
+    let out = d.cli(&[
+        "dlq",
+        "redrive",
+        "shop/route",
+        "--kind",
+        "timeout",
+        "--since",
+        "1h",
+        "--dry-run",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.starts_with("would redrive 12 messages"), "{text}");
+    assert!(text.contains("(and 2 more)"), "{text}");
+    assert!(!text.contains("old"), "{text}");
+
+    let out = d.cli(&[
+        "dlq",
+        "purge",
+        "shop/route",
+        "--all",
+        "--kind",
+        "timeout",
+        "--until",
+        "1h",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).trim(),
+        "purged 1 entry from the DLQ of shop/route"
+    );
+    assert_eq!(d.depth("shop.route.dlq").await, 13);
+
+    let out = d.cli(&["dlq", "list", "shop/route", "--kind", "nope"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("unknown failure kind `nope`"),
+        "{}",
+        stderr(&out)
+    );
     d.stop().await;
 }
 

@@ -623,6 +623,45 @@ async fn reopen_keeps_messages_cursors_and_delivery_counts() {
     }
 }
 
+/// A paused consumer delivers nothing, lets a lease already out settle,
+/// and stays paused across a reopen and a new `ensure_consumer` (what a
+/// restart does); a resume wakes a fetch that is waiting.
+#[tokio::test]
+async fn a_pause_holds_deliveries_survives_a_reopen_and_a_resume_wakes_a_fetch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = setup(dir.path(), SyncMode::Always, LONG).await;
+    publish_ids(&b, "in", &["a"]).await;
+    let held = fetch_n(&b, "p.s", 1).await;
+    b.set_paused("p.s", true).await.expect("pause");
+    publish_ids(&b, "in", &["b", "c"]).await;
+    assert!(b.fetch("p.s", 10, QUIET).await.expect("fetch").is_empty());
+    b.ack(&held[0].receipt).await.expect("a lease out settles");
+    let stats = b.consumer_stats("p.s").await.expect("stats");
+    assert!(stats.paused);
+    assert_eq!((stats.pending, stats.in_flight), (2, 0));
+    assert!(matches!(
+        b.set_paused("nope", true).await,
+        Err(BrokerError::UnknownConsumer(_))
+    ));
+    drop(b);
+
+    let b = open(dir.path(), SyncMode::Always);
+    b.ensure_consumer(&consumer("p.s", "in", Duration::from_secs(30)))
+        .await
+        .expect("a restart with new settings");
+    assert!(b.consumer_stats("p.s").await.expect("stats").paused);
+    assert!(b.fetch("p.s", 10, QUIET).await.expect("fetch").is_empty());
+    let waiting = {
+        let b = b.clone();
+        tokio::spawn(async move { b.fetch("p.s", 10, ARRIVE).await })
+    };
+    tokio::time::sleep(QUIET).await;
+    b.set_paused("p.s", false).await.expect("resume");
+    let got = waiting.await.expect("task").expect("fetch");
+    assert_eq!(ids(&got), ["b", "c"]);
+    assert!(!b.consumer_stats("p.s").await.expect("stats").paused);
+}
+
 #[tokio::test]
 async fn a_second_open_of_the_same_directory_fails_clearly() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -177,6 +177,52 @@ async fn stage_with_dlq(server: &NatsServer, spec: &ConsumerSpec) -> std::sync::
     b
 }
 
+/// A pause is JetStream's own: a second broker (another daemon) sees it,
+/// a lease already out still settles, provisioning again (a restart)
+/// keeps it, and a resume delivers what waited.
+#[tokio::test]
+async fn a_pause_holds_for_every_daemon_and_survives_provisioning() {
+    let server = NatsServer::start().expect("nats-server");
+    let spec = consumer("p.s", "in", Duration::from_secs(30));
+    let b = stage_with_dlq(&server, &spec).await;
+    b.publish(vec![Message::new("a", "in", "first")])
+        .await
+        .expect("publish");
+    let held = b.fetch("p.s", 1, WAIT).await.expect("fetch");
+    assert_eq!(held.len(), 1);
+    b.set_paused("p.s", true).await.expect("pause");
+    b.publish(vec![
+        Message::new("b", "in", "second"),
+        Message::new("c", "in", "third"),
+    ])
+    .await
+    .expect("publish");
+    assert!(b.fetch("p.s", 10, WAIT).await.expect("fetch").is_empty());
+    b.ack(&held[0].receipt).await.expect("a lease out settles");
+
+    let other = stage_with_dlq(&server, &spec).await;
+    assert!(other.consumer_stats("p.s").await.expect("stats").paused);
+    assert!(
+        other
+            .fetch("p.s", 10, WAIT)
+            .await
+            .expect("fetch")
+            .is_empty(),
+        "another daemon fetched from a paused stage"
+    );
+    other.set_paused("p.s", false).await.expect("resume");
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        got.extend(b.fetch("p.s", 10, WAIT).await.expect("fetch"));
+        if got.len() >= 2 {
+            break;
+        }
+    }
+    let ids: Vec<&str> = got.iter().map(|d| d.message.id.as_str()).collect();
+    assert_eq!(ids, ["b", "c"]);
+    assert!(!b.consumer_stats("p.s").await.expect("stats").paused);
+}
+
 #[tokio::test]
 async fn messages_are_plain_nats_messages_and_settle_as_asked() {
     let server = NatsServer::start().expect("nats-server");

@@ -7,7 +7,9 @@
 //!
 //! - `ingest.rs`: `POST /v1/topics/{topic}/messages` and `/batch` (202, 429);
 //! - `topics.rs`: `GET /v1/topics[/{topic}[/messages]]` (stats, long-poll reads);
-//! - `dlq.rs`: `/v1/dlq/{pipeline}/{stage}` list, show, redrive, purge;
+//! - `dlq/`: `/v1/dlq/{pipeline}/{stage}` list, show, redrive, purge, and
+//!   the filters they take (`dlq/filter.rs`);
+//! - `stages.rs`: `POST /v1/stages/{pipeline}/{stage}/pause` and `/resume`;
 //! - `status.rs`: `GET /v1/status` and the throughput sampler behind it;
 //! - `scrape.rs`: `GET /metrics`, refreshing the broker-backed gauges first;
 //! - `error.rs`: the JSON error body every failure uses;
@@ -34,6 +36,7 @@ mod health;
 mod ingest;
 mod scrape;
 mod server;
+mod stages;
 mod status;
 mod topics;
 
@@ -51,8 +54,8 @@ use crate::metrics::Metrics;
 
 pub use access::{AccessConfig, Token};
 pub use dlq::{
-    DlqEntry, DlqEntryDetail, DlqList, PurgeReport, PurgeRequest, REDRIVE_TIME_LIMIT,
-    RedriveReport, RedriveRequest, SkippedEntry,
+    DlqEntry, DlqEntryDetail, DlqFilter, DlqList, Matcher, PurgeReport, PurgeRequest,
+    REDRIVE_TIME_LIMIT, RedriveReport, RedriveRequest, SAMPLE, SkippedEntry,
 };
 pub use error::{ApiError, ErrorBody};
 #[cfg(feature = "fuzz")]
@@ -65,6 +68,7 @@ pub use server::{
     DEFAULT_BODY_BUDGET, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, ServerLimits, TlsError,
     tls_config,
 };
+pub use stages::StageControl;
 pub use status::{SourceStatus, StageStatus};
 pub use topics::{MessageView, ReadResponse, TopicView, payload_fields};
 
@@ -526,6 +530,8 @@ pub(crate) fn router(state: AdminState) -> Router {
             post(dlq::purge).layer(DefaultBodyLimit::max(DLQ_BODY_LIMIT)),
         )
         .route("/v1/dlq/{pipeline}/{stage}/{seq}", get(dlq::show))
+        .route("/v1/stages/{pipeline}/{stage}/pause", post(stages::pause))
+        .route("/v1/stages/{pipeline}/{stage}/resume", post(stages::resume))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))

@@ -117,6 +117,10 @@ async fn refresh_gauges(state: &AdminState) {
             .dlq_depth
             .get_or_create(&labels)
             .set(gauge(backlog.dlq_depth));
+        metrics
+            .stage_paused
+            .get_or_create(&labels)
+            .set(i64::from(backlog.consumer.paused));
     }
 }
 

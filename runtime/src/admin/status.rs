@@ -52,6 +52,9 @@ pub struct StageStatus {
     /// For a sink: whether it reaches its target (false during an outage).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub up: Option<bool>,
+    /// Paused by the operator (`sluice stage pause`): it fetches nothing.
+    #[serde(default)]
+    pub paused: bool,
 }
 
 fn plugin_kind() -> String {
@@ -144,6 +147,7 @@ pub(super) async fn status(
                     .connectors()
                     .is_down(&format!("{}/{}", stage.pipeline, stage.stage))
             }),
+            paused: backlog.consumer.paused,
         });
     }
     Ok(Json(out))

@@ -59,6 +59,7 @@ struct Consumer {
     /// The next seq to deliver for the first time.
     cursor: u64,
     pending: BTreeMap<u64, Entry>,
+    paused: bool,
 }
 
 struct Entry {
@@ -146,6 +147,9 @@ impl MemoryBroker {
         let c = consumers
             .get_mut(consumer)
             .ok_or_else(|| BrokerError::UnknownConsumer(consumer.into()))?;
+        if c.paused {
+            return Ok(Vec::new());
+        }
         let topic = topics
             .get(&c.spec.topic)
             .ok_or_else(|| BrokerError::UnknownTopic(c.spec.topic.clone()))?;
@@ -329,6 +333,7 @@ impl Broker for MemoryBroker {
                 spec: spec.clone(),
                 cursor: 0,
                 pending: BTreeMap::new(),
+                paused: false,
             });
         Ok(())
     }
@@ -408,6 +413,16 @@ impl Broker for MemoryBroker {
         })
     }
 
+    async fn set_paused(&self, consumer: &str, paused: bool) -> Result<(), BrokerError> {
+        self.lock()
+            .consumers
+            .get_mut(consumer)
+            .ok_or_else(|| BrokerError::UnknownConsumer(consumer.into()))?
+            .paused = paused;
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
     async fn consumer_stats(&self, consumer: &str) -> Result<ConsumerStats, BrokerError> {
         let state = self.lock();
         let c = state
@@ -424,6 +439,7 @@ impl Broker for MemoryBroker {
             pending: (waiting + redeliveries) as u64,
             in_flight: in_flight as u64,
             oldest_age: None,
+            paused: c.paused,
         })
     }
 

@@ -253,6 +253,8 @@ pub struct ConsumerStats {
     pub in_flight: u64,
     /// Age of the oldest message not yet settled by this consumer.
     pub oldest_age: Option<Duration>,
+    /// Paused by the operator ([`Broker::set_paused`]).
+    pub paused: bool,
 }
 
 /// A topic's contents.
@@ -379,6 +381,14 @@ pub trait Broker: Send + Sync + 'static {
     /// Publishes `entry` (to its own topic, the DLQ) and then terms the
     /// delivery; one transaction where the broker supports it.
     async fn dead_letter(&self, receipt: &Receipt, entry: Message) -> Result<(), BrokerError>;
+
+    /// Pauses (`true`) or resumes a consumer. A paused consumer delivers
+    /// nothing: a fetch waits out its `wait` and returns empty. Leases
+    /// already out stay valid, so calls in flight finish and settle. The
+    /// pause is durable: it survives a restart and a new
+    /// [`Broker::ensure_consumer`], and on NATS it holds for every daemon
+    /// (a JetStream consumer pause, nats-server 2.11 or later).
+    async fn set_paused(&self, consumer: &str, paused: bool) -> Result<(), BrokerError>;
 
     /// The consumer's backlog.
     async fn consumer_stats(&self, consumer: &str) -> Result<ConsumerStats, BrokerError>;

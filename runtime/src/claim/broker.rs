@@ -147,6 +147,10 @@ impl Broker for ClaimingBroker {
         self.inner.dead_letter(receipt, entry).await
     }
 
+    async fn set_paused(&self, consumer: &str, paused: bool) -> Result<(), BrokerError> {
+        self.inner.set_paused(consumer, paused).await
+    }
+
     async fn consumer_stats(&self, consumer: &str) -> Result<ConsumerStats, BrokerError> {
         self.inner.consumer_stats(consumer).await
     }

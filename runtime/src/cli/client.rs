@@ -29,8 +29,9 @@ use serde::de::DeserializeOwned;
 use super::args::{ADMIN_READ_TOKEN_ENV, ADMIN_TOKEN_ENV, TokenSource};
 use crate::admin::{
     AdminState, ApiError, BatchHeaders, BatchLine, BatchReceipt, DEFAULT_ADMIN, DlqEntryDetail,
-    DlqList, ErrorBody, HEADER_PREFIX, ID_HEADER, KEY_HEADER, PublishReceipt, PurgeReport,
-    PurgeRequest, ReadResponse, RedriveReport, RedriveRequest, StageStatus, TopicView,
+    DlqFilter, DlqList, ErrorBody, HEADER_PREFIX, ID_HEADER, KEY_HEADER, PublishReceipt,
+    PurgeReport, PurgeRequest, ReadResponse, RedriveReport, RedriveRequest, StageControl,
+    StageStatus, TopicView,
 };
 use crate::broker::BrokerError;
 use crate::broker::nats::{NatsBroker, NatsOptions};
@@ -284,21 +285,42 @@ impl Client {
         }
     }
 
-    /// Up to `limit` of a stage's DLQ entries.
+    /// Up to `limit` of a stage's DLQ entries that `filter` takes.
     pub(crate) fn dlq_list(
         &self,
         pipeline: &str,
         stage: &str,
         limit: u32,
+        filter: &DlqFilter,
     ) -> Result<DlqList, ClientError> {
         match &self.transport {
-            Transport::Daemon(http) => http.get(
-                &format!("{}?limit={limit}", dlq_path(pipeline, stage)),
-                DEFAULT_TIMEOUT,
-            ),
+            Transport::Daemon(http) => {
+                let mut query = url::form_urlencoded::Serializer::new(String::new());
+                query.append_pair("limit", &limit.to_string());
+                for kind in &filter.kind {
+                    query.append_pair("kind", kind);
+                }
+                for header in &filter.header {
+                    query.append_pair("header", header);
+                }
+                for (name, value) in [
+                    ("since", &filter.since),
+                    ("until", &filter.until),
+                    ("error", &filter.error),
+                    ("key", &filter.key),
+                ] {
+                    if let Some(value) = value {
+                        query.append_pair(name, value);
+                    }
+                }
+                http.get(
+                    &format!("{}?{}", dlq_path(pipeline, stage), query.finish()),
+                    DEFAULT_TIMEOUT,
+                )
+            }
             Transport::Direct(direct) => {
                 let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-                direct.call(direct.state.dlq_list(pipeline, stage, Some(limit)))
+                direct.call(direct.state.dlq_list(pipeline, stage, Some(limit), filter))
             }
         }
     }
@@ -339,6 +361,29 @@ impl Client {
         }
     }
 
+    /// Pauses or resumes a stage.
+    pub(crate) fn stage_set_paused(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        paused: bool,
+    ) -> Result<StageControl, ClientError> {
+        match &self.transport {
+            Transport::Daemon(http) => http.post_json(
+                &format!(
+                    "{}/{}",
+                    stage_path(pipeline, stage),
+                    if paused { "pause" } else { "resume" }
+                ),
+                &serde_json::json!({}),
+                Some(DEFAULT_TIMEOUT),
+            ),
+            Transport::Direct(direct) => {
+                direct.call(direct.state.set_paused(pipeline, stage, paused))
+            }
+        }
+    }
+
     /// Purges a stage's DLQ entries.
     pub(crate) fn dlq_purge(
         &self,
@@ -358,6 +403,11 @@ impl Client {
             }
         }
     }
+}
+
+/// `/v1/stages/{pipeline}/{stage}`, escaped.
+fn stage_path(pipeline: &str, stage: &str) -> String {
+    format!("/v1/stages/{}/{}", segment(pipeline), segment(stage))
 }
 
 /// `/v1/dlq/{pipeline}/{stage}`, escaped.

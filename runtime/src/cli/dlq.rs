@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::client::{Client, ClientError, ConnectArgs};
 use super::table;
-use crate::admin::{PurgeRequest, RedriveRequest};
+use crate::admin::{DlqEntry, DlqFilter, PurgeRequest, RedriveRequest};
 use crate::broker::now_millis;
 
 #[derive(Debug, clap::Subcommand)]
@@ -20,7 +20,12 @@ pub(crate) enum Command {
     /// rejected, trap, timeout, out-of-memory, output-too-large, undeclared-topic,
     /// claim-missing, publish-failed), attempts, how long ago it last failed, and the error.
     ///
+    /// The filters (--kind, --since, --until, --error, --header, --key) narrow the list; every
+    /// one given must match.
+    ///
     /// Example: sluice dlq list orders/route --limit 20
+    ///
+    /// Example: sluice dlq list orders/route --kind timeout --since 1h
     List(ListArgs),
     /// Print one dead-lettered message in full, as JSON: provenance, headers and payload.
     ///
@@ -38,23 +43,30 @@ pub(crate) enum Command {
     /// Oldest first. Each message goes back to its source topic marked for this stage only (other
     /// stages on that topic do not see it again) and then leaves the DLQ. Entries without
     /// provenance cannot be routed and stay in the DLQ; they are listed as skipped. Use
-    /// --dry-run first to see what would happen, and --rate to spare a struggling dependency.
+    /// --dry-run first to see what would happen (the count and the first ten), and --rate to
+    /// spare a struggling dependency. The filters take part of the DLQ: only the entries that
+    /// match every one given are redriven; the rest stay.
     ///
     /// Example: sluice dlq redrive orders/route --rate 50 --dry-run
+    ///
+    /// Example: sluice dlq redrive orders/route --kind unavailable --since 2026-11-26T09:00:00Z
     Redrive(RedriveArgs),
     /// Delete dead-lettered messages for good.
     ///
-    /// Say how many: --limit N deletes the oldest N, --all deletes every entry of the stage.
+    /// Say how many: --limit N deletes the oldest N, --all deletes every entry of the stage, or
+    /// with filters every entry that matches them. --dry-run counts and shows the first ten.
     ///
     /// Example: sluice dlq purge orders/route --limit 100
+    ///
+    /// Example: sluice dlq purge orders/route --all --kind rejected --until 7d --dry-run
     Purge(PurgeArgs),
 }
 
 /// `<PIPELINE>/<STAGE>`.
 #[derive(Debug, Clone)]
 pub(crate) struct StageRef {
-    pipeline: String,
-    stage: String,
+    pub pipeline: String,
+    pub stage: String,
 }
 
 impl std::fmt::Display for StageRef {
@@ -91,7 +103,7 @@ impl EntryRef {
     }
 }
 
-fn stage_ref(text: &str) -> Result<StageRef, String> {
+pub(crate) fn stage_ref(text: &str) -> Result<StageRef, String> {
     match text.split_once('/') {
         Some((pipeline, stage))
             if !pipeline.is_empty() && !stage.is_empty() && !stage.contains('/') =>
@@ -107,6 +119,46 @@ fn stage_ref(text: &str) -> Result<StageRef, String> {
     }
 }
 
+/// The entries to take. Every filter given must match; none takes all.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub(crate) struct FilterArgs {
+    /// Only entries whose last failure was of this kind (retry, rejected, trap, timeout,
+    /// out-of-memory, output-too-large, undeclared-topic, claim-missing, publish-failed,
+    /// dedup-conflict, unavailable). Repeat it, or separate kinds with commas, for any of
+    /// several.
+    #[arg(long, value_name = "KIND")]
+    kind: Vec<String>,
+    /// Only entries dead-lettered at or after TIME: RFC 3339 (2026-11-26T09:00:00Z) or a
+    /// duration back from now (90s, 1h, 2days).
+    #[arg(long, value_name = "TIME")]
+    since: Option<String>,
+    /// Only entries dead-lettered at or before TIME, in the same forms as --since.
+    #[arg(long, value_name = "TIME")]
+    until: Option<String>,
+    /// Only entries whose error contains TEXT (case-sensitive).
+    #[arg(long, value_name = "TEXT")]
+    error: Option<String>,
+    /// Only entries with this header and value. Repeat it for several (all must match).
+    #[arg(long, value_name = "NAME=VALUE")]
+    header: Vec<String>,
+    /// Only entries with this message key.
+    #[arg(long, value_name = "KEY")]
+    key: Option<String>,
+}
+
+impl FilterArgs {
+    fn filter(&self) -> DlqFilter {
+        DlqFilter {
+            kind: self.kind.clone(),
+            since: self.since.clone(),
+            until: self.until.clone(),
+            error: self.error.clone(),
+            header: self.header.clone(),
+            key: self.key.clone(),
+        }
+    }
+}
+
 #[derive(Debug, clap::Args)]
 pub(crate) struct ListArgs {
     /// The stage, as PIPELINE/STAGE.
@@ -118,6 +170,8 @@ pub(crate) struct ListArgs {
     /// Print JSON (what the admin API answers) instead of a table.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    filter: FilterArgs,
     #[command(flatten)]
     connect: ConnectArgs,
 }
@@ -155,6 +209,8 @@ pub(crate) struct RedriveArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
+    filter: FilterArgs,
+    #[command(flatten)]
     connect: ConnectArgs,
 }
 
@@ -167,9 +223,17 @@ pub(crate) struct PurgeArgs {
     /// Delete the oldest N entries.
     #[arg(long, value_name = "N")]
     limit: Option<u64>,
-    /// Delete every entry of the stage.
+    /// Delete every entry of the stage (that the filters take).
     #[arg(long)]
     all: bool,
+    /// Count what would be deleted, and show the first ten, without deleting anything.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print the JSON report (what the admin API answers) instead of a summary.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    filter: FilterArgs,
     #[command(flatten)]
     connect: ConnectArgs,
 }
@@ -189,19 +253,40 @@ pub(crate) fn run(command: Command) -> ExitCode {
 
 fn list(args: &ListArgs) -> Result<(), ClientError> {
     let client = Client::connect(&args.connect)?;
-    let list = client.dlq_list(&args.stage.pipeline, &args.stage.stage, args.limit)?;
+    let filter = args.filter.filter();
+    let list = client.dlq_list(&args.stage.pipeline, &args.stage.stage, args.limit, &filter)?;
     if args.json {
         return print_json(&list);
     }
     if list.entries.is_empty() {
+        let what = if filter.is_empty() {
+            "is empty"
+        } else {
+            "has no entry that matches"
+        };
         return print_line(&format!(
-            "the DLQ of {} ({}) is empty",
+            "the DLQ of {} ({}) {what}",
             args.stage, list.topic
         ));
     }
+    let mut out = std::io::stdout().lock();
+    print_entries(&mut out, &list.entries)?;
+    let shown = list.entries.len() as u64;
+    if shown == u64::from(args.limit) {
+        writeln!(
+            out,
+            "({shown} shown of {} entries in {}; --limit shows more)",
+            list.depth, list.topic
+        )
+        .map_err(write_error)?;
+    }
+    Ok(())
+}
+
+/// Entries as a table, one line each.
+fn print_entries(out: &mut impl Write, entries: &[DlqEntry]) -> Result<(), ClientError> {
     let now = now_millis();
-    let rows: Vec<Vec<String>> = list
-        .entries
+    let rows: Vec<Vec<String>> = entries
         .iter()
         .map(|e| {
             vec![
@@ -220,21 +305,23 @@ fn list(args: &ListArgs) -> Result<(), ClientError> {
             ]
         })
         .collect();
-    let mut out = std::io::stdout().lock();
     table::print(
-        &mut out,
+        out,
         &["SEQ", "ID", "KIND", "ATTEMPTS", "LAST FAILURE", "ERROR"],
         &rows,
     )
-    .map_err(write_error)?;
-    let shown = list.entries.len() as u64;
-    if list.depth > shown {
-        writeln!(
-            out,
-            "({shown} of {} entries in {}; --limit shows more)",
-            list.depth, list.topic
-        )
-        .map_err(write_error)?;
+    .map_err(write_error)
+}
+
+/// A dry run's first entries, and how many more there are.
+fn print_sample(out: &mut impl Write, sample: &[DlqEntry], total: u64) -> Result<(), ClientError> {
+    if sample.is_empty() {
+        return Ok(());
+    }
+    print_entries(out, sample)?;
+    let more = total.saturating_sub(sample.len() as u64);
+    if more > 0 {
+        writeln!(out, "(and {more} more)").map_err(write_error)?;
     }
     Ok(())
 }
@@ -266,6 +353,7 @@ fn redrive(args: &RedriveArgs) -> Result<(), ClientError> {
         limit: args.limit,
         rate: args.rate,
         dry_run: args.dry_run,
+        filter: args.filter.filter(),
     };
     let report = client.dlq_redrive(&args.stage.pipeline, &args.stage.stage, &request)?;
     if args.json {
@@ -285,8 +373,12 @@ fn redrive(args: &RedriveArgs) -> Result<(), ClientError> {
         args.stage
     )
     .map_err(write_error)?;
-    for id in &report.ids {
-        writeln!(out, "  {id}").map_err(write_error)?;
+    if report.dry_run {
+        print_sample(&mut out, &report.sample, report.redriven)?;
+    } else {
+        for id in &report.ids {
+            writeln!(out, "  {id}").map_err(write_error)?;
+        }
     }
     if report.skipped > 0 {
         writeln!(
@@ -327,14 +419,28 @@ fn purge(args: &PurgeArgs) -> Result<(), ClientError> {
     let request = PurgeRequest {
         limit: args.limit,
         all: args.all,
+        dry_run: args.dry_run,
+        filter: args.filter.filter(),
     };
     let report = client.dlq_purge(&args.stage.pipeline, &args.stage.stage, &request)?;
-    print_line(&format!(
-        "purged {} entr{} from the DLQ of {}",
+    if args.json {
+        return print_json(&report);
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{} {} entr{} from the DLQ of {}",
+        if report.dry_run {
+            "would purge"
+        } else {
+            "purged"
+        },
         report.purged,
         if report.purged == 1 { "y" } else { "ies" },
         args.stage
-    ))
+    )
+    .map_err(write_error)?;
+    print_sample(&mut out, &report.sample, report.purged)
 }
 
 fn plural(n: u64) -> &'static str {

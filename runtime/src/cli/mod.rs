@@ -14,6 +14,7 @@ mod plugin_test;
 mod publish;
 mod run;
 mod schema;
+mod stage;
 mod status;
 mod table;
 mod tail;
@@ -110,6 +111,14 @@ enum Command {
     /// Example: sluice dlq list orders/route   (or with --broker nats://127.0.0.1:4222)
     #[command(subcommand)]
     Dlq(dlq::Command),
+    /// Pause or resume a stage: a paused stage fetches nothing until resumed.
+    ///
+    /// Through the running daemon, or with --broker nats://... straight on NATS. The pause is
+    /// kept by the broker, across restarts and (on NATS) for every daemon.
+    ///
+    /// Example: sluice stage pause orders/route
+    #[command(subcommand)]
+    Stage(stage::Command),
     /// One line per stage of the running daemon: rate, backlog, oldest age, in-flight, DLQ.
     ///
     /// RATE is messages settled per second over the last 10 s; DEPTH the messages waiting
@@ -183,6 +192,7 @@ pub fn main() -> ExitCode {
         Command::Publish(_)
             | Command::Tail(_)
             | Command::Dlq(_)
+            | Command::Stage(_)
             | Command::Status(_)
             | Command::Data(_)
     );
@@ -197,6 +207,7 @@ pub fn main() -> ExitCode {
         Command::Publish(args) => publish::run(args),
         Command::Tail(args) => tail::run(args),
         Command::Dlq(command) => dlq::run(command),
+        Command::Stage(command) => stage::run(command),
         Command::Status(args) => status::run(args),
         Command::Data(command) => data::run(command),
     }

@@ -1,5 +1,6 @@
 //! `sluice status`: one line per stage of the running daemon (a sink is a
-//! stage, marked `(sink)`, with `DOWN` while its target is unreachable):
+//! stage, marked `(sink)`, with `DOWN` while its target is unreachable; a
+//! stage the operator paused is marked `PAUSED`):
 //! throughput, backlog, the age of its oldest unsettled message, in-flight
 //! work and dead letters; then one line per source: what it has read, the
 //! upstream's lag, and whether it reaches its upstream. The first place to
@@ -66,12 +67,20 @@ fn status(args: &Args) -> Result<(), ClientError> {
         let rows: Vec<Vec<String>> = stages
             .iter()
             .map(|s| {
-                let name = match (s.kind.strip_prefix("sink:"), s.up) {
-                    (Some(kind), Some(false)) => {
-                        format!("{}/{} (sink:{kind}, DOWN)", s.pipeline, s.stage)
+                let mut marks = Vec::new();
+                if let Some(kind) = s.kind.strip_prefix("sink:") {
+                    marks.push(format!("sink:{kind}"));
+                    if s.up == Some(false) {
+                        marks.push("DOWN".into());
                     }
-                    (Some(kind), _) => format!("{}/{} (sink:{kind})", s.pipeline, s.stage),
-                    (None, _) => format!("{}/{}", s.pipeline, s.stage),
+                }
+                if s.paused {
+                    marks.push("PAUSED".into());
+                }
+                let name = if marks.is_empty() {
+                    format!("{}/{}", s.pipeline, s.stage)
+                } else {
+                    format!("{}/{} ({})", s.pipeline, s.stage, marks.join(", "))
                 };
                 vec![
                     name,

@@ -77,6 +77,8 @@ pub(super) struct ConsumerState {
     /// Settled runs of first deliveries above the floor, as stored
     /// (`settled` keyspace): start -> end (exclusive).
     pub settled_runs: BTreeMap<u64, u64>,
+    /// Paused: fetches deliver nothing (leases already out stay valid).
+    pub paused: bool,
 }
 
 impl ConsumerState {
@@ -92,6 +94,7 @@ impl ConsumerState {
             unrecorded: BTreeSet::new(),
             floor_dirty: false,
             settled_runs: BTreeMap::new(),
+            paused: false,
         }
     }
 }

@@ -63,6 +63,17 @@ impl EmbeddedBroker {
             tokio::pin!(published, settled);
             published.as_mut().enable();
             settled.as_mut().enable();
+            if consumer.state().paused {
+                // Paused: nothing is delivered; a resume wakes `settled`.
+                if Instant::now() >= deadline {
+                    return Ok(Vec::new());
+                }
+                tokio::select! {
+                    () = &mut settled => {}
+                    () = tokio::time::sleep_until(deadline) => {}
+                }
+                continue;
+            }
             let out = {
                 let _one_fetch_at_a_time = consumer.fetch_lock.lock().await;
                 self.fetch_once(consumer, max, max_bytes).await
@@ -271,7 +282,7 @@ impl EmbeddedBroker {
     /// at most one (cached) read for the age of the message at the cursor.
     pub(super) fn stats_for(&self, consumer: &Consumer) -> Result<ConsumerStats, BrokerError> {
         let ts = consumer.topic.snapshot();
-        let (cursor, waiting, in_flight, oldest_pending, cached) = {
+        let (cursor, waiting, in_flight, oldest_pending, cached, paused) = {
             let st = consumer.state();
             (
                 st.cursor.max(ts.first_seq),
@@ -279,6 +290,7 @@ impl EmbeddedBroker {
                 st.leased,
                 st.pending.first_key_value().map(|(_, p)| p.published_at),
                 st.cursor_age_cache,
+                st.paused,
             )
         };
         let undelivered = if cursor <= ts.last_seq {
@@ -308,6 +320,7 @@ impl EmbeddedBroker {
             pending: undelivered + waiting,
             in_flight,
             oldest_age: oldest.map(|at| Duration::from_millis(now_millis().saturating_sub(at))),
+            paused,
         })
     }
 }

@@ -426,13 +426,7 @@ impl Broker for EmbeddedBroker {
         self.call(|reply| Op::Ensure {
             apply: Box::new(move |g: &mut Group<'_>| {
                 let topic = g.shared.topic(&spec.topic)?;
-                let record = ConsumerRecord {
-                    id: 0,
-                    topic: spec.topic.clone(),
-                    filter: spec.filter.clone(),
-                    ack_wait_ms: millis(spec.ack_wait),
-                    max_ack_pending: spec.max_ack_pending,
-                };
+                let record = consumer_record(0, &spec, false);
                 let store = g.store.clone();
                 let record = match g.shared.consumer(&spec.name) {
                     Ok(c) => {
@@ -443,7 +437,13 @@ impl Broker for EmbeddedBroker {
                             )));
                         }
                         c.set_spec(spec.clone());
-                        ConsumerRecord { id: c.id, ..record }
+                        // A restart with new settings keeps the pause.
+                        let paused = c.state().paused;
+                        ConsumerRecord {
+                            id: c.id,
+                            paused,
+                            ..record
+                        }
                     }
                     Err(_) => {
                         let id = g.shared.next_id(false);
@@ -595,6 +595,28 @@ impl Broker for EmbeddedBroker {
         self.settle(receipt, vec![entry]).await
     }
 
+    async fn set_paused(&self, consumer: &str, paused: bool) -> Result<(), BrokerError> {
+        let consumer = self.shared.consumer(consumer)?;
+        let c = consumer.clone();
+        self.call(|reply| Op::Ensure {
+            apply: Box::new(move |g: &mut Group<'_>| {
+                let spec = c.state().spec.clone();
+                let record = consumer_record(c.id, &spec, paused);
+                let store = g.store.clone();
+                g.batch
+                    .insert(&store.consumers, spec.name.as_str(), encode(&record)?);
+                Ok(())
+            }),
+            reply,
+        })
+        .await?;
+        // Only once it is durable, so memory never claims a pause that a
+        // restart would forget; a resumed fetch wakes at once.
+        consumer.state().paused = paused;
+        consumer.settled.notify_waiters();
+        Ok(())
+    }
+
     async fn consumer_stats(&self, consumer: &str) -> Result<ConsumerStats, BrokerError> {
         let consumer = self.shared.consumer(consumer)?;
         self.stats_for(&consumer)
@@ -631,5 +653,17 @@ impl Broker for EmbeddedBroker {
 
     fn storage_errors(&self) -> u64 {
         self.shared.health.errors()
+    }
+}
+
+/// The durable form of a consumer's spec.
+fn consumer_record(id: u32, spec: &ConsumerSpec, paused: bool) -> ConsumerRecord {
+    ConsumerRecord {
+        id,
+        topic: spec.topic.clone(),
+        filter: spec.filter.clone(),
+        ack_wait_ms: millis(spec.ack_wait),
+        max_ack_pending: spec.max_ack_pending,
+        paused,
     }
 }

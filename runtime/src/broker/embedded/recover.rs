@@ -168,6 +168,7 @@ pub(super) fn load(store: &Store) -> Result<Loaded, BrokerError> {
             max_deliver: None,
         };
         let mut state = ConsumerState::new(spec, cursor);
+        state.paused = rec.paused;
         state.pending = pending;
         state.timers = timers;
         for guard in store.settled.prefix(rec.id.to_be_bytes()) {

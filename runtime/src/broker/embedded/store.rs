@@ -82,6 +82,10 @@ pub(super) struct ConsumerRecord {
     pub ack_wait_ms: u64,
     /// Most unsettled deliveries at once.
     pub max_ack_pending: Option<u32>,
+    /// Paused by the operator (`sluice stage pause`): delivers nothing
+    /// until resumed. Absent in records written before pauses existed.
+    #[serde(default)]
+    pub paused: bool,
 }
 
 /// A delivered, unsettled message of one consumer.

@@ -573,6 +573,26 @@ impl Broker for NatsBroker {
             .await
     }
 
+    /// A JetStream consumer pause, so it holds for every daemon and across
+    /// restarts. JetStream pauses until a time: "indefinitely" is a
+    /// century from now.
+    async fn set_paused(&self, consumer: &str, paused: bool) -> Result<(), BrokerError> {
+        let handle = self.consumer(consumer).await?;
+        let durable = naming::durable_name(&handle.spec.name);
+        let result = if paused {
+            let until = time::OffsetDateTime::now_utc() + time::Duration::days(36_500);
+            handle.stream.pause_consumer(&durable, until).await
+        } else {
+            handle.stream.resume_consumer(&durable).await
+        };
+        result.map(drop).map_err(|e| {
+            BrokerError::Unavailable(format!(
+                "cannot {} consumer `{durable}` (a pause needs nats-server 2.11 or later): {e}",
+                if paused { "pause" } else { "resume" }
+            ))
+        })
+    }
+
     async fn consumer_stats(&self, consumer: &str) -> Result<ConsumerStats, BrokerError> {
         let handle = self.consumer(consumer).await?;
         let info = handle.pull.get_info().await.map_err(|e| unavailable(&e))?;
@@ -591,6 +611,7 @@ impl Broker for NatsBroker {
             pending: info.num_pending,
             in_flight,
             oldest_age,
+            paused: info.paused,
         })
     }
 

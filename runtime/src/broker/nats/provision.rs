@@ -237,6 +237,8 @@ pub(super) async fn consumer(
         filter_subjects: have.filter_subjects.clone(),
         max_ack_pending: have.max_ack_pending,
         max_waiting: have.max_waiting,
+        // An operator's pause outlives a restart with new settings.
+        pause_until: have.pause_until,
         ..Default::default()
     };
     let mut changes = Vec::new();

@@ -11,13 +11,20 @@
 //! publishes the same deterministic id, which the broker's duplicate window
 //! drops. An entry without provenance cannot be routed back: it is skipped
 //! with a reason and stays in the DLQ, never dropped.
+//!
+//! List, redrive and purge take a [`DlqFilter`] (`filter.rs`): by failure
+//! kind, time dead-lettered, error text, header and key.
+
+mod filter;
+
+pub use filter::{DlqFilter, Matcher};
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use axum::Json;
-use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
@@ -25,7 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use super::topics::payload_fields;
 use super::{AdminState, ApiError, StageEntry};
-use crate::broker::{BrokerError, Message, Stored};
+use crate::broker::{BrokerError, Message, Stored, now_millis};
 use crate::dlq::{self, Provenance};
 
 /// The slowest redrive rate taken, in messages per second: one a day.
@@ -39,6 +46,8 @@ const MAX_LIST: usize = 1000;
 const PAGE: usize = 256;
 /// Characters of a text payload shown in a list.
 const PREVIEW_CHARS: usize = 80;
+/// Entries a dry run shows in full besides counting them.
+pub const SAMPLE: usize = 10;
 /// Why an entry without provenance is skipped.
 const NO_PROVENANCE: &str = "no DLQ provenance headers: cannot tell where to redrive it";
 
@@ -120,6 +129,8 @@ pub struct RedriveRequest {
     pub rate: Option<f64>,
     /// Report what would be redriven without changing anything.
     pub dry_run: bool,
+    /// Only the entries this takes (default: every entry).
+    pub filter: DlqFilter,
 }
 
 /// An entry a redrive left in place.
@@ -152,6 +163,9 @@ pub struct RedriveReport {
     /// ([`REDRIVE_TIME_LIMIT`]) with entries left: run it again to go on.
     #[serde(default)]
     pub time_limit_reached: bool,
+    /// On a dry run, the first [`SAMPLE`] entries it would redrive.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sample: Vec<DlqEntry>,
 }
 
 /// The longest one redrive runs: past it the redrive stops after the entry
@@ -159,39 +173,84 @@ pub struct RedriveReport {
 /// DLQ (or a client) for ever.
 pub const REDRIVE_TIME_LIMIT: Duration = Duration::from_secs(300);
 
-/// The body of `POST .../purge`: `{"limit": N}` or `{"all": true}`.
+/// The body of `POST .../purge`: `{"limit": N}` or `{"all": true}`, and
+/// optionally a filter.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PurgeRequest {
-    /// Purge the oldest N entries.
+    /// Purge the oldest N entries (that the filter takes).
     pub limit: Option<u64>,
-    /// Purge every entry. Required when `limit` is absent, so an empty
-    /// request never deletes a whole DLQ.
+    /// Purge every entry (that the filter takes). Required when `limit` is
+    /// absent, so an empty request never deletes a whole DLQ.
     pub all: bool,
+    /// Report what would be purged without deleting anything.
+    pub dry_run: bool,
+    /// Only the entries this takes (default: every entry).
+    pub filter: DlqFilter,
 }
 
-/// What a purge removed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// What a purge removed (or, dry, would remove).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PurgeReport {
-    /// Entries removed.
+    /// Entries removed (or that would be).
     pub purged: u64,
+    /// Whether this was a dry run (nothing deleted).
+    #[serde(default)]
+    pub dry_run: bool,
+    /// On a dry run, the first [`SAMPLE`] entries it would delete.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sample: Vec<DlqEntry>,
 }
 
-/// `?limit=N`.
-#[derive(Debug, Deserialize)]
-pub(super) struct ListQuery {
-    limit: Option<usize>,
+/// The list's query string: `limit`, and the filter's fields by the same
+/// names (`kind` and `header` may repeat). An unknown name is refused,
+/// so a misspelt filter never lists everything.
+fn list_query(query: Option<&str>) -> Result<(Option<usize>, DlqFilter), ApiError> {
+    let mut limit = None;
+    let mut filter = DlqFilter::default();
+    for (name, value) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        let value = value.into_owned();
+        match &*name {
+            "limit" => {
+                limit = Some(value.parse().map_err(|_| {
+                    ApiError::BadRequest(format!("limit must be a whole number, not `{value}`"))
+                })?);
+            }
+            "kind" => filter.kind.push(value),
+            "header" => filter.header.push(value),
+            "since" => filter.since = Some(value),
+            "until" => filter.until = Some(value),
+            "error" => filter.error = Some(value),
+            "key" => filter.key = Some(value),
+            other => {
+                return Err(ApiError::BadRequest(format!(
+                    "unknown query parameter `{other}`; a DLQ list takes limit, kind, since, \
+                     until, error, header and key"
+                )));
+            }
+        }
+    }
+    Ok((limit, filter))
+}
+
+/// The filter checked against the clock now, or a 400 saying what is wrong.
+fn matcher(filter: &DlqFilter) -> Result<Matcher, ApiError> {
+    filter
+        .resolve(now_millis())
+        .map_err(|why| ApiError::BadRequest(format!("bad filter: {why}")))
 }
 
 /// `GET /v1/dlq/{pipeline}/{stage}`.
 pub(super) async fn list(
     State(state): State<AdminState>,
     path: Result<Path<(String, String)>, PathRejection>,
-    query: Result<Query<ListQuery>, QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Json<DlqList>, ApiError> {
     let Path((pipeline, stage)) = path?;
-    let Query(query) = query?;
-    Ok(Json(state.dlq_list(&pipeline, &stage, query.limit).await?))
+    let (limit, filter) = list_query(query.as_deref())?;
+    Ok(Json(
+        state.dlq_list(&pipeline, &stage, limit, &filter).await?,
+    ))
 }
 
 /// `GET /v1/dlq/{pipeline}/{stage}/{seq}`.
@@ -231,19 +290,22 @@ pub(super) async fn purge(
 }
 
 impl AdminState {
-    /// Up to `limit` (default 100, at most 1000) of a stage's DLQ entries,
-    /// oldest first: what `GET /v1/dlq/{pipeline}/{stage}` answers.
+    /// Up to `limit` (default 100, at most 1000) of a stage's DLQ entries
+    /// that `filter` takes, oldest first: what
+    /// `GET /v1/dlq/{pipeline}/{stage}` answers.
     ///
     /// # Errors
     ///
-    /// The stage is unknown, or the broker failed.
+    /// The stage is unknown, the filter is bad, or the broker failed.
     pub async fn dlq_list(
         &self,
         pipeline: &str,
         stage: &str,
         limit: Option<usize>,
+        filter: &DlqFilter,
     ) -> Result<DlqList, ApiError> {
         let stage = self.stage(pipeline, stage).await?;
+        let matcher = matcher(filter)?;
         let limit = limit.unwrap_or(DEFAULT_LIST).clamp(1, MAX_LIST);
         let depth = match self.broker().topic_stats(&stage.dlq_topic).await {
             Ok(stats) => stats.depth,
@@ -251,7 +313,7 @@ impl AdminState {
             Err(err) => return Err(err.into()),
         };
         let mut entries = Vec::new();
-        let mut scan = Scan::snapshot(&stage, self).await?;
+        let mut scan = Scan::snapshot(&stage, matcher, self).await?;
         'pages: while let Some(page) = scan.page(self).await? {
             for stored in page {
                 if entries.len() >= limit {
@@ -341,6 +403,7 @@ impl AdminState {
                 )));
             }
         };
+        let matcher = matcher(&request.filter)?;
         let limit = request.limit.unwrap_or(u64::MAX);
         let lock = self.dlq_lock(&stage);
         let _exclusive = lock.lock().await;
@@ -353,7 +416,7 @@ impl AdminState {
         // Whether each source topic seen so far is one to publish to, so a
         // state without pipelines asks the broker once per topic.
         let mut sources: HashMap<String, bool> = HashMap::new();
-        let mut scan = Scan::snapshot(&stage, self).await?;
+        let mut scan = Scan::snapshot(&stage, matcher, self).await?;
         'pages: while report.redriven < limit {
             let Some(page) = scan.page(self).await? else {
                 break;
@@ -431,6 +494,9 @@ impl AdminState {
                             );
                         })?;
                 }
+                if request.dry_run && report.sample.len() < SAMPLE {
+                    report.sample.push(summary(&stored));
+                }
                 report.redriven += 1;
                 report.ids.push(message.id);
             }
@@ -447,13 +513,14 @@ impl AdminState {
         Ok(report)
     }
 
-    /// Deletes a stage's oldest `limit` DLQ entries, or all of them: what
+    /// Deletes the oldest `limit` of a stage's DLQ entries that the
+    /// request's filter takes, or all of them: what
     /// `POST /v1/dlq/{pipeline}/{stage}/purge` does.
     ///
     /// # Errors
     ///
     /// The stage is unknown, the request says neither or both of `limit`
-    /// and `all`, or the broker failed.
+    /// and `all`, the filter is bad, or the broker failed.
     pub async fn dlq_purge(
         &self,
         pipeline: &str,
@@ -474,30 +541,41 @@ impl AdminState {
                 ));
             }
         };
+        let matcher = matcher(&request.filter)?;
         let lock = self.dlq_lock(&stage);
         let _exclusive = lock.lock().await;
-        let mut purged = 0u64;
-        let mut scan = Scan::snapshot(&stage, self).await?;
-        while purged < limit {
+        let mut report = PurgeReport {
+            dry_run: request.dry_run,
+            ..PurgeReport::default()
+        };
+        let mut scan = Scan::snapshot(&stage, matcher, self).await?;
+        while report.purged < limit {
             let Some(page) = scan.page(self).await? else {
                 break;
             };
-            let room = usize::try_from(limit - purged).unwrap_or(usize::MAX);
-            let seqs: Vec<u64> = page.iter().take(room).map(|s| s.seq).collect();
-            if seqs.is_empty() {
+            let room = usize::try_from(limit - report.purged).unwrap_or(usize::MAX);
+            let taken = &page[..room.min(page.len())];
+            if taken.is_empty() {
                 continue;
             }
-            purged += self.broker().remove(&stage.dlq_topic, &seqs).await?;
+            if request.dry_run {
+                let room = SAMPLE.saturating_sub(report.sample.len());
+                report.sample.extend(taken.iter().take(room).map(summary));
+                report.purged += taken.len() as u64;
+                continue;
+            }
+            let seqs: Vec<u64> = taken.iter().map(|s| s.seq).collect();
+            report.purged += self.broker().remove(&stage.dlq_topic, &seqs).await?;
         }
-        if purged > 0 {
+        if report.purged > 0 && !request.dry_run {
             tracing::info!(
-                purged,
+                purged = report.purged,
                 "purge of the DLQ of {}/{}",
                 stage.pipeline,
                 stage.stage
             );
         }
-        Ok(PurgeReport { purged })
+        Ok(report)
     }
 }
 
@@ -533,9 +611,11 @@ impl RedriveReport {
     }
 }
 
-/// Walks a stage's DLQ entries oldest first, a page at a time.
+/// Walks a stage's DLQ entries that a filter takes, oldest first, a page
+/// at a time.
 struct Scan<'a> {
     stage: &'a StageEntry,
+    matcher: Matcher,
     next: u64,
     /// The last seq to visit (inclusive).
     until: u64,
@@ -546,7 +626,11 @@ impl<'a> Scan<'a> {
     /// redriven message that fails again lands back in the DLQ while the
     /// redrive is still running, and must not be picked up by the same
     /// redrive (that would loop until the rate limit or the attempts ran out).
-    async fn snapshot(stage: &'a StageEntry, state: &AdminState) -> Result<Self, ApiError> {
+    async fn snapshot(
+        stage: &'a StageEntry,
+        matcher: Matcher,
+        state: &AdminState,
+    ) -> Result<Self, ApiError> {
         let until = match state.broker().topic_stats(&stage.dlq_topic).await {
             Ok(stats) => stats.last_seq,
             Err(BrokerError::UnknownTopic(_)) => 0,
@@ -554,6 +638,7 @@ impl<'a> Scan<'a> {
         };
         Ok(Scan {
             stage,
+            matcher,
             next: 1,
             until,
         })
@@ -582,7 +667,11 @@ impl<'a> Scan<'a> {
         let until = self.until;
         Ok(Some(
             page.into_iter()
-                .filter(|s| s.seq <= until && belongs(&s.message, self.stage))
+                .filter(|s| {
+                    s.seq <= until
+                        && belongs(&s.message, self.stage)
+                        && self.matcher.matches(&s.message)
+                })
                 .collect(),
         ))
     }

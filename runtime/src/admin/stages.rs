@@ -1,0 +1,87 @@
+//! `POST /v1/stages/{pipeline}/{stage}/pause` and `/resume`: the operator's
+//! hold on a stage.
+//!
+//! A paused stage fetches nothing. Calls already in flight finish and
+//! settle (their leases stay valid), so pausing never loses or repeats
+//! work. The pause lives in the broker ([`crate::broker::Broker::set_paused`]):
+//! it survives restarts, and on NATS it holds for every daemon. `status`
+//! shows it. Both calls are idempotent and answer the state after them.
+
+use axum::Json;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use serde::{Deserialize, Serialize};
+
+use super::{AdminState, ApiError};
+use crate::broker::BrokerError;
+
+/// What a pause or resume answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageControl {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The stage.
+    pub stage: String,
+    /// Whether it is paused now.
+    pub paused: bool,
+}
+
+/// `POST /v1/stages/{pipeline}/{stage}/pause`.
+pub(super) async fn pause(
+    State(state): State<AdminState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Json<StageControl>, ApiError> {
+    let Path((pipeline, stage)) = path?;
+    Ok(Json(state.set_paused(&pipeline, &stage, true).await?))
+}
+
+/// `POST /v1/stages/{pipeline}/{stage}/resume`.
+pub(super) async fn resume(
+    State(state): State<AdminState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Json<StageControl>, ApiError> {
+    let Path((pipeline, stage)) = path?;
+    Ok(Json(state.set_paused(&pipeline, &stage, false).await?))
+}
+
+impl AdminState {
+    /// Pauses or resumes a stage: what `POST .../pause` and `.../resume`
+    /// do.
+    ///
+    /// # Errors
+    ///
+    /// The stage is unknown or is a source (a source reads no topic), the
+    /// stage has not started yet, or the broker failed.
+    pub async fn set_paused(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        paused: bool,
+    ) -> Result<StageControl, ApiError> {
+        let entry = self.stage(pipeline, stage).await?;
+        if entry.kind == "source" {
+            return Err(ApiError::BadRequest(format!(
+                "{pipeline}/{stage} is a source; only stages that read a topic can be paused"
+            )));
+        }
+        match self.broker().set_paused(&entry.consumer, paused).await {
+            Ok(()) => {}
+            Err(BrokerError::UnknownConsumer(_)) => {
+                return Err(ApiError::UnknownStage(format!(
+                    "{pipeline}/{stage} (no consumer `{}` on the broker: has it ever run?)",
+                    entry.consumer
+                )));
+            }
+            Err(err) => return Err(err.into()),
+        }
+        tracing::warn!(
+            "stage {pipeline}/{stage} {} by the operator",
+            if paused { "paused" } else { "resumed" }
+        );
+        Ok(StageControl {
+            pipeline: pipeline.to_owned(),
+            stage: stage.to_owned(),
+            paused,
+        })
+    }
+}
