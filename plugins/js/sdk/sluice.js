@@ -15,11 +15,13 @@
 // - `undefined`, `null` or `[]`: nothing is emitted; the message is done.
 // - a `Uint8Array`, a string (UTF-8), or a plain object or array that is not a
 //   list of emits (JSON-encoded): one emit to the stage's default output.
-// - an `Emit` (`new Emit(payload, { topic, key, headers })`), or an array of
-//   emits and payloads.
+// - an `Emit` (`new Emit(payload, { topic, key, headers, delay, deliverAt })`),
+//   or an array of emits and payloads.
 //
 // An emit that gives no `key` or `headers` keeps the input message's. Headers
 // are an object (`{ name: "value" }`) or an array of `[name, value]` pairs.
+// `new Emit(payload, { delay: 90_000 })` (milliseconds) or `{ deliverAt }` (a
+// Date or an RFC 3339 string) asks the broker to hold the emit until then.
 //
 // How a handler fails:
 //
@@ -43,6 +45,12 @@ const encoder = new TextEncoder();
 const decoder = new TextDecoder("utf-8", { fatal: true });
 // The input's key and headers, when an emit does not give its own.
 const INHERIT = undefined;
+
+// Reserved headers that ask the broker to hold an output (a header, so the
+// WIT contract stays as it is). The runtime matches them in any case and
+// removes them on publish.
+export const DELAY_HEADER = "sluice-delay";
+export const DELIVER_AT_HEADER = "sluice-deliver-at";
 
 /** A permanent failure: dead-letter the message now, with this reason. */
 export class Reject extends Error {
@@ -68,14 +76,59 @@ export class Retry extends Error {
 /**
  * One output message. `topic: ""` (the default) is the stage's default
  * output, its first `publish:` topic.
+ *
+ * `delay` (milliseconds) or `deliverAt` (a Date or an RFC 3339 string) asks
+ * the broker to deliver it later, through a `sluice-delay` or
+ * `sluice-deliver-at` header that replaces any the headers carry. The
+ * runtime refuses more than 365 days ahead; a time already past means now.
  */
 export class Emit {
-  constructor(payload, { topic = "", key = INHERIT, headers = INHERIT } = {}) {
+  constructor(payload, { topic = "", key = INHERIT, headers = INHERIT, delay, deliverAt } = {}) {
     this.payload = payload;
     this.topic = topic;
     this.key = key;
     this.headers = headers;
+    // Checked here, so a bad value throws from the handler's own line.
+    this.delayHeader = delayHeaderOf(delay, deliverAt);
   }
+}
+
+/** The `[name, value]` delay header an emit asks for, or undefined. */
+function delayHeaderOf(delay, deliverAt) {
+  const hasDelay = delay !== undefined && delay !== null;
+  const hasAt = deliverAt !== undefined && deliverAt !== null;
+  if (hasDelay && hasAt) throw new TypeError("Emit takes delay or deliverAt, not both");
+  if (hasDelay) {
+    if (typeof delay !== "number") {
+      throw new TypeError(`Emit delay takes milliseconds as a number, not ${typeof delay}`);
+    }
+    if (!Number.isFinite(delay)) {
+      throw new RangeError(`Emit delay must be a finite number of milliseconds, not ${delay}`);
+    }
+    if (delay < 0) throw new RangeError(`Emit delay must not be negative, not ${delay}`);
+    return [DELAY_HEADER, `${Math.round(delay)}ms`];
+  }
+  if (hasAt) {
+    if (deliverAt instanceof Date) {
+      if (Number.isNaN(deliverAt.getTime())) throw new RangeError("Emit deliverAt is an invalid Date");
+      return [DELIVER_AT_HEADER, deliverAt.toISOString()];
+    }
+    // The runtime parses it and refuses what is not RFC 3339.
+    if (typeof deliverAt === "string") return [DELIVER_AT_HEADER, deliverAt];
+    throw new TypeError(`Emit deliverAt takes a Date or an RFC 3339 string, not ${typeof deliverAt}`);
+  }
+  return undefined;
+}
+
+/** `headers` with `header` in place of any delay headers (in any case). */
+function withDelayHeader(headers, header) {
+  if (header === undefined) return headers;
+  const kept = headers.filter(([k]) => {
+    const name = k.toLowerCase();
+    return name !== DELAY_HEADER && name !== DELIVER_AT_HEADER;
+  });
+  kept.push(header);
+  return kept;
 }
 
 /**
@@ -159,10 +212,11 @@ function headerList(value) {
 function toEmit(value, raw) {
   if (value instanceof Emit) {
     if (typeof value.topic !== "string") throw new TypeError("Emit topic must be a string");
+    const headers = value.headers === INHERIT ? raw.headers : headerList(value.headers);
     return {
       topic: value.topic,
       key: value.key === INHERIT ? raw.key : value.key === null ? undefined : String(value.key),
-      headers: value.headers === INHERIT ? raw.headers : headerList(value.headers),
+      headers: withDelayHeader(headers, value.delayHeader),
       payload: payloadBytes(value.payload),
     };
   }

@@ -22,6 +22,9 @@ What a handler may return (each emit is published only if the call succeeds):
 - an :class:`Emit`, or a list of emits and payloads.
 
 An emit that gives no ``key`` or ``headers`` keeps the input message's.
+``Emit(..., delay=90)`` (seconds or a ``timedelta``) or
+``Emit(..., deliver_at="2026-11-27T09:00:00Z")`` asks the broker to hold it
+until then.
 
 How a handler fails:
 
@@ -45,14 +48,18 @@ Stage config (YAML ``config:``) is read with :func:`config`; logs go through
 """
 
 import json as _json
+import math
 import sys
 import traceback
+from datetime import datetime, timedelta, timezone
 
 from componentize_py_types import Err, Ok
 from wit_world.imports import host as _host
 from wit_world.imports import types as _types
 
 __all__ = [
+    "DELAY_HEADER",
+    "DELIVER_AT_HEADER",
     "Emit",
     "Message",
     "Reject",
@@ -65,6 +72,13 @@ __all__ = [
 
 # The input's key and headers, when an emit does not give its own.
 _INHERIT = object()
+
+# Reserved headers that ask the broker to hold an output (a header, so the
+# WIT contract stays as it is). The runtime matches them in any case and
+# removes them on publish.
+DELAY_HEADER = "sluice-delay"
+DELIVER_AT_HEADER = "sluice-deliver-at"
+_DELAY_HEADERS = (DELAY_HEADER, DELIVER_AT_HEADER)
 
 
 class Reject(Exception):
@@ -94,15 +108,25 @@ class Emit:
     ``topic=""`` is the stage's default output (its first ``publish:`` topic).
     ``payload`` is bytes, text (UTF-8) or a JSON-encodable value. ``key`` and
     ``headers`` (a dict or a list of pairs) default to the input's.
+
+    ``delay`` (seconds, int or float, or a ``timedelta``) or ``deliver_at``
+    (an aware ``datetime`` or an RFC 3339 string) asks the broker to deliver
+    the emit later, through a ``sluice-delay`` or ``sluice-deliver-at``
+    header that replaces any the headers carry. The runtime refuses more
+    than 365 days ahead; a time already past means now.
     """
 
-    __slots__ = ("payload", "topic", "key", "headers")
+    __slots__ = ("payload", "topic", "key", "headers", "_delay_header")
 
-    def __init__(self, payload, topic="", key=_INHERIT, headers=_INHERIT):
+    def __init__(
+        self, payload, topic="", key=_INHERIT, headers=_INHERIT, *, delay=None, deliver_at=None
+    ):
         self.payload = payload
         self.topic = topic
         self.key = key
         self.headers = headers
+        # Checked here, so a bad value fails on the handler's own line.
+        self._delay_header = _delay_header_of(delay, deliver_at)
 
 
 class Message:
@@ -199,14 +223,62 @@ def _headers(value):
     return [(str(k), str(v)) for k, v in value]
 
 
+def _delay_header_of(delay, deliver_at):
+    """The ``(name, value)`` delay header an emit asks for, or None."""
+    if delay is not None and deliver_at is not None:
+        raise ValueError("Emit takes delay or deliver_at, not both")
+    if delay is not None:
+        # The sign is read before rounding, so -0.1 ms is refused too.
+        if isinstance(delay, timedelta):
+            negative, ms = delay < timedelta(0), round(delay / timedelta(milliseconds=1))
+        elif isinstance(delay, int) and not isinstance(delay, bool):
+            negative, ms = delay < 0, delay * 1000
+        elif isinstance(delay, float):
+            if not math.isfinite(delay * 1000):
+                raise ValueError(f"Emit(delay=) must be a finite number of seconds, not {delay}")
+            negative, ms = delay < 0, round(delay * 1000)
+        else:
+            raise TypeError(
+                f"Emit(delay=) takes seconds (int or float) or a timedelta, not {type(delay).__name__}"
+            )
+        if negative:
+            raise ValueError(f"Emit(delay=) must not be negative, not {delay!r}")
+        return (DELAY_HEADER, f"{ms}ms")
+    if deliver_at is not None:
+        if isinstance(deliver_at, datetime):
+            if deliver_at.utcoffset() is None:
+                raise ValueError(
+                    "Emit(deliver_at=) needs an aware datetime (e.g. datetime.now(timezone.utc)); "
+                    "a naive one names no time zone"
+                )
+            at = deliver_at.astimezone(timezone.utc).isoformat(timespec="milliseconds")
+            return (DELIVER_AT_HEADER, at.replace("+00:00", "Z"))
+        if isinstance(deliver_at, str):
+            # The runtime parses it and refuses what is not RFC 3339.
+            return (DELIVER_AT_HEADER, deliver_at)
+        raise TypeError(
+            "Emit(deliver_at=) takes an aware datetime or an RFC 3339 string, "
+            f"not {type(deliver_at).__name__}"
+        )
+    return None
+
+
+def _with_delay_header(headers, header):
+    """``headers`` with ``header`` in place of any delay headers (in any case)."""
+    if header is None:
+        return headers
+    return [(k, v) for k, v in headers if k.lower() not in _DELAY_HEADERS] + [header]
+
+
 def _emit(value, raw):
     if isinstance(value, Emit):
         if not isinstance(value.topic, str):
             raise TypeError("Emit.topic must be a str")
+        headers = raw.headers if value.headers is _INHERIT else _headers(value.headers)
         return _types.Emit(
             topic=value.topic,
             key=raw.key if value.key is _INHERIT else value.key,
-            headers=raw.headers if value.headers is _INHERIT else _headers(value.headers),
+            headers=_with_delay_header(headers, value._delay_header),
             payload=_payload(value.payload),
         )
     return _types.Emit(topic="", key=raw.key, headers=raw.headers, payload=_payload(value))

@@ -1,7 +1,25 @@
 //! Helpers on [`Message`] and [`Emit`], so handlers read and build messages
 //! without touching the raw record fields more than they want to.
 
+use std::time::Duration;
+
 use crate::{Emit, HandlerError, Header, Message};
+
+/// The header that asks the broker to hold an output for a while before it
+/// delivers it: a duration (`90000ms`, `90s`, `1h 30m`) or a bare number of
+/// seconds. A header rather than a field, so the WIT contract stays as it is;
+/// the broker removes it on publish, so it never reaches a handler.
+pub const DELAY_HEADER: &str = "sluice-delay";
+
+/// The header that asks the broker to hold an output until an RFC 3339 time
+/// (`2026-11-27T09:00:00Z`); removed on publish, as [`DELAY_HEADER`] is.
+pub const DELIVER_AT_HEADER: &str = "sluice-deliver-at";
+
+/// Whether `name` is one of the delay headers; the runtime matches them in
+/// any case, so the SDK does too.
+fn is_delay_header(name: &str) -> bool {
+    name.eq_ignore_ascii_case(DELAY_HEADER) || name.eq_ignore_ascii_case(DELIVER_AT_HEADER)
+}
 
 impl Message {
     /// Returns the value of the first header named `name` (case-sensitive),
@@ -102,6 +120,43 @@ impl Emit {
         );
         self
     }
+
+    /// Asks the broker to deliver this output `delay` after it is published
+    /// (in whole milliseconds), for reminders and timeouts that should not
+    /// hold the handler. Replaces any delay header the emit already has, in
+    /// any case, since headers copied from the input may carry one. The
+    /// runtime refuses a delay over 365 days; zero means now.
+    ///
+    /// ```ignore
+    /// Emit::to_default("reminder").with_delay(Duration::from_secs(90))
+    /// ```
+    #[must_use]
+    pub fn with_delay(self, delay: Duration) -> Self {
+        self.with_delay_header(DELAY_HEADER, format!("{}ms", delay.as_millis()))
+    }
+
+    /// Asks the broker to deliver this output at `at`, an RFC 3339 time
+    /// (`2026-11-27T09:00:00Z`; fractional seconds and offsets allowed). It
+    /// is a string so the SDK needs no date library: the runtime checks it
+    /// and refuses one that does not parse or is over 365 days away; a time
+    /// already past means now. Replaces any delay header, as
+    /// [`Emit::with_delay`] does.
+    ///
+    /// ```ignore
+    /// Emit::to_default("open").with_deliver_at("2026-11-27T09:00:00Z")
+    /// ```
+    #[must_use]
+    pub fn with_deliver_at(self, at: impl Into<String>) -> Self {
+        self.with_delay_header(DELIVER_AT_HEADER, at.into())
+    }
+
+    /// Sets the one delay header, so the last `with_delay`/`with_deliver_at`
+    /// wins instead of the runtime choosing the later of two.
+    fn with_delay_header(mut self, name: &str, value: String) -> Self {
+        self.headers.retain(|(k, _)| !is_delay_header(k));
+        self.headers.push((name.to_owned(), value));
+        self
+    }
 }
 
 #[cfg(test)]
@@ -189,6 +244,39 @@ mod tests {
             ]
         );
         assert_eq!(Emit::new("t", "p").with_key(None).key, None);
+    }
+
+    #[test]
+    fn a_delay_replaces_copied_delay_headers_in_any_case() {
+        fn pairs(emit: &Emit) -> Vec<(&str, &str)> {
+            emit.headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect()
+        }
+        let emit = Emit::to_default("x")
+            .with_headers([
+                ("Sluice-Delay", "5s"),
+                ("tenant", "a"),
+                ("SLUICE-DELIVER-AT", "2020-01-01T00:00:00Z"),
+            ])
+            .with_delay(Duration::from_millis(90_500));
+        assert_eq!(pairs(&emit), [("tenant", "a"), ("sluice-delay", "90500ms")]);
+        let emit = emit.with_deliver_at("2026-11-27T09:00:00Z");
+        assert_eq!(
+            pairs(&emit),
+            [
+                ("tenant", "a"),
+                ("sluice-deliver-at", "2026-11-27T09:00:00Z")
+            ],
+            "the last delay asked for wins"
+        );
+        let emit = Emit::to_default("x").with_delay(Duration::from_micros(1_999));
+        assert_eq!(
+            pairs(&emit),
+            [("sluice-delay", "1ms")],
+            "whole milliseconds"
+        );
     }
 
     #[cfg(feature = "json")]

@@ -20,6 +20,11 @@
 //! * `extra_header` and `extra_value` (default: none): one more header on
 //!   every output, taken as it is, so a test can emit a header no broker
 //!   can carry (a value with a line break, a name with a space).
+//! * `delay_ms` (default: none): emit the output with this delay (the SDK's
+//!   `with_delay`: a `sluice-delay: <N>ms` header that replaces any delay
+//!   header the output carries, `extra_header`'s included), so a test can see
+//!   the broker hold it. `0` still sets the header, which means now. For an
+//!   absolute time, set `extra_header` to `sluice-deliver-at` instead.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -62,11 +67,13 @@ fn handle(msg: Message) -> Outcome {
     if let Some(name) = sluice_sdk::config("extra_header") {
         headers.push((name, sluice_sdk::config_or("extra_value", "")));
     }
-    Ok(vec![
-        Emit::to_default(msg.payload)
-            .with_key(msg.key)
-            .with_headers(headers),
-    ])
+    let emit = Emit::to_default(msg.payload)
+        .with_key(msg.key)
+        .with_headers(headers);
+    Ok(vec![match sluice_sdk::config_parse::<u64>("delay_ms")? {
+        Some(ms) => emit.with_delay(Duration::from_millis(ms)),
+        None => emit,
+    }])
 }
 
 sluice_sdk::export_handler!(handle);
