@@ -50,6 +50,11 @@ const BACKLOG: usize = 1_000_000;
 const RSS_AT: [usize; 3] = [100_000, 500_000, 1_000_000];
 /// Marks the re-executed RSS child.
 const RSS_CHILD_ENV: &str = "SLUICE_BENCH_RSS_CHILD";
+const DELAYED_CHILD_ENV: &str = "SLUICE_BENCH_DELAYED_CHILD";
+/// Messages delayed by an hour in the `delayed` section.
+const DELAYED: usize = 1_000_000;
+/// Messages delayed by 5 s published after them, whose lag is measured.
+const PROBES: usize = 200;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Side {
@@ -123,6 +128,10 @@ fn main() {
         rss_child();
         return;
     }
+    if std::env::var_os(DELAYED_CHILD_ENV).is_some() {
+        delayed_child();
+        return;
+    }
     let filter: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
@@ -130,6 +139,9 @@ fn main() {
     let wants = |s: &str| filter.is_empty() || filter.iter().any(|f| s.contains(f.as_str()));
     if wants("throughput") {
         throughput();
+    }
+    if wants("delayed") {
+        delayed();
     }
     if wants("rss") {
         rss();
@@ -470,5 +482,123 @@ fn rss_child() {
             );
         }
         let _ = BACKLOG;
+    });
+}
+
+/// Runs the delayed-delivery section in a child process (its own RSS) and
+/// prints what it measured.
+fn delayed() {
+    let exe = std::env::current_exe().expect("current_exe");
+    let out = std::process::Command::new(exe)
+        .env(DELAYED_CHILD_ENV, "1")
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("run the delayed child");
+    assert!(out.status.success(), "delayed child failed");
+    println!(
+        "\n### Embedded: {DELAYED} messages delayed by an hour, then {PROBES} delayed by 5 s\n"
+    );
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+}
+
+/// The delayed child: 1M messages delayed by an hour, then probes delayed
+/// by 5 s, each fetched as soon as it is delivered; its lag is the fetch
+/// time less its due time.
+fn delayed_child() {
+    let rt = runtime();
+    rt.block_on(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let b = EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("open");
+        b.ensure_topic(&TopicSpec::new("later"))
+            .await
+            .expect("topic");
+        b.ensure_consumer(&ConsumerSpec {
+            name: "later.work".into(),
+            topic: "later".into(),
+            filter: Default::default(),
+            ack_wait: Duration::from_secs(60),
+            max_ack_pending: None,
+            max_deliver: None,
+        })
+        .await
+        .expect("consumer");
+        let payload = Bytes::from(vec![b'x'; PAYLOAD]);
+        let rss_before = rss_bytes();
+        let start = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for first in (0..DELAYED).step_by(BATCH) {
+            while tasks.len() >= IN_FLIGHT {
+                tasks.join_next().await.expect("task").expect("join");
+            }
+            let batch: Vec<Message> = (first..(first + BATCH).min(DELAYED))
+                .map(|i| {
+                    let mut m = message(i, "later", &payload);
+                    m.headers.push(("sluice-delay".into(), "1h".into()));
+                    m
+                })
+                .collect();
+            let b = b.clone();
+            tasks.spawn(async move {
+                b.publish(batch).await.expect("publish");
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r.expect("join");
+        }
+        let published = start.elapsed();
+        let stats = b.topic_stats("later").await.expect("stats");
+        assert_eq!((stats.depth, stats.delayed), (0, DELAYED as u64));
+        let rss_delayed = rss_bytes();
+        // Probes, one every 10 ms, each due 5 s after its publish.
+        let mut due = std::collections::HashMap::new();
+        for i in 0..PROBES {
+            let mut m = Message::new(format!("probe{i}"), "later", payload.clone());
+            let at = sluice::broker::now_millis() + 5_000;
+            m.headers.push((
+                "sluice-deliver-at".into(),
+                sluice::timestamp::format_rfc3339_millis(at),
+            ));
+            b.publish(vec![m]).await.expect("publish probe");
+            due.insert(format!("probe{i}"), at);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut lags = Vec::new();
+        let mut early = 0;
+        while lags.len() < PROBES {
+            let got = b
+                .fetch("later.work", 100, Duration::from_secs(30))
+                .await
+                .expect("fetch");
+            let now = sluice::broker::now_millis();
+            assert!(!got.is_empty(), "the probes arrive");
+            for d in got {
+                let at = due[&d.message.id];
+                if now < at {
+                    early += 1;
+                }
+                lags.push(now.saturating_sub(at) as f64);
+                b.ack(&d.receipt).await.expect("ack");
+            }
+        }
+        let rss_after = rss_bytes();
+        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        lags.sort_by(f64::total_cmp);
+        let pct = |p: usize| lags[(lags.len() * p / 100).min(lags.len() - 1)];
+        println!("| measure | value |");
+        println!("|---|---:|");
+        println!(
+            "| publish {DELAYED} delayed (s) | {:.1} |",
+            published.as_secs_f64()
+        );
+        println!("| VmRSS before (MiB) | {:.1} |", mib(rss_before));
+        println!(
+            "| VmRSS with {DELAYED} delayed (MiB) | {:.1} |",
+            mib(rss_delayed)
+        );
+        println!("| VmRSS after the probes (MiB) | {:.1} |", mib(rss_after));
+        println!("| probe lag p50 (ms) | {:.0} |", pct(50));
+        println!("| probe lag p99 (ms) | {:.0} |", pct(99));
+        println!("| probe lag max (ms) | {:.0} |", lags[lags.len() - 1]);
+        println!("| probes delivered early | {early} |");
     });
 }

@@ -432,6 +432,7 @@ async fn source_setups(
                 dlq_topic: source.dlq_topic(&pipeline.name),
                 high_water_mark,
                 subscribers,
+                delay_from: source.delay_from.clone(),
                 read_max: connector.read_max(),
             });
         }

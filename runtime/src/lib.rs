@@ -23,6 +23,7 @@ pub mod config;
 pub mod connect;
 pub mod daemon;
 pub mod dedup;
+pub mod delay;
 pub mod dlq;
 pub mod engine;
 pub mod failure;

@@ -114,6 +114,12 @@ pub struct Metrics {
     pub inflight: Family<StageLabels, Gauge>,
     /// `sluice_stage_paused{pipeline,stage}`: 1 while the operator holds it.
     pub stage_paused: Family<StageLabels, Gauge>,
+    /// `sluice_delayed_messages{pipeline,stage}`: messages on the stage's
+    /// topic waiting for their due time.
+    pub delayed: Family<StageLabels, Gauge>,
+    /// `sluice_next_due_seconds{pipeline,stage}`: how soon the next of
+    /// them is due (0 when none, or when the broker cannot tell cheaply).
+    pub next_due: Family<StageLabels, Gauge<f64, AtomicU64>>,
     /// `sluice_handler_duration_seconds{pipeline,stage}`.
     pub handler_duration: Family<StageLabels, Histogram>,
     /// `sluice_claim_bytes_total{direction}`.
@@ -164,6 +170,8 @@ impl Metrics {
         let dlq_depth = Family::<StageLabels, Gauge>::default();
         let inflight = Family::<StageLabels, Gauge>::default();
         let stage_paused = Family::<StageLabels, Gauge>::default();
+        let delayed = Family::<StageLabels, Gauge>::default();
+        let next_due = Family::<StageLabels, Gauge<f64, AtomicU64>>::default();
         let handler_duration = Family::<StageLabels, Histogram>::new_with_constructor(|| {
             // 50 µs .. ~100 s.
             Histogram::new(exponential_buckets(0.000_05, 2.0, 22))
@@ -214,6 +222,16 @@ impl Metrics {
             "sluice_stage_paused",
             "1 while an operator has paused the stage (sluice stage pause), else 0",
             stage_paused.clone(),
+        );
+        registry.register(
+            "sluice_delayed_messages",
+            "Messages on a stage's topic waiting for their due time (Sluice-Delay, retries)",
+            delayed.clone(),
+        );
+        registry.register(
+            "sluice_next_due_seconds",
+            "Seconds until the next delayed message on a stage's topic is due (0: none, or unknown on NATS)",
+            next_due.clone(),
         );
         registry.register(
             "sluice_handler_duration_seconds",
@@ -300,6 +318,8 @@ impl Metrics {
             dlq_depth,
             inflight,
             stage_paused,
+            delayed,
+            next_due,
             handler_duration,
             claim_bytes,
             ingest_responses,

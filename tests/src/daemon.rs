@@ -447,6 +447,9 @@ impl Daemon {
                 if let Some(key) = &m.key {
                     line["key"] = json!(key);
                 }
+                if let Some(at) = &m.deliver_at {
+                    line["deliver_at"] = json!(at);
+                }
                 line.to_string() + "\n"
             })
             .collect();

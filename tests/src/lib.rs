@@ -215,6 +215,14 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// `embedded` or `nats`, for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Embedded => "embedded",
+            Backend::Nats(_) => "nats",
+        }
+    }
+
     /// The embedded broker.
     pub fn embedded() -> Backend {
         Backend::Embedded
@@ -252,6 +260,8 @@ pub struct Msg {
     pub payload: String,
     /// Its key.
     pub key: Option<String>,
+    /// When it is to be delivered (RFC 3339), if delayed.
+    pub deliver_at: Option<String>,
 }
 
 impl Msg {
@@ -261,7 +271,14 @@ impl Msg {
             id: id.into(),
             payload: payload.into(),
             key: None,
+            deliver_at: None,
         }
+    }
+
+    /// Delayed until `at_ms` (ms since the epoch).
+    pub fn deliver_at(mut self, at_ms: u64) -> Msg {
+        self.deliver_at = Some(sluice::timestamp::format_rfc3339_millis(at_ms));
+        self
     }
 
     /// With a key.

@@ -1157,6 +1157,143 @@ async fn cli_status_prints_a_table_and_json() {
     d.stop().await;
 }
 
+/// Delays through ingest and `sluice publish`: the receipt names the due
+/// time, `status` and the topic view count the message as delayed until
+/// then, a delayed flood meets the high-water mark, and a bad delay is a
+/// 400 (a usage error in the CLI) that publishes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_publishes_are_counted_until_due_and_bad_delays_are_refused() {
+    let d = InProcessAdmin::start().await;
+    let before = sluice::broker::now_millis();
+    let response = d
+        .http
+        .post(d.url("/v1/topics/orders/messages"))
+        .header("idempotency-key", "later-1")
+        .header("Sluice-Delay", "2s")
+        .body("x")
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(response.status(), 202);
+    let receipt: Value = response.json().await.expect("JSON");
+    assert_eq!(receipt["seq"], 0, "{receipt}");
+    let at = sluice::timestamp::parse_rfc3339_millis(
+        receipt["deliver_at"].as_str().expect("deliver_at"),
+    )
+    .expect("RFC 3339");
+    assert!((before + 2_000..before + 3_000).contains(&at), "{receipt}");
+
+    for bad in ["soon", "400d"] {
+        let response = d
+            .http
+            .post(d.url("/v1/topics/orders/messages"))
+            .header("Sluice-Delay", bad)
+            .body("x")
+            .send()
+            .await
+            .expect("POST");
+        assert_eq!(response.status(), 400, "delay {bad}");
+    }
+    let batch = d
+        .http
+        .post(d.url("/v1/topics/orders/batch"))
+        .header("content-type", "application/x-ndjson")
+        .body("{\"payload\": \"a\"}\n{\"payload\": \"b\", \"deliver_at\": \"next tuesday\"}\n")
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(batch.status(), 400, "a bad line refuses the batch");
+
+    let out = d.cli(&[
+        "publish", "orders", "--data", "z", "--id", "later-2", "--delay", "1h",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("\"deliver_at\""), "{}", stdout(&out));
+    let out = d.cli(&["publish", "orders", "--data", "z", "--delay", "whenever"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let out = d.cli(&[
+        "publish",
+        "orders",
+        "--data",
+        "z",
+        "--at",
+        "2020-01-01T00:00:00Z",
+        "--id",
+        "past",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let topic = d.get_json("/v1/topics/orders").await;
+    assert_eq!(
+        (topic["depth"].as_u64(), topic["delayed"].as_u64()),
+        (Some(1), Some(2)),
+        "{topic}"
+    );
+    let status = d.get_json("/v1/status").await;
+    let route = status
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["stage"] == "route"))
+        .expect("route")
+        .clone();
+    assert_eq!(route["delayed"], 2, "{route}");
+    assert_eq!(route["next_due"], receipt["deliver_at"], "{route}");
+    let table = stdout(&d.cli(&["status"]));
+    assert!(
+        table.contains("DELAYED") && table.contains("2 (next in"),
+        "{table}"
+    );
+
+    // Delayed messages count toward the mark: two delayed fill `limited`.
+    for id in ["l1", "l2"] {
+        let response = d
+            .http
+            .post(d.url("/v1/topics/limited/messages"))
+            .header("idempotency-key", id)
+            .header("sluice-deliver-at", "2099-01-01T00:00:00Z")
+            .body("x")
+            .send()
+            .await
+            .expect("POST");
+        // 2099 is more than a year away: refused, nothing stored.
+        assert_eq!(response.status(), 400);
+        let response = d
+            .http
+            .post(d.url("/v1/topics/limited/messages"))
+            .header("idempotency-key", id)
+            .header("sluice-delay", "1h")
+            .body("x")
+            .send()
+            .await
+            .expect("POST");
+        assert_eq!(response.status(), 202);
+    }
+    let full = d.post("/v1/topics/limited/messages", "x").await;
+    assert_eq!(full.status(), 429, "delayed messages count toward the mark");
+
+    // The 2-second one arrives on time, without its header.
+    tokio::time::sleep(Duration::from_millis(
+        at.saturating_sub(sluice::broker::now_millis()) + 300,
+    ))
+    .await;
+    assert_eq!(d.depth("orders").await, 2);
+    let page = d
+        .get_json("/v1/topics/orders/messages?from=0&max=10&wait_ms=0")
+        .await;
+    let later = page["messages"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["id"] == "later-1"))
+        .expect("later-1 arrived")
+        .clone();
+    assert!(
+        !later
+            .to_string()
+            .to_ascii_lowercase()
+            .contains("sluice-deliver-at"),
+        "{later}"
+    );
+    d.stop().await;
+}
+
 #[test]
 fn cli_says_plainly_when_the_daemon_is_not_running() {
     // A port that was free a moment ago: nothing listens there.

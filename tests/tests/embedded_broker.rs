@@ -662,6 +662,107 @@ async fn a_pause_holds_deliveries_survives_a_reopen_and_a_resume_wakes_a_fetch()
     assert!(!b.consumer_stats("p.s").await.expect("stats").paused);
 }
 
+/// A message with `sluice-delay` or `sluice-deliver-at` waits in the
+/// store, counted on its topic, is never delivered early, survives a
+/// reopen, and enters the topic without its delay header; a delay that
+/// does not parse refuses the whole publish.
+#[tokio::test]
+async fn delayed_messages_wait_for_their_time_survive_a_reopen_and_lose_their_delay() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = setup(dir.path(), SyncMode::Always, LONG).await;
+    let start = sluice::broker::now_millis();
+    let with = |id: &str, name: &str, value: String| {
+        let mut m = msg(id, "in");
+        m.headers = vec![("keep".into(), "1".into()), (name.into(), value)];
+        m
+    };
+    let at = sluice::timestamp::format_rfc3339_millis(start + 3_000);
+    let acks = b
+        .publish(vec![
+            msg("now", "in"),
+            with("soon", "Sluice-Delay", "1500ms".into()),
+            with("later", "sluice-deliver-at", at),
+            with("past", "sluice-deliver-at", "2020-01-01T00:00:00Z".into()),
+        ])
+        .await
+        .expect("publish");
+    assert_eq!(
+        acks.iter().map(|a| a.seq).collect::<Vec<_>>(),
+        [1, 0, 0, 2],
+        "a delayed message has no seq until it is due"
+    );
+    let refused = b
+        .publish(vec![
+            msg("fine", "in"),
+            with("bad", "sluice-delay", "soonish".into()),
+        ])
+        .await;
+    assert!(
+        matches!(&refused, Err(BrokerError::BadMessage(why)) if why.contains("soonish")),
+        "{refused:?}"
+    );
+    let stats = b.topic_stats("in").await.expect("stats");
+    assert_eq!((stats.depth, stats.delayed), (2, 2));
+    let next = stats.next_due.expect("next due");
+    assert!((start + 1_500..start + 2_500).contains(&next), "{next}");
+    // The backlog a high-water mark counts includes what is delayed.
+    assert_eq!(
+        sluice::broker::backlog(b.as_ref(), "in", &["p.s".into()])
+            .await
+            .expect("backlog"),
+        4
+    );
+    let first = fetch_n(&b, "p.s", 2).await;
+    assert_eq!(ids(&first), ["now", "past"]);
+    assert_eq!(first[1].message.headers, [("keep".into(), "1".into())]);
+    for d in &first {
+        b.ack(&d.receipt).await.expect("ack");
+    }
+    drop(first);
+    drop(b);
+
+    let b = open(dir.path(), SyncMode::Always);
+    let stats = b.topic_stats("in").await.expect("stats");
+    assert_eq!(stats.delayed, 2, "the delayed messages survive a reopen");
+    assert_eq!(stats.next_due, Some(next));
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let got = b.fetch("p.s", 10, ARRIVE).await.expect("fetch");
+        let now = sluice::broker::now_millis();
+        assert!(!got.is_empty(), "the delayed messages arrive");
+        for d in got {
+            let due = if d.message.id == "soon" {
+                start + 1_500
+            } else {
+                start + 3_000
+            };
+            assert!(
+                now >= due,
+                "{} delivered {} ms early",
+                d.message.id,
+                due - now
+            );
+            assert!(d.message.published_at >= due, "published when released");
+            assert_eq!(
+                d.message.headers,
+                [("keep".into(), "1".into())],
+                "the delay header is removed"
+            );
+            b.ack(&d.receipt).await.expect("ack");
+            seen.push(d.message.id);
+        }
+    }
+    assert_eq!(seen, ["soon", "later"]);
+    let stats = b.topic_stats("in").await.expect("stats");
+    assert_eq!((stats.delayed, stats.next_due), (0, None));
+    // The id is in the duplicate window from its publish on.
+    let again = b
+        .publish(vec![with("soon", "sluice-delay", "1s".into())])
+        .await
+        .expect("republish");
+    assert!(again[0].duplicate);
+}
+
 #[tokio::test]
 async fn a_second_open_of_the_same_directory_fails_clearly() {
     let dir = tempfile::tempdir().expect("tempdir");

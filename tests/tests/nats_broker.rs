@@ -72,7 +72,12 @@ async fn provisioning_is_idempotent_and_puts_drift_back() {
     let js = jetstream::new(b.client().clone());
     let mut stream = js.get_stream("SLUICE_orders_in").await.expect("stream");
     let config = stream.info().await.expect("info").config.clone();
-    assert_eq!(config.subjects, ["orders.in"]);
+    assert_eq!(
+        config.subjects,
+        ["orders.in", "_sluice.delay.SLUICE_orders_in.>"],
+        "the topic, and the subjects its delayed messages wait under"
+    );
+    assert!(config.allow_message_schedules);
     assert_eq!(config.retention, RetentionPolicy::Interest);
     assert_eq!(config.max_age, Duration::from_secs(3600));
     assert_eq!(config.duplicate_window, Duration::from_secs(300));
@@ -221,6 +226,107 @@ async fn a_pause_holds_for_every_daemon_and_survives_provisioning() {
     let ids: Vec<&str> = got.iter().map(|d| d.message.id.as_str()).collect();
     assert_eq!(ids, ["b", "c"]);
     assert!(!b.consumer_stats("p.s").await.expect("stats").paused);
+}
+
+/// A delayed message is a JetStream schedule in the topic's stream: kept
+/// (an interest stream would drop it, but for the keeper consumer),
+/// counted as delayed, never delivered early, delivered with its id and
+/// without its delay header, also when the server is killed meanwhile.
+/// A stream made before delays gains them on the next provisioning.
+#[tokio::test]
+async fn delayed_messages_are_schedules_that_survive_a_server_kill_and_keep_their_ids() {
+    let mut server = NatsServer::start().expect("nats-server");
+    // A stream as Sluice made it before delays existed.
+    {
+        let client = async_nats::connect(server.url()).await.expect("connect");
+        jetstream::new(client)
+            .create_stream(jetstream::stream::Config {
+                name: stream_name("in"),
+                description: Some("Sluice topic `in`".into()),
+                subjects: vec!["in".into()],
+                retention: RetentionPolicy::Interest,
+                allow_direct: true,
+                ..Default::default()
+            })
+            .await
+            .expect("an old stream");
+    }
+    let spec = consumer("p.s", "in", Duration::from_secs(30));
+    let b = stage_with_dlq(&server, &spec).await;
+    let start = sluice::broker::now_millis();
+    let delayed = |id: &str, name: &str, value: String| {
+        let mut m = Message::new(id, "in", format!("payload {id}"));
+        m.headers = vec![("keep".into(), "1".into()), (name.into(), value)];
+        m
+    };
+    let acks = b
+        .publish(vec![
+            Message::new("now", "in", "x"),
+            delayed("soon", "Sluice-Delay", "2s".into()),
+            delayed(
+                "later",
+                "sluice-deliver-at",
+                sluice::timestamp::format_rfc3339_millis(start + 6_000),
+            ),
+        ])
+        .await
+        .expect("publish");
+    assert_eq!(acks[1].seq, 0, "a delayed message has no place yet");
+    let refused = b
+        .publish(vec![delayed("bad", "sluice-delay", "whenever".into())])
+        .await;
+    assert!(
+        matches!(refused, Err(BrokerError::BadMessage(_))),
+        "{refused:?}"
+    );
+    let stats = b.topic_stats("in").await.expect("stats");
+    assert_eq!((stats.depth, stats.delayed), (1, 2), "{stats:?}");
+    // Republishing a delayed id is a duplicate, as for any message.
+    let again = b
+        .publish(vec![delayed("soon", "sluice-delay", "2s".into())])
+        .await
+        .expect("republish");
+    assert!(again[0].duplicate);
+
+    let first = b.fetch("p.s", 10, WAIT).await.expect("fetch");
+    let ids: Vec<&str> = first.iter().map(|d| d.message.id.as_str()).collect();
+    assert_eq!(ids, ["now"]);
+    b.ack(&first[0].receipt).await.expect("ack");
+
+    // The server dies with both schedules pending, and comes back.
+    server.kill().expect("kill");
+    server.restart().expect("restart");
+    let b = stage_with_dlq(&server, &spec).await;
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while seen.len() < 2 && std::time::Instant::now() < deadline {
+        for d in b.fetch("p.s", 10, WAIT).await.unwrap_or_default() {
+            let now = sluice::broker::now_millis();
+            if d.message.id == "now" {
+                // Its ack may have died with the server: at least once.
+                b.ack(&d.receipt).await.expect("ack");
+                continue;
+            }
+            let due = if d.message.id == "soon" {
+                start + 2_000
+            } else {
+                start + 6_000
+            };
+            assert!(
+                now >= due,
+                "{} delivered {} ms early",
+                d.message.id,
+                due - now
+            );
+            assert_eq!(d.message.headers, [("keep".into(), "1".into())]);
+            assert_eq!(d.message.payload, format!("payload {}", d.message.id));
+            b.ack(&d.receipt).await.expect("ack");
+            seen.push(d.message.id.clone());
+        }
+    }
+    assert_eq!(seen, ["soon", "later"]);
+    let stats = b.topic_stats("in").await.expect("stats");
+    assert_eq!(stats.delayed, 0, "{stats:?}");
 }
 
 #[tokio::test]

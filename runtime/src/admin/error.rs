@@ -141,6 +141,7 @@ impl ApiError {
                     StatusCode::INTERNAL_SERVER_ERROR
                 }
                 BrokerError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+                BrokerError::BadMessage(_) => StatusCode::BAD_REQUEST,
             },
         }
     }
@@ -171,6 +172,7 @@ impl ApiError {
                     "broker_error"
                 }
                 BrokerError::PayloadTooLarge(_) => "payload_too_large",
+                BrokerError::BadMessage(_) => "bad_request",
             },
         }
     }

@@ -26,7 +26,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::{AdminState, ApiError, TopicEntry};
-use crate::broker::{BrokerError, Message, PublishAck, check_portable, new_message_id};
+use crate::broker::{BrokerError, Message, PublishAck, check_portable, new_message_id, now_millis};
+use crate::delay;
 
 /// The longest message id accepted, in bytes. Ids key the broker's
 /// duplicate window and travel in headers, so they stay short.
@@ -43,7 +44,8 @@ pub const KEY_HEADER: &str = "sluice-key";
 /// Request header carrying the message id.
 pub const ID_HEADER: &str = "idempotency-key";
 /// Prefix of request headers that become message headers (lowercase, as
-/// HTTP header names arrive).
+/// HTTP header names arrive). `Sluice-Delay` and `Sluice-Deliver-At`
+/// delay the message ([`crate::delay`]).
 pub const HEADER_PREFIX: &str = "sluice-header-";
 /// Message headers with this prefix are the runtime's own (DLQ provenance,
 /// redrive targeting); producers may set them only on dead-letter topics.
@@ -60,6 +62,10 @@ pub struct PublishReceipt {
     pub seq: u64,
     /// True when the id was already published, so nothing new was stored.
     pub duplicate: bool,
+    /// When a delayed message is due (RFC 3339); its `seq` is 0 until then,
+    /// when it enters the topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deliver_at: Option<String>,
 }
 
 /// What ingest stored for a batch.
@@ -95,6 +101,12 @@ pub struct BatchLine {
     /// The message id (the idempotency key); a fresh one when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    /// Deliver after this long (`90s`, `2h`), as `Sluice-Delay`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay: Option<String>,
+    /// Deliver at this time (RFC 3339), as `Sluice-Deliver-At`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deliver_at: Option<String>,
 }
 
 /// Headers of a batch line: a map, or the `[[name, value], ...]` list that
@@ -478,6 +490,8 @@ fn receipts(
             topic: topic.to_owned(),
             seq: ack.seq,
             duplicate: ack.duplicate,
+            // Pinned to an absolute time before the publish ([`delay::pin`]).
+            deliver_at: m.header(delay::DELIVER_AT_HEADER).map(str::to_owned),
         })
         .collect())
 }
@@ -563,16 +577,23 @@ fn message_from_headers(
         }
     }
     check_reserved(entry, &message_headers).map_err(ApiError::BadRequest)?;
+    for name in [delay::DELAY_HEADER, delay::DELIVER_AT_HEADER] {
+        if let Some(value) = headers.get(name) {
+            message_headers.push((name.to_owned(), text(name, value)?));
+        }
+    }
     check_portable(key.as_deref(), &message_headers)
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    Ok(Message {
+    let mut message = Message {
         id,
         topic: topic.to_owned(),
         key,
         headers: message_headers,
         payload,
         published_at: 0,
-    })
+    };
+    delay::pin(&mut message, now_millis()).map_err(ApiError::BadRequest)?;
+    Ok(message)
 }
 
 /// Builds a message from one batch line.
@@ -596,20 +617,28 @@ fn message_from_line(topic: &str, entry: &TopicEntry, line: BatchLine) -> Result
         }
         None => new_message_id(),
     };
-    let headers = line
+    let mut headers = line
         .headers
         .map(BatchHeaders::into_pairs)
         .unwrap_or_default();
     check_reserved(entry, &headers)?;
+    if let Some(value) = line.delay {
+        headers.push((delay::DELAY_HEADER.to_owned(), value));
+    }
+    if let Some(value) = line.deliver_at {
+        headers.push((delay::DELIVER_AT_HEADER.to_owned(), value));
+    }
     check_portable(line.key.as_deref(), &headers).map_err(|e| e.to_string())?;
-    Ok(Message {
+    let mut message = Message {
         id,
         topic: topic.to_owned(),
         key: line.key,
         headers,
         payload,
         published_at: 0,
-    })
+    };
+    delay::pin(&mut message, now_millis())?;
+    Ok(message)
 }
 
 /// Producers may not set the runtime's own headers, except on a dead-letter

@@ -16,6 +16,7 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 
 use super::AdminState;
+use crate::broker::now_millis;
 use crate::metrics::StageLabels;
 
 /// The Prometheus text format's content type.
@@ -121,6 +122,15 @@ async fn refresh_gauges(state: &AdminState) {
             .stage_paused
             .get_or_create(&labels)
             .set(i64::from(backlog.consumer.paused));
+        metrics
+            .delayed
+            .get_or_create(&labels)
+            .set(gauge(backlog.delayed));
+        metrics.next_due.get_or_create(&labels).set(
+            backlog
+                .next_due
+                .map_or(0.0, |due| due.saturating_sub(now_millis()) as f64 / 1000.0),
+        );
     }
 }
 

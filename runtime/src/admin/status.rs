@@ -15,7 +15,7 @@ use axum::extract::State;
 use serde::{Deserialize, Serialize};
 
 use super::{AdminState, ApiError, StageEntry};
-use crate::broker::{BrokerError, ConsumerStats};
+use crate::broker::{BrokerError, ConsumerStats, TopicStats};
 
 /// How often the sampler reads the counters.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
@@ -55,6 +55,13 @@ pub struct StageStatus {
     /// Paused by the operator (`sluice stage pause`): it fetches nothing.
     #[serde(default)]
     pub paused: bool,
+    /// Messages on its topic waiting for their due time (not in `depth`).
+    #[serde(default)]
+    pub delayed: u64,
+    /// When the next of them is due (RFC 3339), where the broker can tell
+    /// cheaply (the embedded broker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_due: Option<String>,
 }
 
 fn plugin_kind() -> String {
@@ -93,6 +100,10 @@ pub struct SourceStatus {
 pub(super) struct Backlog {
     pub(super) consumer: ConsumerStats,
     pub(super) dlq_depth: u64,
+    /// Delayed messages on the stage's topic.
+    pub(super) delayed: u64,
+    /// When the first of them is due (ms since the epoch), if known.
+    pub(super) next_due: Option<u64>,
 }
 
 /// Reads a stage's backlog. A consumer or topic the broker does not know
@@ -114,9 +125,16 @@ pub(super) async fn backlog(
         Err(BrokerError::UnknownTopic(_)) => 0,
         Err(err) => return Err(err),
     };
+    let topic = match broker.topic_stats(&stage.topic).await {
+        Ok(stats) => stats,
+        Err(BrokerError::UnknownTopic(_)) => TopicStats::default(),
+        Err(err) => return Err(err),
+    };
     Ok(Backlog {
         consumer,
         dlq_depth,
+        delayed: topic.delayed,
+        next_due: topic.next_due,
     })
 }
 
@@ -148,6 +166,10 @@ pub(super) async fn status(
                     .is_down(&format!("{}/{}", stage.pipeline, stage.stage))
             }),
             paused: backlog.consumer.paused,
+            delayed: backlog.delayed,
+            next_due: backlog
+                .next_due
+                .map(crate::timestamp::format_rfc3339_millis),
         });
     }
     Ok(Json(out))

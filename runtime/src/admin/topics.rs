@@ -115,6 +115,13 @@ pub struct TopicView {
     pub high_water_mark: Option<u64>,
     /// Whether it is a stage's dead-letter topic.
     pub dead_letter: bool,
+    /// Messages waiting for their due time (not in `depth`).
+    #[serde(default)]
+    pub delayed: u64,
+    /// When the next of them is due (RFC 3339), where the broker can tell
+    /// cheaply (the embedded broker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_due: Option<String>,
 }
 
 impl TopicView {
@@ -127,6 +134,8 @@ impl TopicView {
             oldest_age_seconds: stats.oldest_age.map(|d| d.as_secs_f64()),
             high_water_mark,
             dead_letter,
+            delayed: stats.delayed,
+            next_due: stats.next_due.map(crate::timestamp::format_rfc3339_millis),
         }
     }
 }

@@ -454,6 +454,7 @@ impl Broker for MemoryBroker {
             first_seq: t.messages.keys().next().copied().unwrap_or(0),
             last_seq: t.last_seq,
             oldest_age: None,
+            ..TopicStats::default()
         })
     }
 

@@ -268,6 +268,13 @@ pub struct TopicStats {
     pub last_seq: u64,
     /// Age of the oldest stored message.
     pub oldest_age: Option<Duration>,
+    /// Messages waiting for their due time ([`crate::delay`]); not in
+    /// `depth`, not yet readable or deliverable.
+    pub delayed: u64,
+    /// When the earliest delayed message is due, in ms since the epoch,
+    /// where the broker knows it cheaply (the embedded broker; `None` on
+    /// NATS, and when nothing is delayed).
+    pub next_due: Option<u64>,
 }
 
 /// A stored message with its sequence, as [`Broker::read`] returns it.
@@ -306,6 +313,11 @@ pub enum BrokerError {
     /// `max_payload`); nothing was published.
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// A message cannot be published as it is (a delay header that does
+    /// not parse); nothing was published. Producers check first
+    /// ([`crate::delay::check`]), so this is a last line.
+    #[error("{0}")]
+    BadMessage(String),
 }
 
 /// The operations the engine, admin API and CLI use. See the module docs.
@@ -459,14 +471,17 @@ impl Readiness {
 
 /// What backpressure counts on `topic`: its stored depth, or the
 /// pending count of its slowest subscriber if that is larger (a fan-out
-/// topic's depth alone can hide one stage far behind). A subscriber not
+/// topic's depth alone can hide one stage far behind), plus the messages
+/// delayed on it, which will all be delivered: a flood of delayed
+/// messages meets the high-water mark like any other. A subscriber not
 /// declared yet counts nothing.
 pub async fn backlog(
     broker: &dyn Broker,
     topic: &str,
     subscribers: &[String],
 ) -> Result<u64, BrokerError> {
-    let mut depth = broker.topic_stats(topic).await?.depth;
+    let stats = broker.topic_stats(topic).await?;
+    let mut depth = stats.depth;
     for consumer in subscribers {
         match broker.consumer_stats(consumer).await {
             Ok(stats) => depth = depth.max(stats.pending),
@@ -474,7 +489,7 @@ pub async fn backlog(
             Err(err) => return Err(err),
         }
     }
-    Ok(depth)
+    Ok(depth.saturating_add(stats.delayed))
 }
 
 /// Milliseconds since the Unix epoch, now.

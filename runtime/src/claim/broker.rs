@@ -40,11 +40,42 @@ impl ClaimingBroker {
     }
 
     async fn offload_all(&self, messages: Vec<Message>) -> Result<Vec<Message>, BrokerError> {
+        self.check_delays(&messages)?;
         let mut out = Vec::with_capacity(messages.len());
         for message in messages {
             out.push(self.claims.offload(message).await.map_err(to_broker)?);
         }
         Ok(out)
+    }
+}
+
+impl ClaimingBroker {
+    /// Refuses a delayed message whose payload would be offloaded to a
+    /// `file://` store for longer than the store keeps objects: the
+    /// sweeper finds references in stored messages only, not in delayed
+    /// ones, so the object could be deleted before the message is due.
+    fn check_delays(&self, messages: &[Message]) -> Result<(), BrokerError> {
+        let now = crate::broker::now_millis();
+        for m in messages {
+            let Some(policy) = self.claims.policy(&m.topic) else {
+                continue;
+            };
+            if m.payload.len() as u64 <= policy.threshold {
+                continue;
+            }
+            let due = crate::delay::due_of(m, now).map_err(BrokerError::BadMessage)?;
+            if let Some(due) = due
+                && Duration::from_millis(due - now) >= policy.retention
+            {
+                return Err(BrokerError::BadMessage(format!(
+                    "message `{}` to `{}` is delayed past its claim store's retention of {}: its payload could be swept before it is due; raise the claim_check's retention",
+                    m.id,
+                    m.topic,
+                    humantime::format_duration(policy.retention)
+                )));
+            }
+        }
+        Ok(())
     }
 }
 

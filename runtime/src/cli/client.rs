@@ -35,6 +35,7 @@ use crate::admin::{
 };
 use crate::broker::BrokerError;
 use crate::broker::nats::{NatsBroker, NatsOptions};
+use crate::delay::{DELAY_HEADER, DELIVER_AT_HEADER};
 use crate::metrics::Metrics;
 
 /// How long a request may take unless the command says otherwise.
@@ -504,6 +505,10 @@ pub(crate) struct Outgoing {
     pub(crate) headers: Vec<(String, String)>,
     /// The message id (idempotency key); the daemon picks one when absent.
     pub(crate) id: Option<String>,
+    /// Deliver after this long (`Sluice-Delay`).
+    pub(crate) delay: Option<String>,
+    /// Deliver at this time, RFC 3339 (`Sluice-Deliver-At`).
+    pub(crate) deliver_at: Option<String>,
 }
 
 impl Outgoing {
@@ -516,6 +521,8 @@ impl Outgoing {
             key: self.key,
             headers: (!self.headers.is_empty()).then_some(BatchHeaders::Pairs(self.headers)),
             id: self.id,
+            delay: self.delay,
+            deliver_at: self.deliver_at,
         }
     }
 
@@ -549,6 +556,12 @@ impl Outgoing {
         }
         if let Some(key) = &self.key {
             map.insert(HeaderName::from_static(KEY_HEADER), value(key)?);
+        }
+        if let Some(delay) = &self.delay {
+            map.insert(HeaderName::from_static(DELAY_HEADER), value(delay)?);
+        }
+        if let Some(at) = &self.deliver_at {
+            map.insert(HeaderName::from_static(DELIVER_AT_HEADER), value(at)?);
         }
         for (n, v) in &self.headers {
             let n = name(n)?;
@@ -803,6 +816,8 @@ mod tests {
             key: Some("cust-7".into()),
             headers: vec![("trace".into(), "a b".into()), ("x-1".into(), "2".into())],
             id: Some("order-1".into()),
+            delay: None,
+            deliver_at: None,
         };
         let map = plain.request_headers().expect("plain headers fit");
         assert_eq!(map.get("idempotency-key").expect("id"), "order-1");

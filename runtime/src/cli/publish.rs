@@ -10,6 +10,8 @@ use std::process::ExitCode;
 use super::args;
 use super::client::{Client, ClientError, ConnectArgs, Outgoing};
 use crate::admin::check_id;
+use crate::delay;
+use crate::timestamp::parse_rfc3339_millis;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -36,8 +38,25 @@ pub(crate) struct Args {
     /// and prints `"duplicate":true`. A fresh id when absent.
     #[arg(long)]
     id: Option<String>,
+    /// Deliver the message this long from now, not before: `90s`, `2h`, `1h 30m`, `3d` (at
+    /// most 365 days). The broker keeps it durably until then; `status` counts it as delayed.
+    #[arg(long, value_name = "DURATION", value_parser = parse_delay, conflicts_with = "at")]
+    delay: Option<String>,
+    /// Deliver the message at this time, not before: RFC 3339, e.g. 2026-11-27T09:00:00Z. A time
+    /// already past delivers at once.
+    #[arg(long, value_name = "TIME", value_parser = parse_at)]
+    at: Option<String>,
     #[command(flatten)]
     connect: ConnectArgs,
+}
+
+/// Checked here, so a typo fails before anything is sent.
+fn parse_delay(text: &str) -> Result<String, String> {
+    delay::parse_delay(text).map(|_| text.trim().to_owned())
+}
+
+fn parse_at(text: &str) -> Result<String, String> {
+    parse_rfc3339_millis(text).map(|_| text.trim().to_owned())
 }
 
 fn stdin_marker(text: &str) -> Result<String, String> {
@@ -69,6 +88,8 @@ fn publish(args: Args) -> Result<(), ClientError> {
             key: args.key,
             headers: args.headers,
             id: args.id,
+            delay: args.delay,
+            deliver_at: args.at,
         },
     )?;
     let mut out = std::io::stdout().lock();

@@ -88,6 +88,7 @@ fn status(args: &Args) -> Result<(), ClientError> {
                     s.depth.to_string(),
                     table::age(s.oldest_age_seconds),
                     s.in_flight.to_string(),
+                    delayed_text(s.delayed, s.next_due.as_deref()),
                     s.dlq_depth.to_string(),
                 ]
             })
@@ -100,6 +101,7 @@ fn status(args: &Args) -> Result<(), ClientError> {
                 "DEPTH",
                 "OLDEST",
                 "IN-FLIGHT",
+                "DELAYED",
                 "DLQ",
             ],
             &rows,
@@ -150,4 +152,22 @@ fn lag_text(total: Option<u64>, partitions: &[(String, u64)]) -> String {
         parts.push("...".to_owned());
     }
     format!("{total} ({})", parts.join(" "))
+}
+
+/// The DELAYED column: how many wait on the stage's topic, and how soon
+/// the next is due where the broker says (`12 (next in 4m 10s)`).
+fn delayed_text(delayed: u64, next_due: Option<&str>) -> String {
+    if delayed == 0 {
+        return "0".into();
+    }
+    let next = next_due
+        .and_then(|at| crate::timestamp::parse_rfc3339_millis(at).ok())
+        .map(|due| {
+            let left = due.saturating_sub(crate::broker::now_millis()) / 1000;
+            format!(
+                " (next in {})",
+                humantime::format_duration(std::time::Duration::from_secs(left))
+            )
+        });
+    format!("{delayed}{}", next.unwrap_or_default())
 }

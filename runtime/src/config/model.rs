@@ -345,16 +345,39 @@ impl JsonSchema for ConfigValue {
 }
 
 /// Retries and backoff.
-#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Retry {
     /// Deliveries a message gets before it is dead-lettered, the first
     /// included (1 = no retries). A `reject` dead-letters at once.
-    #[serde(default = "default_max_attempts")]
-    pub max_attempts: NonZeroU32,
+    /// Default 5, or with a `schedule`, one more than its waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<NonZeroU32>,
     /// The delay before each redelivery.
     #[serde(default)]
     pub backoff: Backoff,
+    /// The waits before each retry, explicitly, in place of `backoff`:
+    /// `[1m, 5m, 30m, 2h, 8h, 3d]`. The n-th retry waits the n-th entry,
+    /// the last one repeating; no jitter. Waits of hours or days are kept
+    /// by the broker, durably, like any other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Vec<HumanDuration>>,
+}
+
+impl Retry {
+    /// Deliveries before a message is dead-lettered: `max_attempts` as
+    /// given, else one per wait of the `schedule` plus the first, else 5.
+    pub fn attempts(&self) -> NonZeroU32 {
+        self.max_attempts.unwrap_or_else(|| match &self.schedule {
+            Some(waits) if !waits.is_empty() => NonZeroU32::new(
+                u32::try_from(waits.len())
+                    .unwrap_or(u32::MAX)
+                    .saturating_add(1),
+            )
+            .unwrap_or(NonZeroU32::MIN),
+            _ => default_max_attempts(),
+        })
+    }
 }
 
 /// 5.
@@ -362,14 +385,6 @@ pub fn default_max_attempts() -> NonZeroU32 {
     NonZeroU32::new(5).unwrap_or(NonZeroU32::MIN)
 }
 
-impl Default for Retry {
-    fn default() -> Self {
-        Retry {
-            max_attempts: default_max_attempts(),
-            backoff: Backoff::default(),
-        }
-    }
-}
 
 /// Exponential backoff with jitter: the n-th retry waits
 /// `min(max, initial * multiplier^(n-1))`, randomly shortened by up to
@@ -670,7 +685,7 @@ mod tests {
         assert_eq!(stage.ack_wait, HumanDuration::secs(30));
         assert_eq!(stage.timeout, HumanDuration::secs(30));
         assert_eq!(stage.memory, HumanSize::mib(256));
-        assert_eq!(stage.retry.max_attempts.get(), 5);
+        assert_eq!(stage.retry.attempts().get(), 5);
         assert_eq!(stage.retry.backoff.initial, HumanDuration::secs(1));
         assert_eq!(stage.retry.backoff.max, HumanDuration::secs(60));
         assert_eq!(stage.retry.backoff.multiplier, 2.0);

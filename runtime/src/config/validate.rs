@@ -446,6 +446,29 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
                 ),
             );
         }
+        if backoff.max.get() > crate::delay::MAX_DELAY {
+            report(
+                &s(&[K("retry"), K("backoff"), K("max")]),
+                format!(
+                    "the longest backoff delay ({}) is over the limit of 365 days",
+                    backoff.max
+                ),
+            );
+        }
+        if let Some(waits) = &stage.retry.schedule {
+            if waits.is_empty() {
+                report(
+                    &s(&[K("retry"), K("schedule")]),
+                    "`schedule` is empty: list the waits before each retry, like [1m, 5m, 30m], or remove it to use `backoff`".to_owned(),
+                );
+            }
+            if let Some(long) = waits.iter().find(|w| w.get() > crate::delay::MAX_DELAY) {
+                report(
+                    &s(&[K("retry"), K("schedule")]),
+                    format!("a wait of {long} is over the limit of 365 days"),
+                );
+            }
+        }
         for (key, value) in [("ack_wait", stage.ack_wait), ("timeout", stage.timeout)] {
             if value.get().is_zero() {
                 report(&s(&[K(key)]), format!("`{key}` must be longer than 0s"));

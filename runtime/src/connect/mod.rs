@@ -271,6 +271,12 @@ pub struct SourceDef {
     pub name: String,
     /// The declared topic it publishes into.
     pub to: String,
+    /// Delay each message by an upstream header: `{header: run-at, as:
+    /// unix_seconds}` (`as`: `delay`, the default, `deliver_at`,
+    /// `unix_seconds`, `unix_millis`). A value that does not read
+    /// dead-letters the message with the reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_from: Option<crate::delay::DelayFrom>,
     /// Read a Redis stream through a consumer group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<redis::RedisSourceConfig>,
@@ -443,7 +449,7 @@ mod tests {
     #[test]
     fn every_connector_block_of_the_structs_is_in_their_lists() {
         assert_eq!(
-            block_keys::<SourceDef>(&["name", "to"]),
+            block_keys::<SourceDef>(&["name", "to", "delay_from"]),
             sorted(SourceDef::KINDS)
         );
         let stage_knobs = [

@@ -148,6 +148,8 @@ pub struct SourceSetup {
     pub high_water_mark: Option<u64>,
     /// The consumers of the topic (the slowest one's backlog counts).
     pub subscribers: Vec<String>,
+    /// The upstream header mapped onto a delay, if any.
+    pub delay_from: Option<crate::delay::DelayFrom>,
     /// The most messages one read takes.
     pub read_max: usize,
 }
@@ -186,6 +188,7 @@ pub async fn run(setup: SourceSetup, broker: Arc<dyn Broker>, stop: watch::Recei
         dlq_topic,
         high_water_mark,
         subscribers,
+        delay_from,
         read_max,
     } = setup;
     let route = Route {
@@ -194,6 +197,7 @@ pub async fn run(setup: SourceSetup, broker: Arc<dyn Broker>, stop: watch::Recei
         dlq_topic,
         high_water_mark,
         subscribers,
+        delay_from,
         read_max,
     };
     let label = route.ctx.label();
@@ -433,6 +437,7 @@ struct Route {
     dlq_topic: String,
     high_water_mark: Option<u64>,
     subscribers: Vec<String>,
+    delay_from: Option<crate::delay::DelayFrom>,
     read_max: usize,
 }
 
@@ -450,13 +455,26 @@ async fn room(setup: &Route, broker: &Arc<dyn Broker>) -> Result<usize, BrokerEr
 /// that cannot be carried becomes a dead letter in the source's DLQ.
 fn to_messages(setup: &Route, read: Vec<SourceMessage>) -> Vec<Message> {
     read.into_iter()
-        .map(|m| {
+        .map(|mut m| {
             let id = format!("{}:{}", setup.ctx.name, m.upstream_id);
-            let problem = m.problem.clone().or_else(|| {
-                check_portable(m.key.as_deref(), &m.headers)
-                    .err()
-                    .map(|e| e.to_string())
-            });
+            let now = crate::broker::now_millis();
+            let problem = m
+                .problem
+                .clone()
+                .or_else(|| {
+                    check_portable(m.key.as_deref(), &m.headers)
+                        .err()
+                        .map(|e| e.to_string())
+                })
+                .or_else(|| {
+                    let mapped = match &setup.delay_from {
+                        Some(from) => from.apply(&mut m.headers),
+                        None => Ok(()),
+                    };
+                    mapped
+                        .and_then(|()| crate::delay::due_in(&m.headers, now).map(|_| ()))
+                        .err()
+                });
             let mut message = Message {
                 id: id.clone(),
                 topic: setup.topic.clone(),
@@ -487,7 +505,9 @@ fn dead_letter(setup: &Route, message: &mut Message, problem: &str) {
         dropped.push(format!("key {:?}", message.key.take().unwrap_or_default()));
     }
     message.headers.retain(|(name, value)| {
-        let ok = check_portable(None, &[(name.clone(), value.clone())]).is_ok();
+        // A dead letter is never delayed: its delay may be what was wrong.
+        let ok = !crate::delay::is_delay_header(name)
+            && check_portable(None, &[(name.clone(), value.clone())]).is_ok();
         if !ok {
             dropped.push(format!("header {name:?}={value:?}"));
         }
@@ -698,6 +718,7 @@ mod tests {
             dlq_topic: "p.src.dlq".into(),
             high_water_mark: mark,
             subscribers: vec!["p.work".into()],
+            delay_from: None,
             read_max: 10,
         };
         (setup, health, metrics)

@@ -12,6 +12,14 @@ pub fn delay(policy: &Backoff, attempt: u32) -> Duration {
     delay_with(policy, attempt, fastrand::f64())
 }
 
+/// The wait an explicit `retry.schedule` gives the retry after failed
+/// attempt `attempt` (1-based): its `attempt`-th entry, the last one
+/// repeating; `None` without a schedule.
+pub fn scheduled(schedule: &[Duration], attempt: u32) -> Option<Duration> {
+    let index = usize::try_from(attempt.saturating_sub(1)).unwrap_or(usize::MAX);
+    schedule.get(index).or_else(|| schedule.last()).copied()
+}
+
 /// [`delay`] with the random draw given (0 ≤ `draw` < 1), for tests.
 pub fn delay_with(policy: &Backoff, attempt: u32, draw: f64) -> Duration {
     let initial = policy.initial.get().as_secs_f64();
@@ -57,6 +65,18 @@ mod tests {
         assert_eq!(delay_with(&p, 1, 0.999_999).as_millis(), 50);
         assert!(delay(&p, 2) <= Duration::from_millis(200));
         assert!(delay(&p, 2) >= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn a_schedule_gives_its_waits_in_order_and_repeats_the_last() {
+        let s = [60, 300, 1800].map(Duration::from_secs);
+        let got: Vec<_> = (1..=5).map(|a| scheduled(&s, a)).collect();
+        assert_eq!(
+            got,
+            [60, 300, 1800, 1800, 1800].map(|n| Some(Duration::from_secs(n)))
+        );
+        assert_eq!(scheduled(&[], 1), None);
+        assert_eq!(scheduled(&s, 0), Some(Duration::from_secs(60)));
     }
 
     #[test]

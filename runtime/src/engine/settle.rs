@@ -56,6 +56,8 @@ pub(super) struct Settler {
     dlq_topic: String,
     max_attempts: u32,
     backoff: Backoff,
+    /// `retry.schedule`: explicit waits, in place of `backoff` when given.
+    schedule: Vec<Duration>,
     broker: Arc<dyn Broker>,
     metrics: Arc<Metrics>,
     /// When each failing message first failed, by message id.
@@ -115,8 +117,15 @@ impl Settler {
             pipeline: pipeline.to_owned(),
             stage: stage.name.clone(),
             dlq_topic: stage.dlq_topic(pipeline),
-            max_attempts: stage.retry.max_attempts.get(),
+            max_attempts: stage.retry.attempts().get(),
             backoff: stage.retry.backoff.clone(),
+            schedule: stage
+                .retry
+                .schedule
+                .iter()
+                .flatten()
+                .map(|wait| wait.get())
+                .collect(),
             broker,
             metrics,
             first_failures: Mutex::new(HashMap::new()),
@@ -329,6 +338,9 @@ impl Settler {
                 FailureKind::OutputTooLarge,
                 too_large(&completion.outputs, &why),
             )),
+            // Likewise a delay the broker cannot read (the plugin worker
+            // checks first; this is the last line).
+            Err(BrokerError::BadMessage(why)) => Err(Failure::new(FailureKind::Rejected, why)),
             Err(err) => Err(Failure::new(
                 FailureKind::PublishFailed,
                 format!("publishing outputs failed: {err}"),
@@ -362,7 +374,7 @@ impl Settler {
         if retryable && attempt < self.max_attempts {
             let delay = failure
                 .retry_after
-                .unwrap_or_else(|| backoff::delay(&self.backoff, attempt));
+                .unwrap_or_else(|| self.retry_delay(attempt));
             self.count(failure.kind.as_str());
             tracing::warn!(
                 id = %delivery.message.id,
@@ -423,7 +435,7 @@ impl Settler {
             Err(err) => {
                 // Nothing is dropped: the message stays with the broker and
                 // comes back; the next attempt dead-letters it again.
-                let delay = backoff::delay(&self.backoff, attempt);
+                let delay = self.retry_delay(attempt);
                 tracing::error!(seq = delivery.seq, error = %err, retry_in = ?delay, "dead-lettering failed; will retry");
                 if retry_in_place {
                     return Next::RetryAfter(delay);
@@ -499,6 +511,13 @@ impl Settler {
     /// while its target is unavailable).
     pub(super) fn count_failure(&self, kind: FailureKind) {
         self.count(kind.as_str());
+    }
+
+    /// The wait before the retry after failed attempt `attempt`: the
+    /// `schedule`'s entry when there is one, else the backoff.
+    fn retry_delay(&self, attempt: u32) -> Duration {
+        backoff::scheduled(&self.schedule, attempt)
+            .unwrap_or_else(|| backoff::delay(&self.backoff, attempt))
     }
 
     /// The longest pause between tries while a target is unavailable.

@@ -68,7 +68,7 @@ impl StageSetup {
             max_deliver: Some(
                 self.stage
                     .retry
-                    .max_attempts
+                    .attempts()
                     .get()
                     .saturating_add(LOST_DELIVERY_MARGIN),
             ),

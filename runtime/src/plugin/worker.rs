@@ -342,6 +342,16 @@ impl Worker {
                     ),
                 ));
             }
+            // A delay header the broker could not read: permanent too.
+            if let Err(err) = crate::delay::due_in(&emit.headers, crate::broker::now_millis()) {
+                return Err(Failure::new(
+                    FailureKind::Rejected,
+                    format!(
+                        "handler emitted a message to `{}` with a delay that cannot be used: {err}",
+                        emit.topic
+                    ),
+                ));
+            }
         }
         Ok(emits)
     }

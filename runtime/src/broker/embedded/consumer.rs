@@ -549,11 +549,10 @@ mod tests {
             1,
             "t",
             TopicState {
-                retention_ms: None,
                 first_seq: 1,
                 last_seq: cursor,
                 depth: cursor,
-                first_published_at: 0,
+                ..TopicState::default()
             },
         ));
         let spec = ConsumerSpec {

@@ -55,6 +55,8 @@ pub(super) struct Store {
     pub window: DedupWindow,
     /// Stage dedup records (COMPLETED) by (consumer, key).
     pub idempotency: Keyspace,
+    /// Delayed messages by (topic, due time, counter).
+    pub delayed: Keyspace,
 }
 
 impl Store {
@@ -153,6 +155,8 @@ impl Store {
             // Likewise, a stage's dedup check probes for a key that is
             // usually not there.
             idempotency: probed("idempotency", SMALL_MEMTABLE_BYTES)?,
+            // Read only from the front, in due order: no filters needed.
+            delayed: ks("delayed", SMALL_MEMTABLE_BYTES)?,
             db,
         })
     }

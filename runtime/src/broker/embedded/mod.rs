@@ -10,6 +10,8 @@
 //! - `database.rs`: the open store and its reopen slot.
 //! - `commit/`: the single writer thread and its group commit.
 //! - `fetch.rs`: deliveries and browsing.
+//! - `delayed.rs`: messages waiting for their due time, and moving them
+//!   into their topics when it comes.
 //! - `retention.rs`: deleting what is settled or too old, expiring the
 //!   duplicate window.
 //! - `memtables.rs`: keeping large records from piling up in memory.
@@ -28,6 +30,7 @@
 mod commit;
 mod consumer;
 mod database;
+mod delayed;
 mod fetch;
 mod health;
 mod idempotency;
@@ -394,9 +397,7 @@ impl Broker for EmbeddedBroker {
                         let state = TopicState {
                             retention_ms,
                             first_seq: 1,
-                            last_seq: 0,
-                            depth: 0,
-                            first_published_at: 0,
+                            ..TopicState::default()
                         };
                         let topic = Arc::new(Topic::new(id, &name, state));
                         g.shared

@@ -96,8 +96,10 @@ pub(super) fn load(store: &Store) -> Result<Loaded, BrokerError> {
             retention_ms: rec.retention_ms,
             first_seq: rec.last_seq + 1,
             last_seq: rec.last_seq,
-            depth: 0,
-            first_published_at: 0,
+            delayed: rec.delayed,
+            delay_seq: rec.delay_seq,
+            next_due: super::delayed::first_due(store, rec.id)?.unwrap_or(0),
+            ..TopicState::default()
         };
         if let Some((seq, first)) = store.first_message_from(rec.id, rec.first_seq)?
             && seq <= rec.last_seq

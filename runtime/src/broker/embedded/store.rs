@@ -11,6 +11,7 @@
 //! | `settled` | consumer id (u32 BE) + first seq (u64 BE) | end seq, exclusive (u64 BE): first deliveries settled above the floor |
 //! | `dedup`, `dedup_b` | topic id (u32 BE) + message id | [`DedupRecord`]: the duplicate window's two generations ([`super::window`]) |
 //! | `idempotency` | consumer name + 0 + SHA-256 of the dedup key | [`crate::dedup::Record`] (COMPLETED) |
+//! | `delayed` | topic id (u32 BE) + due ms (u64 BE) + the topic's delay counter (u64 BE) | [`MessageRecord`] not yet due ([`super::delayed`]) |
 //!
 //! Big-endian integers make byte order equal numeric order, so a topic's
 //! messages and a consumer's pending entries are contiguous ranges.
@@ -67,6 +68,13 @@ pub(super) struct TopicRecord {
     pub last_seq: u64,
     /// Messages stored.
     pub depth: u64,
+    /// Messages waiting in `delayed` for their time. Absent in records
+    /// written before delays existed.
+    #[serde(default)]
+    pub delayed: u64,
+    /// The last delay counter used in a `delayed` key of this topic.
+    #[serde(default)]
+    pub delay_seq: u64,
 }
 
 /// A consumer's durable spec.
@@ -123,6 +131,22 @@ pub(super) fn pending_key(consumer_id: u32, seq: u64) -> [u8; 12] {
 /// Key of a settled run of consumer `consumer_id` starting at `start`.
 pub(super) fn run_key(consumer_id: u32, start: u64) -> [u8; 12] {
     id_seq_key(consumer_id, start)
+}
+
+/// Key of a delayed message of topic `topic_id` due at `due_ms`, the
+/// topic's `counter`-th delayed message: a topic's delayed messages are
+/// one range, in due order.
+pub(super) fn delayed_key(topic_id: u32, due_ms: u64, counter: u64) -> [u8; 20] {
+    let mut k = [0u8; 20];
+    k[..4].copy_from_slice(&topic_id.to_be_bytes());
+    k[4..12].copy_from_slice(&due_ms.to_be_bytes());
+    k[12..].copy_from_slice(&counter.to_be_bytes());
+    k
+}
+
+/// The due time of a `delayed` key.
+pub(super) fn delayed_due(key: &[u8]) -> Result<u64, BrokerError> {
+    key_seq(key)
 }
 
 /// Key of a consumer's cursor.

@@ -393,7 +393,7 @@ struct Names {
 }
 
 /// The store's keyspaces with their names.
-fn keyspaces(store: &Store) -> [(&'static str, &fjall::Keyspace); 9] {
+fn keyspaces(store: &Store) -> [(&'static str, &fjall::Keyspace); 10] {
     let [dedup, dedup_b] = store.window.keyspaces();
     [
         ("messages", &store.messages),
@@ -405,6 +405,7 @@ fn keyspaces(store: &Store) -> [(&'static str, &fjall::Keyspace); 9] {
         dedup,
         dedup_b,
         ("idempotency", &store.idempotency),
+        ("delayed", &store.delayed),
     ]
 }
 
@@ -748,10 +749,14 @@ fn rebuild(
         if let Some(lost) = lost_last.get(name) {
             last = last.max(*lost);
         }
+        // The delayed messages are copied below as they are: count what
+        // can be read of them, so the counter matches the copy.
+        let delayed = guard_panic(dst, || Ok(super::delayed::count(src, *id)))?;
         let fixed = TopicRecord {
             first_seq: first.unwrap_or(last + 1),
             last_seq: last,
             depth,
+            delayed,
             ..rec.clone()
         };
         batch.insert(&new.topics, name.as_str(), encode(&fixed)?);

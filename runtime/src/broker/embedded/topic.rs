@@ -23,7 +23,7 @@ pub(super) struct Topic {
 }
 
 /// What the committer keeps about a topic.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub(super) struct TopicState {
     /// Age retention in ms.
     pub retention_ms: Option<u64>,
@@ -35,6 +35,13 @@ pub(super) struct TopicState {
     pub depth: u64,
     /// Publish time of the message at `first_seq` (0 when empty).
     pub first_published_at: u64,
+    /// Messages waiting for their due time ([`super::delayed`]).
+    pub delayed: u64,
+    /// The last delay counter used in a delayed key.
+    pub delay_seq: u64,
+    /// When the earliest delayed message is due (ms since the epoch; 0
+    /// when none is delayed). In memory only: read from the store on open.
+    pub next_due: u64,
 }
 
 impl TopicState {
@@ -46,6 +53,8 @@ impl TopicState {
             first_seq: self.first_seq,
             last_seq: self.last_seq,
             depth: self.depth,
+            delayed: self.delayed,
+            delay_seq: self.delay_seq,
         }
     }
 }
@@ -76,12 +85,16 @@ impl Topic {
     /// The public stats, from memory.
     pub fn stats(&self) -> TopicStats {
         let s = self.snapshot();
+        let delayed = s.delayed;
+        let next_due = (s.next_due > 0).then_some(s.next_due);
         if s.depth == 0 {
             return TopicStats {
                 depth: 0,
                 first_seq: 0,
                 last_seq: s.last_seq,
                 oldest_age: None,
+                delayed,
+                next_due,
             };
         }
         TopicStats {
@@ -91,6 +104,8 @@ impl Topic {
             oldest_age: Some(Duration::from_millis(
                 now_millis().saturating_sub(s.first_published_at),
             )),
+            delayed,
+            next_due,
         }
     }
 }

@@ -10,6 +10,11 @@
 //!
 //! A message published without `Nats-Msg-Id` gets a stable id from its place
 //! in the stream, `<stream>:<seq>`, so its emits still have deterministic ids.
+//!
+//! A delayed message is published as a JetStream schedule ([`schedule`]),
+//! which the server turns into the message when it is due. The server
+//! drops `Nats-Msg-Id` from what it produces, so the id travels in
+//! `Sluice-Msg-Id` too and is read back from there.
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
@@ -22,6 +27,25 @@ pub const MSG_ID: &str = "Nats-Msg-Id";
 pub const KEY: &str = "Sluice-Key";
 /// The header carrying an original publish time.
 pub const PUBLISHED_AT: &str = "Sluice-Published-At";
+/// The header carrying a delayed message's id through its schedule.
+pub const SCHEDULED_ID: &str = "Sluice-Msg-Id";
+/// A one-shot JetStream schedule: `@at <RFC 3339>`.
+const SCHEDULE: &str = "Nats-Schedule";
+/// The subject a schedule publishes to.
+const SCHEDULE_TARGET: &str = "Nats-Schedule-Target";
+
+/// The headers of the schedule that publishes `message` (its delay
+/// headers already removed) to its topic at `due_ms`.
+pub fn schedule(message: &Message, due_ms: u64) -> HeaderMap {
+    let mut map = headers(message);
+    map.insert(SCHEDULED_ID, message.id.as_str());
+    map.insert(
+        SCHEDULE,
+        format!("@at {}", crate::timestamp::format_rfc3339_millis(due_ms)).as_str(),
+    );
+    map.insert(SCHEDULE_TARGET, message.topic.as_str());
+    map
+}
 
 /// The headers to publish `message` with.
 pub fn headers(message: &Message) -> HeaderMap {
@@ -97,6 +121,7 @@ pub fn message(
     stamped_at: u64,
 ) -> Message {
     let mut id = None;
+    let mut scheduled_id = None;
     let mut key = None;
     let mut published_at = None;
     let mut rest = Vec::new();
@@ -107,6 +132,7 @@ pub fn message(
                 let value = value.as_str();
                 match name {
                     MSG_ID => id = Some(value.to_owned()),
+                    SCHEDULED_ID => scheduled_id = Some(value.to_owned()),
                     KEY => key = Some(value.to_owned()),
                     PUBLISHED_AT => published_at = value.parse().ok(),
                     // Server and client controls (`Nats-Expected-*`,
@@ -121,7 +147,9 @@ pub fn message(
     // HeaderMap is a hash map; sort for a stable order.
     rest.sort();
     Message {
-        id: id.unwrap_or_else(|| format!("{stream}:{seq}")),
+        id: id
+            .or(scheduled_id)
+            .unwrap_or_else(|| format!("{stream}:{seq}")),
         topic: topic.to_owned(),
         key,
         headers: rest,
@@ -150,6 +178,36 @@ mod tests {
         assert_eq!(back.key.as_deref(), Some("k"));
         assert_eq!(back.headers, m.headers);
         assert_eq!(back.published_at, 99);
+    }
+
+    #[test]
+    fn a_scheduled_message_keeps_its_id_when_the_server_drops_nats_msg_id() {
+        let mut m = Message::new("id-1", "orders.in", "body");
+        m.headers = vec![("a".into(), "1".into())];
+        let h = schedule(&m, 1_795_685_400_250);
+        assert_eq!(
+            h.get("Nats-Schedule").map(|v| v.as_str()),
+            Some("@at 2026-11-26T09:30:00.25Z")
+        );
+        assert_eq!(
+            h.get("Nats-Schedule-Target").map(|v| v.as_str()),
+            Some("orders.in")
+        );
+        // What the server produces: the schedule's headers without its
+        // `Nats-*` ones, plus its own.
+        let mut fired = HeaderMap::new();
+        for (name, values) in h.iter() {
+            let name: &str = name.as_ref();
+            if !is_control(name) {
+                for v in values {
+                    fired.append(name, v.as_str());
+                }
+            }
+        }
+        fired.insert("Nats-Scheduler", "_sluice.delay.SLUICE_orders_in.x");
+        let back = message("orders.in", "S", 9, Some(&fired), m.payload.clone(), 5);
+        assert_eq!(back.id, "id-1");
+        assert_eq!(back.headers, m.headers);
     }
 
     #[test]

@@ -257,34 +257,99 @@ impl NatsBroker {
         Ok(())
     }
 
+    /// Whether the server has message schedules (nats-server 2.12 and
+    /// later), which delayed messages are published as.
+    fn schedules(&self) -> bool {
+        provision::schedules_supported(&self.client.server_info().version)
+    }
+
+    /// Resolves the delay headers of `messages` ([`crate::delay`]): each
+    /// message without them, and its due time if it is delayed. Checked for
+    /// all before any is sent, so a bad one publishes none.
+    async fn resolve_delays(
+        &self,
+        messages: Vec<Message>,
+    ) -> Result<Vec<(Message, Option<u64>)>, BrokerError> {
+        let now = now_millis();
+        let mut out = Vec::with_capacity(messages.len());
+        for mut message in messages {
+            if !message
+                .headers
+                .iter()
+                .any(|(n, _)| crate::delay::is_delay_header(n))
+            {
+                out.push((message, None));
+                continue;
+            }
+            let due = crate::delay::take_due(&mut message, now).map_err(BrokerError::BadMessage)?;
+            if let Some(due) = due {
+                self.check_delay(&message.topic, due.saturating_sub(now))
+                    .await?;
+            }
+            out.push((message, due));
+        }
+        Ok(out)
+    }
+
+    /// Refuses a delay the server cannot keep: on a server without
+    /// schedules, or longer than the topic's retention (the schedule would
+    /// be removed by age before it is due).
+    async fn check_delay(&self, topic: &str, delay_ms: u64) -> Result<(), BrokerError> {
+        if !self.schedules() {
+            return Err(BrokerError::BadMessage(format!(
+                "a delayed message for `{topic}` needs nats-server 2.12 or later (message schedules); this server is {}",
+                self.client.server_info().version
+            )));
+        }
+        let stream = self.stream(topic).await?;
+        let max_age = stream.cached_info().config.max_age;
+        if !max_age.is_zero() && Duration::from_millis(delay_ms) >= max_age {
+            return Err(BrokerError::BadMessage(format!(
+                "a delay of {} on `{topic}` is longer than the topic's retention of {}: it would be removed before it is due",
+                humantime::format_duration(Duration::from_secs(delay_ms / 1000)),
+                humantime::format_duration(max_age)
+            )));
+        }
+        Ok(())
+    }
+
     /// Publishes messages and waits for every `PubAck`. The publishes are
-    /// pipelined: all are sent before the first ack is awaited.
+    /// pipelined: all are sent before the first ack is awaited. A delayed
+    /// message is published as a schedule ([`codec::schedule`]) on its own
+    /// subject in the topic's stream, and acked with seq 0: it takes its
+    /// place in the topic when the server publishes it.
     async fn publish_all(&self, messages: Vec<Message>) -> Result<Vec<PublishAck>, BrokerError> {
         self.check_sizes(&messages, true)?;
-        let prepared: Vec<_> = messages
-            .into_iter()
-            .map(|m| (codec::headers(&m), m))
-            .collect();
+        let prepared = self.resolve_delays(messages).await?;
         let mut pending = Vec::with_capacity(prepared.len());
-        for (headers, message) in prepared {
+        for (message, due) in prepared {
+            let (subject, headers) = match due {
+                Some(due) => (
+                    naming::delay_subject(&message.topic, &message.id),
+                    codec::schedule(&message, due),
+                ),
+                None => (message.topic.clone(), codec::headers(&message)),
+            };
             let topic = message.topic;
             let future = self
                 .js
-                .publish_with_headers(topic.clone(), headers, message.payload)
+                .publish_with_headers(subject, headers, message.payload)
                 .await
                 .map_err(|e| publish_error(&topic, &e))?;
-            pending.push((topic, future));
+            pending.push((topic, future, due.is_some()));
         }
         // Awaited together: each await starts its own timeout, so one by
         // one a batch whose PubAcks died with the connection would take a
         // timeout per message to fail.
-        futures_util::future::join_all(pending.into_iter().map(|(topic, future)| async move {
-            let ack = future.await.map_err(|e| publish_error(&topic, &e))?;
-            Ok(PublishAck {
-                seq: ack.sequence,
-                duplicate: ack.duplicate,
-            })
-        }))
+        futures_util::future::join_all(pending.into_iter().map(
+            |(topic, future, delayed)| async move {
+                let ack = future.await.map_err(|e| publish_error(&topic, &e))?;
+                Ok(PublishAck {
+                    seq: if delayed { 0 } else { ack.sequence },
+                    duplicate: ack.duplicate,
+                })
+            },
+        ))
         .await
         .into_iter()
         .collect()
@@ -441,8 +506,18 @@ impl NatsBroker {
 #[async_trait]
 impl Broker for NatsBroker {
     async fn ensure_topic(&self, spec: &TopicSpec) -> Result<(), BrokerError> {
-        let stream =
-            provision::stream(&self.js, &self.options, spec, self.client.max_payload()).await?;
+        let schedules = self.schedules();
+        let stream = provision::stream(
+            &self.js,
+            &self.options,
+            spec,
+            self.client.max_payload(),
+            schedules,
+        )
+        .await?;
+        if schedules && spec.subscribed {
+            provision::delay_keeper(&stream, spec).await?;
+        }
         write(&self.streams).insert(spec.name.clone(), stream);
         Ok(())
     }
@@ -545,6 +620,15 @@ impl Broker for NatsBroker {
             return self.settle(receipt, AckKind::Ack).await;
         }
         self.check_sizes(outputs, true)?;
+        // A delayed output is a schedule, published on its own subject:
+        // not the batcher's plain publish. Still published, then acked.
+        if outputs
+            .iter()
+            .any(|m| m.headers.iter().any(|(n, _)| crate::delay::is_delay_header(n)))
+        {
+            self.publish_all(outputs.clone()).await?;
+            return self.settle(receipt, AckKind::Ack).await;
+        }
         self.batcher
             .settle(outputs.clone(), live_handle(receipt)?, AckKind::Ack)
             .await
@@ -617,13 +701,33 @@ impl Broker for NatsBroker {
 
     async fn topic_stats(&self, topic: &str) -> Result<TopicStats, BrokerError> {
         let stream = self.stream(topic).await?;
-        let info = stream.get_info().await.map_err(|e| unavailable(&e))?;
-        let state = info.state;
-        let oldest_age = (state.messages > 0).then(|| {
-            Duration::from_millis(now_millis().saturating_sub(codec::millis(state.first_timestamp)))
-        });
+        // One request: the stream's state, and the count on the topic's own
+        // subject; the rest of the stream is its delayed messages.
+        let mut subjects = stream
+            .info_with_subjects(topic)
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let state = subjects.info.state.clone();
+        let mut depth = 0;
+        while let Some(entry) = subjects.next().await {
+            let (subject, count) = entry.map_err(|e| unavailable(&e))?;
+            if subject == topic {
+                depth = count as u64;
+            }
+        }
+        let delayed = state.messages.saturating_sub(depth);
+        let oldest_age = if depth == 0 {
+            None
+        } else if delayed == 0 {
+            Some(Duration::from_millis(
+                now_millis().saturating_sub(codec::millis(state.first_timestamp)),
+            ))
+        } else {
+            // The stream's first message may be a schedule.
+            oldest_after(&stream, topic, 0).await
+        };
         Ok(TopicStats {
-            depth: state.messages,
+            depth,
             first_seq: if state.messages > 0 {
                 state.first_sequence
             } else {
@@ -631,6 +735,9 @@ impl Broker for NatsBroker {
             },
             last_seq: state.last_sequence,
             oldest_age,
+            delayed,
+            // Finding the earliest schedule would read them all.
+            next_due: None,
         })
     }
 

@@ -15,9 +15,30 @@ use async_nats::jetstream::{
 use super::{DEAD_LETTER_HEADROOM, NatsOptions, naming};
 use crate::broker::{BrokerError, ConsumerSpec, TopicSpec};
 
+/// Whether a server of `version` (`2.15.1`) has message schedules
+/// (nats-server 2.12 and later), which delayed messages need.
+pub(super) fn schedules_supported(version: &str) -> bool {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor) >= (2, 12),
+        _ => false,
+    }
+}
+
 /// The stream config `spec` asks for, on a server whose max_payload is
-/// `max_payload` (0: unknown).
-fn wanted_stream(options: &NatsOptions, spec: &TopicSpec, max_payload: usize) -> stream::Config {
+/// `max_payload` (0: unknown). With `schedules` (the server has them), the
+/// stream also holds the topic's delayed messages, as schedules under
+/// [`naming::delay_subjects`] that the server publishes to the topic when
+/// they are due.
+fn wanted_stream(
+    options: &NatsOptions,
+    spec: &TopicSpec,
+    max_payload: usize,
+    schedules: bool,
+) -> stream::Config {
     let max_age = spec.retention.unwrap_or(Duration::ZERO);
     let mut duplicate_window = spec
         .duplicate_window
@@ -30,7 +51,12 @@ fn wanted_stream(options: &NatsOptions, spec: &TopicSpec, max_payload: usize) ->
     stream::Config {
         name: naming::stream_name(&spec.name),
         description: Some(format!("Sluice topic `{}`", spec.name)),
-        subjects: vec![spec.name.clone()],
+        subjects: if schedules {
+            vec![spec.name.clone(), naming::delay_subjects(&spec.name)]
+        } else {
+            vec![spec.name.clone()]
+        },
+        allow_message_schedules: schedules,
         retention: if spec.subscribed {
             RetentionPolicy::Interest
         } else {
@@ -72,6 +98,7 @@ pub(super) async fn stream(
     options: &NatsOptions,
     spec: &TopicSpec,
     max_payload: usize,
+    schedules: bool,
 ) -> Result<Stream, BrokerError> {
     if !naming::valid_subject(&spec.name) {
         return Err(BrokerError::Provision(format!(
@@ -79,7 +106,7 @@ pub(super) async fn stream(
             spec.name
         )));
     }
-    let want = wanted_stream(options, spec, max_payload);
+    let want = wanted_stream(options, spec, max_payload, schedules);
     let name = want.name.clone();
     let refused = |what: &str, err: &dyn std::fmt::Display| {
         BrokerError::Provision(format!(
@@ -103,7 +130,13 @@ pub(super) async fn stream(
         Err(err) => return Err(refused("cannot look up", &err)),
     };
     let have = existing.cached_info().config.clone();
-    if have.subjects != want.subjects {
+    // The topic, and its delay subjects unless the stream was made before
+    // delays (it gains them below); anything else is not Sluice's stream
+    // for this topic.
+    let ours = [spec.name.clone(), naming::delay_subjects(&spec.name)];
+    let known =
+        have.subjects.first() == Some(&spec.name) && have.subjects.iter().all(|s| ours.contains(s));
+    if !known {
         return Err(BrokerError::Provision(format!(
             "stream `{name}` already exists for subjects {:?}, not topic `{}`: two topics whose names differ only in `.` and `_` cannot share a NATS server, and a stream Sluice did not create is never taken over",
             have.subjects, spec.name
@@ -124,6 +157,24 @@ pub(super) async fn stream(
     }
     let mut changes = Vec::new();
     let mut update = have.clone();
+    if have.subjects.len() < want.subjects.len() {
+        put_back(
+            &mut changes,
+            "subjects",
+            &mut update.subjects,
+            &want.subjects,
+        );
+    }
+    // Schedules cannot be turned off once on; a stream that has them keeps
+    // them (on a server downgraded below 2.12 it would not open anyway).
+    if want.allow_message_schedules {
+        put_back(
+            &mut changes,
+            "allow_msg_schedules",
+            &mut update.allow_message_schedules,
+            &true,
+        );
+    }
     put_back(&mut changes, "max_age", &mut update.max_age, &want.max_age);
     put_back(
         &mut changes,
@@ -159,6 +210,38 @@ pub(super) async fn stream(
     js.get_stream(&name)
         .await
         .map_err(|e| refused("cannot look up", &e))
+}
+
+/// Ensures the consumer that keeps a subscribed topic's schedules stored
+/// ([`naming::DELAY_KEEPER`]): on an interest stream JetStream drops at
+/// once a message no consumer is interested in, and every stage reads the
+/// topic's own subject only. It is never read; the server deletes each
+/// schedule itself once it has published the message.
+pub(super) async fn delay_keeper(stream: &Stream, spec: &TopicSpec) -> Result<(), BrokerError> {
+    let want = pull::Config {
+        durable_name: Some(naming::DELAY_KEEPER.to_owned()),
+        description: Some(format!(
+            "Sluice: keeps the delayed messages of topic `{}` until they are due (never read)",
+            spec.name
+        )),
+        deliver_policy: DeliverPolicy::All,
+        ack_policy: AckPolicy::Explicit,
+        filter_subject: naming::delay_subjects(&spec.name),
+        ..Default::default()
+    };
+    match stream
+        .get_consumer::<pull::Config>(naming::DELAY_KEEPER)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(_) => stream.create_consumer(want).await.map(|_| ()).map_err(|e| {
+            BrokerError::Provision(format!(
+                "cannot create consumer `{}` that keeps the delayed messages of topic `{}`: {e}",
+                naming::DELAY_KEEPER,
+                spec.name
+            ))
+        }),
+    }
 }
 
 /// The consumer config `spec` asks for.
@@ -307,6 +390,16 @@ fn is_not_found(err: &jetstream::context::GetStreamError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schedules_need_nats_server_2_12() {
+        assert!(schedules_supported("2.15.1"));
+        assert!(schedules_supported("v2.12.0-RC.1"));
+        assert!(schedules_supported("3.0.0"));
+        assert!(!schedules_supported("2.11.9"));
+        assert!(!schedules_supported("2.9.25"));
+        assert!(!schedules_supported("garbage"));
+    }
 
     #[test]
     fn only_a_stage_source_that_is_not_a_dlq_keeps_the_headroom_free() {

@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 use crate::broker::Ticket;
 use crate::broker::embedded::consumer::{Consumer, Pending};
 use crate::broker::embedded::database::{Store, delete_message};
+use crate::broker::embedded::delayed;
 use crate::broker::embedded::memtables;
 use crate::broker::embedded::store::{
     DedupRecord, MessageRecordRef, Position, cursor_key, dedup_key, encode, encode_message,
@@ -22,6 +23,7 @@ use crate::broker::embedded::store::{
 use crate::broker::embedded::topic::{Topic, TopicState};
 use crate::broker::embedded::{Shared, SyncMode};
 use crate::broker::{BrokerError, Message, PublishAck, now_millis};
+use crate::delay;
 
 /// Where an op's result goes.
 pub(in crate::broker::embedded) type Reply<T> = oneshot::Sender<Result<T, BrokerError>>;
@@ -186,8 +188,10 @@ impl<'a> Group<'a> {
             .1
     }
 
-    /// Checks that every message's topic is declared.
+    /// Checks that every message's topic is declared and its delay
+    /// headers parse, before any of them is added to the batch.
     pub(super) fn resolve(&self, messages: &[Message]) -> Result<Vec<Arc<Topic>>, BrokerError> {
+        delay::check(messages, self.now).map_err(BrokerError::BadMessage)?;
         messages
             .iter()
             .map(|m| self.shared.topic(&m.topic))
@@ -233,34 +237,46 @@ impl<'a> Group<'a> {
                 None
             };
             let now = self.now;
-            let st = self.topic_state(topic);
-            let seq = st.last_seq + 1;
             let published_at = if m.published_at == 0 {
                 now
             } else {
                 m.published_at
             };
-            st.last_seq = seq;
-            if st.depth == 0 {
-                st.first_seq = seq;
-                st.first_published_at = published_at;
-            }
-            st.depth += 1;
+            // The delay headers are resolved once, here, and not stored.
+            let (due, stripped) = if m.headers.iter().any(|(n, _)| delay::is_delay_header(n)) {
+                let due = delay::due_of(m, now).map_err(BrokerError::BadMessage)?;
+                let kept: Vec<(String, String)> = m
+                    .headers
+                    .iter()
+                    .filter(|(n, _)| !delay::is_delay_header(n))
+                    .cloned()
+                    .collect();
+                (due, Some(kept))
+            } else {
+                (None, None)
+            };
             let value = encode_message(&MessageRecordRef {
                 published_at,
                 id: &m.id,
                 key: &m.key,
-                headers: &m.headers,
+                headers: stripped.as_deref().unwrap_or(&m.headers),
                 payload: &m.payload,
             })?;
-            if value.len() >= memtables::LARGE_RECORD_BYTES {
-                self.large_bytes += value.len() as u64;
-            }
-            let store = &self.store;
-            self.batch
-                .insert(&store.messages, msg_key(topic.id, seq), value);
+            let seq = match due {
+                // Not in the topic yet: its seq comes when it is due.
+                Some(due) => {
+                    delayed::add(self, topic, due, value);
+                    0
+                }
+                None => {
+                    if value.len() >= memtables::LARGE_RECORD_BYTES {
+                        self.large_bytes += value.len() as u64;
+                    }
+                    self.append(topic, published_at, value)
+                }
+            };
             if let Some(dk) = dk {
-                store
+                self.store
                     .window
                     .insert(&mut self.batch, &dk, DedupRecord { seq, at: now })?;
                 self.dedup.insert(dk, seq);
@@ -271,6 +287,26 @@ impl<'a> Group<'a> {
             });
         }
         Ok(acks)
+    }
+
+    /// Adds an encoded message record to `topic` at its next seq.
+    pub(in crate::broker::embedded) fn append(
+        &mut self,
+        topic: &Arc<Topic>,
+        published_at: u64,
+        value: fjall::Slice,
+    ) -> u64 {
+        let st = self.topic_state(topic);
+        let seq = st.last_seq + 1;
+        st.last_seq = seq;
+        if st.depth == 0 {
+            st.first_seq = seq;
+            st.first_published_at = published_at;
+        }
+        st.depth += 1;
+        self.batch
+            .insert(&self.store.messages, msg_key(topic.id, seq), value);
+        seq
     }
 
     /// Adds one settle to the batch: the dedup record COMPLETED (if any),

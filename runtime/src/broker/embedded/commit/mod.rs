@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 use fjall::PersistMode;
 
 use super::Shared;
-use super::retention;
 use super::store::{TopicRecord, decode};
-use crate::broker::BrokerError;
+use super::{delayed, retention};
+use crate::broker::{BrokerError, now_millis};
 
 pub(super) mod group;
 pub(super) mod op;
@@ -64,6 +64,14 @@ fn reconcile(shared: &Shared) {
         };
         let grew = {
             let mut st = topic.state();
+            if rec.delay_seq > st.delay_seq {
+                st.delayed = rec.delayed;
+                st.delay_seq = rec.delay_seq;
+                st.next_due = super::delayed::first_due(&store, topic.id)
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0);
+            }
             if rec.last_seq > st.last_seq {
                 if st.depth == 0 {
                     st.first_seq = rec.first_seq;
@@ -86,6 +94,11 @@ fn reconcile(shared: &Shared) {
         }
     }
 }
+
+/// Pause after a failed attempt to move due delayed messages (a record that
+/// does not read), so a damaged one is retried, and counted, but never
+/// spun on.
+const RELEASE_RETRY: Duration = Duration::from_secs(1);
 
 /// Pause between attempts to reopen a store that failed a write.
 const REOPEN_EVERY: Duration = Duration::from_secs(1);
@@ -156,10 +169,16 @@ pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Op>) {
     let mut prune_at: Option<Instant> = None;
     let mut reopener = Reopener::default();
     let mut ops = Vec::with_capacity(MAX_GROUP_OPS);
+    // After a release fails, not again before this.
+    let mut release_after: Option<Instant> = None;
     loop {
         let mut wait = MAINTENANCE_EVERY.saturating_sub(last_maintenance.elapsed());
         if let Some(at) = prune_at {
             wait = wait.min(at.saturating_duration_since(Instant::now()));
+        }
+        let due = delayed::next_due(&shared);
+        if let Some(due) = due {
+            wait = wait.min(Duration::from_millis(due.saturating_sub(now_millis())));
         }
         match rx.recv_timeout(wait) {
             Ok(op) => {
@@ -189,6 +208,18 @@ pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Op>) {
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
+        }
+        if due.is_some_and(|due| due <= now_millis())
+            && release_after.is_none_or(|at| at <= Instant::now())
+            && shared.health.write_failure().is_none()
+            && let Some(store) = shared.store.current()
+        {
+            release_after = None;
+            if let Err(e) = delayed::release(&shared, store) {
+                shared.health.count_error();
+                tracing::error!(error = %e, "embedded broker: moving due delayed messages into their topics failed; retrying in 1 s");
+                release_after = Some(Instant::now() + RELEASE_RETRY);
+            }
         }
         if last_maintenance.elapsed() >= MAINTENANCE_EVERY {
             if shared.health.write_failure().is_some() {
