@@ -259,7 +259,11 @@ mod tests {
         assert!(parse_delay("soon").is_err());
         assert!(parse_delay("-5s").is_err());
         assert!(parse_delay("").is_err());
-        assert!(parse_delay("366d").expect_err("over the limit").contains("365 days"));
+        assert!(
+            parse_delay("366d")
+                .expect_err("over the limit")
+                .contains("365 days")
+        );
         assert!(parse_delay("99999999999999999999999").is_err());
     }
 

@@ -385,7 +385,6 @@ pub fn default_max_attempts() -> NonZeroU32 {
     NonZeroU32::new(5).unwrap_or(NonZeroU32::MIN)
 }
 
-
 /// Exponential backoff with jitter: the n-th retry waits
 /// `min(max, initial * multiplier^(n-1))`, randomly shortened by up to
 /// `jitter` of itself. A handler's `retry(duration)` overrides it.

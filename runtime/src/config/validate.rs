@@ -763,6 +763,34 @@ mod tests {
     }
 
     #[test]
+    fn retry_waits_may_be_days_but_not_over_a_year_and_a_schedule_is_not_empty() {
+        let stage = |retry: &str| {
+            check(&format!(
+                "name: shop\ntopics: [in]\nstages:\n\
+                 \x20 - {{name: a, subscribe: in, plugin: x.wasm, retry: {retry}}}\n"
+            ))
+        };
+        assert!(stage("{backoff: {max: 3d}, schedule: [1m, 5m, 30m, 2h, 8h, 3d]}").is_empty());
+        let errs = stage("{backoff: {max: 400d}}");
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("over the limit of 365 days")),
+            "{errs:?}"
+        );
+        let errs = stage("{schedule: []}");
+        assert!(
+            errs.iter().any(|e| e.contains("`schedule` is empty")),
+            "{errs:?}"
+        );
+        let errs = stage("{schedule: [1m, 500d]}");
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with("4:") && e.contains("a wait of 1year")),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
     fn implicit_dlqs_need_no_declaration() {
         let errs = check(
             "name: shop\ntopics: [in]\nstages:\n\

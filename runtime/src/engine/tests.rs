@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Engine, StageHandler, StageSetup};
+use super::{Engine, StageHandler, StageSetup, backoff};
 use crate::broker::memory::MemoryBroker;
 use crate::broker::{Broker, Message, TopicSpec};
 use crate::config::Stage;
@@ -260,6 +260,49 @@ async fn a_retry_is_naked_with_the_backoff_and_succeeds_on_a_later_attempt() {
         [("a".into(), 1), ("a".into(), 2), ("a".into(), 3)]
     );
     assert!(broker.messages(DLQ).is_empty());
+}
+
+/// `retry.schedule` sets each wait in turn, the last repeating, and
+/// without `max_attempts` gives one attempt per wait plus the first.
+#[tokio::test(start_paused = true)]
+async fn a_retry_schedule_sets_each_wait_and_its_length_the_attempts() {
+    let handler = Scripted::new(|_, _| fail(FailureKind::Retry));
+    let yaml = "name: s\nsubscribe: in\nplugin: scripted.wasm\npublish: [out]\n\
+                retry: {schedule: [1s, 3s]}\n";
+    let stage: Stage = serde_saphyr::from_str(yaml).expect("stage YAML");
+    assert_eq!(stage.retry.attempts().get(), 3);
+    let rig = rig(memory(), stage, &handler).await;
+    rig.publish(&[("a", None, "x")]).await;
+    rig.until("the dead letter", |b| !b.messages(DLQ).is_empty())
+        .await;
+    let broker = rig.settle_and_stop().await;
+    assert_eq!(
+        broker.naks(),
+        [(1, Duration::from_secs(1)), (1, Duration::from_secs(3))]
+    );
+    assert_eq!(handler.calls().len(), 3);
+
+    let longer: Stage = serde_saphyr::from_str(
+        "name: s\nsubscribe: in\nplugin: p.wasm\nretry: {schedule: [1m, 5m, 30m, 2h, 8h, 3d], max_attempts: 9}\n",
+    )
+    .expect("stage YAML");
+    assert_eq!(longer.retry.attempts().get(), 9);
+    let waits: Vec<_> = (1..=8)
+        .map(|a| {
+            backoff::scheduled(
+                &longer
+                    .retry
+                    .schedule
+                    .iter()
+                    .flatten()
+                    .map(|w| w.get())
+                    .collect::<Vec<_>>(),
+                a,
+            )
+        })
+        .collect();
+    assert_eq!(waits[5], Some(Duration::from_secs(3 * 86_400)));
+    assert_eq!(waits[7], waits[5], "the last wait repeats");
 }
 
 #[tokio::test(start_paused = true)]

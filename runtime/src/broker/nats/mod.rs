@@ -622,10 +622,11 @@ impl Broker for NatsBroker {
         self.check_sizes(outputs, true)?;
         // A delayed output is a schedule, published on its own subject:
         // not the batcher's plain publish. Still published, then acked.
-        if outputs
-            .iter()
-            .any(|m| m.headers.iter().any(|(n, _)| crate::delay::is_delay_header(n)))
-        {
+        if outputs.iter().any(|m| {
+            m.headers
+                .iter()
+                .any(|(n, _)| crate::delay::is_delay_header(n))
+        }) {
             self.publish_all(outputs.clone()).await?;
             return self.settle(receipt, AckKind::Ack).await;
         }
