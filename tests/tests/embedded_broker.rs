@@ -763,6 +763,53 @@ async fn delayed_messages_wait_for_their_time_survive_a_reopen_and_lose_their_de
     assert!(again[0].duplicate);
 }
 
+/// Thousands falling due at once are moved in several steps (2,048 per
+/// write), each exactly once, in due order, while later ones keep waiting.
+#[tokio::test]
+async fn many_falling_due_at_once_are_released_in_steps_each_once_in_due_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = setup(dir.path(), SyncMode::Os, LONG).await;
+    let start = sluice::broker::now_millis();
+    let n = 5_000;
+    let at = |i: usize| start + 1_000 + (i % 50) as u64;
+    let mut messages: Vec<Message> = (0..n)
+        .map(|i| {
+            let mut m = msg(&format!("m{i}"), "in");
+            m.headers = vec![(
+                "sluice-deliver-at".into(),
+                sluice::timestamp::format_rfc3339_millis(at(i)),
+            )];
+            m
+        })
+        .collect();
+    let mut late = msg("late", "in");
+    late.headers = vec![("sluice-delay".into(), "1h".into())];
+    messages.push(late);
+    for chunk in messages.chunks(1000) {
+        b.publish(chunk.to_vec()).await.expect("publish");
+    }
+    assert_eq!(
+        b.topic_stats("in").await.expect("stats").delayed,
+        n as u64 + 1
+    );
+    let got = fetch_n(&b, "p.s", n).await;
+    let now = sluice::broker::now_millis();
+    assert!(now >= start + 1_000, "released early");
+    let mut seen = std::collections::HashSet::new();
+    let mut last_due = 0;
+    for d in &got {
+        let i: usize = d.message.id[1..].parse().expect("an m<i> id");
+        assert!(seen.insert(i), "m{i} delivered twice");
+        assert!(at(i) >= last_due, "out of due order at m{i}");
+        last_due = at(i);
+    }
+    assert_eq!(seen.len(), n);
+    assert!(b.fetch("p.s", 10, QUIET).await.expect("fetch").is_empty());
+    let stats = b.topic_stats("in").await.expect("stats");
+    assert_eq!(stats.delayed, 1, "the hour-long one still waits");
+    assert!(stats.next_due.is_some_and(|due| due >= start + 3_600_000));
+}
+
 #[tokio::test]
 async fn a_second_open_of_the_same_directory_fails_clearly() {
     let dir = tempfile::tempdir().expect("tempdir");

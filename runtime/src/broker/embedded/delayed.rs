@@ -98,7 +98,11 @@ pub(super) fn release(shared: &Shared, store: Store) -> Result<usize, BrokerErro
         }
         let mut moved = 0;
         let mut next_due = 0;
-        for guard in store.delayed.range(range_of(topic.id)) {
+        // From the first live due time: what lies before it is deletes
+        // of earlier releases, which a scan from the start of the range
+        // would wade through again each time until a compaction.
+        let from = delayed_key(topic.id, due_at, 0)..=delayed_key(topic.id, u64::MAX, u64::MAX);
+        for guard in store.delayed.range(from) {
             let (key, value) = guard
                 .into_inner()
                 .map_err(|e| storage("reading delayed messages", e))?;
