@@ -285,7 +285,7 @@ async fn noop_stage(n: usize) -> f64 {
         stage: def.to_stage(),
         shutdown_timeout: Duration::from_secs(5),
     };
-    let consumer = setup.consumer().name;
+    let consumer = setup.consumers().remove(0).name;
     let started = Instant::now();
     let engine = Engine::start(
         broker.clone(),

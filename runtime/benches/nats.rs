@@ -351,7 +351,7 @@ async fn sluice_stage(
         shutdown_timeout: Duration::from_secs(5),
     };
     // The consumer exists before the backlog: the input is an interest stream.
-    let spec: ConsumerSpec = setup.consumer();
+    let spec: ConsumerSpec = setup.consumers().remove(0);
     broker.ensure_consumer(&spec).await.expect("consumer");
     let js = jetstream::new(broker.client().clone());
     preload(&js, &input).await;

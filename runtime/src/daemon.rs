@@ -421,8 +421,9 @@ async fn source_setups(
                 .flat_map(|p| {
                     p.stages
                         .iter()
-                        .filter(|s| s.subscribe.topic == source.to)
-                        .map(|s| crate::broker::consumer_name(&p.name, &s.name))
+                        .flat_map(|s| crate::broker::stage_inputs(&p.name, s))
+                        .filter(|input| input.topic == source.to)
+                        .map(|input| input.consumer)
                 })
                 .collect();
             setups.push(connect::source::SourceSetup {
@@ -568,7 +569,7 @@ fn topic_specs(pipelines: &[Pipeline]) -> Vec<TopicSpec> {
         for stage in &pipeline.stages {
             let horizon = stage.ack_wait.get().max(stage.retry.backoff.max.get()) * 2;
             for spec in &mut specs {
-                if spec.name == stage.subscribe.topic {
+                if stage.subscribe.topics.contains(&spec.name) {
                     spec.subscribed = true;
                 }
                 let dlq = spec.name == stage.dlq_topic(&pipeline.name);

@@ -10,7 +10,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use crate::failure::FailureKind;
@@ -97,6 +98,17 @@ pub struct BuildLabels {
 /// The ingest statuses counted from the first scrape, at zero.
 pub const INGEST_STATUSES: [u16; 5] = [202, 400, 413, 429, 503];
 
+/// `{pipeline, stage, topic}`: one priority lane of a stage.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LaneLabels {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The stage.
+    pub stage: String,
+    /// The lane's topic.
+    pub topic: String,
+}
+
 /// Every metric the daemon exports.
 pub struct Metrics {
     registry: Registry,
@@ -117,11 +129,21 @@ pub struct Metrics {
     /// `sluice_delayed_messages{pipeline,stage}`: messages on the stage's
     /// topic waiting for their due time.
     pub delayed: Family<StageLabels, Gauge>,
+    /// `sluice_stage_hold_until_timestamp_seconds{pipeline,stage}`: when the
+    /// stage's current or last hold (after a `Retry-After`) ends; 0 if it
+    /// never held.
+    pub hold_until: Family<StageLabels, Gauge<f64, AtomicU64>>,
     /// `sluice_next_due_seconds{pipeline,stage}`: how soon the next of
     /// them is due (0 when none, or when the broker cannot tell cheaply).
     pub next_due: Family<StageLabels, Gauge<f64, AtomicU64>>,
     /// `sluice_handler_duration_seconds{pipeline,stage}`.
     pub handler_duration: Family<StageLabels, Histogram>,
+    /// `sluice_lane_wait_seconds{pipeline,stage,topic}`: for a stage with
+    /// priority lanes, how long each first delivery waited from its publish
+    /// until a worker slot took it up.
+    pub lane_wait: Family<LaneLabels, Histogram>,
+    /// The recent waits of each lane, for `status`'s p50 and p99.
+    lane_windows: std::sync::Mutex<HashMap<LaneLabels, Arc<LaneWaits>>>,
     /// `sluice_claim_bytes_total{direction}`.
     pub claim_bytes: Family<DirectionLabels, Counter>,
     /// `sluice_ingest_responses_total{status}`.
@@ -172,9 +194,14 @@ impl Metrics {
         let stage_paused = Family::<StageLabels, Gauge>::default();
         let delayed = Family::<StageLabels, Gauge>::default();
         let next_due = Family::<StageLabels, Gauge<f64, AtomicU64>>::default();
+        let hold_until = Family::<StageLabels, Gauge<f64, AtomicU64>>::default();
         let handler_duration = Family::<StageLabels, Histogram>::new_with_constructor(|| {
             // 50 µs .. ~100 s.
             Histogram::new(exponential_buckets(0.000_05, 2.0, 22))
+        });
+        let lane_wait = Family::<LaneLabels, Histogram>::new_with_constructor(|| {
+            // 100 µs .. ~30 min.
+            Histogram::new(exponential_buckets(0.000_1, 2.0, 25))
         });
         let claim_bytes = Family::<DirectionLabels, Counter>::default();
         let ingest_responses = Family::<StatusLabels, Counter>::default();
@@ -234,9 +261,19 @@ impl Metrics {
             next_due.clone(),
         );
         registry.register(
+            "sluice_stage_hold_until_timestamp_seconds",
+            "When a stage's hold after a Retry-After ends (Unix seconds; 0: it never held)",
+            hold_until.clone(),
+        );
+        registry.register(
             "sluice_handler_duration_seconds",
             "Time a stage's handler took per call",
             handler_duration.clone(),
+        );
+        registry.register(
+            "sluice_lane_wait_seconds",
+            "For a stage with priority lanes: how long a message waited from its publish until a worker slot took it, per lane",
+            lane_wait.clone(),
         );
         registry.register(
             "sluice_claim_bytes",
@@ -320,7 +357,10 @@ impl Metrics {
             stage_paused,
             delayed,
             next_due,
+            hold_until,
             handler_duration,
+            lane_wait,
+            lane_windows: std::sync::Mutex::default(),
             claim_bytes,
             ingest_responses,
             storage_errors,
@@ -334,6 +374,43 @@ impl Metrics {
             open_fds,
             start_time,
         }
+    }
+
+    /// The wait recorder of one priority lane (created on first use).
+    pub fn lane_waits(&self, pipeline: &str, stage: &str, topic: &str) -> Arc<LaneWaits> {
+        let labels = LaneLabels {
+            pipeline: pipeline.to_owned(),
+            stage: stage.to_owned(),
+            topic: topic.to_owned(),
+        };
+        let histogram = self.lane_wait.get_or_create(&labels).clone();
+        self.lane_windows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(labels)
+            .or_insert_with(|| Arc::new(LaneWaits::new(histogram)))
+            .clone()
+    }
+
+    /// A lane's recent wait p50 and p99, in seconds; `None` before any.
+    pub fn lane_wait_quantiles(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        topic: &str,
+    ) -> Option<(f64, f64)> {
+        let labels = LaneLabels {
+            pipeline: pipeline.to_owned(),
+            stage: stage.to_owned(),
+            topic: topic.to_owned(),
+        };
+        let waits = self
+            .lane_windows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&labels)
+            .cloned()?;
+        waits.quantiles()
     }
 
     /// Registers a connector as up, so its gauge shows from the first scrape.
@@ -614,6 +691,63 @@ pub fn outcomes() -> impl Iterator<Item = &'static str> {
     SETTLED_OUTCOMES
         .into_iter()
         .chain(FailureKind::ALL.iter().map(|kind| kind.as_str()))
+}
+
+/// How many recent waits a lane keeps for its quantiles.
+const LANE_WINDOW: usize = 1024;
+
+/// One priority lane's waits: the histogram `/metrics` exports, and the
+/// last [`LANE_WINDOW`] waits, from which `status` reads a p50 and p99 of
+/// now rather than since start.
+pub struct LaneWaits {
+    histogram: Histogram,
+    recent: std::sync::Mutex<std::collections::VecDeque<u32>>,
+}
+
+impl LaneWaits {
+    fn new(histogram: Histogram) -> LaneWaits {
+        LaneWaits {
+            histogram,
+            recent: std::sync::Mutex::new(std::collections::VecDeque::with_capacity(LANE_WINDOW)),
+        }
+    }
+
+    /// Records the wait of a message published at `published_at` (ms since
+    /// the epoch), ending now.
+    pub fn record(&self, published_at: u64) {
+        let micros = crate::broker::now_millis()
+            .saturating_sub(published_at)
+            .saturating_mul(1000);
+        self.histogram.observe(micros as f64 / 1e6);
+        let mut recent = self
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if recent.len() == LANE_WINDOW {
+            recent.pop_front();
+        }
+        recent.push_back(u32::try_from(micros / 1000).unwrap_or(u32::MAX));
+    }
+
+    /// The p50 and p99 of the recent waits, in seconds.
+    pub fn quantiles(&self) -> Option<(f64, f64)> {
+        let mut waits: Vec<u32> = self
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .copied()
+            .collect();
+        if waits.is_empty() {
+            return None;
+        }
+        waits.sort_unstable();
+        let at = |q: f64| {
+            let index = ((waits.len() as f64 * q).ceil() as usize).clamp(1, waits.len()) - 1;
+            f64::from(waits[index]) / 1000.0
+        };
+        Some((at(0.5), at(0.99)))
+    }
 }
 
 #[cfg(test)]

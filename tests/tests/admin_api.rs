@@ -193,7 +193,7 @@ async fn declare(broker: &dyn Broker, pipelines: &[Pipeline]) {
             broker
                 .ensure_consumer(&ConsumerSpec {
                     name: consumer_name(&pipeline.name, &stage.name),
-                    topic: stage.subscribe.topic.clone(),
+                    topic: stage.subscribe.topic().to_owned(),
                     filter: stage.subscribe.filter.clone(),
                     ack_wait: Duration::from_secs(60),
                     max_ack_pending: None,

@@ -824,6 +824,253 @@ stages:
     assert_eq!(unknown.status.code(), Some(2));
 }
 
+/// A stage reading `jobs.critical` and `jobs.bulk` as priority lanes
+/// under `priority`, one call at a time, each `sleep_ms` long; paused
+/// while a test fills both lanes, so their backlogs meet the valve
+/// together when it resumes.
+fn lanes_daemon(backend: &Backend, dir: &std::path::Path, priority: &str, sleep_ms: u32) -> Daemon {
+    let yaml = format!(
+        r#"
+name: lanes
+topics: [jobs.critical, jobs.bulk, out]
+stages:
+  - name: work
+    subscribe:
+      topics: [jobs.critical, jobs.bulk]
+      priority: {priority}
+    plugin: {stamp}
+    publish: [out]
+    config: {{sleep_ms: {sleep_ms}}}
+"#,
+        stamp = plugin("stamp")
+    );
+    let file = write_pipeline(dir, "lanes", &yaml);
+    let daemon = Daemon::start_on(backend, &[&file], &dir.join("data"));
+    let out = daemon.cli(&["stage", "pause", "lanes/work"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    daemon
+}
+
+/// The input ids of `out`, in the order their handler calls started.
+fn call_order(daemon: &Daemon) -> Vec<String> {
+    let mut calls: Vec<(u64, String)> = daemon
+        .read_all("out")
+        .iter()
+        .map(|m| {
+            let start = header(m, "x-start-us")
+                .and_then(|us| us.parse().ok())
+                .expect("x-start-us");
+            (
+                start,
+                header(m, "x-input-id").expect("x-input-id").to_owned(),
+            )
+        })
+        .collect();
+    calls.sort();
+    calls.into_iter().map(|(_, id)| id).collect()
+}
+
+fn strict_lanes_drain_the_critical_lane_before_the_bulk_one(backend: &Backend) {
+    let dir = tempfile::tempdir().expect("dir");
+    let daemon = lanes_daemon(backend, dir.path(), "strict", 10);
+    let bulk: Vec<Msg> = (0..60).map(|i| Msg::new(format!("b{i}"), "x")).collect();
+    let critical: Vec<Msg> = (0..15).map(|i| Msg::new(format!("c{i}"), "x")).collect();
+    // Bulk first: publish order must not be what puts critical ahead.
+    daemon.publish("jobs.bulk", &bulk);
+    daemon.publish("jobs.critical", &critical);
+    let status = daemon.get("/v1/status");
+    let lanes = &status[0]["lanes"];
+    assert_eq!(lanes[0]["topic"], "jobs.critical", "{status}");
+    assert_eq!(lanes[0]["depth"], 15, "{status}");
+    assert_eq!(lanes[1]["depth"], 60, "{status}");
+    assert_eq!(
+        status[0]["depth"], 75,
+        "the stage's depth sums its lanes: {status}"
+    );
+
+    let resumed = daemon.post("/v1/stages/lanes/work/resume", json!({}));
+    assert_eq!(resumed["paused"], false, "{resumed}");
+    daemon.wait_until("every call", LONG, |d| d.depth("out") >= 75);
+    let order = call_order(&daemon);
+    assert_eq!(order.len(), 75, "each message once");
+    assert_eq!(
+        order.iter().collect::<BTreeSet<_>>().len(),
+        75,
+        "each message once"
+    );
+    // With one worker slot, a bulk call may have taken the slot before the
+    // critical lane's first fetch came back; none after that.
+    let last_critical = order
+        .iter()
+        .rposition(|id| id.starts_with('c'))
+        .expect("critical");
+    let bulk_before = order[..last_critical]
+        .iter()
+        .filter(|id| id.starts_with('b'))
+        .count();
+    assert!(
+        bulk_before <= 1,
+        "{bulk_before} bulk calls ran before the last critical one: {order:?}"
+    );
+
+    // Each lane's wait shows in status and /metrics.
+    let status = daemon.get("/v1/status");
+    for lane in status[0]["lanes"].as_array().expect("lanes") {
+        assert!(lane["wait_p99_seconds"].as_f64().is_some(), "{status}");
+    }
+    assert_eq!(daemon.metric_sum("sluice_lane_wait_seconds_count"), 75.0);
+    let table = daemon.cli(&["status"], &[]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("> jobs.bulk (wait p50 "), "{table}");
+}
+
+fn weighted_lanes_share_the_slots_in_proportion(backend: &Backend) {
+    let dir = tempfile::tempdir().expect("dir");
+    let daemon = lanes_daemon(
+        backend,
+        dir.path(),
+        "{weighted: {jobs.critical: 3, jobs.bulk: 1}}",
+        5,
+    );
+    let bulk: Vec<Msg> = (0..80).map(|i| Msg::new(format!("b{i}"), "x")).collect();
+    let critical: Vec<Msg> = (0..80).map(|i| Msg::new(format!("c{i}"), "x")).collect();
+    daemon.publish("jobs.bulk", &bulk);
+    daemon.publish("jobs.critical", &critical);
+    daemon.post("/v1/stages/lanes/work/resume", json!({}));
+    daemon.wait_until("every call", LONG, |d| d.depth("out") >= 160);
+    let order = call_order(&daemon);
+    assert_eq!(
+        order.iter().collect::<BTreeSet<_>>().len(),
+        160,
+        "each message once"
+    );
+    // While both lanes have work (the first 80 calls: critical cannot run
+    // out before then), 3 in 4 slots go to critical and the bulk lane
+    // still moves. Either lane's first fetch may start a call or two
+    // before the other lane waits too.
+    let bulk_share = order[..80].iter().filter(|id| id.starts_with('b')).count();
+    assert!(
+        (17..=23).contains(&bulk_share),
+        "bulk had {bulk_share} of the first 80 calls, not about 20: {order:?}"
+    );
+}
+
+/// A stage limited to `rate` whose handler (stamp) takes no time.
+fn rate_pipeline(dir: &std::path::Path, rate: &str, extra: &str) -> std::path::PathBuf {
+    let yaml = format!(
+        r#"
+name: paced
+topics: [in, out]
+stages:
+  - name: work
+    subscribe: in
+    plugin: {stamp}
+    publish: [out]
+    concurrency: 4
+    rate: {rate}
+{extra}
+"#,
+        stamp = plugin("stamp")
+    );
+    write_pipeline(dir, "paced", &yaml)
+}
+
+/// The wall-clock start of every call, in microseconds, sorted.
+fn call_starts(daemon: &Daemon) -> Vec<u64> {
+    let mut starts: Vec<u64> = daemon
+        .read_all("out")
+        .iter()
+        .filter_map(|m| header(m, "x-start-us")?.parse().ok())
+        .collect();
+    starts.sort_unstable();
+    starts
+}
+
+fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// Publishes a first message and waits for its output, so the plugin is
+/// warm and the bucket's turns start when the next messages arrive.
+fn warm_up(daemon: &Daemon) {
+    daemon.publish("in", &[Msg::new("warm", "x")]);
+    daemon.wait_until("the warm-up call", LONG, |d| d.depth("out") >= 1);
+}
+
+/// `rate: 10/s` (burst 1) at concurrency 4: 30 calls take at least 2.9 s
+/// from the first to the last, never fewer (a late first call lets the
+/// ones whose turns passed meanwhile go at once, hence the 0.9 s slack);
+/// unlimited, they would take milliseconds.
+fn a_rate_limit_spaces_the_calls_never_faster_than_the_limit(backend: &Backend) {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = rate_pipeline(dir.path(), "10/s", "");
+    let daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
+    warm_up(&daemon);
+    let n = 30;
+    let messages: Vec<Msg> = (0..n).map(|i| Msg::new(format!("r{i}"), "x")).collect();
+    daemon.publish("in", &messages);
+    daemon.wait_until("every call", LONG, |d| d.depth("out") > n);
+    let starts = call_starts(&daemon);
+    let batch = &starts[1..];
+    let span_ms = (batch[n - 1] - batch[0]) / 1000;
+    assert!(
+        span_ms >= 2_000,
+        "{n} calls at 10/s took {span_ms} ms from first to last"
+    );
+    assert_eq!(daemon.read_all("out").len(), n + 1, "each message once");
+}
+
+/// A handler's `retry(after 2s)` on a stage with `hold_on_retry_after`
+/// holds every call of the stage, not just its message's, for 2 s.
+fn a_retry_after_holds_the_whole_stage_when_asked(backend: &Backend) {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = rate_pipeline(
+        dir.path(),
+        "1000/s",
+        "    hold_on_retry_after: true\n    config: {fail_until_attempt: 2, retry_after_ms: 2000}\n",
+    );
+    let daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
+    warm_up(&daemon);
+    let before_us = wall_us();
+    daemon.publish("in", &[Msg::new("asks", "FAIL once")]);
+    std::thread::sleep(Duration::from_millis(300));
+    let later: Vec<Msg> = (0..5).map(|i| Msg::new(format!("h{i}"), "x")).collect();
+    daemon.publish("in", &later);
+    daemon.wait_until("every call", LONG, |d| d.depth("out") >= 7);
+    let out = daemon.read_all("out");
+    let retried = out
+        .iter()
+        .find(|m| header(m, "x-input-id") == Some("asks"))
+        .expect("the retried message's output");
+    assert_eq!(header(retried, "x-attempt"), Some("2"), "{retried}");
+    // The hold began when the failed call returned, after `before_us`, and
+    // lasts 2 s; the later messages came 300 ms in and waited for it.
+    for m in out
+        .iter()
+        .filter(|m| header(m, "x-input-id").is_some_and(|id| id.starts_with('h')))
+    {
+        let start: u64 = header(m, "x-start-us")
+            .and_then(|us| us.parse().ok())
+            .expect("x-start-us");
+        assert!(
+            start >= before_us + 2_000_000,
+            "a message ran {} ms into the 2 s hold: {m}",
+            start.saturating_sub(before_us) / 1000
+        );
+    }
+    assert!(
+        daemon.metric_sum("sluice_stage_hold_until_timestamp_seconds") > 0.0,
+        "the hold shows in /metrics"
+    );
+}
+
 on_both_brokers!(
     a_paused_stage_finishes_its_calls_fetches_nothing_and_stays_paused_across_a_restart,
     orders_10k_every_input_is_routed_or_dead_lettered_exactly_once,
@@ -838,7 +1085,38 @@ on_both_brokers!(
     per_key_ordering_serialises_keys_and_parallelises_across_them,
     redrive_once_is_enough_and_a_message_that_fails_again_returns_to_the_dlq,
     quickstart_shows_outputs_and_one_dead_letter,
+    strict_lanes_drain_the_critical_lane_before_the_bulk_one,
+    weighted_lanes_share_the_slots_in_proportion,
+    a_rate_limit_spaces_the_calls_never_faster_than_the_limit,
+    a_retry_after_holds_the_whole_stage_when_asked,
 );
+
+/// On NATS two daemons with the same limited stage keep to the limit
+/// together: 60 calls at `rate: 10/s` take at least 5 s from first to
+/// last across both (5.9 s on the grid, less a late first call's slack);
+/// two daemons each at 10/s on their own finish in about 3 s.
+#[test]
+fn two_daemons_on_nats_share_one_rate_limit() {
+    let backend = Backend::nats();
+    let dir = tempfile::tempdir().expect("dir");
+    // A small window, so both daemons get some of the messages.
+    let file = rate_pipeline(dir.path(), "10/s", "    max_ack_pending: 4\n");
+    let a = Daemon::start_on(&backend, &[&file], &dir.path().join("a"));
+    let b = Daemon::start_on(&backend, &[&file], &dir.path().join("b"));
+    warm_up(&a);
+    let n = 60;
+    let messages: Vec<Msg> = (0..n).map(|i| Msg::new(format!("r{i}"), "x")).collect();
+    a.publish("in", &messages);
+    a.wait_until("every call", LONG, |d| d.depth("out") > n);
+    let starts = call_starts(&a);
+    let span_ms = (starts[n] - starts[1]) / 1000;
+    assert!(
+        span_ms >= 5_000,
+        "{n} calls at 10/s over two daemons took {span_ms} ms from first to last"
+    );
+    let by_b = b.metric_sum("sluice_messages_processed_total");
+    assert!(by_b > 0.0, "daemon b handled none, so nothing was shared");
+}
 
 /// Large messages meet the stage's byte budget before its count limit:
 /// with a backlog of 3 MiB messages and a 300 ms handler, the stage holds

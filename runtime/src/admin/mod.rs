@@ -48,7 +48,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 
-use crate::broker::{Broker, BrokerError, consumer_name};
+use crate::broker::{Broker, BrokerError, StageInput, consumer_name, stage_inputs};
 use crate::config::{Pipeline, default_dlq};
 use crate::metrics::Metrics;
 
@@ -69,7 +69,7 @@ pub use server::{
     tls_config,
 };
 pub use stages::StageControl;
-pub use status::{SourceStatus, StageStatus};
+pub use status::{LaneStatus, SourceStatus, StageStatus};
 pub use topics::{MessageView, ReadResponse, TopicView, payload_fields};
 
 /// Where the admin API listens unless `--admin`/`SLUICE_ADMIN` says
@@ -147,8 +147,11 @@ struct TopicEntry {
 struct StageEntry {
     pipeline: String,
     stage: String,
-    topic: String,
-    consumer: String,
+    /// The topics it reads, each with its consumer: one, or one per
+    /// priority lane.
+    inputs: Vec<StageInput>,
+    /// Its `rate` limit as written (`50/s`, `5/s per key`).
+    rate: Option<String>,
     dlq_topic: String,
     /// `plugin`, or `sink:<connector>` for a sink.
     kind: String,
@@ -177,20 +180,25 @@ impl AdminState {
                 };
             }
             for stage in &pipeline.stages {
-                let consumer = consumer_name(&pipeline.name, &stage.name);
+                let inputs = stage_inputs(&pipeline.name, stage);
                 let dlq_topic = stage.dlq_topic(&pipeline.name);
-                topics
-                    .entry(stage.subscribe.topic.clone())
-                    .or_default()
-                    .subscribers
-                    .push(consumer.clone());
+                for input in &inputs {
+                    topics
+                        .entry(input.topic.clone())
+                        .or_default()
+                        .subscribers
+                        .push(input.consumer.clone());
+                }
                 topics.entry(dlq_topic.clone()).or_default().is_dlq = true;
                 let connector = stage.sink.as_ref().and_then(|s| s.connector());
                 stages.push(StageEntry {
                     pipeline: pipeline.name.clone(),
                     stage: stage.name.clone(),
-                    topic: stage.subscribe.topic.clone(),
-                    consumer,
+                    inputs,
+                    rate: stage.rate.as_ref().map(|rate| match &rate.per {
+                        Some(per) => format!("{} per {per}", rate.limit),
+                        None => rate.limit.to_string(),
+                    }),
                     dlq_topic,
                     kind: connector
                         .map_or_else(|| "plugin".to_owned(), |c| format!("sink:{}", c.kind())),
@@ -412,8 +420,11 @@ impl AdminState {
         Some(StageEntry {
             pipeline: pipeline.to_owned(),
             stage: source.to_owned(),
-            topic: s.to.clone(),
-            consumer: consumer_name(pipeline, source),
+            inputs: vec![StageInput {
+                topic: s.to.clone(),
+                consumer: consumer_name(pipeline, source),
+            }],
+            rate: None,
             dlq_topic: s.dlq_topic(pipeline),
             kind: "source".into(),
             target: None,
@@ -438,9 +449,12 @@ impl AdminState {
             Ok(_) => Ok(Cow::Owned(StageEntry {
                 pipeline: pipeline.to_owned(),
                 stage: stage.to_owned(),
-                // Unknown without its pipeline; nothing here needs it.
-                topic: String::new(),
-                consumer: consumer_name(pipeline, stage),
+                inputs: vec![StageInput {
+                    // Unknown without its pipeline; nothing here needs it.
+                    topic: String::new(),
+                    consumer: consumer_name(pipeline, stage),
+                }],
+                rate: None,
                 dlq_topic,
                 kind: "plugin".into(),
                 target: None,

@@ -64,15 +64,18 @@ impl AdminState {
                 "{pipeline}/{stage} is a source; only stages that read a topic can be paused"
             )));
         }
-        match self.broker().set_paused(&entry.consumer, paused).await {
-            Ok(()) => {}
-            Err(BrokerError::UnknownConsumer(_)) => {
-                return Err(ApiError::UnknownStage(format!(
-                    "{pipeline}/{stage} (no consumer `{}` on the broker: has it ever run?)",
-                    entry.consumer
-                )));
+        // Every lane of a stage with several topics: a pause holds them all.
+        for input in &entry.inputs {
+            match self.broker().set_paused(&input.consumer, paused).await {
+                Ok(()) => {}
+                Err(BrokerError::UnknownConsumer(_)) => {
+                    return Err(ApiError::UnknownStage(format!(
+                        "{pipeline}/{stage} (no consumer `{}` on the broker: has it ever run?)",
+                        input.consumer
+                    )));
+                }
+                Err(err) => return Err(err.into()),
             }
-            Err(err) => return Err(err.into()),
         }
         tracing::warn!(
             "stage {pipeline}/{stage} {} by the operator",

@@ -29,7 +29,7 @@ pub struct StageStatus {
     pub pipeline: String,
     /// The stage.
     pub stage: String,
-    /// The topic it consumes.
+    /// The topic it consumes (the first, for a stage with priority lanes).
     pub topic: String,
     /// Messages waiting for it.
     pub depth: u64,
@@ -62,6 +62,35 @@ pub struct StageStatus {
     /// cheaply (the embedded broker).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_due: Option<String>,
+    /// For a stage with several topics: each priority lane, in priority
+    /// order. The stage's own figures above are their sums.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lanes: Vec<LaneStatus>,
+    /// Its `rate` limit, as configured (`200/s`, `5/s per key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    /// While the stage is held after a `Retry-After`: when the hold ends
+    /// (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_until: Option<String>,
+}
+
+/// One priority lane of a stage, as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LaneStatus {
+    /// The lane's topic.
+    pub topic: String,
+    /// Messages waiting in it.
+    pub depth: u64,
+    /// Its deliveries held and not settled.
+    pub in_flight: u64,
+    /// Age of its oldest unsettled message, in seconds.
+    pub oldest_age_seconds: Option<f64>,
+    /// Of its last 1,024 first deliveries in this daemon, the median wait
+    /// from publish until a worker slot took it, in seconds.
+    pub wait_p50_seconds: Option<f64>,
+    /// The same waits' 99th percentile.
+    pub wait_p99_seconds: Option<f64>,
 }
 
 fn plugin_kind() -> String {
@@ -98,7 +127,10 @@ pub struct SourceStatus {
 
 /// A stage's backlog as the broker reports it.
 pub(super) struct Backlog {
+    /// Summed over its lanes.
     pub(super) consumer: ConsumerStats,
+    /// Per lane (a stage with several topics), in priority order.
+    pub(super) lanes: Vec<ConsumerStats>,
     pub(super) dlq_depth: u64,
     /// Delayed messages on the stage's topic.
     pub(super) delayed: u64,
@@ -113,28 +145,50 @@ pub(super) async fn backlog(
     stage: &StageEntry,
 ) -> Result<Backlog, BrokerError> {
     let broker = state.broker();
-    let consumer = match broker.consumer_stats(&stage.consumer).await {
-        Ok(stats) => stats,
-        Err(BrokerError::UnknownConsumer(_) | BrokerError::UnknownTopic(_)) => {
-            ConsumerStats::default()
-        }
-        Err(err) => return Err(err),
-    };
+    let mut lanes = Vec::with_capacity(stage.inputs.len());
+    let mut delayed = 0;
+    let mut next_due: Option<u64> = None;
+    for input in &stage.inputs {
+        lanes.push(match broker.consumer_stats(&input.consumer).await {
+            Ok(stats) => stats,
+            Err(BrokerError::UnknownConsumer(_) | BrokerError::UnknownTopic(_)) => {
+                ConsumerStats::default()
+            }
+            Err(err) => return Err(err),
+        });
+        let topic = match broker.topic_stats(&input.topic).await {
+            Ok(stats) => stats,
+            Err(BrokerError::UnknownTopic(_)) => TopicStats::default(),
+            Err(err) => return Err(err),
+        };
+        delayed += topic.delayed;
+        next_due = match (next_due, topic.next_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
     let dlq_depth = match broker.topic_stats(&stage.dlq_topic).await {
         Ok(stats) => stats.depth,
         Err(BrokerError::UnknownTopic(_)) => 0,
         Err(err) => return Err(err),
     };
-    let topic = match broker.topic_stats(&stage.topic).await {
-        Ok(stats) => stats,
-        Err(BrokerError::UnknownTopic(_)) => TopicStats::default(),
-        Err(err) => return Err(err),
+    let consumer = ConsumerStats {
+        pending: lanes.iter().map(|l| l.pending).sum(),
+        in_flight: lanes.iter().map(|l| l.in_flight).sum(),
+        oldest_age: lanes.iter().filter_map(|l| l.oldest_age).max(),
+        // Paused while any lane is: a pause holds every lane, and a
+        // half-applied one must not read as running.
+        paused: lanes.iter().any(|l| l.paused),
     };
+    if lanes.len() == 1 {
+        lanes.clear();
+    }
     Ok(Backlog {
         consumer,
+        lanes,
         dlq_depth,
-        delayed: topic.delayed,
-        next_due: topic.next_due,
+        delayed,
+        next_due,
     })
 }
 
@@ -151,7 +205,11 @@ pub(super) async fn status(
         out.push(StageStatus {
             pipeline: stage.pipeline.clone(),
             stage: stage.stage.clone(),
-            topic: stage.topic.clone(),
+            topic: stage
+                .inputs
+                .first()
+                .map(|input| input.topic.clone())
+                .unwrap_or_default(),
             depth: backlog.consumer.pending,
             in_flight: backlog.consumer.in_flight,
             oldest_age_seconds: backlog.consumer.oldest_age.map(|d| d.as_secs_f64()),
@@ -170,9 +228,47 @@ pub(super) async fn status(
             next_due: backlog
                 .next_due
                 .map(crate::timestamp::format_rfc3339_millis),
+            lanes: backlog
+                .lanes
+                .iter()
+                .zip(&stage.inputs)
+                .map(|(stats, input)| {
+                    let waits = state.metrics().lane_wait_quantiles(
+                        &stage.pipeline,
+                        &stage.stage,
+                        &input.topic,
+                    );
+                    LaneStatus {
+                        topic: input.topic.clone(),
+                        depth: stats.pending,
+                        in_flight: stats.in_flight,
+                        oldest_age_seconds: stats.oldest_age.map(|d| d.as_secs_f64()),
+                        wait_p50_seconds: waits.map(|w| w.0),
+                        wait_p99_seconds: waits.map(|w| w.1),
+                    }
+                })
+                .collect(),
+            rate: stage.rate.clone(),
+            held_until: held_until(&state, stage),
         });
     }
     Ok(Json(out))
+}
+
+/// When the stage's hold ends, if it is held now (the engine keeps the
+/// time in `sluice_stage_hold_until_timestamp_seconds`).
+fn held_until(state: &AdminState, stage: &StageEntry) -> Option<String> {
+    let until = state
+        .metrics()
+        .hold_until
+        .get_or_create(&crate::metrics::StageLabels {
+            pipeline: stage.pipeline.clone(),
+            stage: stage.stage.clone(),
+        })
+        .get();
+    let until_ms = (until * 1000.0) as u64;
+    (until_ms > crate::broker::now_millis())
+        .then(|| crate::timestamp::format_rfc3339_millis(until_ms))
 }
 
 /// `GET /v1/sources`.

@@ -27,6 +27,7 @@ pub mod embedded;
 pub(crate) mod memory;
 pub mod nats;
 mod portable;
+pub mod rates;
 
 pub use portable::{Unportable, check_portable};
 
@@ -438,6 +439,14 @@ pub trait Broker: Send + Sync + 'static {
     fn storage_errors(&self) -> u64 {
         0
     }
+
+    /// Rate-limit buckets every daemon on this broker shares, so that a
+    /// stage's `rate` holds for all of them together. `None` (the default,
+    /// and the embedded broker, which one daemon owns): each daemon keeps
+    /// its buckets in memory.
+    fn shared_rates(&self) -> Option<Arc<dyn rates::SharedRates>> {
+        None
+    }
 }
 
 /// A broker's answer to "can you take work now?" ([`Broker::readiness`]).
@@ -508,4 +517,37 @@ pub fn new_message_id() -> String {
 /// The durable consumer name of a stage: `<pipeline>.<stage>`.
 pub fn consumer_name(pipeline: &str, stage: &str) -> String {
     format!("{pipeline}.{stage}")
+}
+
+/// One topic a stage reads, and the durable consumer that reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageInput {
+    /// The topic.
+    pub topic: String,
+    /// The consumer: [`consumer_name`] for a single-topic stage;
+    /// `<pipeline>.<stage>~<topic>` for each priority lane of a stage with
+    /// several (`~` is not allowed in stage names, so no other stage's
+    /// consumer can have that name).
+    pub consumer: String,
+}
+
+/// The topics `stage` of `pipeline` reads, in its priority order, each
+/// with its consumer.
+pub fn stage_inputs(pipeline: &str, stage: &crate::config::Stage) -> Vec<StageInput> {
+    let plain = consumer_name(pipeline, &stage.name);
+    if !stage.subscribe.has_lanes() {
+        return vec![StageInput {
+            topic: stage.subscribe.topic().to_owned(),
+            consumer: plain,
+        }];
+    }
+    stage
+        .subscribe
+        .topics
+        .iter()
+        .map(|topic| StageInput {
+            topic: topic.clone(),
+            consumer: format!("{plain}~{topic}"),
+        })
+        .collect()
 }

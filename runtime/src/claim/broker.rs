@@ -215,6 +215,10 @@ impl Broker for ClaimingBroker {
     fn storage_errors(&self) -> u64 {
         self.inner.storage_errors()
     }
+
+    fn shared_rates(&self) -> Option<Arc<dyn crate::broker::rates::SharedRates>> {
+        self.inner.shared_rates()
+    }
 }
 
 #[cfg(test)]

@@ -66,7 +66,7 @@ fn status(args: &Args) -> Result<(), ClientError> {
     let written = {
         let rows: Vec<Vec<String>> = stages
             .iter()
-            .map(|s| {
+            .flat_map(|s| {
                 let mut marks = Vec::new();
                 if let Some(kind) = s.kind.strip_prefix("sink:") {
                     marks.push(format!("sink:{kind}"));
@@ -77,12 +77,18 @@ fn status(args: &Args) -> Result<(), ClientError> {
                 if s.paused {
                     marks.push("PAUSED".into());
                 }
+                if let Some(rate) = &s.rate {
+                    marks.push(format!("rate {rate}"));
+                }
+                if s.held_until.is_some() {
+                    marks.push("HELD (Retry-After)".into());
+                }
                 let name = if marks.is_empty() {
                     format!("{}/{}", s.pipeline, s.stage)
                 } else {
                     format!("{}/{} ({})", s.pipeline, s.stage, marks.join(", "))
                 };
-                vec![
+                let stage = vec![
                     name,
                     format!("{:.1}", s.processed_per_sec),
                     s.depth.to_string(),
@@ -90,7 +96,19 @@ fn status(args: &Args) -> Result<(), ClientError> {
                     s.in_flight.to_string(),
                     delayed_text(s.delayed, s.next_due.as_deref()),
                     s.dlq_depth.to_string(),
-                ]
+                ];
+                // A stage with priority lanes: a row per lane under it.
+                std::iter::once(stage).chain(s.lanes.iter().map(|lane| {
+                    vec![
+                        format!("  > {}{}", lane.topic, wait_text(lane)),
+                        String::new(),
+                        lane.depth.to_string(),
+                        table::age(lane.oldest_age_seconds),
+                        lane.in_flight.to_string(),
+                        String::new(),
+                        String::new(),
+                    ]
+                }))
             })
             .collect();
         table::print(
@@ -152,6 +170,18 @@ fn lag_text(total: Option<u64>, partitions: &[(String, u64)]) -> String {
         parts.push("...".to_owned());
     }
     format!("{total} ({})", parts.join(" "))
+}
+
+/// A lane's recent wait for a slot, after its topic: ` (wait p50 3ms, p99 41ms)`.
+fn wait_text(lane: &crate::admin::LaneStatus) -> String {
+    let (Some(p50), Some(p99)) = (lane.wait_p50_seconds, lane.wait_p99_seconds) else {
+        return String::new();
+    };
+    let show = |seconds: f64| {
+        humantime::format_duration(std::time::Duration::from_millis((seconds * 1000.0) as u64))
+            .to_string()
+    };
+    format!(" (wait p50 {}, p99 {})", show(p50), show(p99))
 }
 
 /// The DELAYED column: how many wait on the stage's topic, and how soon

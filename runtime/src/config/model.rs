@@ -177,6 +177,21 @@ pub struct Stage {
     /// The memory limit of one plugin instance, summed over its memories.
     #[serde(default = "default_memory")]
     pub memory: HumanSize,
+    /// How many messages the handler may be handed per unit of time:
+    /// `50/s`, or `{limit: 50/s, burst: 10}`, or `{limit: 5/s, per: key}`
+    /// for a bucket per key. On NATS the limit holds for all daemons
+    /// together. No limit when absent.
+    #[serde(
+        default,
+        deserialize_with = "super::rate_short",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "super::RateForm")]
+    pub rate: Option<super::Rate>,
+    /// A handler's `retry(after)` holds the whole stage for that long, not
+    /// only its message (as a sink's `429 Retry-After` always does).
+    #[serde(default)]
+    pub hold_on_retry_after: bool,
     /// The most messages delivered but not yet acked for this stage, across
     /// all daemons (JetStream's MaxAckPending). No limit beyond
     /// `concurrency` when absent.
@@ -267,23 +282,115 @@ pub fn default_dlq(pipeline: &str, stage: &str) -> String {
     format!("{pipeline}.{stage}.dlq")
 }
 
-/// A stage's input.
+/// A stage's input: one topic, or several as priority lanes.
+///
+/// Written `subscribe: orders`, `{topic: orders, filter: {...}}`, or
+/// `{topics: [jobs.critical, jobs.bulk], priority: strict}`.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "SubscribeFields", into = "SubscribeFields")]
+#[schemars(with = "SubscribeFields")]
 pub struct Subscribe {
-    /// The topic to consume.
-    pub topic: String,
+    /// The topics, as listed (for `strict`, highest priority first); one
+    /// for the `topic` form.
+    pub topics: Vec<String>,
+    /// How several topics share the worker slots (None: one topic, or
+    /// equal weights).
+    pub priority: Option<Priority>,
     /// Header equality filter: only messages whose headers have all these
     /// values reach the stage; the others are acked unhandled.
-    #[serde(default)]
     pub filter: BTreeMap<String, String>,
+}
+
+impl Subscribe {
+    /// The first topic: the only one of a single-topic stage.
+    pub fn topic(&self) -> &str {
+        self.topics.first().map_or("", String::as_str)
+    }
+
+    /// Whether the stage reads several topics as priority lanes.
+    pub fn has_lanes(&self) -> bool {
+        self.topics.len() > 1
+    }
 }
 
 impl From<String> for Subscribe {
     fn from(topic: String) -> Self {
         Subscribe {
-            topic,
+            topics: vec![topic],
+            priority: None,
             filter: BTreeMap::new(),
+        }
+    }
+}
+
+/// How a stage with several topics shares its worker slots among them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Priority {
+    /// A free slot goes to the first listed topic with a message waiting:
+    /// a lower lane runs only while every higher one is empty.
+    Strict,
+    /// A free slot goes to the lanes with messages waiting in proportion
+    /// to these weights (every subscribed topic needs one, at least 1), so
+    /// no lane with work ever gets none.
+    Weighted(BTreeMap<String, NonZeroU32>),
+}
+
+/// How `subscribe:` is written; [`Subscribe`] is what it means.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubscribeFields {
+    /// The topic to consume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// Several topics, as priority lanes; instead of `topic`. Without
+    /// `priority` they share the worker slots equally.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topics: Option<Vec<String>>,
+    /// With `topics`: `strict` (the first listed topic drains before the
+    /// next), or `{weighted: {topic: weight, ...}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
+    /// Header equality filter: only messages whose headers have all these
+    /// values reach the stage; the others are acked unhandled.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub filter: BTreeMap<String, String>,
+}
+
+impl TryFrom<SubscribeFields> for Subscribe {
+    type Error = String;
+
+    fn try_from(fields: SubscribeFields) -> Result<Self, String> {
+        let topics = match (fields.topic, fields.topics) {
+            (Some(_), Some(_)) => {
+                return Err(
+                    "give `topic` (one topic) or `topics` (priority lanes), not both".into(),
+                );
+            }
+            (None, None) => return Err("`subscribe` needs `topic` or `topics`".into()),
+            (Some(topic), None) => vec![topic],
+            (None, Some(topics)) if topics.is_empty() => {
+                return Err("`topics` lists no topic".into());
+            }
+            (None, Some(topics)) => topics,
+        };
+        Ok(Subscribe {
+            topics,
+            priority: fields.priority,
+            filter: fields.filter,
+        })
+    }
+}
+
+impl From<Subscribe> for SubscribeFields {
+    fn from(subscribe: Subscribe) -> Self {
+        let lanes = subscribe.has_lanes() || subscribe.priority.is_some();
+        let mut topics = subscribe.topics;
+        SubscribeFields {
+            topic: if lanes { None } else { topics.pop() },
+            topics: lanes.then_some(topics),
+            priority: subscribe.priority,
+            filter: subscribe.filter,
         }
     }
 }
@@ -690,7 +797,7 @@ mod tests {
         assert_eq!(stage.retry.backoff.multiplier, 2.0);
         assert_eq!(stage.retry.backoff.jitter, 0.2);
         assert_eq!(stage.dlq_topic("p"), "p.s.dlq");
-        assert_eq!(stage.subscribe.topic, "in");
+        assert_eq!(stage.subscribe.topic(), "in");
         assert!(stage.publish.is_empty() && stage.config.is_empty());
         assert!(stage.ordering.is_none() && stage.batch.is_none());
         assert!(stage.max_ack_pending.is_none());
@@ -715,6 +822,52 @@ mod tests {
             stage.subscribe.filter.get("kind").map(String::as_str),
             Some("a")
         );
+    }
+
+    #[test]
+    fn subscribe_reads_one_topic_or_priority_lanes() {
+        let one: Stage =
+            super::super::parse::from_str_for_tests("name: s\nsubscribe: in\nplugin: p.wasm\n");
+        assert_eq!(one.subscribe.topics, ["in"]);
+        assert!(!one.subscribe.has_lanes() && one.subscribe.priority.is_none());
+
+        let strict: Stage = super::super::parse::from_str_for_tests(
+            "name: s\nplugin: p.wasm\nsubscribe:\n  topics: [jobs.critical, jobs.bulk]\n  priority: strict\n",
+        );
+        assert_eq!(strict.subscribe.topics, ["jobs.critical", "jobs.bulk"]);
+        assert_eq!(strict.subscribe.priority, Some(Priority::Strict));
+        assert!(strict.subscribe.has_lanes());
+
+        let weighted: Stage = super::super::parse::from_str_for_tests(
+            "name: s\nplugin: p.wasm\nsubscribe:\n  topics: [a, b]\n  priority: {weighted: {a: 8, b: 1}}\n",
+        );
+        let Some(Priority::Weighted(weights)) = &weighted.subscribe.priority else {
+            panic!("not weighted: {:?}", weighted.subscribe.priority);
+        };
+        assert_eq!(weights.get("a").map(|w| w.get()), Some(8));
+        assert_eq!(weights.get("b").map(|w| w.get()), Some(1));
+
+        // What it writes back reads the same.
+        for stage in [one, strict, weighted] {
+            let text = serde_json::to_string(&stage.subscribe).expect("serializes");
+            let again: Subscribe = serde_json::from_str(&text).expect("reads back");
+            assert_eq!(again, stage.subscribe, "{text}");
+        }
+    }
+
+    #[test]
+    fn subscribe_refuses_both_forms_or_neither() {
+        for (yaml, says) in [
+            ("{topic: a, topics: [b]}", "not both"),
+            ("{filter: {k: v}}", "needs `topic` or `topics`"),
+            ("{topics: []}", "lists no topic"),
+            ("{topics: [a], priority: loudest}", "loudest"),
+        ] {
+            let err = serde_saphyr::from_str::<Subscribe>(yaml)
+                .expect_err(yaml)
+                .to_string();
+            assert!(err.contains(says), "{yaml}: {err}");
+        }
     }
 
     #[test]

@@ -310,6 +310,8 @@ impl<'de> Deserializer<'de> for &Node {
                 let de: StrDeserializer<'_, DeError> = s.as_str().into_deserializer();
                 visitor.visit_enum(de)
             }
+            // `{variant: value}`: a variant with data, as YAML writes it.
+            Kind::Map(entries) if entries.len() == 1 => visitor.visit_enum(Variant(&entries[0])),
             _ => Err(de::Error::invalid_type(self.unexpected(), &visitor)),
         }
         .map_err(|e| e.at(self.pos))
@@ -396,6 +398,51 @@ impl<'de> SeqAccess<'de> for Items<'_> {
 
     fn size_hint(&self) -> Option<usize> {
         Some(self.0.len())
+    }
+}
+
+/// The one entry of a `{variant: value}` mapping, read as an enum.
+struct Variant<'a>(&'a (Key, Node));
+
+impl<'de, 'a> de::EnumAccess<'de> for Variant<'a> {
+    type Error = DeError;
+    type Variant = &'a Node;
+
+    fn variant_seed<V: DeserializeSeed<'de>>(
+        self,
+        seed: V,
+    ) -> Result<(V::Value, &'a Node), DeError> {
+        let (key, value) = self.0;
+        let de: StrDeserializer<'_, DeError> = key.name.as_str().into_deserializer();
+        let variant = seed.deserialize(de).map_err(|e| e.at(key.pos))?;
+        Ok((variant, value))
+    }
+}
+
+impl<'de> de::VariantAccess<'de> for &Node {
+    type Error = DeError;
+
+    fn unit_variant(self) -> Result<(), DeError> {
+        match self.kind {
+            Kind::Null => Ok(()),
+            _ => Err(de::Error::invalid_type(self.unexpected(), &"no value")),
+        }
+    }
+
+    fn newtype_variant_seed<T: DeserializeSeed<'de>>(self, seed: T) -> Result<T::Value, DeError> {
+        seed.deserialize(self).map_err(|e| e.at(self.pos))
+    }
+
+    fn tuple_variant<V: Visitor<'de>>(self, _len: usize, visitor: V) -> Result<V::Value, DeError> {
+        Deserializer::deserialize_seq(self, visitor)
+    }
+
+    fn struct_variant<V: Visitor<'de>>(
+        self,
+        _fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, DeError> {
+        Deserializer::deserialize_map(self, visitor)
     }
 }
 

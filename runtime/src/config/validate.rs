@@ -13,7 +13,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use super::diagnostic::{Diagnostic, Diagnostics};
-use super::model::{Pipeline, default_dlq};
+use super::model::{Pipeline, Priority, default_dlq};
 use super::parse::{Document, Problem, locate, read_file};
 use super::tree::{Pos, Seg};
 use crate::plugin::{Inspection, PluginHost, check_memory};
@@ -343,16 +343,58 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
             stage_names.insert(&stage.name, first);
         }
 
-        let input = &stage.subscribe.topic;
-        if !declared.contains_key(input.as_str()) && !implicit_dlqs.contains(input) {
-            report(
-                &s(&[K("subscribe"), K("topic")]),
-                format!(
-                    "{what} `{}` subscribes to `{input}`, which is not declared under `topics:`; {}",
-                    stage.name,
-                    declared_list()
-                ),
-            );
+        let lanes = stage.subscribe.has_lanes() || stage.subscribe.priority.is_some();
+        let mut subscribed = BTreeSet::new();
+        for (j, input) in stage.subscribe.topics.iter().enumerate() {
+            let path = if lanes {
+                s(&[K("subscribe"), K("topics"), I(j)])
+            } else {
+                s(&[K("subscribe"), K("topic")])
+            };
+            if !subscribed.insert(input.as_str()) {
+                report(
+                    &path,
+                    format!("`{input}` is listed twice under `topics`; list each topic once"),
+                );
+            }
+            if !declared.contains_key(input.as_str()) && !implicit_dlqs.contains(input) {
+                report(
+                    &path,
+                    format!(
+                        "{what} `{}` subscribes to `{input}`, which is not declared under `topics:`; {}",
+                        stage.name,
+                        declared_list()
+                    ),
+                );
+            }
+        }
+        if let Some(Priority::Weighted(weights)) = &stage.subscribe.priority {
+            let path = s(&[K("subscribe"), K("priority"), K("weighted")]);
+            for topic in weights.keys() {
+                if !subscribed.contains(topic.as_str()) {
+                    report(
+                        &path,
+                        format!(
+                            "`{topic}` has a weight but is not among `topics`; weigh only the \
+                             topics the stage subscribes to"
+                        ),
+                    );
+                }
+            }
+            let missing: Vec<&str> = subscribed
+                .iter()
+                .copied()
+                .filter(|topic| !weights.contains_key(*topic))
+                .collect();
+            if !missing.is_empty() {
+                report(
+                    &path,
+                    format!(
+                        "give every subscribed topic a weight (at least 1); missing: {}",
+                        missing.join(", ")
+                    ),
+                );
+            }
         }
         for header in stage.subscribe.filter.keys() {
             if header.trim().is_empty() {
@@ -377,7 +419,7 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
                     ),
                 );
             }
-            if topic == input {
+            if subscribed.contains(topic.as_str()) {
                 report(
                     &path,
                     format!(
@@ -406,7 +448,7 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
                     ),
                 );
             }
-            if dlq == input {
+            if subscribed.contains(dlq.as_str()) {
                 report(
                     &path,
                     format!(
@@ -798,5 +840,77 @@ mod tests {
              \x20 - {name: redo, subscribe: shop.a.dlq, plugin: x.wasm}\n",
         );
         assert_eq!(errs, Vec::<String>::new());
+    }
+
+    #[test]
+    fn priority_lanes_name_declared_topics_once_and_weigh_each() {
+        let pipeline = |subscribe: &str| {
+            check(&format!(
+                "name: shop\ntopics: [a, b, out]\nstages:\n\
+                 \x20 - name: s\n\
+                 \x20   plugin: x.wasm\n\
+                 \x20   publish: [out]\n\
+                 \x20   subscribe: {subscribe}\n"
+            ))
+        };
+        assert_eq!(
+            pipeline("{topics: [a, b], priority: strict}"),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            pipeline("{topics: [a, b], priority: {weighted: {a: 8, b: 1}}}"),
+            Vec::<String>::new()
+        );
+        let errs = pipeline("{topics: [a, nowhere]}");
+        assert!(
+            errs.iter().any(|e| e.contains("subscribes to `nowhere`")),
+            "{errs:?}"
+        );
+        let errs = pipeline("{topics: [a, a]}");
+        assert!(errs.iter().any(|e| e.contains("listed twice")), "{errs:?}");
+        let errs = pipeline("{topics: [a, out]}");
+        assert!(errs.iter().any(|e| e.contains("its own input")), "{errs:?}");
+        let errs = pipeline("{topics: [a, b], priority: {weighted: {a: 8, c: 1}}}");
+        assert!(
+            errs.iter().any(|e| e.contains("`c` has a weight")),
+            "{errs:?}"
+        );
+        assert!(errs.iter().any(|e| e.contains("missing: b")), "{errs:?}");
+        let errs = pipeline("{topics: [a, b], priority: {weighted: {a: 0, b: 1}}}");
+        assert!(!errs.is_empty(), "a zero weight is refused");
+    }
+
+    #[test]
+    fn rates_read_short_and_full_and_refuse_nonsense() {
+        let pipeline = |rate: &str| {
+            check(&format!(
+                "name: shop\ntopics: [a]\nstages:\n\
+                 \x20 - {{name: s, subscribe: a, plugin: x.wasm, rate: {rate}}}\n"
+            ))
+        };
+        assert_eq!(pipeline("50/s"), Vec::<String>::new());
+        assert_eq!(
+            pipeline("{limit: 3000/min, burst: 10}"),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            pipeline("{limit: 5/s, per: key, max_keys: 100}"),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            pipeline("{limit: 5/s, per: \"header:tenant\"}"),
+            Vec::<String>::new()
+        );
+        for (bad, says) in [
+            ("50", "a rate such as `50/s`"),
+            ("50/fortnight", "not a rate"),
+            ("{limit: 0/s}", "more than zero"),
+            ("{limit: 5/s, burst: 0}", ""),
+            ("{limit: 5/s, per: value}", "not an ordering key"),
+            ("{limit: 5/s, speed: 3}", "speed"),
+        ] {
+            let errs = pipeline(bad);
+            assert!(errs.iter().any(|e| e.contains(says)), "{bad}: {errs:?}");
+        }
     }
 }

@@ -356,6 +356,15 @@ pub struct SinkDef {
     /// The most messages delivered but not yet acked, across all daemons.
     #[serde(default)]
     pub max_ack_pending: Option<u32>,
+    /// How many messages it may write per unit of time, as for a stage:
+    /// `50/s`, `{limit: 50/s, burst: 10}`, `{limit: 5/s, per: key}`.
+    #[serde(
+        default,
+        deserialize_with = "crate::config::rate_short",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "crate::config::RateForm")]
+    pub rate: Option<crate::config::Rate>,
     /// Handler-level idempotency, as for a stage.
     #[serde(default)]
     pub dedup: Option<crate::config::Dedup>,
@@ -412,6 +421,9 @@ impl SinkDef {
             timeout: self.timeout,
             memory: default_memory(),
             max_ack_pending: self.max_ack_pending,
+            rate: self.rate.clone(),
+            // A target's `429 Retry-After` holds a sink in any case.
+            hold_on_retry_after: false,
             dedup: self.dedup.clone(),
             sink: Some(Arc::new(self.clone())),
         }

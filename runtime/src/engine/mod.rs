@@ -39,7 +39,7 @@ pub use handler::StageHandler;
 pub use ids::emit_id;
 pub use stage::{DEFAULT_IN_FLIGHT, IN_FLIGHT_BYTES, StageSetup};
 
-use crate::broker::{Broker, BrokerError};
+use crate::broker::{Broker, BrokerError, consumer_name};
 use crate::claim::Claims;
 use crate::dedup::DedupStore;
 use crate::metrics::Metrics;
@@ -70,7 +70,9 @@ impl Engine {
     ) -> Result<Engine, BrokerError> {
         let mut dedup_stores = Vec::with_capacity(setups.len());
         for setup in &setups {
-            broker.ensure_consumer(&setup.consumer()).await?;
+            for consumer in setup.consumers() {
+                broker.ensure_consumer(&consumer).await?;
+            }
             dedup_stores.push(dedup_store(dedup.as_ref(), setup).await?);
         }
         let (stop, stopped) = watch::channel(None);
@@ -155,7 +157,10 @@ async fn dedup_store(
         ))
     })?;
     store
-        .ensure_scope(&setup.consumer().name, dedup.ttl.get())
+        .ensure_scope(
+            &consumer_name(&setup.pipeline, &setup.stage.name),
+            dedup.ttl.get(),
+        )
         .await?;
     Ok(Some(store.clone()))
 }

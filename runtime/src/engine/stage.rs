@@ -22,12 +22,14 @@ mod budget;
 mod intake;
 mod lanes;
 mod leases;
+mod pace;
+mod valve;
 mod workers;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -37,12 +39,14 @@ use super::settle::Settler;
 use budget::Budget;
 use lanes::Lanes;
 use leases::LeaseKeeper;
+use pace::Pace;
+use valve::{Policy, Slot, Valve};
 
-use crate::broker::{Broker, ConsumerSpec, Delivery, consumer_name};
+use crate::broker::{Broker, ConsumerSpec, Delivery, stage_inputs};
 use crate::claim::Claims;
-use crate::config::Stage;
+use crate::config::{Priority, Stage};
 use crate::dedup::DedupStore;
-use crate::metrics::Metrics;
+use crate::metrics::{LaneWaits, Metrics};
 
 /// Everything needed to run one stage.
 pub struct StageSetup {
@@ -57,22 +61,43 @@ pub struct StageSetup {
 }
 
 impl StageSetup {
-    /// The broker consumer this stage reads through.
-    pub fn consumer(&self) -> ConsumerSpec {
-        ConsumerSpec {
-            name: consumer_name(&self.pipeline, &self.stage.name),
-            topic: self.stage.subscribe.topic.clone(),
-            filter: self.stage.subscribe.filter.clone(),
-            ack_wait: self.stage.ack_wait.get(),
-            max_ack_pending: self.stage.max_ack_pending,
-            max_deliver: Some(
-                self.stage
-                    .retry
-                    .attempts()
-                    .get()
-                    .saturating_add(LOST_DELIVERY_MARGIN),
-            ),
-        }
+    /// The broker consumers this stage reads through: one per subscribed
+    /// topic, in priority order.
+    pub fn consumers(&self) -> Vec<ConsumerSpec> {
+        stage_inputs(&self.pipeline, &self.stage)
+            .into_iter()
+            .map(|input| ConsumerSpec {
+                name: input.consumer,
+                topic: input.topic,
+                filter: self.stage.subscribe.filter.clone(),
+                ack_wait: self.stage.ack_wait.get(),
+                max_ack_pending: self.stage.max_ack_pending,
+                max_deliver: Some(
+                    self.stage
+                        .retry
+                        .attempts()
+                        .get()
+                        .saturating_add(LOST_DELIVERY_MARGIN),
+                ),
+            })
+            .collect()
+    }
+}
+
+/// How the valve shares the slots among a stage's lanes: as configured,
+/// or equally when a stage lists several topics without a `priority`.
+fn policy(stage: &Stage) -> Policy {
+    match &stage.subscribe.priority {
+        Some(Priority::Strict) => Policy::Strict,
+        Some(Priority::Weighted(weights)) => Policy::Weighted(
+            stage
+                .subscribe
+                .topics
+                .iter()
+                .map(|topic| weights.get(topic).map_or(1, |w| w.get()))
+                .collect(),
+        ),
+        None => Policy::Weighted(vec![1; stage.subscribe.topics.len()]),
     }
 }
 
@@ -136,18 +161,30 @@ struct Job {
     _bytes: Option<OwnedSemaphorePermit>,
 }
 
+/// One topic a stage reads (a priority lane, when it reads several): its
+/// consumer and what the lane may hold at once.
+struct Input {
+    topic: String,
+    consumer: Arc<str>,
+    /// What this lane may hold at once: in-flight permits and bytes. Each
+    /// lane has its own, so a lower lane's backlog never takes the permits
+    /// a higher lane needs to fetch.
+    budget: Budget,
+    /// Records each first delivery's wait for a slot (a stage with lanes).
+    waits: Option<Arc<LaneWaits>>,
+}
+
 /// Shared state of a running stage.
 pub(super) struct StageRunner {
     pub(super) settler: Settler,
     broker: Arc<dyn Broker>,
-    consumer: Arc<str>,
+    /// The topics it reads, in priority order: one for most stages.
+    inputs: Vec<Input>,
     ack_wait: Duration,
     /// `<pipeline>/<stage>`, what a redriven message names in `sluice-redrive-to`.
     target: String,
     batch: Option<(usize, Duration)>,
     shutdown_timeout: Duration,
-    /// What the stage may hold at once: in-flight permits and bytes.
-    budget: Budget,
     /// The leases of every fetched, unsettled delivery.
     leases: LeaseKeeper,
     /// Per-key queues of deliveries waiting behind a running one.
@@ -156,9 +193,10 @@ pub(super) struct StageRunner {
     /// (`workers`); None for a batched, ordered or deduplicating stage,
     /// which runs a task per delivery or batch.
     queue: Option<(async_channel::Sender<Job>, async_channel::Receiver<Job>)>,
-    /// The concurrency valve: free worker slots. Closed when shutdown
-    /// begins, so that no handler call starts after it.
-    valve: Arc<Semaphore>,
+    /// The concurrency valve: free worker slots, shared by the lanes by
+    /// the stage's priority policy. Closed when shutdown begins, so that
+    /// no handler call starts after it.
+    valve: Valve,
     /// Turns true when shutdown begins; wakes retry and dedup pauses.
     halted: watch::Sender<bool>,
     pool: Mutex<Vec<Box<dyn StageHandler>>>,
@@ -166,6 +204,8 @@ pub(super) struct StageRunner {
     claims: Option<Arc<Claims>>,
     /// The dedup step (None: the stage does not deduplicate).
     dedup: Option<DedupGate>,
+    /// The rate limit and the hold after a `Retry-After`.
+    pace: Pace,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -193,7 +233,7 @@ impl StageRunner {
             Some(limit) => usize::try_from(limit).unwrap_or(usize::MAX).max(per_call),
             None => (concurrency * per_call * 2).max(DEFAULT_IN_FLIGHT),
         };
-        let mut settler = Settler::new(&setup.pipeline, stage, broker.clone(), metrics);
+        let mut settler = Settler::new(&setup.pipeline, stage, broker.clone(), metrics.clone());
         let dedup = match (dedup, &stage.dedup) {
             (Some(store), Some(config)) => {
                 settler = settler.with_dedup(store.clone());
@@ -201,24 +241,59 @@ impl StageRunner {
             }
             _ => None,
         };
-        let plain = batch.is_none() && stage.ordering.is_none() && dedup.is_none();
+        let hold_gauge = metrics
+            .hold_until
+            .get_or_create(&crate::metrics::StageLabels {
+                pipeline: setup.pipeline.clone(),
+                stage: stage.name.clone(),
+            })
+            .clone();
+        let pace = Pace::new(
+            stage,
+            &crate::broker::consumer_name(&setup.pipeline, &stage.name),
+            broker.shared_rates(),
+            hold_gauge,
+        );
+        let lanes = stage_inputs(&setup.pipeline, stage);
+        let lane_count = lanes.len().max(1);
+        let several = lane_count > 1;
+        let inputs = lanes
+            .into_iter()
+            .map(|input| Input {
+                waits: several
+                    .then(|| metrics.lane_waits(&setup.pipeline, &stage.name, &input.topic)),
+                topic: input.topic,
+                consumer: input.consumer.into(),
+                budget: Budget::new(max_in_flight, IN_FLIGHT_BYTES / lane_count),
+            })
+            .collect::<Vec<_>>();
+        let valve = Valve::new(concurrency, inputs.len(), policy(stage));
+        // A stage with lanes runs a task per delivery: its worker slots are
+        // handed out per lane by the valve, not taken in fetch order.
+        // So does a stage limited per key: a message waiting for its key's
+        // turn must not hold up a worker that others could use.
+        let plain = batch.is_none()
+            && stage.ordering.is_none()
+            && dedup.is_none()
+            && !several
+            && !pace.is_per_key();
         StageRunner {
             settler,
             dedup,
-            consumer: consumer_name(&setup.pipeline, &stage.name).into(),
+            inputs,
             ack_wait: stage.ack_wait.get(),
             target: format!("{}/{}", setup.pipeline, stage.name),
             batch,
             shutdown_timeout: setup.shutdown_timeout,
-            budget: Budget::new(max_in_flight),
             leases: LeaseKeeper::default(),
             lanes: Lanes::new(stage.ordering.as_ref().map(|o| o.key.clone())),
             queue: plain.then(async_channel::unbounded),
-            valve: Arc::new(Semaphore::new(concurrency)),
+            valve,
             halted: watch::Sender::new(false),
             pool: Mutex::new(setup.handlers),
             claims,
             broker,
+            pace,
         }
     }
 
@@ -228,9 +303,11 @@ impl StageRunner {
     /// or a settle that hangs on a dead broker is abandoned there.
     pub(super) async fn run(self: Arc<Self>, stop: watch::Receiver<Option<Instant>>) {
         let heartbeat = tokio::spawn(self.clone().heartbeat());
-        let mut tasks = JoinSet::new();
-        if let Some((_, jobs)) = &self.queue {
-            for _ in 0..self.valve.available_permits() {
+        // One set of tasks per lane, each filled by the lane's fetch loop;
+        // they outlive the loops, so `drain` can wait for what they run.
+        let mut lanes: Vec<JoinSet<()>> = self.inputs.iter().map(|_| JoinSet::new()).collect();
+        if let (Some((_, jobs)), Some(tasks)) = (&self.queue, lanes.first_mut()) {
+            for _ in 0..self.valve.available() {
                 tasks.spawn(self.clone().work(jobs.clone()).in_current_span());
             }
         }
@@ -245,8 +322,14 @@ impl StageRunner {
                     .unwrap_or_else(Instant::now);
                 tokio::time::sleep_until((at + self.shutdown_timeout).into()).await;
             };
+            let loops = futures_util::future::join_all(
+                lanes
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(lane, tasks)| self.fetch_loop(lane, tasks, stop.clone())),
+            );
             tokio::select! {
-                () = self.fetch_loop(&mut tasks, stop.clone()) => {}
+                _ = loops => {}
                 () = cut => tracing::warn!("shutdown deadline reached while the fetch loop was still busy; abandoning it"),
             }
         }
@@ -256,8 +339,46 @@ impl StageRunner {
             queue.close();
         }
         let began = (*stop.borrow()).unwrap_or_else(Instant::now);
-        self.drain(tasks, began + self.shutdown_timeout).await;
+        self.drain(lanes, began + self.shutdown_timeout).await;
         heartbeat.abort();
+    }
+
+    /// The lane a delivery came in on: the position of its topic.
+    fn lane_of(&self, delivery: &Delivery) -> usize {
+        if self.inputs.len() == 1 {
+            return 0;
+        }
+        self.inputs
+            .iter()
+            .position(|input| input.topic == delivery.message.topic)
+            .unwrap_or(0)
+    }
+
+    /// Takes a worker slot for `delivery`, in its lane's turn; `None` once
+    /// shutdown began. A first delivery's wait, from its publish to here,
+    /// is recorded for its lane.
+    async fn slot_for(&self, delivery: &Delivery) -> Option<Slot> {
+        let lane = self.lane_of(delivery);
+        let slot = self.valve.acquire(lane).await?;
+        if let Some(waits) = &self.inputs[lane].waits
+            && delivery.attempt == 1
+        {
+            waits.record(delivery.message.published_at);
+        }
+        Some(slot)
+    }
+
+    /// Takes a worker slot for a batch (all of one lane: a batch is cut
+    /// from one fetch), recording its first deliveries' waits.
+    async fn batch_slot(&self, jobs: &[Job]) -> Option<Slot> {
+        let lane = jobs.first().map_or(0, |job| self.lane_of(&job.delivery));
+        let slot = self.valve.acquire(lane).await?;
+        if let Some(waits) = &self.inputs[lane].waits {
+            for job in jobs.iter().filter(|job| job.delivery.attempt == 1) {
+                waits.record(job.delivery.message.published_at);
+            }
+        }
+        Some(slot)
     }
 
     /// Closes the concurrency valve: from now on no handler call starts.
@@ -275,6 +396,19 @@ impl StageRunner {
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
             _ = halted.wait_for(|halted| *halted) => {}
+        }
+    }
+
+    /// Waits until a call of `cost` messages for `message` may start under
+    /// the stage's pace. False if shutdown began meanwhile.
+    async fn wait_turn(&self, message: &crate::broker::Message, cost: u32) -> bool {
+        if !self.pace.is_active() {
+            return true;
+        }
+        let mut halted = self.halted.subscribe();
+        tokio::select! {
+            () = self.pace.wait_turn(message, cost) => !self.stopping(),
+            _ = halted.wait_for(|halted| *halted) => false,
         }
     }
 

@@ -30,6 +30,7 @@ mod dedup;
 mod naming;
 mod options;
 mod provision;
+mod rates;
 
 pub use codec::{KEY as KEY_HEADER, MSG_ID as MSG_ID_HEADER};
 pub use naming::{durable_name, stream_name};
@@ -809,6 +810,15 @@ impl Broker for NatsBroker {
 
     async fn flush(&self) -> Result<(), BrokerError> {
         self.client.flush().await.map_err(|e| unavailable(&e))
+    }
+
+    /// Stages' rate buckets in the KV bucket `SLUICE_RATES`, so a limit
+    /// holds for all daemons together.
+    fn shared_rates(&self) -> Option<Arc<dyn crate::broker::rates::SharedRates>> {
+        Some(Arc::new(rates::NatsRates::new(
+            self.js.clone(),
+            self.options.replicas,
+        )))
     }
 
     /// From the client's connection state (kept by its connection task, so

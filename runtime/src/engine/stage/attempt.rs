@@ -7,9 +7,8 @@ use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt as _;
-use tokio::sync::OwnedSemaphorePermit;
 
-use super::{CALLS, DEDUP_POLL_MAX, DEDUP_POLL_MIN, Job, StageRunner, lock};
+use super::{CALLS, DEDUP_POLL_MAX, DEDUP_POLL_MIN, Job, Slot, StageRunner, lock};
 use crate::broker::Delivery;
 use crate::broker::Ticket;
 use crate::claim::{self, ClaimError};
@@ -40,12 +39,7 @@ impl StageRunner {
     /// Once shutdown has begun no handler call starts: a delivery that has
     /// not reached its call (or waits for a retry in place) is left
     /// unsettled, its lease in `leases` for `drain` to hand back.
-    pub(super) async fn process(
-        &self,
-        job: Job,
-        retry_in_place: bool,
-        mut slot: Option<OwnedSemaphorePermit>,
-    ) {
+    pub(super) async fn process(&self, job: Job, retry_in_place: bool, mut slot: Option<Slot>) {
         let delivery = &job.delivery;
         let mut attempt = delivery.attempt;
         let mut busy_pause = DEDUP_POLL_MIN;
@@ -66,6 +60,7 @@ impl StageRunner {
                 }
                 Tried::Settled(next) => next,
                 Tried::Ran(outcome, ticket) => {
+                    self.pace.observe(&outcome);
                     self.settler
                         .settle(delivery, attempt, outcome, retry_in_place, ticket.as_ref())
                         .await
@@ -82,7 +77,7 @@ impl StageRunner {
                 Next::Hold(delay) => self.pause(hold.next(delay)).await,
             }
         }
-        self.forget(delivery.seq);
+        self.forget(delivery);
     }
 
     /// One try of `delivery` up to its settle: takes a worker slot (unless
@@ -93,17 +88,20 @@ impl StageRunner {
         delivery: &Delivery,
         attempt: u32,
         retry_in_place: bool,
-        mut slot: Option<OwnedSemaphorePermit>,
+        mut slot: Option<Slot>,
     ) -> Tried {
+        if !self.wait_turn(&delivery.message, 1).await {
+            return Tried::Left;
+        }
         // A claim reference is resolved under the valve, so at most
         // `concurrency` claim payloads are in memory at once. An inline
         // message of a dedup stage takes its slot only once the dedup
         // check says it runs (see `run_gated`).
         if slot.is_none() && (self.dedup.is_none() || claim::is_reference(&delivery.message)) {
-            match self.valve.clone().acquire_owned().await {
-                Ok(taken) => slot = Some(taken),
+            match self.slot_for(delivery).await {
+                Some(taken) => slot = Some(taken),
                 // Closed: shutdown began.
-                Err(_) => return Tried::Left,
+                None => return Tried::Left,
             }
         }
         let message = match self.resolve(delivery, attempt).await {
@@ -120,11 +118,11 @@ impl StageRunner {
             // anew with the slot in hand, so the lease covers the call and
             // no copy of the message can take the key and run meanwhile.
             let asked = Instant::now();
-            match self.valve.clone().acquire_owned().await {
-                Ok(taken) => slot = Some(taken),
+            match self.slot_for(delivery).await {
+                Some(taken) => slot = Some(taken),
                 // Shutdown began: the dedup key's lease runs out and a
                 // redelivery takes it.
-                Err(_) => return Tried::Left,
+                None => return Tried::Left,
             }
             if asked.elapsed() > crate::dedup::LEASE_MARGIN / 2
                 && let Some(dedup) = &self.dedup
@@ -134,7 +132,7 @@ impl StageRunner {
             }
         }
         match gate {
-            Gate::Run(ticket) => self.run_gated(&message, ticket, slot).await,
+            Gate::Run(ticket) => self.run_gated(delivery, &message, ticket, slot).await,
             Gate::Wait(pause) => {
                 // Same attempt, later: the key's holder (here or in
                 // another daemon) is still at work. The worker slot is
@@ -161,17 +159,18 @@ impl StageRunner {
     /// taking a worker slot first if `slot` is none.
     async fn run_gated(
         &self,
+        delivery: &Delivery,
         message: &PluginMessage,
         ticket: Option<Ticket>,
-        slot: Option<OwnedSemaphorePermit>,
+        slot: Option<Slot>,
     ) -> Tried {
         let _slot = match slot {
             Some(slot) => slot,
-            None => match self.valve.clone().acquire_owned().await {
-                Ok(taken) => taken,
+            None => match self.slot_for(delivery).await {
+                Some(taken) => taken,
                 // Shutdown began: the dedup key's lease runs out and a
                 // redelivery takes it.
-                Err(_) => return Tried::Left,
+                None => return Tried::Left,
             },
         };
         if self.stopping() {
@@ -195,6 +194,7 @@ impl StageRunner {
             let mut settled = Vec::with_capacity(jobs.len());
             let mut wait = Duration::ZERO;
             for (job, outcome) in jobs.into_iter().zip(outcomes) {
+                self.pace.observe(&outcome);
                 match outcome {
                     Err(failure) if failure.kind == crate::FailureKind::Unavailable => {
                         self.settler.count_failure(crate::FailureKind::Unavailable);
@@ -244,13 +244,13 @@ impl StageRunner {
             .await;
         for ((job, _), result) in succeeded.into_iter().zip(completed) {
             match result {
-                Ok(()) => self.forget(job.delivery.seq),
+                Ok(()) => self.forget(&job.delivery),
                 Err(failure) => failed.push((job, failure)),
             }
         }
         let failures = failed.into_iter().map(|(job, failure)| async move {
             self.settler.failed(&job.delivery, failure).await;
-            self.forget(job.delivery.seq);
+            self.forget(&job.delivery);
         });
         futures_util::future::join_all(failures).await;
     }
@@ -258,7 +258,14 @@ impl StageRunner {
     /// One handler call for `jobs` under a worker slot: an outcome per job,
     /// in order. `None` if shutdown began before the call could start.
     async fn call_batch(&self, jobs: &[Job]) -> Option<Vec<crate::plugin::Outcome>> {
-        let _slot = self.valve.acquire().await.ok()?;
+        let first = &jobs.first()?.delivery.message;
+        if !self
+            .wait_turn(first, u32::try_from(jobs.len()).unwrap_or(u32::MAX))
+            .await
+        {
+            return None;
+        }
+        let _slot = self.batch_slot(jobs).await?;
         // Items whose claim cannot be resolved fail alone; the rest go to
         // the handler as one batch.
         let mut failed: Vec<Option<crate::Failure>> = Vec::with_capacity(jobs.len());

@@ -14,6 +14,8 @@ use crate::broker::Delivery;
 /// The in-flight permits and the byte budget of one stage.
 pub(super) struct Budget {
     max_in_flight: usize,
+    /// The most bytes it holds.
+    max_bytes: usize,
     /// Unsettled deliveries.
     in_flight: Arc<Semaphore>,
     /// Bytes of unsettled deliveries.
@@ -23,13 +25,17 @@ pub(super) struct Budget {
 }
 
 impl Budget {
-    pub(super) fn new(max_in_flight: usize) -> Budget {
+    /// A budget of `max_in_flight` deliveries and `max_bytes` bytes (at
+    /// most [`IN_FLIGHT_BYTES`]).
+    pub(super) fn new(max_in_flight: usize, max_bytes: usize) -> Budget {
+        let max_bytes = max_bytes.clamp(1, IN_FLIGHT_BYTES);
         Budget {
             max_in_flight,
+            max_bytes,
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
-            bytes: Arc::new(Semaphore::new(IN_FLIGHT_BYTES)),
+            bytes: Arc::new(Semaphore::new(max_bytes)),
             // Unknown yet: the first fetches are small until sizes are seen.
-            typical_size: AtomicUsize::new(IN_FLIGHT_BYTES / 16),
+            typical_size: AtomicUsize::new(max_bytes / 16),
         }
     }
 
@@ -76,7 +82,7 @@ impl Budget {
     pub(super) fn try_take_bytes(&self, delivery: &Delivery) -> Option<OwnedSemaphorePermit> {
         self.bytes
             .clone()
-            .try_acquire_many_owned(footprint(delivery))
+            .try_acquire_many_owned(footprint(delivery, self.max_bytes))
             .ok()
     }
 
@@ -85,7 +91,7 @@ impl Budget {
     pub(super) async fn take_bytes(&self, delivery: &Delivery) -> Option<OwnedSemaphorePermit> {
         self.bytes
             .clone()
-            .acquire_many_owned(footprint(delivery))
+            .acquire_many_owned(footprint(delivery, self.max_bytes))
             .await
             .ok()
     }
@@ -95,7 +101,11 @@ impl Budget {
     /// run of large messages shrinks fetches at once and small ones
     /// grow them back within a few fetches.
     pub(super) fn learn_sizes(&self, deliveries: &[Delivery]) {
-        if let Some(largest) = deliveries.iter().map(|d| footprint(d) as usize).max() {
+        if let Some(largest) = deliveries
+            .iter()
+            .map(|d| footprint(d, self.max_bytes) as usize)
+            .max()
+        {
             let before = self.typical_size.load(Ordering::Relaxed);
             self.typical_size
                 .store(largest.max(before / 2), Ordering::Relaxed);
@@ -106,7 +116,7 @@ impl Budget {
 /// What a delivery counts against the byte budget: what it holds in
 /// memory, capped at the budget so that one larger message still runs
 /// (alone).
-fn footprint(delivery: &Delivery) -> u32 {
+fn footprint(delivery: &Delivery, max_bytes: usize) -> u32 {
     let bytes = delivery.message.size();
-    u32::try_from(bytes.min(IN_FLIGHT_BYTES)).unwrap_or(u32::MAX)
+    u32::try_from(bytes.min(max_bytes)).unwrap_or(u32::MAX)
 }

@@ -18,6 +18,7 @@ impl StageRunner {
     /// Fetches and dispatches until `stop` carries a value.
     pub(super) async fn fetch_loop(
         self: &Arc<Self>,
+        lane: usize,
         tasks: &mut JoinSet<()>,
         mut stop: watch::Receiver<Option<Instant>>,
     ) {
@@ -25,10 +26,10 @@ impl StageRunner {
         while stop.borrow().is_none() {
             while tasks.try_join_next().is_some() {}
             let permits = tokio::select! {
-                permits = self.reserve() => permits,
+                permits = self.reserve(lane) => permits,
                 _ = stop.changed() => break,
             };
-            let fetch = self.fetch(permits.len());
+            let fetch = self.fetch(lane, permits.len());
             tokio::pin!(fetch);
             let fetched = tokio::select! {
                 fetched = &mut fetch => fetched,
@@ -45,7 +46,10 @@ impl StageRunner {
             match fetched {
                 Ok(deliveries) => {
                     fetch_errors = 0;
-                    if !self.admit(deliveries, permits, tasks, &mut stop).await {
+                    if !self
+                        .admit(lane, deliveries, permits, tasks, &mut stop)
+                        .await
+                    {
                         break;
                     }
                 }
@@ -54,7 +58,7 @@ impl StageRunner {
                     let pause = Duration::from_millis(100)
                         .saturating_mul(fetch_errors.min(50))
                         .min(Duration::from_secs(5));
-                    tracing::warn!(error = %err, retry_in = ?pause, "fetch failed");
+                    tracing::warn!(topic = %self.inputs[lane].topic, error = %err, retry_in = ?pause, "fetch failed");
                     tokio::select! {
                         () = tokio::time::sleep(pause) => {}
                         _ = stop.changed() => break,
@@ -68,9 +72,9 @@ impl StageRunner {
     /// A batch stage fetches several batches at once (split in
     /// `dispatch`): one round trip per batch left a batch stage at 0.3-0.8
     /// of an unbatched one's rate (BENCHMARKS.md).
-    async fn reserve(&self) -> Vec<OwnedSemaphorePermit> {
+    async fn reserve(&self, lane: usize) -> Vec<OwnedSemaphorePermit> {
         let per_fetch = self.batch.map_or(FETCH_MAX, |(max, _)| max.max(FETCH_MAX));
-        self.budget.reserve(per_fetch).await
+        self.inputs[lane].budget.reserve(per_fetch).await
     }
 
     /// Takes each fetched delivery's bytes from the budget and dispatches
@@ -78,22 +82,24 @@ impl StageRunner {
     /// what it had not dispatched stays leased, and `drain` naks it.
     async fn admit(
         self: &Arc<Self>,
+        lane: usize,
         deliveries: Vec<Delivery>,
         permits: Vec<OwnedSemaphorePermit>,
         tasks: &mut JoinSet<()>,
         stop: &mut watch::Receiver<Option<Instant>>,
     ) -> bool {
-        self.budget.learn_sizes(&deliveries);
+        let budget = &self.inputs[lane].budget;
+        budget.learn_sizes(&deliveries);
         let mut jobs = Vec::with_capacity(deliveries.len());
         for (delivery, permit) in deliveries.into_iter().zip(permits) {
-            let bytes = match self.budget.try_take_bytes(&delivery) {
+            let bytes = match budget.try_take_bytes(&delivery) {
                 Some(bytes) => Some(bytes),
                 None => {
                     // Over the budget: start what is held (it frees bytes
                     // as it settles), then wait.
                     self.dispatch(std::mem::take(&mut jobs), tasks).await;
                     tokio::select! {
-                        bytes = self.budget.take_bytes(&delivery) => bytes,
+                        bytes = budget.take_bytes(&delivery) => bytes,
                         _ = stop.changed() => return false,
                     }
                 }
@@ -112,18 +118,19 @@ impl StageRunner {
     /// larger message), and records their leases. A batch stage whose first
     /// fetch did not fill one batch keeps fetching until it does, the
     /// budget is full, or the batch's wait is over.
-    async fn fetch(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
-        let budget = self.budget.free_bytes();
+    async fn fetch(&self, lane: usize, max: usize) -> Result<Vec<Delivery>, BrokerError> {
+        let input = &self.inputs[lane];
+        let budget = input.budget.free_bytes();
         let mut out = match self.batch {
             None => {
                 self.broker
-                    .fetch_within(&self.consumer, max, budget, Duration::from_secs(1))
+                    .fetch_within(&input.consumer, max, budget, Duration::from_secs(1))
                     .await?
             }
             Some((batch_max, wait)) => {
                 let mut out = self
                     .broker
-                    .fetch_within(&self.consumer, max, budget, Duration::from_secs(1))
+                    .fetch_within(&input.consumer, max, budget, Duration::from_secs(1))
                     .await?;
                 let deadline = Instant::now() + wait;
                 while !out.is_empty() && out.len() < batch_max.min(max) {
@@ -134,7 +141,7 @@ impl StageRunner {
                     }
                     let more = self
                         .broker
-                        .fetch_within(&self.consumer, max - out.len(), budget - held, left)
+                        .fetch_within(&input.consumer, max - out.len(), budget - held, left)
                         .await?;
                     if more.is_empty() {
                         break;
@@ -145,7 +152,7 @@ impl StageRunner {
             }
         };
         out.truncate(max);
-        self.remember(&out);
+        self.remember(lane, &out);
         Ok(out)
     }
 
@@ -157,7 +164,7 @@ impl StageRunner {
             match job.delivery.message.header(dlq::REDRIVE_TO) {
                 Some(target) if target != self.target => {
                     self.settler.skip(&job.delivery).await;
-                    self.forget(job.delivery.seq);
+                    self.forget(&job.delivery);
                 }
                 _ => ready.push(job),
             }
@@ -193,9 +200,11 @@ impl StageRunner {
                 // (a round trip to the store on NATS) must not hold the
                 // handlers up. Its key's lease is renewed if the slot comes
                 // late (`attempt`).
+                // A stage limited per key takes it after its key's turn
+                // (in `attempt`), so a hot key holds no slot while it waits.
                 let slot = match self.dedup {
-                    None => self.valve.clone().acquire_owned().await.ok(),
-                    Some(_) => None,
+                    None if !self.pace.is_per_key() => self.slot_for(&job.delivery).await,
+                    _ => None,
                 };
                 let runner = self.clone();
                 tasks

@@ -11,24 +11,25 @@ use tokio::task::JoinSet;
 use super::{RELEASE_GRACE, StageRunner, lock};
 use crate::broker::{Delivery, Receipt};
 
-/// The leases of a stage's fetched, unsettled deliveries, by seq.
+/// The leases of a stage's fetched, unsettled deliveries, by lane and
+/// seq (seqs are per topic, and a stage with lanes reads several).
 #[derive(Default)]
 pub(super) struct LeaseKeeper {
-    leases: Mutex<HashMap<u64, Receipt>>,
+    leases: Mutex<HashMap<(usize, u64), Receipt>>,
 }
 
 impl LeaseKeeper {
     /// Records the leases of fresh deliveries.
-    pub(super) fn remember(&self, deliveries: &[Delivery]) {
+    pub(super) fn remember(&self, lane: usize, deliveries: &[Delivery]) {
         let mut leases = lock(&self.leases);
         for delivery in deliveries {
-            leases.insert(delivery.seq, delivery.receipt.clone());
+            leases.insert((lane, delivery.seq), delivery.receipt.clone());
         }
     }
 
     /// Forgets a settled delivery's lease.
-    pub(super) fn forget(&self, seq: u64) {
-        lock(&self.leases).remove(&seq);
+    pub(super) fn forget(&self, lane: usize, seq: u64) {
+        lock(&self.leases).remove(&(lane, seq));
     }
 
     /// Every lease held now.
@@ -43,12 +44,12 @@ impl LeaseKeeper {
 }
 
 impl StageRunner {
-    pub(super) fn remember(&self, deliveries: &[Delivery]) {
-        self.leases.remember(deliveries);
+    pub(super) fn remember(&self, lane: usize, deliveries: &[Delivery]) {
+        self.leases.remember(lane, deliveries);
     }
 
-    pub(super) fn forget(&self, seq: u64) {
-        self.leases.forget(seq);
+    pub(super) fn forget(&self, delivery: &Delivery) {
+        self.leases.forget(self.lane_of(delivery), delivery.seq);
     }
 
     /// Extends every unsettled lease at a third of `ack_wait`, so a slow
@@ -76,35 +77,43 @@ impl StageRunner {
     /// every delivery still unsettled. An abandoned call's message is never
     /// acked: it is naked, or if the broker does not answer within
     /// [`RELEASE_GRACE`] its lease expires; either way it is redelivered.
-    pub(super) async fn drain(&self, mut tasks: JoinSet<()>, deadline: Instant) {
+    pub(super) async fn drain(&self, mut lanes: Vec<JoinSet<()>>, deadline: Instant) {
         let queued: Vec<Receipt> = self
             .lanes
             .take_queued()
             .into_iter()
             .map(|job| {
-                self.forget(job.delivery.seq);
+                self.forget(&job.delivery);
                 job.delivery.receipt.clone()
             })
             .collect();
         self.release_all(queued, deadline).await;
         let finished = tokio::time::timeout_at(deadline.into(), async {
-            while tasks.join_next().await.is_some() {}
+            for tasks in &mut lanes {
+                while tasks.join_next().await.is_some() {}
+            }
         })
         .await;
         if finished.is_err() {
             tracing::warn!(
-                running = tasks.len(),
+                running = lanes.iter().map(JoinSet::len).sum::<usize>(),
                 timeout = ?self.shutdown_timeout,
                 "shutdown timeout reached; abandoning running handler calls and settles, their messages will be redelivered"
             );
-            tasks.abort_all();
+            for tasks in &mut lanes {
+                tasks.abort_all();
+            }
             // An aborted task ends at its next await point (a guest call
             // yields at every epoch tick), so this is quick.
             let _ = tokio::time::timeout(RELEASE_GRACE, async {
-                while tasks.join_next().await.is_some() {}
+                for tasks in &mut lanes {
+                    while tasks.join_next().await.is_some() {}
+                }
             })
             .await;
-            tasks.detach_all();
+            for tasks in &mut lanes {
+                tasks.detach_all();
+            }
         }
         let left = self.leases.take_all();
         self.release_all(left, deadline.max(Instant::now() + RELEASE_GRACE))

@@ -35,7 +35,7 @@ impl StageRunner {
                 let job = jobs.recv().await.ok()?;
                 // `None` once shutdown closed the valve: no call starts,
                 // the lease stays in the keeper and `drain` hands it back.
-                let slot = self.valve.clone().acquire_owned().await.ok()?;
+                let slot = self.slot_for(&job.delivery).await?;
                 Some((job, slot))
             };
             let Some((job, slot)) = beside(&mut settling, next).await else {
@@ -63,6 +63,7 @@ impl StageRunner {
             Tried::Left => return,
             Tried::Settled(next) => next,
             Tried::Ran(outcome, ticket) => {
+                self.pace.observe(&outcome);
                 self.settler
                     .settle(&job.delivery, attempt, outcome, false, ticket.as_ref())
                     .await
@@ -72,7 +73,7 @@ impl StageRunner {
             Tried::Busy(pause) => Next::Hold(pause),
         };
         match next {
-            Next::Done => self.forget(job.delivery.seq),
+            Next::Done => self.forget(&job.delivery),
             Next::Hold(delay) | Next::RetryAfter(delay) => {
                 self.pause(delay).await;
                 self.process(job, false, None).await;
