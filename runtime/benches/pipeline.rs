@@ -290,7 +290,9 @@ fn languages(rt: &tokio::runtime::Runtime, host: &PluginHost) {
     let js_batch_stage = stage("upper-batch-js", &[]);
     for concurrency in [1, 4] {
         let mut stage = stage("uppercase", &[]);
-        stage.concurrency = std::num::NonZeroU32::new(concurrency).expect("non-zero");
+        stage.concurrency = sluice::config::Concurrency::fixed(
+            std::num::NonZeroU32::new(concurrency).expect("non-zero"),
+        );
         let settings = stage.worker_settings();
         let mut rates = [Vec::new(), Vec::new(), Vec::new()];
         for _ in 0..SAMPLES {

@@ -369,7 +369,7 @@ async fn sink_setup(
     let connector = sink.connector().ok_or_else(|| {
         DaemonError::Unsupported(format!("sink `{}` has no connector block", sink.name))
     })?;
-    let built = connector.build_for(&ctx, stage.concurrency).await?;
+    let built = connector.build_for(&ctx, *stage.concurrency).await?;
     metrics.connector_started(&ctx.label());
     tracing::info!(sink = %ctx.label(), target = %connector.describe(), "sink ready");
     let handlers: Vec<Box<dyn StageHandler>> = (0..stage.concurrency.get())

@@ -129,6 +129,9 @@ pub struct Metrics {
     /// `sluice_delayed_messages{pipeline,stage}`: messages on the stage's
     /// topic waiting for their due time.
     pub delayed: Family<StageLabels, Gauge>,
+    /// `sluice_concurrency_limit{pipeline,stage}`: the calls a stage may
+    /// run at once now (its adaptive limit, or its fixed concurrency).
+    pub concurrency_limit: Family<StageLabels, Gauge>,
     /// `sluice_stage_hold_until_timestamp_seconds{pipeline,stage}`: when the
     /// stage's current or last hold (after a `Retry-After`) ends; 0 if it
     /// never held.
@@ -195,6 +198,7 @@ impl Metrics {
         let delayed = Family::<StageLabels, Gauge>::default();
         let next_due = Family::<StageLabels, Gauge<f64, AtomicU64>>::default();
         let hold_until = Family::<StageLabels, Gauge<f64, AtomicU64>>::default();
+        let concurrency_limit = Family::<StageLabels, Gauge>::default();
         let handler_duration = Family::<StageLabels, Histogram>::new_with_constructor(|| {
             // 50 µs .. ~100 s.
             Histogram::new(exponential_buckets(0.000_05, 2.0, 22))
@@ -259,6 +263,11 @@ impl Metrics {
             "sluice_next_due_seconds",
             "Seconds until the next delayed message on a stage's topic is due (0: none, or unknown on NATS)",
             next_due.clone(),
+        );
+        registry.register(
+            "sluice_concurrency_limit",
+            "Calls a stage may run at once now: its adaptive limit, or its fixed concurrency",
+            concurrency_limit.clone(),
         );
         registry.register(
             "sluice_stage_hold_until_timestamp_seconds",
@@ -358,6 +367,7 @@ impl Metrics {
             delayed,
             next_due,
             hold_until,
+            concurrency_limit,
             handler_duration,
             lane_wait,
             lane_windows: std::sync::Mutex::default(),

@@ -1119,3 +1119,92 @@ fn the_url_password_secret_and_header_values_never_show() {
         }
     }
 }
+
+// ---------------------------------------------------------------------
+// Adaptive concurrency: a target that takes 4 requests at a time
+// ---------------------------------------------------------------------
+
+/// A target that serves 4 requests at once (20 ms each) and answers 503 to
+/// any beyond. A sink with `concurrency: {max: 32, adaptive: true}` finds
+/// the 4: every message arrives once, and fewer than one request in three
+/// is refused. At a fixed 32 most would be (28 of every 32).
+#[test]
+fn an_adaptive_sink_finds_what_the_target_takes_and_is_seldom_refused() {
+    const CAP: usize = 4;
+    let serving: Arc<Mutex<std::collections::VecDeque<Instant>>> = Arc::default();
+    let behaviour: Behaviour = Arc::new(move |_, _| {
+        let mut serving = serving.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        while serving
+            .front()
+            .is_some_and(|started| now.duration_since(*started) >= Duration::from_millis(20))
+        {
+            serving.pop_front();
+        }
+        if serving.len() >= CAP {
+            return Reply::status(503).body("busy");
+        }
+        serving.push_back(now);
+        let mut reply = Reply::status(200);
+        reply.delay = Some(Duration::from_millis(20));
+        reply
+    });
+    let receiver = Receiver::start(behaviour);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pipeline = write_pipeline(
+        dir.path(),
+        "adapt",
+        &format!(
+            "name: adapt\n\
+             topics: [in]\n\
+             sinks:\n\
+             \x20 - name: out\n\
+             \x20   subscribe: in\n\
+             \x20   concurrency: {{max: 32, adaptive: true}}\n\
+             \x20   retry: {{max_attempts: 100, backoff: {{initial: 10ms, max: 50ms}}}}\n\
+             \x20   http: {{url: '{}'}}\n",
+            receiver.url("http", "/in"),
+        ),
+    );
+    let daemon = Daemon::start_with_env(
+        None,
+        &[&pipeline],
+        &dir.path().join("data"),
+        vec![(
+            "SLUICE_LOG".into(),
+            "warn,sluice=info,sluice::engine=debug".into(),
+        )],
+    );
+    let n = 400;
+    let messages: Vec<Msg> = (0..n).map(|i| Msg::new(format!("a{i:03}"), "x")).collect();
+    daemon.publish("in", &messages);
+    wait_for("everything delivered", &daemon, || {
+        delivered(&receiver.hits(), Some("/in")).len() == n
+    });
+    let hits = receiver.hits();
+    let refused = hits.iter().filter(|h| h.status == 503).count();
+    let served = hits.iter().filter(|h| h.status == 200).count();
+    assert_eq!(served, n, "each message served once");
+    let limits: Vec<String> = daemon
+        .log()
+        .lines()
+        .filter(|l| l.contains("adaptive concurrency"))
+        .map(|l| l.rsplit("limit=").next().unwrap_or_default().to_owned())
+        .collect();
+    eprintln!(
+        "{refused} of {} requests refused; the limit went: {limits:?}",
+        hits.len()
+    );
+    assert!(
+        refused * 10 < hits.len(),
+        "{refused} of {} requests refused; the limit went: {limits:?}",
+        hits.len()
+    );
+    let limit = daemon.metric_sum("sluice_concurrency_limit");
+    assert!((1.0..=32.0).contains(&limit), "limit {limit}");
+    let status = daemon.get("/v1/status");
+    assert!(
+        status[0]["concurrency_limit"].as_u64().is_some(),
+        "{status}"
+    );
+}

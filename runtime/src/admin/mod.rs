@@ -152,6 +152,8 @@ struct StageEntry {
     inputs: Vec<StageInput>,
     /// Its `rate` limit as written (`50/s`, `5/s per key`).
     rate: Option<String>,
+    /// Its most calls at once, when its concurrency is adaptive.
+    adaptive_max: Option<u32>,
     dlq_topic: String,
     /// `plugin`, or `sink:<connector>` for a sink.
     kind: String,
@@ -199,6 +201,10 @@ impl AdminState {
                         Some(per) => format!("{} per {per}", rate.limit),
                         None => rate.limit.to_string(),
                     }),
+                    adaptive_max: stage
+                        .concurrency
+                        .adaptive
+                        .then_some(stage.concurrency.max.get()),
                     dlq_topic,
                     kind: connector
                         .map_or_else(|| "plugin".to_owned(), |c| format!("sink:{}", c.kind())),
@@ -425,6 +431,7 @@ impl AdminState {
                 consumer: consumer_name(pipeline, source),
             }],
             rate: None,
+            adaptive_max: None,
             dlq_topic: s.dlq_topic(pipeline),
             kind: "source".into(),
             target: None,
@@ -455,6 +462,7 @@ impl AdminState {
                     consumer: consumer_name(pipeline, stage),
                 }],
                 rate: None,
+                adaptive_max: None,
                 dlq_topic,
                 kind: "plugin".into(),
                 target: None,

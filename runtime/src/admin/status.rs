@@ -69,6 +69,12 @@ pub struct StageStatus {
     /// Its `rate` limit, as configured (`200/s`, `5/s per key`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<String>,
+    /// An adaptive stage's limit now: the calls it may run at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_limit: Option<u64>,
+    /// An adaptive stage's most calls at once (`concurrency.max`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_max: Option<u32>,
     /// While the stage is held after a `Retry-After`: when the hold ends
     /// (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -249,6 +255,18 @@ pub(super) async fn status(
                 })
                 .collect(),
             rate: stage.rate.clone(),
+            concurrency_limit: stage.adaptive_max.map(|_| {
+                let limit = state
+                    .metrics()
+                    .concurrency_limit
+                    .get_or_create(&crate::metrics::StageLabels {
+                        pipeline: stage.pipeline.clone(),
+                        stage: stage.stage.clone(),
+                    })
+                    .get();
+                u64::try_from(limit).unwrap_or(0)
+            }),
+            concurrency_max: stage.adaptive_max,
             held_until: held_until(&state, stage),
         });
     }

@@ -80,6 +80,9 @@ fn status(args: &Args) -> Result<(), ClientError> {
                 if let Some(rate) = &s.rate {
                     marks.push(format!("rate {rate}"));
                 }
+                if let (Some(limit), Some(max)) = (s.concurrency_limit, s.concurrency_max) {
+                    marks.push(format!("limit {limit}/{max}"));
+                }
                 if s.held_until.is_some() {
                     marks.push("HELD (Retry-After)".into());
                 }

@@ -146,9 +146,11 @@ pub struct Stage {
     /// An emit to any other topic is dead-lettered as `undeclared-topic`.
     #[serde(default)]
     pub publish: Vec<String>,
-    /// How many messages this stage handles at once, per daemon.
+    /// How many messages this stage handles at once, per daemon: a number,
+    /// or `{max: 64, adaptive: true}` for a limit that follows the
+    /// handler's latency and failures (AIMD) up to `max`.
     #[serde(default = "default_concurrency")]
-    pub concurrency: NonZeroU32,
+    pub concurrency: Concurrency,
     /// How long a delivered message stays invisible to other consumers
     /// before it is redelivered. The lease is extended automatically while
     /// the handler runs.
@@ -209,8 +211,111 @@ pub struct Stage {
 }
 
 /// 1.
-pub fn default_concurrency() -> NonZeroU32 {
-    NonZeroU32::MIN
+pub fn default_concurrency() -> Concurrency {
+    Concurrency::fixed(NonZeroU32::MIN)
+}
+
+/// A stage's concurrency: a fixed number of calls at once, or an adaptive
+/// limit between 1 and `max`. Dereferences to the most calls at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Concurrency {
+    /// The most calls at once (the limit itself, unless adaptive).
+    pub max: NonZeroU32,
+    /// Whether the limit adapts, from 1 up to `max`: one more while calls
+    /// fill every slot and latency stays at its moving average, cut by a
+    /// quarter after a retry, a timeout, an `unavailable`, or latency
+    /// twice the average.
+    #[serde(default)]
+    pub adaptive: bool,
+}
+
+impl Concurrency {
+    /// `max` calls at once, always.
+    pub fn fixed(max: NonZeroU32) -> Concurrency {
+        Concurrency {
+            max,
+            adaptive: false,
+        }
+    }
+}
+
+impl JsonSchema for Concurrency {
+    fn schema_name() -> Cow<'static, str> {
+        "Concurrency".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "description": "Calls at once."},
+                {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["max"],
+                    "properties": {
+                        "max": {"type": "integer", "minimum": 1, "description": "The most calls at once."},
+                        "adaptive": {"type": "boolean", "description": "The limit adapts from 1 up to `max` (AIMD)."}
+                    }
+                }
+            ]
+        })
+    }
+}
+
+impl std::ops::Deref for Concurrency {
+    type Target = NonZeroU32;
+
+    fn deref(&self) -> &NonZeroU32 {
+        &self.max
+    }
+}
+
+impl<'de> Deserialize<'de> for Concurrency {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Fields {
+            max: NonZeroU32,
+            #[serde(default)]
+            adaptive: bool,
+        }
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Concurrency;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number of calls at least 1, or {max, adaptive}")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Concurrency, E> {
+                u32::try_from(v)
+                    .ok()
+                    .and_then(NonZeroU32::new)
+                    .map(Concurrency::fixed)
+                    .ok_or_else(|| {
+                        E::custom(format!("concurrency {v}: it must be 1 to {}", u32::MAX))
+                    })
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Concurrency, E> {
+                match u64::try_from(v) {
+                    Ok(v) => self.visit_u64(v),
+                    Err(_) => Err(E::custom(format!("concurrency {v}: it must be at least 1"))),
+                }
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Concurrency, E> {
+                match v.trim().parse::<u64>() {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Concurrency, A::Error> {
+                let fields = Fields::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(Concurrency {
+                    max: fields.max,
+                    adaptive: fields.adaptive,
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// 30 s.

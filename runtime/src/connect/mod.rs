@@ -331,7 +331,7 @@ pub struct SinkDef {
     pub subscribe: Subscribe,
     /// How many writes run at once, per daemon.
     #[serde(default = "default_concurrency")]
-    pub concurrency: NonZeroU32,
+    pub concurrency: crate::config::Concurrency,
     /// How long a delivered message stays invisible to other consumers
     /// before it is redelivered (extended while a write runs).
     #[serde(default = "default_ack_wait")]
@@ -475,6 +475,7 @@ mod tests {
             "batch",
             "timeout",
             "max_ack_pending",
+            "rate",
             "dedup",
         ];
         assert_eq!(block_keys::<SinkDef>(&stage_knobs), sorted(SinkDef::KINDS));

@@ -17,6 +17,7 @@
 //! and the batch call). This module holds the stage's shared state and its
 //! run.
 
+mod adaptive;
 mod attempt;
 mod budget;
 mod intake;
@@ -36,6 +37,7 @@ use tracing::Instrument;
 use super::dedup::DedupGate;
 use super::handler::StageHandler;
 use super::settle::Settler;
+use adaptive::Aimd;
 use budget::Budget;
 use lanes::Lanes;
 use leases::LeaseKeeper;
@@ -206,6 +208,10 @@ pub(super) struct StageRunner {
     dedup: Option<DedupGate>,
     /// The rate limit and the hold after a `Retry-After`.
     pace: Pace,
+    /// Worker slots: `concurrency`, or an adaptive stage's most.
+    slots: usize,
+    /// An adaptive stage's limit keeper.
+    adaptive: Option<Aimd>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -267,7 +273,24 @@ impl StageRunner {
                 budget: Budget::new(max_in_flight, IN_FLIGHT_BYTES / lane_count),
             })
             .collect::<Vec<_>>();
-        let valve = Valve::new(concurrency, inputs.len(), policy(stage));
+        let valve = Valve::new(
+            concurrency,
+            inputs.len(),
+            policy(stage),
+            stage.concurrency.adaptive,
+        );
+        let limit_gauge = metrics
+            .concurrency_limit
+            .get_or_create(&crate::metrics::StageLabels {
+                pipeline: setup.pipeline.clone(),
+                stage: stage.name.clone(),
+            })
+            .clone();
+        limit_gauge.set(i64::try_from(concurrency).unwrap_or(i64::MAX));
+        let adaptive = stage
+            .concurrency
+            .adaptive
+            .then(|| Aimd::new(concurrency, limit_gauge));
         // A stage with lanes runs a task per delivery: its worker slots are
         // handed out per lane by the valve, not taken in fetch order.
         // So does a stage limited per key: a message waiting for its key's
@@ -294,6 +317,8 @@ impl StageRunner {
             claims,
             broker,
             pace,
+            slots: concurrency,
+            adaptive,
         }
     }
 
@@ -307,7 +332,7 @@ impl StageRunner {
         // they outlive the loops, so `drain` can wait for what they run.
         let mut lanes: Vec<JoinSet<()>> = self.inputs.iter().map(|_| JoinSet::new()).collect();
         if let (Some((_, jobs)), Some(tasks)) = (&self.queue, lanes.first_mut()) {
-            for _ in 0..self.valve.available() {
+            for _ in 0..self.slots {
                 tasks.spawn(self.clone().work(jobs.clone()).in_current_span());
             }
         }
@@ -409,6 +434,13 @@ impl StageRunner {
         tokio::select! {
             () = self.pace.wait_turn(message, cost) => !self.stopping(),
             _ = halted.wait_for(|halted| *halted) => false,
+        }
+    }
+
+    /// Takes in a call's time and outcome, for an adaptive stage.
+    fn adapt(&self, took: Duration, outcome: &crate::plugin::Outcome) {
+        if let Some(adaptive) = &self.adaptive {
+            adaptive.observe(took, outcome, &self.valve);
         }
     }
 

@@ -247,7 +247,7 @@ impl SinkConfig for TableSinkConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<std::sync::Arc<dyn Sink>, BuildError> {
-        self.build_for(ctx, crate::config::default_concurrency())
+        self.build_for(ctx, *crate::config::default_concurrency())
             .await
     }
 

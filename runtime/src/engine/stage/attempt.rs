@@ -176,7 +176,10 @@ impl StageRunner {
         if self.stopping() {
             return Tried::Left;
         }
-        Tried::Ran(self.invoke(message).await, ticket)
+        let started = Instant::now();
+        let outcome = self.invoke(message).await;
+        self.adapt(started.elapsed(), &outcome);
+        Tried::Ran(outcome, ticket)
     }
 
     /// Hands a batch to one worker slot, then settles its items together.
@@ -308,6 +311,14 @@ impl StageRunner {
             ],
         };
         self.settler.observe(started.elapsed());
+        let ok: crate::plugin::Outcome = Ok(Vec::new());
+        self.adapt(
+            started.elapsed(),
+            handled
+                .iter()
+                .find(|outcome| outcome.is_err())
+                .unwrap_or(&ok),
+        );
         if let Some(handler) = handler {
             lock(&self.pool).push(handler);
         }

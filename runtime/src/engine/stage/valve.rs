@@ -10,6 +10,10 @@
 //! waiting lane for longer than the sum of the weights. Only lanes with
 //! someone waiting take part, so an idle lane neither holds slots back nor
 //! saves up a claim on them.
+//!
+//! An adaptive stage (`concurrency: {max, adaptive: true}`) uses the lane
+//! valve too, with one lane, because its number of slots changes as it
+//! runs ([`Valve::set_limit`]): a cut takes effect as calls finish.
 
 use std::sync::{Arc, Mutex};
 
@@ -43,12 +47,38 @@ pub(super) enum Slot {
 }
 
 impl Valve {
-    /// `slots` worker slots, shared by `lanes` lanes under `policy`.
-    pub(super) fn new(slots: usize, lanes: usize, policy: Policy) -> Valve {
-        if lanes <= 1 {
+    /// `slots` worker slots, shared by `lanes` lanes under `policy`; an
+    /// adaptive valve starts with one, and may grow to `slots`.
+    pub(super) fn new(slots: usize, lanes: usize, policy: Policy, adaptive: bool) -> Valve {
+        if lanes <= 1 && !adaptive {
             return Valve::Plain(Arc::new(Semaphore::new(slots)));
         }
-        Valve::Lanes(Arc::new(LaneValve::new(slots, lanes, policy)))
+        let valve = LaneValve::new(slots, lanes.max(1), policy);
+        if adaptive {
+            valve.set_limit(1);
+        }
+        Valve::Lanes(Arc::new(valve))
+    }
+
+    /// Sets how many slots there are (an adaptive stage). Fewer take
+    /// effect as calls finish: none is interrupted.
+    pub(super) fn set_limit(&self, slots: usize) {
+        if let Valve::Lanes(valve) = self {
+            valve.set_limit(slots);
+        }
+    }
+
+    /// The most slots in use at once since the last ask, and the limit
+    /// now (for an adaptive stage: did calls fill every slot?).
+    pub(super) fn take_peak(&self) -> (usize, usize) {
+        match self {
+            Valve::Plain(_) => (0, 0),
+            Valve::Lanes(valve) => {
+                let mut state = lock(&valve.state);
+                let in_use = state.in_use();
+                (std::mem::replace(&mut state.peak, in_use), state.limit)
+            }
+        }
     }
 
     /// Waits for a slot for a delivery of `lane`. `None` once the valve is
@@ -79,14 +109,6 @@ impl Valve {
             Valve::Lanes(valve) => lock(&valve.state).closed,
         }
     }
-
-    /// Slots free now.
-    pub(super) fn available(&self) -> usize {
-        match self {
-            Valve::Plain(semaphore) => semaphore.available_permits(),
-            Valve::Lanes(valve) => lock(&valve.state).free,
-        }
-    }
 }
 
 /// The slots of a stage with priority lanes.
@@ -97,7 +119,12 @@ pub(super) struct LaneValve {
 }
 
 struct State {
-    free: usize,
+    /// Slots free now: negative after a cut, until enough calls finish.
+    free: isize,
+    /// How many slots there are.
+    limit: usize,
+    /// The most in use at once since [`Valve::take_peak`].
+    peak: usize,
     closed: bool,
     policy: Policy,
     /// Per lane: callers waiting for a slot (granted or not yet).
@@ -118,7 +145,12 @@ impl State {
             self.free -= 1;
             woken.push(lane);
         }
+        self.peak = self.peak.max(self.in_use());
         woken
+    }
+
+    fn in_use(&self) -> usize {
+        usize::try_from(isize::try_from(self.limit).unwrap_or(isize::MAX) - self.free).unwrap_or(0)
     }
 
     /// The lane the next slot goes to, among those with a waiter not yet
@@ -151,7 +183,9 @@ impl LaneValve {
     fn new(slots: usize, lanes: usize, policy: Policy) -> LaneValve {
         LaneValve {
             state: Mutex::new(State {
-                free: slots,
+                free: isize::try_from(slots).unwrap_or(isize::MAX),
+                limit: slots,
+                peak: 0,
                 closed: false,
                 policy,
                 waiting: vec![0; lanes],
@@ -215,6 +249,18 @@ impl LaneValve {
         }
     }
 
+    fn set_limit(&self, slots: usize) {
+        let woken = {
+            let mut state = lock(&self.state);
+            let change = isize::try_from(slots).unwrap_or(isize::MAX)
+                - isize::try_from(state.limit).unwrap_or(isize::MAX);
+            state.limit = slots;
+            state.free += change;
+            state.grant()
+        };
+        self.wake(woken);
+    }
+
     fn release(&self) {
         let woken = {
             let mut state = lock(&self.state);
@@ -276,6 +322,8 @@ mod tests {
     fn order(policy: Policy, lanes: usize, grants: usize) -> Vec<usize> {
         let mut state = State {
             free: 0,
+            limit: 1,
+            peak: 0,
             closed: false,
             policy,
             waiting: vec![1; lanes],
@@ -297,6 +345,8 @@ mod tests {
         assert_eq!(order(Policy::Strict, 3, 4), [0, 0, 0, 0]);
         let mut state = State {
             free: 2,
+            limit: 2,
+            peak: 0,
             closed: false,
             policy: Policy::Strict,
             waiting: vec![0, 1, 3],
@@ -323,7 +373,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_freed_slot_goes_to_the_higher_lane_under_strict() {
-        let valve = Valve::new(1, 2, Policy::Strict);
+        let valve = Valve::new(1, 2, Policy::Strict, false);
         let held = valve.acquire(1).await.expect("free slot");
         let valve = Arc::new(valve);
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -347,7 +397,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_cancelled_wait_gives_its_grant_back() {
-        let valve = Arc::new(Valve::new(1, 2, Policy::Strict));
+        let valve = Arc::new(Valve::new(1, 2, Policy::Strict, false));
         let held = valve.acquire(0).await.expect("free slot");
         let waiting = {
             let valve = valve.clone();
@@ -362,8 +412,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_adaptive_valve_grows_and_a_cut_waits_for_calls_to_finish() {
+        let valve = Valve::new(8, 1, Policy::Strict, true);
+        let first = valve.acquire(0).await.expect("one slot to start");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), valve.acquire(0))
+                .await
+                .is_err(),
+            "an adaptive valve starts with one slot"
+        );
+        valve.set_limit(3);
+        let second = valve.acquire(0).await.expect("grown");
+        let third = valve.acquire(0).await.expect("grown");
+        assert_eq!(valve.take_peak(), (3, 3));
+        valve.set_limit(1);
+        drop(first);
+        drop(second);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), valve.acquire(0))
+                .await
+                .is_err(),
+            "the third call still holds the one slot left"
+        );
+        drop(third);
+        assert!(valve.acquire(0).await.is_some());
+    }
+
+    #[tokio::test]
     async fn closing_wakes_every_waiter_with_none() {
-        let valve = Arc::new(Valve::new(1, 2, Policy::Weighted(vec![1, 1])));
+        let valve = Arc::new(Valve::new(1, 2, Policy::Weighted(vec![1, 1]), false));
         let _held = valve.acquire(0).await.expect("free slot");
         let waiter = {
             let valve = valve.clone();
