@@ -132,6 +132,35 @@ fn main() {
             &on,
         );
     }
+    if wants("rate") {
+        // Issue 26: a limit far above what the stage does must cost next
+        // to nothing (target: at least 0.95x).
+        let uppercase = host
+            .load(sluice_harness::plugin("uppercase"))
+            .expect("uppercase");
+        let plain = stage("uppercase", &[]);
+        let mut limited = plain.clone();
+        limited.rate = Some(sluice::config::Rate {
+            limit: "1000000/s".parse().expect("rate"),
+            burst: std::num::NonZeroU32::new(1000).expect("1000"),
+            per: None,
+            max_keys: sluice::config::Rate::default_max_keys(),
+        });
+        let (mut off, mut on) = (Vec::new(), Vec::new());
+        for _ in 0..SAMPLES.max(9) {
+            for (stage, out) in [(&plain, &mut off), (&limited, &mut on)] {
+                let settings = stage.worker_settings();
+                out.push(rt.block_on(run_stage_as(MESSAGES, stage.clone(), || {
+                    Box::new(uppercase.worker(settings.clone())) as Box<dyn StageHandler>
+                })));
+            }
+        }
+        report(
+            "uppercase stage, msgs/s, no rate | rate: 1000000/s (far above it)",
+            &off,
+            &on,
+        );
+    }
     if wants("batch-vs-unbatched") {
         let uppercase = host
             .load(sluice_harness::plugin("uppercase"))

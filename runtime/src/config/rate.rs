@@ -47,6 +47,11 @@ pub fn default_max_keys() -> NonZeroU32 {
 }
 
 impl Rate {
+    /// [`DEFAULT_MAX_KEYS`], as the field's default.
+    pub fn default_max_keys() -> NonZeroU32 {
+        default_max_keys()
+    }
+
     /// The time between two messages at the limit.
     pub fn interval(&self) -> Duration {
         self.limit.interval()

@@ -432,6 +432,7 @@ impl StageRunner {
         }
         let mut halted = self.halted.subscribe();
         tokio::select! {
+            biased;
             () = self.pace.wait_turn(message, cost) => !self.stopping(),
             _ = halted.wait_for(|halted| *halted) => false,
         }
