@@ -161,6 +161,14 @@ fn main() {
             &on,
         );
     }
+    if wants("lanes") {
+        lanes(&rt, "strict", "priority: strict");
+        lanes(
+            &rt,
+            "weighted 8:1",
+            "priority: {weighted: {jobs.critical: 8, jobs.bulk: 1}}",
+        );
+    }
     if wants("batch-vs-unbatched") {
         let uppercase = host
             .load(sluice_harness::plugin("uppercase"))
@@ -305,6 +313,86 @@ async fn run_stage_as(n: usize, stage: Stage, handler: impl Fn() -> Box<dyn Stag
     let rate = last_output.0 as f64 / last_output.1.as_secs_f64();
     engine.shutdown().await;
     rate
+}
+
+/// Issue 26, must show 3: a bulk backlog of 100,000, a stage at
+/// concurrency 4 whose handler takes 5 ms, and a critical message every
+/// 10 ms for 20 s. Prints the critical lane's wait (publish to slot) p50
+/// and p99, and how many bulk messages were handled meanwhile.
+fn lanes(rt: &tokio::runtime::Runtime, name: &str, priority: &str) {
+    const BULK: usize = 100_000;
+    const CRITICAL: usize = 2_000;
+    rt.block_on(async {
+        let dir = tempfile::tempdir().expect("dir");
+        let broker: Arc<dyn Broker> =
+            EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
+        for topic in ["jobs.critical", "jobs.bulk", "out", "s.s.dlq"] {
+            broker
+                .ensure_topic(&TopicSpec::new(topic))
+                .await
+                .expect("topic");
+        }
+        let payload = bytes::Bytes::from(vec![b'a'; 64]);
+        for chunk in (0..BULK).collect::<Vec<_>>().chunks(1000) {
+            let batch = chunk
+                .iter()
+                .map(|i| Message::new(format!("b{i}"), "jobs.bulk", payload.clone()))
+                .collect();
+            broker.publish(batch).await.expect("publish");
+        }
+        let yaml = format!(
+            "name: s\nsubscribe: {{topics: [jobs.critical, jobs.bulk], {priority}}}\n\
+             plugin: x.wasm\npublish: [out]\nconcurrency: 4\n"
+        );
+        let mut stage: Stage = serde_saphyr::from_str(&yaml).expect("stage");
+        stage.ack_wait = HumanDuration::secs(30);
+        let metrics = Arc::new(Metrics::new());
+        let setup = StageSetup {
+            pipeline: "s".into(),
+            handlers: (0..4)
+                .map(|_| Box::new(Sleeper(Duration::from_millis(5))) as Box<dyn StageHandler>)
+                .collect(),
+            stage,
+            shutdown_timeout: Duration::from_secs(5),
+        };
+        let engine = Engine::start(broker.clone(), metrics.clone(), None, None, vec![setup])
+            .await
+            .expect("engine");
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        for i in 0..CRITICAL {
+            tick.tick().await;
+            let message = Message::new(format!("c{i}"), "jobs.critical", payload.clone());
+            broker.publish(vec![message]).await.expect("publish");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let out = broker.topic_stats("out").await.expect("stats").last_seq;
+        engine.shutdown().await;
+        let (p50, p99) = metrics
+            .lane_wait_quantiles("s", "s", "jobs.critical")
+            .unwrap_or((f64::NAN, f64::NAN));
+        let bulk_done = out.saturating_sub(CRITICAL as u64);
+        println!(
+            "| lanes {name}: {BULK} bulk waiting, concurrency 4, 5 ms calls, a critical message every 10 ms for 20 s | critical wait p50 {:.1} ms, p99 {:.1} ms (last 1,024) | bulk handled meanwhile: {bulk_done} | |",
+            p50 * 1000.0,
+            p99 * 1000.0
+        );
+    });
+}
+
+/// A handler that takes a fixed time and emits its input.
+struct Sleeper(Duration);
+
+#[async_trait]
+impl StageHandler for Sleeper {
+    async fn handle(&mut self, message: &PluginMessage) -> Outcome {
+        tokio::time::sleep(self.0).await;
+        Ok(vec![Emit {
+            topic: "out".into(),
+            key: message.key.clone(),
+            headers: message.headers.clone(),
+            payload: message.payload.clone(),
+        }])
+    }
 }
 
 /// The uppercase example in Rust, Python and JavaScript, side by side.
