@@ -290,20 +290,21 @@ impl<'de> Deserialize<'de> for Concurrency {
                     .ok()
                     .and_then(NonZeroU32::new)
                     .map(Concurrency::fixed)
-                    .ok_or_else(|| {
-                        E::custom(format!("concurrency {v}: it must be 1 to {}", u32::MAX))
-                    })
+                    .ok_or_else(|| E::invalid_value(de::Unexpected::Unsigned(v), &"a nonzero u32"))
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Concurrency, E> {
                 match u64::try_from(v) {
                     Ok(v) => self.visit_u64(v),
-                    Err(_) => Err(E::custom(format!("concurrency {v}: it must be at least 1"))),
+                    Err(_) => Err(E::invalid_value(
+                        de::Unexpected::Signed(v),
+                        &"a nonzero u32",
+                    )),
                 }
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Concurrency, E> {
                 match v.trim().parse::<u64>() {
                     Ok(n) => self.visit_u64(n),
-                    Err(_) => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+                    Err(_) => Err(E::invalid_type(de::Unexpected::Str(v), &self)),
                 }
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Concurrency, A::Error> {
