@@ -106,9 +106,6 @@ fn main() {
         stage_hop(&rt, &host);
     }
     if wants("dedup") {
-        let uppercase = host
-            .load(sluice_harness::plugin("uppercase"))
-            .expect("uppercase");
         let plain = stage("uppercase", &[]);
         let mut deduplicated = plain.clone();
         deduplicated.dedup = Some(sluice::config::Dedup {
@@ -117,27 +114,17 @@ fn main() {
             payload_hash: true,
             missing_key: sluice::config::MissingKey::Reject,
         });
-        let (mut off, mut on) = (Vec::new(), Vec::new());
-        for _ in 0..SAMPLES {
-            for (stage, out) in [(&plain, &mut off), (&deduplicated, &mut on)] {
-                let settings = stage.worker_settings();
-                out.push(rt.block_on(run_stage_as(MESSAGES, stage.clone(), || {
-                    Box::new(uppercase.worker(settings.clone())) as Box<dyn StageHandler>
-                })));
-            }
-        }
-        report(
+        uppercase_side_by_side(
+            &rt,
+            &host,
+            [&plain, &deduplicated],
+            SAMPLES,
             "uppercase stage, msgs/s, dedup off | on (key: id, payload_hash)",
-            &off,
-            &on,
         );
     }
     if wants("rate") {
         // Issue 26: a limit far above what the stage does must cost next
         // to nothing (target: at least 0.95x).
-        let uppercase = host
-            .load(sluice_harness::plugin("uppercase"))
-            .expect("uppercase");
         let plain = stage("uppercase", &[]);
         let mut limited = plain.clone();
         limited.rate = Some(sluice::config::Rate {
@@ -146,19 +133,12 @@ fn main() {
             per: None,
             max_keys: sluice::config::Rate::default_max_keys(),
         });
-        let (mut off, mut on) = (Vec::new(), Vec::new());
-        for _ in 0..SAMPLES.max(9) {
-            for (stage, out) in [(&plain, &mut off), (&limited, &mut on)] {
-                let settings = stage.worker_settings();
-                out.push(rt.block_on(run_stage_as(MESSAGES, stage.clone(), || {
-                    Box::new(uppercase.worker(settings.clone())) as Box<dyn StageHandler>
-                })));
-            }
-        }
-        report(
+        uppercase_side_by_side(
+            &rt,
+            &host,
+            [&plain, &limited],
+            SAMPLES.max(9),
             "uppercase stage, msgs/s, no rate | rate: 1000000/s (far above it)",
-            &off,
-            &on,
         );
     }
     if wants("lanes") {
@@ -315,7 +295,31 @@ async fn run_stage_as(n: usize, stage: Stage, handler: impl Fn() -> Box<dyn Stag
     rate
 }
 
-/// Issue 26, must show 3: a bulk backlog of 100,000, a stage at
+/// The uppercase plugin under two stage settings, samples alternating,
+/// reported as A | B.
+fn uppercase_side_by_side(
+    rt: &tokio::runtime::Runtime,
+    host: &PluginHost,
+    stages: [&Stage; 2],
+    samples: usize,
+    title: &str,
+) {
+    let uppercase = host
+        .load(sluice_harness::plugin("uppercase"))
+        .expect("uppercase");
+    let mut rates = [Vec::new(), Vec::new()];
+    for _ in 0..samples {
+        for (stage, out) in stages.iter().zip(rates.iter_mut()) {
+            let settings = stage.worker_settings();
+            out.push(rt.block_on(run_stage_as(MESSAGES, (*stage).clone(), || {
+                Box::new(uppercase.worker(settings.clone())) as Box<dyn StageHandler>
+            })));
+        }
+    }
+    report(title, &rates[0], &rates[1]);
+}
+
+/// Issue 26, must show 3:/// Issue 26, must show 3: a bulk backlog of 100,000, a stage at
 /// concurrency 4 whose handler takes 5 ms, and a critical message every
 /// 10 ms for 20 s. Prints the critical lane's wait (publish to slot) p50
 /// and p99, and how many bulk messages were handled meanwhile.
