@@ -29,8 +29,8 @@
 //! daemon gets SIGTERM and must exit 0.
 //!
 //! Fails on a lost, duplicated, unexpected or altered message, on open
-//! descriptors other than sockets growing by more than [`FD_SLACK`] after
-//! the warm-up, on more sockets than the sinks' pools and the APIs account
+//! descriptors other than sockets still above the warm-up's fewest by more
+//! than [`FD_SLACK`] once the stages have drained, on more sockets than the sinks' pools and the APIs account
 //! for ([`SOCKET_LIMIT`]: the pools open and close connections with the
 //! traffic, so sockets are bounded rather than flat), and, for runs of 30
 //! minutes or more, on RSS growing 5 % or more from the end of the warm-up
@@ -81,9 +81,12 @@ const RSS_CHECKED_FROM_MINUTES: f64 = 30.0;
 const RSS_WINDOW: Duration = Duration::from_secs(5 * 60);
 /// RSS growth (percent) that fails a run of 30 minutes or more.
 const RSS_GROWTH_LIMIT: f64 = 5.0;
-/// How far open descriptors other than sockets may move (max - min)
-/// after the warm-up: the store opens and closes table files as it
-/// flushes and compacts.
+/// How far open descriptors other than sockets may stay above the
+/// warm-up's fewest once the stages have drained. During ingest they
+/// follow the backlog (the store holds a table file open per segment of
+/// retained data: a CI run whose sinks fell 9,000 behind held 23 against
+/// 13), so only what stays open at rest is a leak; one descriptor leaked
+/// per message, or per minute of a long run, is far past this.
 const FD_SLACK: u64 = 8;
 /// Worker slots of each sink, so pooled connections to the receiver.
 const SINK_CONCURRENCY: u64 = 16;
@@ -1168,15 +1171,18 @@ impl Report<'_> {
                     "open files after warm-up",
                     format!("{min}..{max}"),
                     format!(
-                        "spread {} (limit {FD_SLACK}); whole run {all_min}..{all_max}, \
-                         momentary peak {peak}, after the drain {} (descriptors but sockets)",
-                        max - min,
-                        self.drained.fds
+                        "after the drain {} (limit {}: they follow the backlog while it runs); \
+                         whole run {all_min}..{all_max}, momentary peak {peak} \
+                         (descriptors but sockets)",
+                        self.drained.fds,
+                        min + FD_SLACK
                     ),
                 );
-                if max - min > FD_SLACK {
+                if self.drained.fds > min + FD_SLACK {
                     failures.push(format!(
-                        "open files grew from {min} to {max} after the warm-up (slack {FD_SLACK})"
+                        "open files stayed at {} after the drain, against {min} after the warm-up \
+                         (slack {FD_SLACK})",
+                        self.drained.fds
                     ));
                 }
                 let sockets = self.samples.iter().map(|s| s.sockets).max().unwrap_or(0);
