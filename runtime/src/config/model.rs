@@ -223,7 +223,7 @@ pub struct Concurrency {
     pub max: NonZeroU32,
     /// Whether the limit adapts, from 1 up to `max`: one more while calls
     /// fill every slot and latency stays at its moving average, cut by a
-    /// quarter after a retry, a timeout, an `unavailable`, or latency
+    /// tenth after a retry, a timeout, an `unavailable`, or latency
     /// twice the average.
     #[serde(default)]
     pub adaptive: bool,

@@ -427,7 +427,7 @@ impl StageRunner {
     /// Waits until a call of `cost` messages for `message` may start under
     /// the stage's pace. False if shutdown began meanwhile.
     async fn wait_turn(&self, message: &crate::broker::Message, cost: u32) -> bool {
-        if !self.pace.is_active() {
+        if !self.pace.may_wait() {
             return true;
         }
         let mut halted = self.halted.subscribe();

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use lru::LruCache;
 use prometheus_client::metrics::gauge::Gauge;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::lock;
 use crate::broker::rates::{Gcra, SharedRates};
@@ -41,8 +41,10 @@ pub(super) struct Pace {
     limiter: Option<Limiter>,
     /// Whether a handler's `retry(after)` holds the stage (always for a sink).
     hold_on_retry_after: bool,
-    /// No call starts before this.
-    hold_until: Mutex<Option<Instant>>,
+    /// No call starts before this: microseconds after `epoch`, 0 for
+    /// none. An atomic, so that a sink (which may always be held) checks
+    /// it on every call without a lock.
+    hold_until: AtomicU64,
     /// `sluice_stage_hold_until_timestamp_seconds` of the stage.
     hold_gauge: Gauge<f64, AtomicU64>,
     /// Microseconds on the monotonic clock that local buckets use.
@@ -92,15 +94,15 @@ impl Pace {
                 .as_ref()
                 .map(|rate| Limiter::new(rate, name, shared)),
             hold_on_retry_after: stage.hold_on_retry_after || stage.is_sink(),
-            hold_until: Mutex::new(None),
+            hold_until: AtomicU64::new(0),
             hold_gauge,
             epoch: Instant::now(),
         }
     }
 
-    /// Whether calls are paced at all.
-    pub(super) fn is_active(&self) -> bool {
-        self.limiter.is_some() || self.hold_on_retry_after
+    /// Whether a call may have to wait now: under a limit, or in a hold.
+    pub(super) fn may_wait(&self) -> bool {
+        self.limiter.is_some() || self.held_until().is_some()
     }
 
     /// Whether the limit is per key.
@@ -110,7 +112,11 @@ impl Pace {
 
     /// When the current hold ends, if one is on.
     fn held_until(&self) -> Option<Instant> {
-        (*lock(&self.hold_until)).filter(|until| *until > Instant::now())
+        match self.hold_until.load(Ordering::Acquire) {
+            0 => None,
+            micros => Some(self.epoch + Duration::from_micros(micros))
+                .filter(|until| *until > Instant::now()),
+        }
     }
 
     /// Waits until `message`'s call (`cost` messages: a batch's size) may
@@ -145,9 +151,10 @@ impl Pace {
             return;
         }
         let until = Instant::now() + after;
-        let mut hold = lock(&self.hold_until);
-        if hold.is_none_or(|current| current < until) {
-            *hold = Some(until);
+        let micros = u64::try_from(until.duration_since(self.epoch).as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        if self.hold_until.fetch_max(micros, Ordering::AcqRel) < micros {
             self.hold_gauge.set(wall_millis(until) as f64 / 1000.0);
             tracing::warn!(hold = ?after, "holding the stage: its target asked to come back later (Retry-After)");
         }

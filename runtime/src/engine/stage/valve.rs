@@ -11,8 +11,8 @@
 //! someone waiting take part, so an idle lane neither holds slots back nor
 //! saves up a claim on them.
 //!
-//! An adaptive stage (`concurrency: {max, adaptive: true}`) uses the lane
-//! valve too, with one lane, because its number of slots changes as it
+//! An adaptive stage (`concurrency: {max, adaptive: true}`) uses the same
+//! scheduler, with one lane, because its number of slots changes as it
 //! runs ([`Valve::set_limit`]): a cut takes effect as calls finish.
 
 use std::sync::{Arc, Mutex};
@@ -34,8 +34,9 @@ pub(super) enum Policy {
 pub(super) enum Valve {
     /// One lane: first come, first served.
     Plain(Arc<Semaphore>),
-    /// Several lanes, served by policy.
-    Lanes(Arc<LaneValve>),
+    /// Several lanes served by policy, or a limit that changes as the
+    /// stage runs (adaptive).
+    Scheduled(Arc<Scheduler>),
 }
 
 /// A taken worker slot; dropping it frees the slot.
@@ -43,7 +44,7 @@ pub(super) enum Valve {
 #[allow(dead_code, reason = "held only for what dropping it does")]
 pub(super) enum Slot {
     Plain(OwnedSemaphorePermit),
-    Lane(LaneSlot),
+    Scheduled(ScheduledSlot),
 }
 
 impl Valve {
@@ -53,17 +54,17 @@ impl Valve {
         if lanes <= 1 && !adaptive {
             return Valve::Plain(Arc::new(Semaphore::new(slots)));
         }
-        let valve = LaneValve::new(slots, lanes.max(1), policy);
+        let valve = Scheduler::new(slots, lanes.max(1), policy);
         if adaptive {
             valve.set_limit(1);
         }
-        Valve::Lanes(Arc::new(valve))
+        Valve::Scheduled(Arc::new(valve))
     }
 
     /// Sets how many slots there are (an adaptive stage). Fewer take
     /// effect as calls finish: none is interrupted.
     pub(super) fn set_limit(&self, slots: usize) {
-        if let Valve::Lanes(valve) = self {
+        if let Valve::Scheduled(valve) = self {
             valve.set_limit(slots);
         }
     }
@@ -73,7 +74,7 @@ impl Valve {
     pub(super) fn take_peak(&self) -> (usize, usize) {
         match self {
             Valve::Plain(_) => (0, 0),
-            Valve::Lanes(valve) => {
+            Valve::Scheduled(valve) => {
                 let mut state = lock(&valve.state);
                 let in_use = state.in_use();
                 (std::mem::replace(&mut state.peak, in_use), state.limit)
@@ -91,7 +92,7 @@ impl Valve {
                 .await
                 .ok()
                 .map(Slot::Plain),
-            Valve::Lanes(valve) => valve.clone().acquire(lane).await.map(Slot::Lane),
+            Valve::Scheduled(valve) => valve.clone().acquire(lane).await.map(Slot::Scheduled),
         }
     }
 
@@ -99,20 +100,21 @@ impl Valve {
     pub(super) fn close(&self) {
         match self {
             Valve::Plain(semaphore) => semaphore.close(),
-            Valve::Lanes(valve) => valve.close(),
+            Valve::Scheduled(valve) => valve.close(),
         }
     }
 
     pub(super) fn is_closed(&self) -> bool {
         match self {
             Valve::Plain(semaphore) => semaphore.is_closed(),
-            Valve::Lanes(valve) => lock(&valve.state).closed,
+            Valve::Scheduled(valve) => lock(&valve.state).closed,
         }
     }
 }
 
-/// The slots of a stage with priority lanes.
-pub(super) struct LaneValve {
+/// The slots of a stage with priority lanes or an adaptive limit: who
+/// gets a freed slot, and how many there are.
+pub(super) struct Scheduler {
     state: Mutex<State>,
     /// Per lane: woken when the lane is granted a slot, or on close.
     granted: Vec<Notify>,
@@ -179,9 +181,9 @@ impl State {
     }
 }
 
-impl LaneValve {
-    fn new(slots: usize, lanes: usize, policy: Policy) -> LaneValve {
-        LaneValve {
+impl Scheduler {
+    fn new(slots: usize, lanes: usize, policy: Policy) -> Scheduler {
+        Scheduler {
             state: Mutex::new(State {
                 free: isize::try_from(slots).unwrap_or(isize::MAX),
                 limit: slots,
@@ -202,7 +204,7 @@ impl LaneValve {
         }
     }
 
-    async fn acquire(self: Arc<Self>, lane: usize) -> Option<LaneSlot> {
+    async fn acquire(self: Arc<Self>, lane: usize) -> Option<ScheduledSlot> {
         let lane = lane.min(self.granted.len() - 1);
         let woken = {
             let mut state = lock(&self.state);
@@ -239,7 +241,7 @@ impl LaneValve {
             notified.await;
         }
         drop(waiter);
-        Some(LaneSlot { valve: self })
+        Some(ScheduledSlot { valve: self })
     }
 
     fn close(&self) {
@@ -275,7 +277,7 @@ impl LaneValve {
 /// itself off the lane, and a slot granted to the lane beyond those still
 /// waiting goes back to the pool.
 struct Waiter<'a> {
-    valve: &'a LaneValve,
+    valve: &'a Scheduler,
     lane: usize,
     done: bool,
 }
@@ -302,11 +304,11 @@ impl Drop for Waiter<'_> {
 }
 
 /// A slot taken through a lane.
-pub(super) struct LaneSlot {
-    valve: Arc<LaneValve>,
+pub(super) struct ScheduledSlot {
+    valve: Arc<Scheduler>,
 }
 
-impl Drop for LaneSlot {
+impl Drop for ScheduledSlot {
     fn drop(&mut self) {
         self.valve.release();
     }
