@@ -37,6 +37,16 @@
 //!   holds its first message for a minute, while 1,000,000 messages of 64 B
 //!   are published through the admin API: the daemon's VmRSS at 100k, 500k
 //!   and 1M waiting. Target: under 150 MB and flat.
+//! - **rate**: the `uppercase` stage without and with a `rate` far above
+//!   what it does (1,000,000/s, burst 1,000): what the limiter costs when
+//!   it never waits. Target: ≥ 0.95, median of at least 9 samples.
+//! - **lanes**: issue 26's must-show 3: 100,000 bulk messages waiting, a
+//!   stage at concurrency 4 whose handler takes 5 ms, a critical message
+//!   every 10 ms for 20 s; the critical lane's wait p50 and p99, under
+//!   `strict` and `weighted` 8:1. Target: strict p99 under 50 ms.
+//! - **lane overhead**: the `uppercase` stage reading one topic against
+//!   the same stage with two lanes (`strict`), all the work on one: what
+//!   a task per delivery costs against the plain worker loops.
 
 #![allow(missing_docs)]
 
@@ -149,6 +159,22 @@ fn main() {
             "priority: {weighted: {jobs.critical: 8, jobs.bulk: 1}}",
         );
     }
+    if wants("lane-overhead") {
+        // A stage with lanes runs a task per delivery, where a one-topic
+        // stage runs plain worker loops: what that costs when all the work
+        // is on one lane.
+        let plain = stage("uppercase", &[]);
+        let mut lanes = plain.clone();
+        lanes.subscribe = serde_saphyr::from_str("{topics: [in, idle], priority: strict}")
+            .expect("subscribe");
+        uppercase_side_by_side(
+            &rt,
+            &host,
+            [&plain, &lanes],
+            SAMPLES,
+            "uppercase stage, msgs/s, one topic | two lanes (strict), all the work on one",
+        );
+    }
     if wants("batch-vs-unbatched") {
         let uppercase = host
             .load(sluice_harness::plugin("uppercase"))
@@ -245,7 +271,7 @@ async fn run_stage_as(n: usize, stage: Stage, handler: impl Fn() -> Box<dyn Stag
     let embedded = EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
     let dedup: Arc<dyn sluice::dedup::DedupStore> = embedded.clone();
     let broker: Arc<dyn Broker> = embedded;
-    for name in ["in", "out", "s.s.dlq"] {
+    for name in ["in", "idle", "out", "s.s.dlq"] {
         broker
             .ensure_topic(&TopicSpec::new(name))
             .await
@@ -319,7 +345,7 @@ fn uppercase_side_by_side(
     report(title, &rates[0], &rates[1]);
 }
 
-/// Issue 26, must show 3:/// Issue 26, must show 3: a bulk backlog of 100,000, a stage at
+/// Issue 26, must show 3: a bulk backlog of 100,000, a stage at
 /// concurrency 4 whose handler takes 5 ms, and a critical message every
 /// 10 ms for 20 s. Prints the critical lane's wait (publish to slot) p50
 /// and p99, and how many bulk messages were handled meanwhile.
