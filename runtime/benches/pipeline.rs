@@ -165,8 +165,8 @@ fn main() {
         // is on one lane.
         let plain = stage("uppercase", &[]);
         let mut lanes = plain.clone();
-        lanes.subscribe = serde_saphyr::from_str("{topics: [in, idle], priority: strict}")
-            .expect("subscribe");
+        lanes.subscribe =
+            serde_saphyr::from_str("{topics: [in, idle], priority: strict}").expect("subscribe");
         uppercase_side_by_side(
             &rt,
             &host,

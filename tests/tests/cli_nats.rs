@@ -567,3 +567,78 @@ fn an_unreachable_nats_exits_1_promptly() {
         );
     }
 }
+
+/// `sluice stage pause --broker nats://...`, no daemon in between: a
+/// one-topic stage by its name alone (the consumer is found on the
+/// server); a stage with priority lanes with `--pipelines` (a consumer per
+/// lane, every one paused), and without them a clear error saying so.
+#[test]
+fn stage_pause_straight_to_nats_finds_the_consumers_and_every_lane() {
+    use sluice_tests::{Backend, Daemon, plugin, write_pipeline};
+    let backend = Backend::nats();
+    let url = backend.broker_url().expect("a NATS url");
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        "name: lp\ntopics: [hi, lo, a, out]\nstages:\n  - name: lanes\n    \
+         subscribe: {{topics: [hi, lo], priority: strict}}\n    plugin: {p}\n    \
+         publish: [out]\n  - name: one\n    subscribe: a\n    plugin: {p}\n    publish: [out]\n",
+        p = plugin("identity")
+    );
+    let file = write_pipeline(dir.path(), "lp", &yaml);
+    let daemon = Daemon::start_on(&backend, &[&file], &dir.path().join("data"));
+    let paused = |stage: &str| {
+        daemon
+            .get("/v1/status")
+            .as_array()
+            .expect("stages")
+            .iter()
+            .any(|s| s["stage"] == stage && s["paused"] == true)
+    };
+    let pipelines = file.to_str().expect("utf-8 path");
+
+    let one = sluice(&["stage", "pause", "lp/one", "--broker", &url]);
+    assert!(one.status.success(), "{}", stderr(&one));
+    assert!(paused("one"), "{}", daemon.get("/v1/status"));
+
+    let lanes = sluice(&["stage", "pause", "lp/lanes", "--broker", &url]);
+    assert_eq!(lanes.status.code(), Some(2), "{}", stdout(&lanes));
+    assert!(
+        stderr(&lanes).contains("pass --pipelines"),
+        "{}",
+        stderr(&lanes)
+    );
+    assert!(!paused("lanes"), "nothing paused by a refusal");
+
+    let lanes = sluice(&[
+        "stage",
+        "pause",
+        "lp/lanes",
+        "--broker",
+        &url,
+        "--pipelines",
+        pipelines,
+    ]);
+    assert!(lanes.status.success(), "{}", stderr(&lanes));
+    assert!(paused("lanes"), "{}", daemon.get("/v1/status"));
+    // Each lane's consumer holds the pause: a message on either waits.
+    daemon.publish("hi", &[sluice_tests::Msg::new("h", "x")]);
+    daemon.publish("lo", &[sluice_tests::Msg::new("l", "x")]);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(daemon.depth("out"), 0, "a paused lane delivered");
+
+    for stage in ["lp/one", "lp/lanes"] {
+        let resumed = sluice(&[
+            "stage",
+            "resume",
+            stage,
+            "--broker",
+            &url,
+            "--pipelines",
+            pipelines,
+        ]);
+        assert!(resumed.status.success(), "{}", stderr(&resumed));
+    }
+    daemon.wait_until("both lanes' messages", Duration::from_secs(60), |d| {
+        d.depth("out") == 2
+    });
+}

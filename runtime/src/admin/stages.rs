@@ -69,8 +69,16 @@ impl AdminState {
             match self.broker().set_paused(&input.consumer, paused).await {
                 Ok(()) => {}
                 Err(BrokerError::UnknownConsumer(_)) => {
+                    // Without its pipeline, a stage is taken to read one
+                    // topic; a stage with lanes has a consumer per lane.
+                    let lanes = if entry.inputs.iter().all(|i| i.topic.is_empty()) {
+                        "; a stage with several topics (priority lanes) has one per lane, \
+                         `P.S~TOPIC`: pass --pipelines so they are known"
+                    } else {
+                        ""
+                    };
                     return Err(ApiError::UnknownStage(format!(
-                        "{pipeline}/{stage} (no consumer `{}` on the broker: has it ever run?)",
+                        "{pipeline}/{stage} (no consumer `{}` on the broker: has it ever run?{lanes})",
                         input.consumer
                     )));
                 }

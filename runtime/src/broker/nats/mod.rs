@@ -210,10 +210,53 @@ impl NatsBroker {
 
     /// The consumer `name`, as declared by this process or found on the server.
     async fn consumer(&self, name: &str) -> Result<Arc<ConsumerHandle>, BrokerError> {
-        read(&self.consumers)
-            .get(name)
-            .cloned()
-            .ok_or_else(|| BrokerError::UnknownConsumer(name.to_owned()))
+        if let Some(handle) = read(&self.consumers).get(name).cloned() {
+            return Ok(handle);
+        }
+        self.find_consumer(name).await
+    }
+
+    /// The consumer `name` as a daemon made it, looked for in every Sluice
+    /// stream: for `sluice stage pause --broker nats://...`, which declares
+    /// no consumers of its own and may not know the stage's topics. Only
+    /// the name, topic and lease of its spec are filled in (what pausing
+    /// and stats need); it is not kept, so nothing here fetches with it.
+    async fn find_consumer(&self, name: &str) -> Result<Arc<ConsumerHandle>, BrokerError> {
+        let durable = naming::durable_name(name);
+        let mut streams = self.js.streams();
+        while let Some(info) = streams.next().await {
+            let info = info.map_err(|e| unavailable(&e))?;
+            if !info.config.name.starts_with(naming::STREAM_PREFIX) {
+                continue;
+            }
+            let Some(topic) = info.config.subjects.first().cloned() else {
+                continue;
+            };
+            let stream = self.stream(&topic).await?;
+            let Ok(pull) = stream
+                .get_consumer::<jetstream::consumer::pull::Config>(&durable)
+                .await
+            else {
+                continue;
+            };
+            let config = &pull.cached_info().config;
+            let spec = ConsumerSpec {
+                name: name.to_owned(),
+                topic,
+                filter: Default::default(),
+                ack_wait: config.ack_wait,
+                max_ack_pending: u32::try_from(config.max_ack_pending).ok(),
+                max_deliver: u32::try_from(config.max_deliver).ok(),
+            };
+            return Ok(Arc::new(ConsumerHandle {
+                name: name.into(),
+                spec,
+                stream,
+                pull,
+                puller: tokio::sync::Mutex::new(None),
+            }));
+        }
+        Err(BrokerError::UnknownConsumer(name.to_owned()))
     }
 
     /// Sends one ack-protocol message for a delivery.

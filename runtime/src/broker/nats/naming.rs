@@ -13,9 +13,12 @@
 //! real name is kept in the stream's subjects and the consumer's description,
 //! and two names that would collide are refused at start-up.
 
+/// What every Sluice stream's name starts with.
+pub const STREAM_PREFIX: &str = "SLUICE_";
+
 /// The stream that holds `topic`.
 pub fn stream_name(topic: &str) -> String {
-    format!("SLUICE_{}", sanitize(topic))
+    format!("{STREAM_PREFIX}{}", sanitize(topic))
 }
 
 /// The durable consumer of `consumer` (`<pipeline>.<stage>`).
