@@ -56,6 +56,17 @@ fn produce(conn: &mut redis::Connection, stream: &str, from: usize, n: usize) {
 
 /// Every entry of `stream`, as field maps, oldest first.
 fn entries(conn: &mut redis::Connection, stream: &str) -> Vec<BTreeMap<String, String>> {
+    entries_with_ids(conn, stream)
+        .into_iter()
+        .map(|(_, fields)| fields)
+        .collect()
+}
+
+/// [`entries`] with each entry's id (`<ms>-<seq>`: when Redis took it).
+fn entries_with_ids(
+    conn: &mut redis::Connection,
+    stream: &str,
+) -> Vec<(String, BTreeMap<String, String>)> {
     let mut out = Vec::new();
     let mut from = "-".to_string();
     loop {
@@ -81,8 +92,8 @@ fn entries(conn: &mut redis::Connection, stream: &str) -> Vec<BTreeMap<String, S
                 .chunks(2)
                 .map(|c| (c[0].clone(), c[1].clone()))
                 .collect();
-            out.push(map);
             from = format!("({id}");
+            out.push((id, map));
         }
     }
 }
@@ -772,4 +783,100 @@ fn two_daemons_share_one_group(backend: &Backend) {
 #[test]
 fn several_daemons_on_nats_are_competing_consumers() {
     two_daemons_share_one_group(&Backend::nats());
+}
+
+/// A source's `delay_from` end to end: entries whose `run-at` field (unix
+/// milliseconds) lies ahead reach the sink no earlier than that, once
+/// each; entries without it go at once, ahead of them.
+#[test]
+fn a_sources_delay_from_holds_each_entry_until_its_time() {
+    let redis = server();
+    let mut conn = client(&redis.url());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    // Far enough ahead that a slow daemon start still sees them not due.
+    let due: Vec<u64> = (0..5).map(|i| now + 10_000 + i * 300).collect();
+    for (i, at) in due.iter().enumerate() {
+        let _: String = conn
+            .xadd(
+                "in",
+                "*",
+                &[
+                    ("payload", format!("due-{at}")),
+                    ("run-at", at.to_string()),
+                    ("n", format!("d{i}")),
+                ],
+            )
+            .expect("XADD");
+    }
+    for i in 0..5 {
+        let _: String = conn
+            .xadd(
+                "in",
+                "*",
+                &[("payload", format!("now-{i}")), ("n", format!("n{i}"))],
+            )
+            .expect("XADD");
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let file = write_pipeline(
+        dir.path(),
+        "later",
+        &format!(
+            r#"
+name: later
+topics: [jobs]
+sources:
+  - name: src
+    to: jobs
+    delay_from: {{header: run-at, as: unix_millis}}
+    redis: {{url: "{url}", stream: in, group: g, start: oldest}}
+sinks:
+  - name: out
+    subscribe: jobs
+    redis: {{url: "{url}", stream: out}}
+"#,
+            url = redis.url()
+        ),
+    );
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    wait_for_len(&daemon, &mut conn, "out", 10);
+    let out = entries_with_ids(&mut conn, "out");
+    let took = |id: &str| -> u64 {
+        id.split('-')
+            .next()
+            .and_then(|ms| ms.parse().ok())
+            .expect("a stream id")
+    };
+    let payloads: Vec<&str> = out.iter().map(|(_, f)| f["payload"].as_str()).collect();
+    assert_eq!(
+        counts(payloads.iter().copied()).values().max(),
+        Some(&1),
+        "each entry once: {payloads:?}"
+    );
+    let first_delayed = out
+        .iter()
+        .filter(|(_, f)| f["payload"].starts_with("due-"))
+        .map(|(id, _)| took(id))
+        .min()
+        .expect("the delayed entries");
+    for (id, fields) in &out {
+        let payload = &fields["payload"];
+        if let Some(at) = payload.strip_prefix("due-") {
+            let at: u64 = at.parse().expect("due time");
+            assert!(
+                took(id) >= at,
+                "{payload} reached the sink {} ms early",
+                at - took(id)
+            );
+        } else {
+            assert!(
+                took(id) < first_delayed,
+                "{payload} waited behind the delayed entries"
+            );
+        }
+    }
+    assert_eq!(out.len(), 10, "{payloads:?}");
 }
