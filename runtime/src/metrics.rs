@@ -261,7 +261,7 @@ impl Metrics {
         );
         registry.register(
             "sluice_next_due_seconds",
-            "Seconds until the next delayed message on a stage's topic is due (0: none, or unknown on NATS)",
+            "Seconds until the next delayed message on a stage's topic is due (0: none, or unknown: over 10,000 delayed on NATS)",
             next_due.clone(),
         );
         registry.register(

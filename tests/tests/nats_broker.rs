@@ -281,6 +281,13 @@ async fn delayed_messages_are_schedules_that_survive_a_server_kill_and_keep_thei
     );
     let stats = b.topic_stats("in").await.expect("stats");
     assert_eq!((stats.depth, stats.delayed), (1, 2), "{stats:?}");
+    // The earlier of the two, read from the schedules' headers.
+    let next = stats.next_due.expect("the next due time");
+    assert!(
+        next >= start + 2_000 && next < start + 6_000,
+        "next due {} ms after the start, not `soon`'s",
+        next.saturating_sub(start)
+    );
     // Republishing a delayed id is a duplicate, as for any message.
     let again = b
         .publish(vec![delayed("soon", "sluice-delay", "2s".into())])
@@ -326,7 +333,7 @@ async fn delayed_messages_are_schedules_that_survive_a_server_kill_and_keep_thei
     }
     assert_eq!(seen, ["soon", "later"]);
     let stats = b.topic_stats("in").await.expect("stats");
-    assert_eq!(stats.delayed, 0, "{stats:?}");
+    assert_eq!((stats.delayed, stats.next_due), (0, None), "{stats:?}");
 }
 
 #[tokio::test]

@@ -31,6 +31,7 @@ mod naming;
 mod options;
 mod provision;
 mod rates;
+mod schedules;
 
 pub use codec::{KEY as KEY_HEADER, MSG_ID as MSG_ID_HEADER};
 pub use naming::{durable_name, stream_name};
@@ -94,6 +95,8 @@ pub struct NatsBroker {
     batcher: batcher::Batcher,
     /// Stage dedup buckets by consumer name, looked up once.
     dedup_buckets: RwLock<HashMap<String, jetstream::kv::Store>>,
+    /// When each topic's next delayed message is due, as last read.
+    next_due: schedules::NextDue,
 }
 
 impl NatsBroker {
@@ -174,6 +177,7 @@ impl NatsBroker {
             streams: RwLock::new(HashMap::new()),
             consumers: RwLock::new(HashMap::new()),
             dedup_buckets: RwLock::new(HashMap::new()),
+            next_due: schedules::NextDue::default(),
         }))
     }
 
@@ -781,8 +785,7 @@ impl Broker for NatsBroker {
             last_seq: state.last_sequence,
             oldest_age,
             delayed,
-            // Finding the earliest schedule would read them all.
-            next_due: None,
+            next_due: self.next_due.get(&stream, topic, delayed).await,
         })
     }
 
