@@ -271,7 +271,11 @@ fn kill_9_five_times_loses_nothing_and_duplicates_nothing(backend: &Backend) {
     let messages: Vec<Msg> = (0..n)
         .map(|i| Msg::new(format!("c{i}"), format!("m{i}")))
         .collect();
+    // Paused while the inputs go in, so a slow publish on a loaded machine
+    // cannot let the stage finish before the first kill.
+    daemon.post("/v1/stages/crashy/work/pause", json!({}));
     daemon.publish("in", &messages);
+    daemon.post("/v1/stages/crashy/work/resume", json!({}));
     let mut seen_at_kill = Vec::new();
     for round in 0..5u64 {
         // Let it work a while, at a different point each round.
