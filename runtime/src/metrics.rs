@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
+use crate::broker::StoreMemory;
 use crate::failure::FailureKind;
 
 /// Labels of per-topic metrics.
@@ -21,6 +22,22 @@ use crate::failure::FailureKind;
 pub struct TopicLabels {
     /// The topic.
     pub topic: String,
+}
+
+/// Labels of the store's per-keyspace metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KeyspaceLabels {
+    /// The keyspace.
+    pub keyspace: String,
+}
+
+/// Labels of `sluice_store_memory_bytes`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreMemoryLabels {
+    /// The keyspace (`*`: shared by all).
+    pub keyspace: String,
+    /// `memtables`, `filters`, `indexes` or `cache`.
+    pub part: String,
 }
 
 /// Labels of per-stage metrics.
@@ -170,6 +187,14 @@ pub struct Metrics {
     pub connector_up: Family<ConnectorLabels, Gauge>,
     /// `sluice_connector_outages_total{connector}`.
     pub connector_outages: Family<ConnectorLabels, Counter>,
+    /// `sluice_store_memory_bytes{keyspace,part}`: what the embedded
+    /// store holds in memory, read at scrape time.
+    pub store_memory: Family<StoreMemoryLabels, Gauge>,
+    /// `sluice_store_tables{keyspace}`: the store's tables on disk.
+    pub store_tables: Family<KeyspaceLabels, Gauge>,
+    /// `sluice_store_levels{keyspace}`: levels of each keyspace's tree
+    /// that hold tables.
+    pub store_levels: Family<KeyspaceLabels, Gauge>,
     /// `process_resident_memory_bytes`, read at scrape time.
     pub resident_memory: Gauge,
     /// `process_open_fds`, read at scrape time.
@@ -215,6 +240,9 @@ impl Metrics {
         let source_partition_lag = Family::<PartitionLabels, Gauge>::default();
         let connector_up = Family::<ConnectorLabels, Gauge>::default();
         let connector_outages = Family::<ConnectorLabels, Counter>::default();
+        let store_memory = Family::<StoreMemoryLabels, Gauge>::default();
+        let store_tables = Family::<KeyspaceLabels, Gauge>::default();
+        let store_levels = Family::<KeyspaceLabels, Gauge>::default();
         let resident_memory = Gauge::default();
         let open_fds = Gauge::default();
         let start_time = Gauge::<f64, AtomicU64>::default();
@@ -325,6 +353,21 @@ impl Metrics {
             connector_outages.clone(),
         );
         registry.register(
+            "sluice_store_memory_bytes",
+            "Memory the embedded store holds, by keyspace and part (memtables, filters, indexes; keyspace \"*\" for the shared block cache)",
+            store_memory.clone(),
+        );
+        registry.register(
+            "sluice_store_tables",
+            "Tables the embedded store keeps on disk, by keyspace",
+            store_tables.clone(),
+        );
+        registry.register(
+            "sluice_store_levels",
+            "Levels of each keyspace's tree in the embedded store that hold tables",
+            store_levels.clone(),
+        );
+        registry.register(
             "process_resident_memory_bytes",
             "Resident memory size in bytes",
             resident_memory.clone(),
@@ -380,6 +423,9 @@ impl Metrics {
             partition_lags: std::sync::Mutex::default(),
             connector_up,
             connector_outages,
+            store_memory,
+            store_tables,
+            store_levels,
             resident_memory,
             open_fds,
             start_time,
@@ -560,6 +606,38 @@ impl Metrics {
             // One entry is the directory handle read_dir itself holds.
             let n = entries.count().saturating_sub(1);
             self.open_fds.set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Sets the store gauges from `memory` ([`Broker::store_memory`]).
+    ///
+    /// [`Broker::store_memory`]: crate::broker::Broker::store_memory
+    pub fn observe_store_memory(&self, memory: &StoreMemory) {
+        let set = |keyspace: &str, part: &str, bytes: u64| {
+            self.store_memory
+                .get_or_create(&StoreMemoryLabels {
+                    keyspace: keyspace.to_owned(),
+                    part: part.to_owned(),
+                })
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        };
+        if memory.keyspaces.is_empty() {
+            return;
+        }
+        set("*", "cache", memory.cache);
+        for ks in &memory.keyspaces {
+            set(ks.keyspace, "memtables", ks.memtables);
+            set(ks.keyspace, "filters", ks.filters);
+            set(ks.keyspace, "indexes", ks.indexes);
+            let labels = KeyspaceLabels {
+                keyspace: ks.keyspace.to_owned(),
+            };
+            self.store_tables
+                .get_or_create(&labels)
+                .set(i64::try_from(ks.tables).unwrap_or(i64::MAX));
+            self.store_levels
+                .get_or_create(&labels)
+                .set(i64::try_from(ks.levels).unwrap_or(i64::MAX));
         }
     }
 

@@ -530,7 +530,20 @@ fn health_splits_liveness_from_readiness_and_metrics_match_their_type() {
         "{body}"
     );
     assert!(body.contains("sluice_storage_errors_total 0"), "{body}");
+    // The store says where its memory goes: the accepted message sits in
+    // the `messages` memtable.
+    let memtable: u64 = body
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(r#"sluice_store_memory_bytes{keyspace="messages",part="memtables"} "#)
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no messages memtable gauge:\n{body}"));
+    assert!(memtable > 0, "{body}");
     for name in [
+        r#"sluice_store_memory_bytes{keyspace="*",part="cache"}"#,
+        r#"sluice_store_memory_bytes{keyspace="pending",part="filters"}"#,
+        r#"sluice_store_tables{keyspace="messages"}"#,
         "process_resident_memory_bytes",
         "process_open_fds",
         "process_start_time_seconds",

@@ -41,6 +41,7 @@ pub(super) async fn metrics(State(state): State<AdminState>, headers: HeaderMap)
     }
     let metrics = state.metrics();
     metrics.observe_storage_errors(state.broker().storage_errors());
+    metrics.observe_store_memory(&state.broker().store_memory());
     metrics.refresh_process();
     let accept = headers
         .get(header::ACCEPT)

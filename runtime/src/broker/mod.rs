@@ -447,6 +447,45 @@ pub trait Broker: Send + Sync + 'static {
     fn shared_rates(&self) -> Option<Arc<dyn rates::SharedRates>> {
         None
     }
+
+    /// What the broker's own store holds in memory, for
+    /// `sluice_store_memory_bytes` (an operator asking where the daemon's
+    /// memory goes). Empty for a broker whose store is another process
+    /// (NATS). Answers at once, like [`Broker::readiness`].
+    fn store_memory(&self) -> StoreMemory {
+        StoreMemory::default()
+    }
+}
+
+/// The embedded store's memory, by part ([`Broker::store_memory`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreMemory {
+    /// Bytes held in the block cache (shared by all keyspaces; capped).
+    pub cache: u64,
+    /// Each keyspace's share.
+    pub keyspaces: Vec<KeyspaceMemory>,
+}
+
+/// One keyspace's memory ([`StoreMemory`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyspaceMemory {
+    /// The keyspace (`messages`, `pending`, `dedup`, ...).
+    pub keyspace: &'static str,
+    /// Memtable bytes still referenced, as the store accounts them (keys
+    /// and values; the allocations around them come on top): the active
+    /// memtable, sealed ones waiting for their flush, and flushed ones an
+    /// older version still holds.
+    pub memtables: u64,
+    /// Bloom filter blocks pinned in memory.
+    pub filters: u64,
+    /// Index blocks pinned in memory.
+    pub indexes: u64,
+    /// Tables on disk.
+    pub tables: u64,
+    /// Levels of its tree holding tables. fjall fills the last level first
+    /// and the ones above it as the data grows; a compaction into a level
+    /// that was empty is larger than those before it.
+    pub levels: u64,
 }
 
 /// A broker's answer to "can you take work now?" ([`Broker::readiness`]).

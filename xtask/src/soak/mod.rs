@@ -328,6 +328,8 @@ fn index_of(payload: &str) -> Option<u64> {
 struct Sample {
     at: Duration,
     rss_kib: u64,
+    /// Where the RSS is, by mapping ([`rss_by_mapping`]).
+    split: RssSplit,
     /// Open descriptors that are not sockets (files, pipes, event and
     /// timer descriptors) at rest: the fewest of [`FD_READS`] counts.
     fds: u64,
@@ -337,6 +339,43 @@ struct Sample {
     /// and admin connections, and the sinks' pooled connections, which
     /// come and go with the traffic.
     sockets: u64,
+}
+
+/// The daemon's RSS by kind of mapping, from `/proc/PID/smaps`. A debug
+/// binary's code is tens of MiB and is paged in as code paths first run,
+/// so RSS can step up without the heap growing; this tells the two apart.
+#[derive(Debug, Clone, Copy, Default)]
+struct RssSplit {
+    /// Anonymous mappings: the allocator's heap (most of it), thread
+    /// stacks, the handlers' Wasm memories, compiled code.
+    anon_kib: u64,
+    /// File-backed mappings: the binary and its libraries.
+    file_kib: u64,
+}
+
+/// Reads [`RssSplit`] from `/proc/PID/smaps`; zeros when it cannot.
+fn rss_by_mapping(pid: u32) -> RssSplit {
+    let Ok(smaps) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else {
+        return RssSplit::default();
+    };
+    let mut split = RssSplit::default();
+    let mut file_backed = false;
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let Some(first) = fields.next() else { continue };
+        if first == "Rss:" {
+            let kib: u64 = fields.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            if file_backed {
+                split.file_kib += kib;
+            } else {
+                split.anon_kib += kib;
+            }
+        } else if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            // A mapping's header: start-end perms offset dev inode [path].
+            file_backed = fields.nth(4).is_some_and(|path| path.starts_with('/'));
+        }
+    }
+    split
 }
 
 /// How many times a sample counts the open descriptors, [`FD_READ_GAP`]
@@ -382,6 +421,7 @@ fn sample(pid: u32, at: Duration) -> anyhow::Result<Sample> {
     Ok(Sample {
         at,
         rss_kib,
+        split: rss_by_mapping(pid),
         fds,
         fds_peak,
         sockets,
@@ -536,6 +576,68 @@ impl Daemon {
             bail!("GET {url}: {status}: {text}");
         }
         serde_json::from_str(&text).with_context(|| format!("GET {url}: not JSON"))
+    }
+
+    /// The store's memory from `/metrics` (`sluice_store_memory_bytes`),
+    /// summed: memtables, pinned filters and indexes, the block cache, and
+    /// the three keyspaces holding the most memtable bytes; and how many
+    /// tables and levels `messages` has.
+    fn store_memory(&self) -> anyhow::Result<String> {
+        let url = format!("{}/metrics", self.base);
+        let text = self
+            .http
+            .get(&url)
+            .send()
+            .and_then(|r| r.text())
+            .with_context(|| format!("GET {url}"))?;
+        // Tables and levels in use of the `messages` keyspace, the biggest.
+        let gauge = |name: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}{{keyspace=\"messages\"}} ")))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let (tables, levels) = (gauge("sluice_store_tables"), gauge("sluice_store_levels"));
+        let (mut memtables, mut pinned, mut cache) = (0u64, 0u64, 0u64);
+        let mut by_keyspace: Vec<(String, u64)> = Vec::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("sluice_store_memory_bytes{") else {
+                continue;
+            };
+            let Some((labels, value)) = rest.split_once("} ") else {
+                continue;
+            };
+            let bytes: u64 = value.trim().parse().unwrap_or(0);
+            let label = |name: &str| {
+                labels
+                    .split(',')
+                    .find_map(|l| l.strip_prefix(&format!("{name}=\"")))
+                    .map(|v| v.trim_end_matches('"').to_owned())
+                    .unwrap_or_default()
+            };
+            match label("part").as_str() {
+                "memtables" => {
+                    memtables += bytes;
+                    by_keyspace.push((label("keyspace"), bytes));
+                }
+                "filters" | "indexes" => pinned += bytes,
+                "cache" => cache += bytes,
+                _ => {}
+            }
+        }
+        by_keyspace.sort_by_key(|k| std::cmp::Reverse(k.1));
+        let top: Vec<String> = by_keyspace
+            .iter()
+            .take(3)
+            .map(|(k, b)| format!("{k} {}", mib(b / 1024)))
+            .collect();
+        Ok(format!(
+            "memtables {} ({}), pinned {}, cache {}; messages: {tables} tables on {levels} levels",
+            mib(memtables / 1024),
+            top.join(", "),
+            mib(pinned / 1024),
+            mib(cache / 1024)
+        ))
     }
 
     /// Per stage: (name, messages waiting, deliveries in flight).
@@ -787,6 +889,14 @@ fn print_sample(daemon: &Daemon, s: &Sample, phase: &str, accepted: u64) {
         s.fds_peak,
         s.sockets,
         thousands(accepted),
+    );
+    let store = daemon
+        .store_memory()
+        .unwrap_or_else(|err| format!("({err:#})"));
+    println!(
+        "           rss: anonymous (heap, stacks, wasm) {}, file-backed (code) {}; store: {store}",
+        mib(s.split.anon_kib),
+        mib(s.split.file_kib),
     );
 }
 
@@ -1252,10 +1362,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn rss_split_finds_this_process_heap_and_binary() {
+        let heap: Vec<u8> = vec![1; 32 << 20];
+        let split = rss_by_mapping(std::process::id());
+        assert!(split.anon_kib >= 32 * 1024, "{split:?}");
+        assert!(split.file_kib > 0, "{split:?}");
+        drop(heap);
+    }
+
+    #[test]
     fn rss_growth_compares_medians_not_teeth() {
         let sample = |secs: u64, mib: u64| Sample {
             at: Duration::from_secs(secs),
             rss_kib: mib * 1024,
+            split: RssSplit::default(),
             fds: 0,
             fds_peak: 0,
             sockets: 0,

@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
 use fjall::config::{BloomConstructionPolicy, FilterPolicy, FilterPolicyEntry, PinningPolicy};
-use fjall::{Database, Keyspace, KeyspaceCreateOptions, OwnedWriteBatch};
+use fjall::{AbstractTree, Database, Keyspace, KeyspaceCreateOptions, OwnedWriteBatch};
 
 use super::memtables::LARGE_RECORD_BYTES;
 use super::store::{MessageRecord, decode_message, key_seq, msg_key, storage};
 use super::window::DedupWindow;
-use crate::broker::BrokerError;
+use crate::broker::{BrokerError, KeyspaceMemory, StoreMemory};
 
 /// Block cache shared by all keyspaces. Reads of a backlog go through it,
 /// so it caps what a large backlog costs in memory.
@@ -32,6 +32,9 @@ const SMALL_MEMTABLE_BYTES: u64 = 2 * 1024 * 1024;
 /// Journal size after which fjall flushes memtables so old journals can go
 /// (fjall's minimum). Journals live on disk, so this bounds disk, not RAM.
 const MAX_JOURNAL_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Levels of an LSM tree in fjall (its default and the most it builds).
+const LEVELS: usize = 7;
 
 /// The database and its keyspaces.
 #[derive(Clone)]
@@ -159,6 +162,48 @@ impl Store {
             delayed: ks("delayed", SMALL_MEMTABLE_BYTES)?,
             db,
         })
+    }
+
+    /// Every keyspace, with its name.
+    fn named(&self) -> Vec<(&'static str, &Keyspace)> {
+        let mut all = vec![
+            ("messages", &self.messages),
+            ("topics", &self.topics),
+            ("consumers", &self.consumers),
+            ("cursors", &self.cursors),
+            ("pending", &self.pending),
+            ("settled", &self.settled),
+            ("idempotency", &self.idempotency),
+            ("delayed", &self.delayed),
+        ];
+        all.extend(self.window.keyspaces());
+        all
+    }
+
+    /// What the store holds in memory, by keyspace.
+    ///
+    /// The memtable figure comes from fjall's hidden version-history API
+    /// (the only one that counts flushed memtables an older version still
+    /// holds); it takes that lock for a moment, which a scrape can afford.
+    pub fn memory(&self) -> StoreMemory {
+        let keyspaces = self
+            .named()
+            .into_iter()
+            .map(|(keyspace, ks)| KeyspaceMemory {
+                keyspace,
+                memtables: ks.tree.version_memtable_size_sum(),
+                filters: ks.tree.pinned_filter_size() as u64,
+                indexes: ks.tree.pinned_block_index_size() as u64,
+                tables: ks.table_count() as u64,
+                levels: (0..LEVELS)
+                    .filter(|&level| ks.tree.level_table_count(level).unwrap_or(0) > 0)
+                    .count() as u64,
+            })
+            .collect();
+        StoreMemory {
+            cache: self.db.cache_size(),
+            keyspaces,
+        }
     }
 
     /// The stored message `seq` of topic `topic_id`, if any.

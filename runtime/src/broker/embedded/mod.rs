@@ -655,6 +655,14 @@ impl Broker for EmbeddedBroker {
     fn storage_errors(&self) -> u64 {
         self.shared.health.errors()
     }
+
+    fn store_memory(&self) -> crate::broker::StoreMemory {
+        self.shared
+            .store
+            .current()
+            .map(|store| store.memory())
+            .unwrap_or_default()
+    }
 }
 
 /// The durable form of a consumer's spec.
