@@ -23,7 +23,9 @@
 //! per second, sending a batch answered 429 or 503 again (same ids) until
 //! it is taken. Every 10 s the daemon's RSS (`VmRSS`) and open file
 //! descriptors (at rest: the fewest of ten counts over a second) are
-//! sampled. At the end ingest stops, the stages drain, what the receiver
+//! sampled, and printed with where the memory is: RSS split into
+//! anonymous and file-backed mappings, and the store's own part
+//! (`sluice_store_memory_bytes` in `/metrics`). At the end ingest stops, the stages drain, what the receiver
 //! got and every DLQ are compared with the exact sets the inputs call for
 //! ([`ledger`]): nothing lost, nothing duplicated, nothing else; then the
 //! daemon gets SIGTERM and must exit 0.
