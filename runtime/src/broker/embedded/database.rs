@@ -164,20 +164,22 @@ impl Store {
         })
     }
 
-    /// Every keyspace, with its name.
-    fn named(&self) -> Vec<(&'static str, &Keyspace)> {
-        let mut all = vec![
+    /// Every keyspace, with its name (for the data tools and the memory
+    /// report).
+    pub fn keyspaces(&self) -> [(&'static str, &Keyspace); 10] {
+        let [dedup, dedup_b] = self.window.keyspaces();
+        [
             ("messages", &self.messages),
             ("topics", &self.topics),
             ("consumers", &self.consumers),
             ("cursors", &self.cursors),
             ("pending", &self.pending),
             ("settled", &self.settled),
+            dedup,
+            dedup_b,
             ("idempotency", &self.idempotency),
             ("delayed", &self.delayed),
-        ];
-        all.extend(self.window.keyspaces());
-        all
+        ]
     }
 
     /// What the store holds in memory, by keyspace.
@@ -187,7 +189,7 @@ impl Store {
     /// holds); it takes that lock for a moment, which a scrape can afford.
     pub fn memory(&self) -> StoreMemory {
         let keyspaces = self
-            .named()
+            .keyspaces()
             .into_iter()
             .map(|(keyspace, ks)| KeyspaceMemory {
                 keyspace,

@@ -392,23 +392,6 @@ struct Names {
     keyspaces: HashMap<u64, &'static str>,
 }
 
-/// The store's keyspaces with their names.
-fn keyspaces(store: &Store) -> [(&'static str, &fjall::Keyspace); 10] {
-    let [dedup, dedup_b] = store.window.keyspaces();
-    [
-        ("messages", &store.messages),
-        ("topics", &store.topics),
-        ("consumers", &store.consumers),
-        ("cursors", &store.cursors),
-        ("pending", &store.pending),
-        ("settled", &store.settled),
-        dedup,
-        dedup_b,
-        ("idempotency", &store.idempotency),
-        ("delayed", &store.delayed),
-    ]
-}
-
 /// Reads the names (the small keyspaces must be readable for anything to
 /// be reported by name).
 fn names(store: &Store) -> Result<Names, BrokerError> {
@@ -424,7 +407,8 @@ fn names(store: &Store) -> Result<Names, BrokerError> {
         let rec: super::store::ConsumerRecord = decode(&v)?;
         consumers.insert(rec.id, String::from_utf8_lossy(&k).into_owned());
     }
-    let keyspaces = keyspaces(store)
+    let keyspaces = store
+        .keyspaces()
         .into_iter()
         .map(|(name, ks)| (ks.id(), name))
         .collect();
@@ -532,7 +516,7 @@ fn examine(data_dir: &Path, scratch: &Path) -> Result<(Report, Option<Store>), T
             });
         }
     }
-    for (name, ks) in keyspaces(&store) {
+    for (name, ks) in store.keyspaces() {
         if name == "messages" {
             continue;
         }
@@ -776,7 +760,7 @@ fn rebuild(
         }
         m
     };
-    for ((name, from), (_, to)) in keyspaces(src).into_iter().zip(keyspaces(&new)) {
+    for ((name, from), (_, to)) in src.keyspaces().into_iter().zip(new.keyspaces()) {
         if matches!(name, "messages" | "topics") {
             continue;
         }
