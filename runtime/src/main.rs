@@ -3,15 +3,19 @@
 /// mimalloc instead of the system allocator: lifting a handler's output into
 /// the host allocates for every string and list, and mimalloc measured about
 /// 20% faster than glibc malloc on the batch path (see BENCHMARKS.md).
+/// The `system-allocator` feature drops it, for heap profilers that hook
+/// malloc.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     return_freed_memory_promptly();
+    keep_huge_pages_out_of_the_heap();
     sluice::cli::main()
 }
 
-/// mimalloc's `purge_delay` option (mimalloc.h, v2: `mi_option_purge_delay`).
+/// mimalloc's `purge_delay` option (mimalloc.h, v2 and v3: `mi_option_purge_delay`).
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// Makes mimalloc hand freed pages back to the OS at once rather than after
@@ -22,7 +26,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// same ingest rate (BENCHMARKS.md, `daemon-rss`). An operator's own
 /// `MIMALLOC_PURGE_DELAY` wins.
 fn return_freed_memory_promptly() {
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+    if cfg!(feature = "system-allocator") || std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
         return;
     }
     // SAFETY: sets one integer option of the allocator; mimalloc reads its
@@ -31,5 +35,36 @@ fn return_freed_memory_promptly() {
     #[allow(unsafe_code)]
     unsafe {
         libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
+    }
+}
+
+/// Turns transparent huge pages off for this process (`PR_SET_THP_DISABLE`).
+///
+/// mimalloc asks for huge pages on its arena (`MADV_HUGEPAGE`, 1 GiB) but
+/// hands freed memory back in 64 KiB pieces. The kernel's khugepaged walks
+/// such regions slowly (a 1 GiB arena about once every 11 minutes on the
+/// defaults) and rebuilds every 2 MiB piece that still holds a single page
+/// into a whole resident huge page. The soak saw it as a step of about
+/// 25 MiB in RSS, 11-12 minutes into every run, that never went away while
+/// the live heap stayed flat; with khugepaged sped up it came in seconds.
+/// The flag covers the arena already mapped, which an allocator option set
+/// here would not. An operator's own `MIMALLOC_ALLOW_THP` wins.
+fn keep_huge_pages_out_of_the_heap() {
+    if cfg!(feature = "system-allocator") || std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: PR_SET_THP_DISABLE takes one integer and sets a flag on
+        // the process; no pointers or memory are involved.
+        #[allow(unsafe_code)]
+        let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+        if rc != 0 {
+            // Not fatal: the daemon works with huge pages; only its RSS grows.
+            let err = std::io::Error::last_os_error();
+            eprintln!(
+                "warning: cannot turn transparent huge pages off ({err}); RSS may grow in steps"
+            );
+        }
     }
 }
