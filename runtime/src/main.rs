@@ -10,12 +10,26 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    return_freed_memory_promptly();
-    keep_huge_pages_out_of_the_heap();
+    #[cfg(not(feature = "system-allocator"))]
+    tune_mimalloc();
     sluice::cli::main()
 }
 
+/// The two settings the daemon's memory needs from mimalloc (BENCHMARKS.md,
+/// "The soak's RSS"); each yields to the operator's own environment
+/// variable. A build with the system allocator needs neither.
+#[cfg(not(feature = "system-allocator"))]
+fn tune_mimalloc() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        return_freed_memory_promptly();
+    }
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
+        keep_huge_pages_out_of_the_heap();
+    }
+}
+
 /// mimalloc's `purge_delay` option (mimalloc.h, v2 and v3: `mi_option_purge_delay`).
+#[cfg(not(feature = "system-allocator"))]
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// Makes mimalloc hand freed pages back to the OS at once rather than after
@@ -23,12 +37,9 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// short-lived buffers (request bodies, batches, memtable flushes), and with
 /// the default the freed pages stayed resident: the daemon held ~170 MiB
 /// with a 1M-message backlog against ~120 MiB with prompt purging, at the
-/// same ingest rate (BENCHMARKS.md, `daemon-rss`). An operator's own
-/// `MIMALLOC_PURGE_DELAY` wins.
+/// same ingest rate (BENCHMARKS.md, `daemon-rss`).
+#[cfg(not(feature = "system-allocator"))]
 fn return_freed_memory_promptly() {
-    if cfg!(feature = "system-allocator") || std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
-        return;
-    }
     // SAFETY: sets one integer option of the allocator; mimalloc reads its
     // options atomically and documents them as settable at any time. No
     // pointers or memory are involved.
@@ -48,11 +59,9 @@ fn return_freed_memory_promptly() {
 /// 25 MiB in RSS, 11-12 minutes into every run, that never went away while
 /// the live heap stayed flat; with khugepaged sped up it came in seconds.
 /// The flag covers the arena already mapped, which an allocator option set
-/// here would not. An operator's own `MIMALLOC_ALLOW_THP` wins.
+/// here would not.
+#[cfg(not(feature = "system-allocator"))]
 fn keep_huge_pages_out_of_the_heap() {
-    if cfg!(feature = "system-allocator") || std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
-        return;
-    }
     #[cfg(target_os = "linux")]
     {
         // SAFETY: PR_SET_THP_DISABLE takes one integer and sets a flag on
