@@ -47,10 +47,27 @@ use crate::metrics::Metrics;
 /// Running stages. Dropping it without [`Engine::shutdown`] aborts nothing:
 /// the stage tasks keep running until the runtime ends.
 pub struct Engine {
-    /// The instant shutdown began, once it has.
+    broker: Arc<dyn Broker>,
+    metrics: Arc<Metrics>,
+    claims: Option<Arc<Claims>>,
+    dedup: Option<Arc<dyn DedupStore>>,
+    stages: Vec<RunningStage>,
+}
+
+/// Stages whose consumers are declared, ready for [`Engine::launch`].
+pub struct PreparedStages {
+    stages: Vec<(StageSetup, Option<Arc<dyn DedupStore>>)>,
+}
+
+/// One stage's runner and task, and the switch that stops it alone (a
+/// reload that removes or replaces it) or with the others (shutdown).
+struct RunningStage {
+    pipeline: String,
+    stage: String,
+    /// The instant its shutdown began, once it has.
     stop: watch::Sender<Option<Instant>>,
-    runners: Vec<Arc<stage::StageRunner>>,
-    stages: Vec<JoinHandle<()>>,
+    runner: Arc<stage::StageRunner>,
+    task: JoinHandle<()>,
 }
 
 impl Engine {
@@ -68,40 +85,87 @@ impl Engine {
         dedup: Option<Arc<dyn DedupStore>>,
         setups: Vec<StageSetup>,
     ) -> Result<Engine, BrokerError> {
+        let mut engine = Engine {
+            broker,
+            metrics,
+            claims,
+            dedup,
+            stages: Vec::new(),
+        };
+        engine.add(setups).await?;
+        Ok(engine)
+    }
+
+    /// Starts more stages beside those running: their consumers are
+    /// declared first, so a broker that refuses one starts none of them.
+    pub async fn add(&mut self, setups: Vec<StageSetup>) -> Result<(), BrokerError> {
+        let prepared = self.prepare(setups).await?;
+        self.launch(prepared);
+        Ok(())
+    }
+
+    /// Declares the consumers (and dedup scopes) of stages about to start,
+    /// without starting them: a reload does this while the stages they
+    /// replace still run, so a broker that refuses changes nothing.
+    pub async fn prepare(&self, setups: Vec<StageSetup>) -> Result<PreparedStages, BrokerError> {
         let mut dedup_stores = Vec::with_capacity(setups.len());
         for setup in &setups {
             for consumer in setup.consumers() {
-                broker.ensure_consumer(&consumer).await?;
+                self.broker.ensure_consumer(&consumer).await?;
             }
-            dedup_stores.push(dedup_store(dedup.as_ref(), setup).await?);
+            dedup_stores.push(dedup_store(self.dedup.as_ref(), setup).await?);
         }
-        let (stop, stopped) = watch::channel(None);
-        let mut runners = Vec::with_capacity(setups.len());
-        let stages = setups
-            .into_iter()
-            .zip(dedup_stores)
-            .map(|(setup, dedup)| {
-                let span = tracing::info_span!(
-                    "stage",
-                    pipeline = %setup.pipeline,
-                    stage = %setup.stage.name
-                );
-                let runner = Arc::new(stage::StageRunner::new(
-                    setup,
-                    broker.clone(),
-                    metrics.clone(),
-                    claims.clone(),
-                    dedup,
-                ));
-                runners.push(runner.clone());
-                tokio::spawn(runner.run(stopped.clone()).instrument(span))
-            })
-            .collect();
-        Ok(Engine {
-            stop,
-            runners,
-            stages,
+        Ok(PreparedStages {
+            stages: setups.into_iter().zip(dedup_stores).collect(),
         })
+    }
+
+    /// Starts stages [`Engine::prepare`] made ready.
+    pub fn launch(&mut self, prepared: PreparedStages) {
+        for (setup, dedup) in prepared.stages {
+            let span = tracing::info_span!(
+                "stage",
+                pipeline = %setup.pipeline,
+                stage = %setup.stage.name
+            );
+            let (pipeline, name) = (setup.pipeline.clone(), setup.stage.name.clone());
+            let runner = Arc::new(stage::StageRunner::new(
+                setup,
+                self.broker.clone(),
+                self.metrics.clone(),
+                self.claims.clone(),
+                dedup,
+            ));
+            let (stop, stopped) = watch::channel(None);
+            let task = tokio::spawn(runner.clone().run(stopped).instrument(span));
+            self.stages.push(RunningStage {
+                pipeline,
+                stage: name,
+                stop,
+                runner,
+                task,
+            });
+        }
+    }
+
+    /// Whether stage `stage` of `pipeline` runs here.
+    pub fn runs(&self, pipeline: &str, stage: &str) -> bool {
+        self.stages
+            .iter()
+            .any(|s| s.pipeline == pipeline && s.stage == stage)
+    }
+
+    /// Stops the stages `which` names (`(pipeline, stage)`) as
+    /// [`Engine::shutdown`] stops all of them, and returns once they are
+    /// done; the others run on. Their consumers stay with the broker, so a
+    /// stage started again under the same name goes on where this one
+    /// stopped.
+    pub async fn remove(&mut self, which: &[(String, String)]) {
+        let (going, staying): (Vec<_>, Vec<_>) = std::mem::take(&mut self.stages)
+            .into_iter()
+            .partition(|s| which.iter().any(|(p, n)| *p == s.pipeline && *n == s.stage));
+        self.stages = staying;
+        stop(going).await;
     }
 
     /// Shuts the stages down and returns when they are done, within each
@@ -115,28 +179,41 @@ impl Engine {
     ///   are abandoned: their messages are never acked, so they are
     ///   redelivered (to another daemon, or to this one after a restart).
     pub async fn shutdown(self) {
-        let began = Instant::now();
-        for runner in &self.runners {
-            runner.stop_calls();
-        }
-        let _ = self.stop.send(Some(began));
-        let longest = self
-            .runners
-            .iter()
-            .map(|r| r.shutdown_timeout())
-            .max()
-            .unwrap_or_default();
-        // Each stage keeps its own deadline; this only guards against a
-        // stage task that somehow does not.
-        let limit = began + longest + stage::RELEASE_GRACE * 4;
-        for mut stage in self.stages {
-            match tokio::time::timeout_at(limit.into(), &mut stage).await {
-                Ok(Ok(())) => {}
-                Ok(Err(err)) => tracing::error!(error = %err, "a stage task ended abnormally"),
-                Err(_) => {
-                    tracing::error!("a stage did not finish its shutdown in time; abandoning it");
-                    stage.abort();
-                }
+        stop(self.stages).await;
+    }
+}
+
+/// Stops `stages` together (see [`Engine::shutdown`]).
+async fn stop(stages: Vec<RunningStage>) {
+    let began = Instant::now();
+    for stage in &stages {
+        stage.runner.stop_calls();
+        stage.stop.send_replace(Some(began));
+    }
+    let longest = stages
+        .iter()
+        .map(|s| s.runner.shutdown_timeout())
+        .max()
+        .unwrap_or_default();
+    // Each stage keeps its own deadline; this only guards against a
+    // stage task that somehow does not.
+    let limit = began + longest + stage::RELEASE_GRACE * 4;
+    for mut stage in stages {
+        match tokio::time::timeout_at(limit.into(), &mut stage.task).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::error!(
+                error = %err,
+                pipeline = %stage.pipeline,
+                stage = %stage.stage,
+                "a stage task ended abnormally"
+            ),
+            Err(_) => {
+                tracing::error!(
+                    pipeline = %stage.pipeline,
+                    stage = %stage.stage,
+                    "a stage did not finish its shutdown in time; abandoning it"
+                );
+                stage.task.abort();
             }
         }
     }

@@ -594,3 +594,60 @@ async fn a_held_delivery_and_the_next_ones_share_one_slot_without_stalling() {
     );
     assert!(broker.naks().is_empty(), "a hold spends no attempt");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_stage_swapped_while_calls_run_handles_each_message_once_and_the_rest_with_the_new_handler()
+ {
+    // The old handler takes 2 s a call: a swap comes while calls run.
+    let mut old = Scripted::new(|m, _| Ok(vec![emit(m.payload.clone())]));
+    old.during = Some(Arc::new(|_| Some(Duration::from_secs(2))));
+    let mut rig = rig(memory(), stage("concurrency: 2"), &old).await;
+    let ids: Vec<String> = (0..20).map(|i| format!("m{i}")).collect();
+    let messages: Vec<(&str, Option<&str>, &str)> =
+        ids.iter().map(|id| (id.as_str(), None, "x")).collect();
+    rig.publish(&messages).await;
+    rig.until("the first calls to start", |_| old.calls().len() >= 2)
+        .await;
+
+    // Prepared (consumer declared) while the old stage runs, then the
+    // swap: the old one drains, the new one starts on what is left.
+    let new = Scripted::new(|m, _| upper(m));
+    let setup = StageSetup {
+        pipeline: "p".into(),
+        handlers: (0..4)
+            .map(|_| Box::new(new.clone()) as Box<dyn StageHandler>)
+            .collect(),
+        stage: stage("concurrency: 4"),
+        shutdown_timeout: Duration::from_secs(5),
+    };
+    let prepared = rig.engine.prepare(vec![setup]).await.expect("prepare");
+    assert!(rig.engine.runs("p", "s"));
+    rig.engine.remove(&[("p".into(), "s".into())]).await;
+    assert!(!rig.engine.runs("p", "s"));
+    let handled_by_old = old.calls().len();
+    assert!(
+        (2..20).contains(&handled_by_old),
+        "the drain let the calls in flight finish and started none: {handled_by_old}"
+    );
+    rig.engine.launch(prepared);
+    rig.until("every message out", |b| b.messages("out").len() == 20)
+        .await;
+    let broker = rig.settle_and_stop().await;
+
+    // Each input once: the old handler's outputs as they were, the new
+    // one's upper-cased; none handled by both, none by the old one after
+    // the swap.
+    let out = broker.messages("out");
+    let mut out_ids: Vec<&str> = out.iter().map(|m| m.id.as_str()).collect();
+    out_ids.sort_unstable();
+    out_ids.dedup();
+    assert_eq!(out_ids.len(), 20, "an output twice, or one missing");
+    assert_eq!(
+        old.calls().len(),
+        handled_by_old,
+        "the old handler ran after the swap"
+    );
+    let upper_count = out.iter().filter(|m| m.payload.as_ref() == b"X").count();
+    assert_eq!(upper_count, 20 - handled_by_old);
+    assert_eq!(new.calls().len(), 20 - handled_by_old);
+}
