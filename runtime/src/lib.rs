@@ -32,6 +32,8 @@ pub mod failure;
 pub mod fuzz;
 pub mod metrics;
 pub mod plugin;
+pub mod reload;
+pub mod service;
 pub mod timestamp;
 
 pub use failure::{Failure, FailureKind};

@@ -105,6 +105,13 @@ pub struct ConnectorLabels {
     pub connector: String,
 }
 
+/// Labels of `sluice_config_reloads_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    /// `success` or `failure`.
+    pub result: String,
+}
+
 /// Labels of `sluice_build_info`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
@@ -201,6 +208,15 @@ pub struct Metrics {
     pub open_fds: Gauge,
     /// `process_start_time_seconds`.
     pub start_time: Gauge<f64, AtomicU64>,
+    /// `sluice_config_reloads_total{result}`: reloads tried, by result.
+    pub reloads: Family<ReloadLabels, Counter>,
+    /// `sluice_config_last_reload_successful`: 1 when the last reload (or
+    /// the start) succeeded, 0 when it failed and the daemon runs its
+    /// previous configuration.
+    pub last_reload_successful: Gauge,
+    /// `sluice_config_last_reload_success_timestamp_seconds`: when the
+    /// running configuration was loaded (Unix seconds).
+    pub last_reload_success: Gauge<f64, AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -247,6 +263,9 @@ impl Metrics {
         let open_fds = Gauge::default();
         let start_time = Gauge::<f64, AtomicU64>::default();
         let build_info = Family::<BuildLabels, Gauge>::default();
+        let reloads = Family::<ReloadLabels, Counter>::default();
+        let last_reload_successful = Gauge::default();
+        let last_reload_success = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "sluice_messages_published",
             "Messages published to a topic (ingest, CLI, handler emits, DLQ)",
@@ -387,6 +406,28 @@ impl Metrics {
             "Always 1; the labels say which build runs",
             build_info.clone(),
         );
+        registry.register(
+            "sluice_config_reloads",
+            "Configuration reloads tried (SIGHUP, --watch, POST /v1/reload), by result",
+            reloads.clone(),
+        );
+        registry.register(
+            "sluice_config_last_reload_successful",
+            "1 if the last reload succeeded (or none was tried), 0 if it failed and the previous configuration runs",
+            last_reload_successful.clone(),
+        );
+        registry.register(
+            "sluice_config_last_reload_success_timestamp_seconds",
+            "When the running configuration was loaded: the start or the last successful reload (Unix seconds)",
+            last_reload_success.clone(),
+        );
+        for result in ["success", "failure"] {
+            let _ = reloads.get_or_create(&ReloadLabels {
+                result: result.to_owned(),
+            });
+        }
+        last_reload_successful.set(1);
+        last_reload_success.set(process_start_time());
         build_info
             .get_or_create(&BuildLabels {
                 version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -429,7 +470,48 @@ impl Metrics {
             resident_memory,
             open_fds,
             start_time,
+            reloads,
+            last_reload_successful,
+            last_reload_success,
         }
+    }
+
+    /// Counts a reload: its result, and when it succeeded, that the
+    /// running configuration is from now.
+    pub fn count_reload(&self, succeeded: bool) {
+        let result = if succeeded { "success" } else { "failure" };
+        self.reloads
+            .get_or_create(&ReloadLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+        self.last_reload_successful.set(i64::from(succeeded));
+        if succeeded {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            self.last_reload_success.set(now.as_secs_f64());
+        }
+    }
+
+    /// Drops the gauges and the latency histogram of a stage a reload
+    /// removed, so `/metrics` shows no frozen values for it. Its counters
+    /// stay: a counter that vanished and came back would look like a reset.
+    pub fn forget_stage(&self, pipeline: &str, stage: &str) {
+        let labels = StageLabels {
+            pipeline: pipeline.to_owned(),
+            stage: stage.to_owned(),
+        };
+        self.queue_depth.remove(&labels);
+        self.oldest_age.remove(&labels);
+        self.dlq_depth.remove(&labels);
+        self.inflight.remove(&labels);
+        self.stage_paused.remove(&labels);
+        self.delayed.remove(&labels);
+        self.next_due.remove(&labels);
+        self.hold_until.remove(&labels);
+        self.concurrency_limit.remove(&labels);
+        self.handler_duration.remove(&labels);
     }
 
     /// The wait recorder of one priority lane (created on first use).
@@ -469,13 +551,23 @@ impl Metrics {
         waits.quantiles()
     }
 
-    /// Registers a connector as up, so its gauge shows from the first scrape.
+    /// Registers a connector as up, so its gauge (and its outage count, at
+    /// zero) shows from the first scrape.
     pub fn connector_started(&self, connector: &str) {
-        self.connector_up
-            .get_or_create(&ConnectorLabels {
-                connector: connector.to_owned(),
-            })
-            .set(1);
+        let labels = ConnectorLabels {
+            connector: connector.to_owned(),
+        };
+        self.connector_up.get_or_create(&labels).set(1);
+        // At zero from the first scrape, so `increase()` sees the first outage.
+        let _ = self.connector_outages.get_or_create(&labels);
+    }
+
+    /// Drops the up/down gauge of a connector a reload removed (its
+    /// outage counter stays, as counters do).
+    pub fn forget_connector(&self, connector: &str) {
+        self.connector_up.remove(&ConnectorLabels {
+            connector: connector.to_owned(),
+        });
     }
 
     /// A connector's outage began.

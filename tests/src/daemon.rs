@@ -570,19 +570,27 @@ impl Daemon {
     ///
     /// When `/metrics` does not answer.
     pub fn metric_sum(&self, name: &str) -> f64 {
-        let text = self
-            .http
-            .get(self.url("/metrics"))
-            .send()
-            .and_then(reqwest::blocking::Response::text)
-            .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
-        text.lines()
+        self.metrics_text()
+            .lines()
             .filter(|l| {
                 l.strip_prefix(name)
                     .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
             })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
+    }
+
+    /// `/metrics` as Prometheus text.
+    ///
+    /// # Panics
+    ///
+    /// When `/metrics` does not answer.
+    pub fn metrics_text(&self) -> String {
+        self.http
+            .get(self.url("/metrics"))
+            .send()
+            .and_then(reqwest::blocking::Response::text)
+            .unwrap_or_else(|e| panic!("GET /metrics: {e}"))
     }
 
     /// Waits until `done` holds, polling; panics with the log after `limit`.

@@ -106,6 +106,10 @@ pub enum ApiError {
         /// The budget, in bytes.
         limit: usize,
     },
+    /// The daemon cannot do this now; retry shortly (a reload queue that
+    /// is full, say).
+    #[error("{0}")]
+    Unavailable(String),
     /// The broker failed.
     #[error("{0}")]
     Broker(#[from] BrokerError),
@@ -130,7 +134,9 @@ impl ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) | ApiError::CrossOrigin(_) => StatusCode::FORBIDDEN,
             ApiError::MisdirectedHost(_) => StatusCode::MISDIRECTED_REQUEST,
-            ApiError::Draining | ApiError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Draining | ApiError::Busy { .. } | ApiError::Unavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Broker(err) => match err {
                 // Declared in the pipelines but not (yet) by the broker: the
                 // engine declares topics as it starts, so this passes.
@@ -164,7 +170,7 @@ impl ApiError {
             ApiError::CrossOrigin(_) => "cross_origin",
             ApiError::MisdirectedHost(_) => "host_not_allowed",
             ApiError::Draining => "draining",
-            ApiError::Busy { .. } => "busy",
+            ApiError::Busy { .. } | ApiError::Unavailable(_) => "busy",
             ApiError::Broker(err) => match err {
                 BrokerError::UnknownTopic(_) | BrokerError::UnknownConsumer(_) => "not_ready",
                 BrokerError::Unavailable(_) => "unavailable",

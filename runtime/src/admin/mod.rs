@@ -10,6 +10,7 @@
 //! - `dlq/`: `/v1/dlq/{pipeline}/{stage}` list, show, redrive, purge, and
 //!   the filters they take (`dlq/filter.rs`);
 //! - `stages.rs`: `POST /v1/stages/{pipeline}/{stage}/pause` and `/resume`;
+//! - `reload.rs`: `POST /v1/reload` (hot reload) and `GET /v1/reload`;
 //! - `status.rs`: `GET /v1/status` and the throughput sampler behind it;
 //! - `scrape.rs`: `GET /metrics`, refreshing the broker-backed gauges first;
 //! - `error.rs`: the JSON error body every failure uses;
@@ -34,13 +35,13 @@ mod dlq;
 mod error;
 mod health;
 mod ingest;
+mod reload;
 mod scrape;
 mod server;
 mod stages;
 mod status;
 mod topics;
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -105,13 +106,12 @@ pub struct AdminState {
 struct Inner {
     broker: Arc<dyn Broker>,
     metrics: Arc<Metrics>,
-    pipelines: Arc<[Pipeline]>,
-    /// Every topic ingest and reads accept: declared ones and DLQ topics.
-    topics: HashMap<String, TopicEntry>,
-    /// Every stage, in pipeline order.
-    stages: Vec<StageEntry>,
-    /// Throughput samples, one ring per entry of `stages`.
-    rates: status::Rates,
+    /// What the loaded pipelines declare; a reload swaps it whole, so a
+    /// request sees one set of pipelines from start to end.
+    catalog: arc_swap::ArcSwap<Catalog>,
+    /// Reloads so far, for `status` and `/metrics`, and the way to ask for
+    /// one (`POST /v1/reload`) when the daemon runs one.
+    reloads: crate::reload::ReloadLog,
     /// Flipped to true when the server starts shutting down, so long-polls
     /// and paced redrives end instead of holding the shutdown up.
     shutdown: tokio::sync::watch::Sender<bool>,
@@ -128,49 +128,21 @@ struct Inner {
     open: bool,
 }
 
-/// A topic ingest accepts.
-#[derive(Debug, Clone, Default)]
-struct TopicEntry {
-    /// The lowest `high_water_mark` any pipeline declares for it.
-    high_water_mark: Option<u64>,
-    /// Consumers (`<pipeline>.<stage>`) that subscribe to it: its fan-out.
-    subscribers: Vec<String>,
-    /// Whether it is some stage's dead-letter topic.
-    is_dlq: bool,
-    /// Its claim check's `max_payload`, when it has one: the largest body
-    /// ingest takes for it (else the admin body limit).
-    max_payload: Option<u64>,
+/// The loaded pipelines as the API sees them.
+struct Catalog {
+    pipelines: Arc<[Pipeline]>,
+    /// Every topic ingest and reads accept: declared ones and DLQ topics.
+    topics: HashMap<String, TopicEntry>,
+    /// Every stage, in pipeline order.
+    stages: Vec<StageEntry>,
+    /// Throughput samples, one ring per entry of `stages`.
+    rates: status::Rates,
 }
 
-/// A stage, with the names the broker knows it by.
-#[derive(Debug, Clone)]
-struct StageEntry {
-    pipeline: String,
-    stage: String,
-    /// The topics it reads, each with its consumer: one, or one per
-    /// priority lane.
-    inputs: Vec<StageInput>,
-    /// Its `rate` limit as written (`50/s`, `5/s per key`).
-    rate: Option<String>,
-    /// Its most calls at once, when its concurrency is adaptive.
-    adaptive_max: Option<u32>,
-    dlq_topic: String,
-    /// `plugin`, or `sink:<connector>` for a sink.
-    kind: String,
-    /// A sink's target, for people (no password).
-    target: Option<String>,
-}
-
-impl AdminState {
-    /// State for serving `pipelines` on `broker`, counting into `metrics`
-    /// (the same [`Metrics`] the engine counts into, so `/metrics` shows
-    /// both).
-    pub fn new(
-        broker: Arc<dyn Broker>,
-        metrics: Arc<Metrics>,
-        pipelines: impl Into<Arc<[Pipeline]>>,
-    ) -> Self {
-        let pipelines: Arc<[Pipeline]> = pipelines.into();
+impl Catalog {
+    /// The index of `pipelines`: their topics (with fan-out, marks and
+    /// claim checks) and stages.
+    fn new(pipelines: Arc<[Pipeline]>) -> Catalog {
         let mut topics: HashMap<String, TopicEntry> = HashMap::new();
         let mut stages = Vec::new();
         for pipeline in pipelines.iter() {
@@ -225,8 +197,66 @@ impl AdminState {
                 entry.max_payload = Some(check.max_payload.bytes());
             }
         }
-        zero_series(&metrics, &topics, &stages);
-        Self::build(broker, metrics, pipelines, topics, stages, false)
+        let rates = status::Rates::new(stages.len());
+        Catalog {
+            pipelines,
+            topics,
+            stages,
+            rates,
+        }
+    }
+
+    /// The index of no pipelines.
+    fn empty() -> Catalog {
+        Catalog::new(Vec::new().into())
+    }
+}
+
+/// A topic ingest accepts.
+#[derive(Debug, Clone, Default)]
+struct TopicEntry {
+    /// The lowest `high_water_mark` any pipeline declares for it.
+    high_water_mark: Option<u64>,
+    /// Consumers (`<pipeline>.<stage>`) that subscribe to it: its fan-out.
+    subscribers: Vec<String>,
+    /// Whether it is some stage's dead-letter topic.
+    is_dlq: bool,
+    /// Its claim check's `max_payload`, when it has one: the largest body
+    /// ingest takes for it (else the admin body limit).
+    max_payload: Option<u64>,
+}
+
+/// A stage, with the names the broker knows it by.
+#[derive(Debug, Clone)]
+struct StageEntry {
+    pipeline: String,
+    stage: String,
+    /// The topics it reads, each with its consumer: one, or one per
+    /// priority lane.
+    inputs: Vec<StageInput>,
+    /// Its `rate` limit as written (`50/s`, `5/s per key`).
+    rate: Option<String>,
+    /// Its most calls at once, when its concurrency is adaptive.
+    adaptive_max: Option<u32>,
+    dlq_topic: String,
+    /// `plugin`, or `sink:<connector>` for a sink.
+    kind: String,
+    /// A sink's target, for people (no password).
+    target: Option<String>,
+}
+
+impl AdminState {
+    /// State for serving `pipelines` on `broker`, counting into `metrics`
+    /// (the same [`Metrics`] the engine counts into, so `/metrics` shows
+    /// both).
+    pub fn new(
+        broker: Arc<dyn Broker>,
+        metrics: Arc<Metrics>,
+        pipelines: impl Into<Arc<[Pipeline]>>,
+    ) -> Self {
+        let catalog = Catalog::new(pipelines.into());
+        zero_series(&metrics, &catalog.topics, &catalog.stages);
+        Self::build(broker, metrics, catalog, false)
     }
 
     /// State with no pipeline files, for the CLI talking to a broker
@@ -237,33 +267,16 @@ impl AdminState {
     /// ([`ApiError::NoDlqTopic`] when the broker does not have it). Status
     /// and `/metrics` have no stages to show.
     pub fn without_pipelines(broker: Arc<dyn Broker>, metrics: Arc<Metrics>) -> Self {
-        Self::build(
-            broker,
-            metrics,
-            Vec::new(),
-            HashMap::new(),
-            Vec::new(),
-            true,
-        )
+        Self::build(broker, metrics, Catalog::empty(), true)
     }
 
-    fn build(
-        broker: Arc<dyn Broker>,
-        metrics: Arc<Metrics>,
-        pipelines: impl Into<Arc<[Pipeline]>>,
-        topics: HashMap<String, TopicEntry>,
-        stages: Vec<StageEntry>,
-        open: bool,
-    ) -> Self {
-        let rates = status::Rates::new(stages.len());
+    fn build(broker: Arc<dyn Broker>, metrics: Arc<Metrics>, catalog: Catalog, open: bool) -> Self {
         AdminState {
             inner: Arc::new(Inner {
                 broker,
                 metrics,
-                pipelines: pipelines.into(),
-                topics,
-                stages,
-                rates,
+                catalog: arc_swap::ArcSwap::from_pointee(catalog),
+                reloads: crate::reload::ReloadLog::default(),
                 shutdown: tokio::sync::watch::channel(false).0,
                 dlq_locks: std::sync::Mutex::default(),
                 draining: std::sync::atomic::AtomicBool::new(false),
@@ -371,7 +384,7 @@ impl AdminState {
 
     /// The largest request a claim-checked topic takes (0 without one).
     fn largest_claim_request(&self) -> usize {
-        self.inner
+        self.catalog()
             .topics
             .values()
             .filter_map(|t| t.max_payload)
@@ -392,26 +405,48 @@ impl AdminState {
     }
 
     /// The loaded pipelines.
-    pub fn pipelines(&self) -> &Arc<[Pipeline]> {
-        &self.inner.pipelines
+    pub fn pipelines(&self) -> Arc<[Pipeline]> {
+        self.catalog().pipelines.clone()
+    }
+
+    /// The index of the loaded pipelines, as of now.
+    fn catalog(&self) -> Arc<Catalog> {
+        self.inner.catalog.load_full()
+    }
+
+    /// Serves `pipelines` from now on (a reload applied them). Requests
+    /// already running finish on the pipelines they started with; the
+    /// throughput of stages that stay carries over.
+    pub fn replace_pipelines(&self, pipelines: Arc<[Pipeline]>) {
+        let old = self.catalog();
+        let new = Catalog::new(pipelines);
+        zero_series(&self.inner.metrics, &new.topics, &new.stages);
+        new.rates.carry_over(&old.rates, &old.stages, &new.stages);
+        forget_removed(&self.inner.metrics, &old.stages, &new.stages);
+        self.inner.catalog.store(Arc::new(new));
+    }
+
+    /// Reloads so far, and the way to ask for one.
+    pub fn reloads(&self) -> &crate::reload::ReloadLog {
+        &self.inner.reloads
     }
 
     /// The topic `name`, if ingest and reads accept it: a loaded pipeline
     /// declares it, or (without pipelines) the broker has it.
-    async fn topic(&self, name: &str) -> Result<Cow<'_, TopicEntry>, ApiError> {
+    async fn topic(&self, name: &str) -> Result<TopicEntry, ApiError> {
         if !self.inner.open {
             return self
-                .inner
+                .catalog()
                 .topics
                 .get(name)
-                .map(Cow::Borrowed)
+                .cloned()
                 .ok_or_else(|| ApiError::UnknownTopic(name.to_owned()));
         }
         match self.broker().topic_stats(name).await {
-            Ok(_) => Ok(Cow::Owned(TopicEntry {
+            Ok(_) => Ok(TopicEntry {
                 is_dlq: name.ends_with(".dlq"),
                 ..TopicEntry::default()
-            })),
+            }),
             Err(BrokerError::UnknownTopic(_)) => Err(ApiError::NoSuchTopic(name.to_owned())),
             Err(err) => Err(err.into()),
         }
@@ -421,7 +456,8 @@ impl AdminState {
     /// dead-letter topic is listed, shown, redriven and purged like a
     /// stage's.
     fn source_entry(&self, pipeline: &str, source: &str) -> Option<StageEntry> {
-        let p = self.inner.pipelines.iter().find(|p| p.name == pipeline)?;
+        let catalog = self.catalog();
+        let p = catalog.pipelines.iter().find(|p| p.name == pipeline)?;
         let s = p.sources.iter().find(|s| s.name == source)?;
         Some(StageEntry {
             pipeline: pipeline.to_owned(),
@@ -440,20 +476,20 @@ impl AdminState {
 
     /// The stage `pipeline/stage`: a loaded one, or (without pipelines) one
     /// whose default DLQ topic the broker has.
-    async fn stage(&self, pipeline: &str, stage: &str) -> Result<Cow<'_, StageEntry>, ApiError> {
+    async fn stage(&self, pipeline: &str, stage: &str) -> Result<StageEntry, ApiError> {
         if !self.inner.open {
             return self
-                .inner
+                .catalog()
                 .stages
                 .iter()
                 .find(|s| s.pipeline == pipeline && s.stage == stage)
-                .map(Cow::Borrowed)
-                .or_else(|| self.source_entry(pipeline, stage).map(Cow::Owned))
+                .cloned()
+                .or_else(|| self.source_entry(pipeline, stage))
                 .ok_or_else(|| ApiError::UnknownStage(format!("{pipeline}/{stage}")));
         }
         let dlq_topic = default_dlq(pipeline, stage);
         match self.broker().topic_stats(&dlq_topic).await {
-            Ok(_) => Ok(Cow::Owned(StageEntry {
+            Ok(_) => Ok(StageEntry {
                 pipeline: pipeline.to_owned(),
                 stage: stage.to_owned(),
                 inputs: vec![StageInput {
@@ -466,7 +502,7 @@ impl AdminState {
                 dlq_topic,
                 kind: "plugin".into(),
                 target: None,
-            })),
+            }),
             Err(BrokerError::UnknownTopic(_)) => Err(ApiError::NoDlqTopic {
                 stage: format!("{pipeline}/{stage}"),
                 topic: dlq_topic,
@@ -518,6 +554,18 @@ fn zero_series(metrics: &Metrics, topics: &HashMap<String, TopicEntry>, stages: 
     }
 }
 
+/// Removes the per-stage series of stages a reload removed, so `/metrics`
+/// shows no stage that no longer runs (their counters start again at zero
+/// if the stage comes back).
+fn forget_removed(metrics: &Metrics, old: &[StageEntry], new: &[StageEntry]) {
+    for gone in old.iter().filter(|o| {
+        !new.iter()
+            .any(|n| n.pipeline == o.pipeline && n.stage == o.stage)
+    }) {
+        metrics.forget_stage(&gone.pipeline, &gone.stage);
+    }
+}
+
 /// The largest body a DLQ redrive or purge request takes.
 const DLQ_BODY_LIMIT: usize = 64 * 1024;
 
@@ -554,6 +602,12 @@ pub(crate) fn router(state: AdminState) -> Router {
         .route("/v1/dlq/{pipeline}/{stage}/{seq}", get(dlq::show))
         .route("/v1/stages/{pipeline}/{stage}/pause", post(stages::pause))
         .route("/v1/stages/{pipeline}/{stage}/resume", post(stages::resume))
+        .route(
+            "/v1/reload",
+            post(reload::reload)
+                .get(reload::summary)
+                .layer(DefaultBodyLimit::max(DLQ_BODY_LIMIT)),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))

@@ -86,7 +86,7 @@ fn wants_openmetrics(accept: &str) -> bool {
 /// scrape: the counters are still worth having.
 async fn refresh_gauges(state: &AdminState) {
     let metrics = state.metrics();
-    for stage in &state.inner.stages {
+    for stage in &state.catalog().stages {
         let backlog = match super::status::backlog(state, stage).await {
             Ok(backlog) => backlog,
             Err(err) => {

@@ -202,8 +202,9 @@ pub(super) async fn backlog(
 pub(super) async fn status(
     State(state): State<AdminState>,
 ) -> Result<Json<Vec<StageStatus>>, ApiError> {
-    let mut out = Vec::with_capacity(state.inner.stages.len());
-    for (index, stage) in state.inner.stages.iter().enumerate() {
+    let catalog = state.catalog();
+    let mut out = Vec::with_capacity(catalog.stages.len());
+    for (index, stage) in catalog.stages.iter().enumerate() {
         let backlog = backlog(&state, stage).await?;
         let total = state
             .metrics()
@@ -220,7 +221,7 @@ pub(super) async fn status(
             in_flight: backlog.consumer.in_flight,
             oldest_age_seconds: backlog.consumer.oldest_age.map(|d| d.as_secs_f64()),
             dlq_depth: backlog.dlq_depth,
-            processed_per_sec: state.inner.rates.rate(index, Instant::now(), total),
+            processed_per_sec: catalog.rates.rate(index, Instant::now(), total),
             processed_total: total,
             kind: stage.kind.clone(),
             target: stage.target.clone(),
@@ -336,11 +337,12 @@ pub(super) async fn sample(state: AdminState) {
     loop {
         tick.tick().await;
         let now = Instant::now();
-        for (index, stage) in state.inner.stages.iter().enumerate() {
+        let catalog = state.catalog();
+        for (index, stage) in catalog.stages.iter().enumerate() {
             let total = state
                 .metrics()
                 .processed_total(&stage.pipeline, &stage.stage);
-            state.inner.rates.record(index, now, total);
+            catalog.rates.record(index, now, total);
         }
     }
 }
@@ -356,6 +358,28 @@ impl Rates {
             rings: (0..stages)
                 .map(|_| Mutex::new(VecDeque::with_capacity(SAMPLES)))
                 .collect(),
+        }
+    }
+
+    /// Moves the samples of the stages that stay from `old` (indexed as
+    /// `old_stages`) into `self` (indexed as `new_stages`), after a reload.
+    pub(super) fn carry_over(
+        &self,
+        old: &Rates,
+        old_stages: &[super::StageEntry],
+        new_stages: &[super::StageEntry],
+    ) {
+        for (to, stage) in new_stages.iter().enumerate() {
+            let Some(from) = old_stages
+                .iter()
+                .position(|o| o.pipeline == stage.pipeline && o.stage == stage.stage)
+            else {
+                continue;
+            };
+            if let (Some(from), Some(to)) = (old.rings.get(from), self.rings.get(to)) {
+                let taken = std::mem::take(&mut *from.lock().unwrap_or_else(|e| e.into_inner()));
+                *to.lock().unwrap_or_else(|e| e.into_inner()) = taken;
+            }
         }
     }
 

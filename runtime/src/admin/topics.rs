@@ -152,7 +152,8 @@ pub(super) struct ReadQuery {
 pub(super) async fn list(
     State(state): State<AdminState>,
 ) -> Result<Json<Vec<TopicView>>, ApiError> {
-    let mut names: Vec<&String> = state.inner.topics.keys().collect();
+    let catalog = state.catalog();
+    let mut names: Vec<&String> = catalog.topics.keys().collect();
     names.sort();
     let mut views = Vec::with_capacity(names.len());
     for name in names {

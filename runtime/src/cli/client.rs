@@ -191,6 +191,41 @@ impl Client {
         }
     }
 
+    /// Asks the running daemon to reload its files (`POST /v1/reload`) and
+    /// waits up to `timeout` for its report; a refused reload is a report
+    /// too (`ok: false`, with its errors).
+    pub(crate) fn reload(
+        &self,
+        force: bool,
+        timeout: Duration,
+    ) -> Result<crate::reload::ReloadReport, ClientError> {
+        match &self.transport {
+            Transport::Daemon(http) => http.reload(force, timeout),
+            Transport::Direct(_) => Err(ClientError::Usage(
+                "reload needs a running daemon; point --admin at one".into(),
+            )),
+        }
+    }
+
+    /// The running daemon's reload counts and last report (`GET
+    /// /v1/reload`); `None` from a daemon that predates reloads.
+    pub(crate) fn reload_summary(
+        &self,
+    ) -> Result<Option<crate::reload::ReloadSummary>, ClientError> {
+        match &self.transport {
+            Transport::Daemon(http) => match http.get("/v1/reload", DEFAULT_TIMEOUT) {
+                Ok(summary) => Ok(Some(summary)),
+                Err(ClientError::Api { status, .. })
+                    if status == reqwest::StatusCode::NOT_FOUND =>
+                {
+                    Ok(None)
+                }
+                Err(err) => Err(err),
+            },
+            Transport::Direct(_) => Ok(None),
+        }
+    }
+
     /// The sources of the running daemon (`GET /v1/sources`).
     pub(crate) fn sources(&self) -> Result<Vec<crate::admin::SourceStatus>, ClientError> {
         match &self.transport {
@@ -678,6 +713,32 @@ impl Http {
 
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// `POST /v1/reload`: its report whether it applied (200) or was
+    /// refused (422); any other answer is an error.
+    fn reload(
+        &self,
+        force: bool,
+        timeout: Duration,
+    ) -> Result<crate::reload::ReloadReport, ClientError> {
+        let response = self
+            .http
+            .post(self.url("/v1/reload"))
+            .json(&serde_json::json!({ "force": force }))
+            .timeout(timeout)
+            .send()
+            .map_err(|e| self.transport(e))?;
+        let status = response.status();
+        if status.is_success() || status == reqwest::StatusCode::UNPROCESSABLE_ENTITY {
+            return response.json().map_err(|e| {
+                ClientError::Failed(format!(
+                    "the daemon at {} sent a reload report this sluice cannot read: {e}",
+                    self.base
+                ))
+            });
+        }
+        Err(self.api_error(status, response))
     }
 
     fn send<T: DeserializeOwned>(&self, request: RequestBuilder) -> Result<T, ClientError> {

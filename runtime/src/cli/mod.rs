@@ -12,6 +12,7 @@ mod dlq;
 mod plugin_author;
 mod plugin_test;
 mod publish;
+mod reload;
 mod run;
 mod schema;
 mod stage;
@@ -48,13 +49,28 @@ enum Command {
     /// serves the admin API on --admin and runs every stage until SIGTERM or SIGINT.
     /// Several daemons on the same pipelines and NATS share the work. On shutdown it
     /// stops fetching, lets in-flight messages finish within each pipeline's
-    /// `shutdown_timeout`, returns the rest to the queue and exits 0. Logs go to stderr
+    /// `shutdown_timeout`, returns the rest to the queue and exits 0. SIGHUP (or `sluice
+    /// reload`, or a file change with --watch) reloads the files without a restart. Under
+    /// systemd (Type=notify) it reports readiness and pings the watchdog. Logs go to stderr
     /// (filter with SLUICE_LOG).
     ///
     /// Example: sluice run pipelines/ --data-dir /var/lib/sluice --admin 127.0.0.1:7400
     ///
     /// Example: sluice run pipelines/ --broker nats://10.0.0.5:4222,10.0.0.6:4222?replicas=3
     Run(run::Args),
+    /// Reload the running daemon's pipeline files and plugins without a restart.
+    ///
+    /// The daemon checks every file and plugin first, as at start-up; if any is wrong it
+    /// changes nothing, keeps running its previous configuration, and this prints each
+    /// problem as `file:line:col: message` and exits 2. Otherwise it applies only what
+    /// changed: a stage with a new plugin build or new settings finishes its calls in
+    /// flight (within its pipeline's shutdown_timeout) and goes on with the new ones; an
+    /// added stage starts; a removed stage drains. Removing a topic that still holds
+    /// messages is refused unless --force. Prints what changed and exits 0. SIGHUP and
+    /// `sluice run --watch` do the same reload; `sluice status` shows the last one.
+    ///
+    /// Example: sluice reload   (systemd: ExecReload=sluice reload)
+    Reload(reload::Args),
     /// Work with handler plugins (WebAssembly components).
     #[command(subcommand)]
     Plugin(PluginCommand),
@@ -194,6 +210,7 @@ pub fn main() -> ExitCode {
             | Command::Dlq(_)
             | Command::Stage(_)
             | Command::Status(_)
+            | Command::Reload(_)
             | Command::Data(_)
     );
     init_logging(if quiet { "warn" } else { "info" });
@@ -209,6 +226,7 @@ pub fn main() -> ExitCode {
         Command::Dlq(command) => dlq::run(command),
         Command::Stage(command) => stage::run(command),
         Command::Status(args) => status::run(args),
+        Command::Reload(args) => reload::run(args),
         Command::Data(command) => data::run(command),
     }
 }

@@ -88,6 +88,12 @@ pub(crate) struct Args {
     #[arg(long, env = "SLUICE_ADMIN_BODY_IDLE_TIMEOUT", value_name = "DURATION",
           value_parser = super::args::duration, default_value = "30s", hide = true)]
     admin_body_idle_timeout: std::time::Duration,
+    /// Reload when a pipeline file (or a file added to a directory given) or a stage's
+    /// plugin changes, once the files have stood still for half a second: for development,
+    /// or a deploy that writes files in place. The same reload as SIGHUP and `sluice
+    /// reload`: an invalid set changes nothing and is logged.
+    #[arg(long)]
+    watch: bool,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -128,6 +134,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
             body_budget: args.admin_body_budget,
             body_idle: args.admin_body_idle_timeout,
         },
+        watch: args.watch,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -158,6 +165,13 @@ pub(crate) fn run(args: Args) -> ExitCode {
             started.admin,
             started.broker
         );
+        crate::service::ready(&format!(
+            "running {}; admin on {}://{}",
+            names.join(", "),
+            started.admin_scheme,
+            started.admin
+        ));
+        crate::service::spawn_watchdog();
     }));
     // Work abandoned at the shutdown deadline (a blocking write on a dead
     // disk, say) must not hold the exit: the runtime waits for nothing more.
@@ -219,4 +233,5 @@ async fn shutdown_signal() {
         _ = term.recv() => tracing::info!("SIGTERM received"),
         _ = int.recv() => tracing::info!("SIGINT received"),
     }
+    crate::service::stopping();
 }

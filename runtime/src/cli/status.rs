@@ -6,6 +6,7 @@
 //! upstream's lag, and whether it reaches its upstream. The first place to
 //! look when a pipeline is slow or stuck.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use super::client::{AdminArgs, Client, ClientError};
@@ -63,6 +64,7 @@ fn status(args: &Args) -> Result<(), ClientError> {
     }
     let stages = client.status()?;
     let sources = client.sources()?;
+    let reloads = client.reload_summary()?;
     let written = {
         let rows: Vec<Vec<String>> = stages
             .iter()
@@ -151,8 +153,35 @@ fn status(args: &Args) -> Result<(), ClientError> {
                 &rows,
             )
         })
+        .and_then(|()| match reloads.as_ref().and_then(reload_text) {
+            Some(line) => writeln!(out, "\n{line}"),
+            None => Ok(()),
+        })
     };
     written.map_err(|e| ClientError::Failed(format!("cannot write output: {e}")))
+}
+
+/// The reload line under the tables, once the daemon has reloaded:
+/// `reloads: 3 applied, 1 refused; last refused at T (SIGHUP): first error`.
+fn reload_text(summary: &crate::reload::ReloadSummary) -> Option<String> {
+    let last = summary.last.as_ref()?;
+    let what = if last.ok {
+        format!("applied at {} ({})", last.at, last.trigger)
+    } else {
+        format!(
+            "REFUSED at {} ({}): {}",
+            last.at,
+            last.trigger,
+            last.errors
+                .first()
+                .map(ToString::to_string)
+                .unwrap_or_default()
+        )
+    };
+    Some(format!(
+        "reloads: {} applied, {} refused; last {what}",
+        summary.succeeded, summary.failed
+    ))
 }
 
 /// A source's lag for the table: the total, then per partition where the

@@ -72,6 +72,16 @@ impl Health {
         }
     }
 
+    /// `connector` was removed by a reload: an outage it had no longer
+    /// holds readiness down, and its gauge goes.
+    pub fn forget(&self, metrics: &Metrics, connector: &str) {
+        let mut down = self.down.lock().unwrap_or_else(PoisonError::into_inner);
+        if down.remove(connector).is_some() {
+            self.outages.fetch_sub(1, Ordering::SeqCst);
+        }
+        metrics.forget_connector(connector);
+    }
+
     /// Every connector that is down, with why, for readiness.
     pub fn outages(&self) -> Vec<(String, String)> {
         self.down

@@ -202,6 +202,11 @@ pub async fn run(setup: SourceSetup, broker: Arc<dyn Broker>, stop: watch::Recei
     };
     let label = route.ctx.label();
     route.ctx.metrics.connector_started(&label);
+    // Its count at zero from the first scrape, as every stage's.
+    route
+        .ctx
+        .metrics
+        .count_source(&route.ctx.pipeline, &route.ctx.name, 0);
     let mut runner = Runner {
         route: &route,
         broker: &broker,

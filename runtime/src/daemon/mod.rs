@@ -5,8 +5,16 @@
 //! bad file never leaves a partial daemon behind. Then the admin address is
 //! bound, the broker opened, topics and consumers declared, and the stages
 //! started. SIGTERM or SIGINT drains the stages (see `engine`) and flushes
-//! the broker before exit.
+//! the broker before exit. In between, a reload (`reload.rs`: SIGHUP,
+//! `POST /v1/reload`, or a file change seen by `watch.rs`) applies changed
+//! files with the same all-or-nothing check first; `sources.rs` keeps the
+//! running sources, each stoppable alone.
 
+mod reload;
+mod sources;
+mod watch;
+
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,6 +30,7 @@ use crate::dedup::DedupStore;
 use crate::engine::{Engine, StageHandler, StageSetup};
 use crate::metrics::Metrics;
 use crate::plugin::{HostConfig, HostError, LoadError, PluginHost};
+use sources::Sources;
 
 /// How to run.
 #[derive(Debug, Clone)]
@@ -48,6 +57,8 @@ pub struct DaemonOptions {
     pub admin_tls: Option<(PathBuf, PathBuf)>,
     /// The admin server's connection cap, header timeout and body budget.
     pub admin_limits: admin::ServerLimits,
+    /// Reload when a pipeline file or a plugin changes (`--watch`).
+    pub watch: bool,
 }
 
 /// Why the daemon could not start or stopped badly.
@@ -117,15 +128,9 @@ pub struct Started {
 /// Loads and checks every pipeline and its plugins; nothing else.
 pub fn load(opts: &DaemonOptions) -> Result<(Vec<Pipeline>, PluginHost), DaemonError> {
     let pipelines = config::load(&opts.paths).map_err(DaemonError::Config)?;
-    choose_broker(opts.broker.as_deref(), &pipelines)?;
-    let workers: u32 = pipelines
-        .iter()
-        .flat_map(|p| &p.stages)
-        .filter(|s| !s.is_sink())
-        .map(|s| s.concurrency.get())
-        .sum();
+    parse_broker(&broker_url(opts.broker.as_deref(), &pipelines)?)?;
     let host = PluginHost::new(HostConfig {
-        max_instances: workers.saturating_add(8).max(opts.host.max_instances),
+        max_instances: instance_capacity(&pipelines, &opts.host),
         ..opts.host.clone()
     })?;
     let pipelines =
@@ -133,8 +138,27 @@ pub fn load(opts: &DaemonOptions) -> Result<(Vec<Pipeline>, PluginHost), DaemonE
     Ok((pipelines, host))
 }
 
+/// How many plugin instances the host keeps room for: every worker slot
+/// twice over (a reload starts a stage's new workers while its old ones
+/// finish their calls), plus a few for `plugin test`-like one-offs, and at
+/// least the configured number.
+fn instance_capacity(pipelines: &[Pipeline], host: &HostConfig) -> u32 {
+    let workers: u32 = pipelines
+        .iter()
+        .flat_map(|p| &p.stages)
+        .filter(|s| !s.is_sink())
+        .map(|s| s.concurrency.get())
+        .sum();
+    workers
+        .saturating_mul(2)
+        .saturating_add(8)
+        .max(host.max_instances)
+}
+
 /// Runs the daemon until `shutdown` resolves, then drains and returns.
-/// `ready` is called once everything is up.
+/// `ready` is called once everything is up. Meanwhile it reloads its files
+/// when asked (SIGHUP, `POST /v1/reload`, and file changes with
+/// [`DaemonOptions::watch`]): see [`reload`].
 pub async fn run(
     opts: DaemonOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -142,7 +166,8 @@ pub async fn run(
 ) -> Result<(), DaemonError> {
     raise_open_files_limit();
     let (pipelines, host) = load(&opts)?;
-    let choice = choose_broker(opts.broker.as_deref(), &pipelines)?;
+    let broker_url = broker_url(opts.broker.as_deref(), &pipelines)?;
+    let choice = parse_broker(&broker_url)?;
     if !opts.admin.ip().is_loopback() && !opts.admin_access.has_token() {
         if !opts.admin_insecure {
             return Err(DaemonError::InsecureAdmin(opts.admin));
@@ -210,26 +235,14 @@ pub async fn run(
 
     let health = Arc::new(connect::Health::new());
     let mut setups = Vec::new();
+    let mut plugin_shas = HashMap::new();
     for pipeline in &pipelines {
         for stage in &pipeline.stages {
-            if let Some(sink) = &stage.sink {
-                setups.push(sink_setup(pipeline, stage, sink, &metrics, &health).await?);
-                continue;
+            let (setup, sha) = stage_setup(pipeline, stage, &host, &metrics, &health).await?;
+            if let Some(sha) = sha {
+                plugin_shas.insert(stage_key(pipeline, stage), sha);
             }
-            let plugin = host.load(&stage.plugin)?;
-            // Checked at validation too; again here, on the bytes loaded.
-            stage
-                .check_pin(plugin.sha256())
-                .map_err(DaemonError::PluginPin)?;
-            let handlers: Vec<Box<dyn StageHandler>> = (0..stage.concurrency.get())
-                .map(|_| Box::new(plugin.worker(stage.worker_settings())) as Box<dyn StageHandler>)
-                .collect();
-            setups.push(StageSetup {
-                pipeline: pipeline.name.clone(),
-                stage: stage.clone(),
-                shutdown_timeout: pipeline.shutdown_timeout.get(),
-                handlers,
-            });
+            setups.push(setup);
         }
     }
     let engine = Engine::start(
@@ -242,15 +255,10 @@ pub async fn run(
     .await?;
     // Sources start once the stages read: their topics' consumers exist,
     // so backpressure counts them from the first read.
-    let (stop_sources, sources_stopped) = tokio::sync::watch::channel(false);
-    let mut sources = tokio::task::JoinSet::new();
-    for setup in source_setups(&pipelines, &metrics, &health).await? {
-        let span =
-            tracing::info_span!("source", pipeline = %setup.ctx.pipeline, source = %setup.ctx.name);
-        sources.spawn(tracing::Instrument::instrument(
-            connect::source::run(setup, broker.clone(), sources_stopped.clone()),
-            span,
-        ));
+    let mut sources = Sources::default();
+    for plan in sources::plans(&pipelines) {
+        let setup = sources::setup(&plan, &metrics, &health).await?;
+        sources.start(plan, setup, broker.clone());
     }
     let (stop_sweeper, sweeper_stopped) = tokio::sync::watch::channel(false);
     let sweeper = claims.clone().map(|claims| {
@@ -276,21 +284,66 @@ pub async fn run(
     } else {
         "http"
     };
+    let (reload_requests, mut reloads) = tokio::sync::mpsc::channel(crate::reload::QUEUE);
+    state.reloads().connect(reload_requests.clone());
     let admin_task = tokio::spawn(admin::serve(listener, state.clone(), async move {
         let _ = admin_stopped.await;
     }));
 
-    ready(&Started {
+    let mut live = reload::Live {
+        paths: opts.paths.clone(),
+        broker_flag: opts.broker.clone(),
+        broker_url,
+        host,
+        host_config: opts.host.clone(),
+        broker: broker.clone(),
+        metrics: metrics.clone(),
+        health,
+        engine,
+        sources,
+        plugin_shas,
+        pipelines,
+        state: state.clone(),
+        watched: tokio::sync::watch::channel(Vec::new()).0,
+    };
+    live.publish_watched();
+    let hangups = tokio::spawn(reload::on_hangup(reload_requests.clone()));
+    let watcher = opts
+        .watch
+        .then(|| tokio::spawn(watch::watch(live.watched.subscribe(), reload_requests)));
+
+    let started = Started {
         admin: admin_addr,
         admin_scheme,
         broker: broker_label,
-        pipelines: pipelines
+        pipelines: live
+            .pipelines
             .iter()
             .map(|p| (p.name.clone(), p.stages.len()))
             .collect(),
-    });
+    };
+    ready(&started);
 
-    shutdown.await;
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            Some(request) = reloads.recv() => live.serve(request, &started).await,
+        }
+    }
+    hangups.abort();
+    if let Some(watcher) = watcher {
+        watcher.abort();
+    }
+    // Requests still queued get no answer: their callers see the shutdown.
+    drop(reloads);
+    let reload::Live {
+        engine,
+        mut sources,
+        pipelines,
+        ..
+    } = live;
+
     // The whole shutdown keeps the longest `shutdown_timeout` (plus
     // FLUSH_GRACE): the stages keep their own deadlines, and every step
     // after them is bounded, so a dead broker cannot hold the exit.
@@ -306,17 +359,10 @@ pub async fn run(
     state.start_draining();
     // Sources first: nothing new enters while the stages drain. A read
     // being published finishes (and is acked upstream) or is given back.
-    let _ = stop_sources.send(true);
-    if tokio::time::timeout_at(deadline, async {
-        while sources.join_next().await.is_some() {}
-    })
-    .await
-    .is_err()
-    {
+    if !sources.stop(None, deadline).await {
         tracing::warn!(
             "a source did not stop by the shutdown deadline; what it read and did not acknowledge is read again after a restart"
         );
-        sources.abort_all();
     }
     engine.shutdown().await;
     let _ = stop_sweeper.send(true);
@@ -349,6 +395,47 @@ pub async fn run(
         Ok(Ok(Err(err))) => Err(DaemonError::Admin(err)),
         Ok(Err(err)) => Err(DaemonError::Admin(std::io::Error::other(err))),
     }
+}
+
+/// `(pipeline, stage)`: how the engine and a reload name a stage.
+pub(crate) type StageKey = (String, String);
+
+fn stage_key(pipeline: &Pipeline, stage: &crate::config::Stage) -> StageKey {
+    (pipeline.name.clone(), stage.name.clone())
+}
+
+/// A stage's setup: a sink's connector, or the plugin's workers (with the
+/// plugin's sha256, which a reload compares).
+async fn stage_setup(
+    pipeline: &Pipeline,
+    stage: &crate::config::Stage,
+    host: &PluginHost,
+    metrics: &Arc<Metrics>,
+    health: &Arc<connect::Health>,
+) -> Result<(StageSetup, Option<String>), DaemonError> {
+    if let Some(sink) = &stage.sink {
+        return Ok((
+            sink_setup(pipeline, stage, sink, metrics, health).await?,
+            None,
+        ));
+    }
+    let plugin = host.load(&stage.plugin)?;
+    // Checked at validation too; again here, on the bytes loaded.
+    stage
+        .check_pin(plugin.sha256())
+        .map_err(DaemonError::PluginPin)?;
+    let handlers: Vec<Box<dyn StageHandler>> = (0..stage.concurrency.get())
+        .map(|_| Box::new(plugin.worker(stage.worker_settings())) as Box<dyn StageHandler>)
+        .collect();
+    Ok((
+        StageSetup {
+            pipeline: pipeline.name.clone(),
+            stage: stage.clone(),
+            shutdown_timeout: pipeline.shutdown_timeout.get(),
+            handlers,
+        },
+        Some(plugin.sha256().to_owned()),
+    ))
 }
 
 /// The stage that runs a sink: its connector built (not yet connected)
@@ -390,57 +477,6 @@ async fn sink_setup(
     })
 }
 
-/// Every source of every pipeline, built (not yet connected).
-async fn source_setups(
-    pipelines: &[Pipeline],
-    metrics: &Arc<Metrics>,
-    health: &Arc<connect::Health>,
-) -> Result<Vec<connect::source::SourceSetup>, DaemonError> {
-    let mut setups = Vec::new();
-    for pipeline in pipelines {
-        for source in &pipeline.sources {
-            let ctx = connect::Context {
-                pipeline: pipeline.name.clone(),
-                name: source.name.clone(),
-                metrics: metrics.clone(),
-                health: health.clone(),
-            };
-            let connector = source.connector().ok_or_else(|| {
-                DaemonError::Unsupported(format!("source `{}` has no connector block", source.name))
-            })?;
-            let built = connector.build(&ctx).await?;
-            tracing::info!(source = %ctx.label(), upstream = %connector.describe(), to = %source.to, "source ready");
-            let high_water_mark = pipelines
-                .iter()
-                .flat_map(|p| &p.topics)
-                .filter(|t| t.name == source.to)
-                .filter_map(|t| t.high_water_mark)
-                .min();
-            let subscribers = pipelines
-                .iter()
-                .flat_map(|p| {
-                    p.stages
-                        .iter()
-                        .flat_map(|s| crate::broker::stage_inputs(&p.name, s))
-                        .filter(|input| input.topic == source.to)
-                        .map(|input| input.consumer)
-                })
-                .collect();
-            setups.push(connect::source::SourceSetup {
-                ctx,
-                source: built,
-                topic: source.to.clone(),
-                dlq_topic: source.dlq_topic(&pipeline.name),
-                high_water_mark,
-                subscribers,
-                delay_from: source.delay_from.clone(),
-                read_max: connector.read_max(),
-            });
-        }
-    }
-    Ok(setups)
-}
-
 /// How long past the shutdown deadline the broker's final flush may take
 /// (the sweeper's stop a quarter, the admin server's close half of it). A flush of the embedded broker is one
 /// fsync; a NATS connection that cannot flush by then is not waited for.
@@ -474,40 +510,42 @@ enum BrokerChoice {
     Nats(NatsOptions),
 }
 
-/// The broker for these pipelines: `--broker`/`SLUICE_BROKER` if given
+/// The broker URL for these pipelines: `--broker`/`SLUICE_BROKER` if given
 /// (so the same files run on either broker unchanged), else the one their
 /// `broker:` fields agree on.
-fn choose_broker(flag: Option<&str>, pipelines: &[Pipeline]) -> Result<BrokerChoice, DaemonError> {
-    let url = match flag {
-        Some(url) => url.to_owned(),
-        None => {
-            let mut named: Vec<&Pipeline> = Vec::new();
-            for pipeline in pipelines {
-                if !named.iter().any(|p| p.broker == pipeline.broker) {
-                    named.push(pipeline);
-                }
-            }
-            if let [first, second, ..] = named.as_slice() {
-                return Err(DaemonError::Unsupported(format!(
-                    "one daemon runs on one broker, but `{}` ({}) uses `{}` and `{}` ({}) uses `{}`; run them in separate daemons, or pass --broker to choose one for all",
-                    first.name,
-                    first.source.display(),
-                    first.broker,
-                    second.name,
-                    second.source.display(),
-                    second.broker
-                )));
-            }
-            named
-                .first()
-                .map_or_else(crate::config::default_broker, |p| p.broker.clone())
+fn broker_url(flag: Option<&str>, pipelines: &[Pipeline]) -> Result<String, DaemonError> {
+    if let Some(url) = flag {
+        return Ok(url.to_owned());
+    }
+    let mut named: Vec<&Pipeline> = Vec::new();
+    for pipeline in pipelines {
+        if !named.iter().any(|p| p.broker == pipeline.broker) {
+            named.push(pipeline);
         }
-    };
+    }
+    if let [first, second, ..] = named.as_slice() {
+        return Err(DaemonError::Unsupported(format!(
+            "one daemon runs on one broker, but `{}` ({}) uses `{}` and `{}` ({}) uses `{}`; run them in separate daemons, or pass --broker to choose one for all",
+            first.name,
+            first.source.display(),
+            first.broker,
+            second.name,
+            second.source.display(),
+            second.broker
+        )));
+    }
+    Ok(named
+        .first()
+        .map_or_else(crate::config::default_broker, |p| p.broker.clone()))
+}
+
+/// The broker a URL names.
+fn parse_broker(url: &str) -> Result<BrokerChoice, DaemonError> {
     if url == "embedded" {
         return Ok(BrokerChoice::Embedded);
     }
-    if NatsOptions::is_nats_url(&url) {
-        return NatsOptions::parse(&url)
+    if NatsOptions::is_nats_url(url) {
+        return NatsOptions::parse(url)
             .map(BrokerChoice::Nats)
             .map_err(|e| DaemonError::Unsupported(e.to_string()));
     }
@@ -522,7 +560,7 @@ fn choose_broker(flag: Option<&str>, pipelines: &[Pipeline]) -> Result<BrokerCho
 /// the retry horizon of every stage publishing to it: a stage republishes
 /// its outputs (same ids) at most `ack_wait` after a crash, or one backoff
 /// after a failed completion, so twice the longer of the two is kept.
-fn topic_specs(pipelines: &[Pipeline]) -> Vec<TopicSpec> {
+pub(crate) fn topic_specs(pipelines: &[Pipeline]) -> Vec<TopicSpec> {
     let mut specs: Vec<TopicSpec> = Vec::new();
     let mut add = |name: String, retention: Option<std::time::Duration>| {
         if !specs.iter().any(|s| s.name == name) {

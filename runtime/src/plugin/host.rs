@@ -78,6 +78,8 @@ pub(crate) struct HostInner {
     pub(crate) epoch_interruption: bool,
     /// The pooled slot size: no stage limit can exceed it.
     pub(crate) max_memory: usize,
+    /// How many instances may be alive at once.
+    max_instances: u32,
     /// Counts epoch ticks; deadlines are measured on it.
     pub(crate) clock: TickClock,
     _ticker: Option<EpochTicker>,
@@ -112,6 +114,7 @@ impl PluginHost {
                 cache,
                 epoch_interruption: config.epoch_interruption,
                 max_memory: config.max_memory.min(MAX_WASM32_MEMORY),
+                max_instances: config.max_instances,
                 clock,
                 _ticker: ticker,
             }),
@@ -122,6 +125,12 @@ impl PluginHost {
     /// configured and is safe: see the `cache` module).
     pub fn caches_compiled_plugins(&self) -> bool {
         self.inner.cache.is_enabled()
+    }
+
+    /// How many plugin instances may be alive at once
+    /// ([`HostConfig::max_instances`]).
+    pub fn max_instances(&self) -> u32 {
+        self.inner.max_instances
     }
 
     /// Loads, compiles (or fetches from the cache), checks and pre-links the

@@ -727,7 +727,7 @@ fn preview(payload: &[u8]) -> String {
 /// default, so `curl -X POST` with no body works. A body, or a content
 /// type, must be `application/json`: a browser's form-encoded or
 /// `text/plain` post (no CORS preflight) is refused with 415.
-fn json_body<T: DeserializeOwned + Default>(
+pub(super) fn json_body<T: DeserializeOwned + Default>(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
     limit: usize,
