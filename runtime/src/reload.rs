@@ -59,6 +59,10 @@ pub struct ReloadReport {
     pub at: String,
     /// How long it took, validation and drains included.
     pub took_ms: u64,
+    /// The version of the configuration running after it (a hash of the
+    /// pipeline files and plugins): daemons sharing a NATS that show the
+    /// same one run the same files.
+    pub version: String,
     /// What changed (nothing when `ok` is false).
     pub changes: Changes,
     /// Why it changed nothing: each problem, at `file:line:col` where it

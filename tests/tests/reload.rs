@@ -604,3 +604,57 @@ fn twenty_reloads_under_two_thousand_messages_a_second_lose_and_repeat_nothing()
         swaps.len()
     );
 }
+
+/// Two daemons on one NATS, each with its own copy of the files: after the
+/// first reloads, they run different configurations, and it says so; after
+/// the second, they agree again, and it says how long the switch took.
+#[test]
+fn daemons_on_nats_log_the_window_in_which_they_run_different_configurations() {
+    let server = sluice_harness::nats::NatsServer::start().expect("nats-server");
+    let (one, two) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let start = |dir: &Path| {
+        install_a(dir, "identity");
+        let file = pipeline(dir, 2, "", "");
+        Daemon::start_with_broker(Some(server.url()), &[&file], &dir.join("data"))
+    };
+    let (first, second) = (start(one.path()), start(two.path()));
+
+    install_a(one.path(), "uppercase");
+    let (code, report_one) = cli_reload(&first, &[]);
+    assert_eq!(code, 0, "{report_one}");
+    let split = "the daemons on this NATS run different configurations";
+    first.wait_until("the first daemon to see the split", LONG, |d| {
+        d.log().contains(split)
+    });
+
+    install_a(two.path(), "uppercase");
+    let (code, report_two) = cli_reload(&second, &[]);
+    assert_eq!(code, 0, "{report_two}");
+    assert_eq!(
+        report_one["version"], report_two["version"],
+        "the same files, the same version"
+    );
+    // The first daemon saw them disagree, so it says when they agree.
+    let agreed = "all 2 daemons on this NATS run configuration";
+    first.wait_until("the daemons to agree again", LONG, |d| {
+        d.log().contains(agreed)
+    });
+    let log = first.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains(agreed))
+        .expect("the agreement line");
+    let seconds: f64 = line
+        .rsplit("over ")
+        .next()
+        .and_then(|rest| rest.trim_end_matches(" s").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no window in {line:?}"));
+    assert!(seconds > 0.0, "{line}");
+    assert!(
+        line.contains(report_two["version"].as_str().expect("a version")),
+        "{line}"
+    );
+}

@@ -28,6 +28,7 @@ pub(crate) mod memory;
 pub mod nats;
 mod portable;
 pub mod rates;
+pub mod versions;
 
 pub use portable::{Unportable, check_portable};
 
@@ -445,6 +446,14 @@ pub trait Broker: Send + Sync + 'static {
     /// and the embedded broker, which one daemon owns): each daemon keeps
     /// its buckets in memory.
     fn shared_rates(&self) -> Option<Arc<dyn rates::SharedRates>> {
+        None
+    }
+
+    /// Where daemons sharing this broker announce which configuration they
+    /// run, so a reload rolled out one daemon at a time can log how long
+    /// they disagreed. `None` (the default, and the embedded broker, which
+    /// one daemon owns): there is no one to disagree with.
+    fn shared_versions(&self) -> Option<Arc<dyn versions::SharedVersions>> {
         None
     }
 

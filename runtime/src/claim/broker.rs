@@ -219,6 +219,14 @@ impl Broker for ClaimingBroker {
     fn shared_rates(&self) -> Option<Arc<dyn crate::broker::rates::SharedRates>> {
         self.inner.shared_rates()
     }
+
+    fn shared_versions(&self) -> Option<Arc<dyn crate::broker::versions::SharedVersions>> {
+        self.inner.shared_versions()
+    }
+
+    fn store_memory(&self) -> crate::broker::StoreMemory {
+        self.inner.store_memory()
+    }
 }
 
 #[cfg(test)]

@@ -68,8 +68,9 @@ fn print(report: &crate::reload::ReloadReport) -> std::io::Result<()> {
     }
     writeln!(
         std::io::stdout().lock(),
-        "reloaded in {} ms: {}",
+        "reloaded in {} ms (configuration {}): {}",
         report.took_ms,
+        report.version,
         report.changes.summary()
     )
 }

@@ -1,5 +1,32 @@
 //! Names that connectors put into SQL and commands: checked here, never
-//! spliced unchecked.
+//! spliced unchecked; and this daemon's own name among several.
+
+/// `<host>-<pid>`, made a plain name (`[A-Za-z0-9_.-]`): how this daemon
+/// names itself to others, as a Redis consumer, an AMQP consumer tag, or
+/// in the NATS bucket of configuration versions.
+pub fn this_daemon() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    let host: String = host
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "_.-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let host = if host.is_empty() {
+        "sluice".into()
+    } else {
+        host
+    };
+    format!("{host}-{}", std::process::id())
+}
 
 /// A Postgres identifier as Sluice accepts one: `[a-z_][a-z0-9_]*`, at
 /// most 63 bytes, optionally schema-qualified (`app.outbox`) when

@@ -12,6 +12,7 @@
 
 mod reload;
 mod sources;
+mod versions;
 mod watch;
 
 use std::collections::HashMap;
@@ -305,8 +306,17 @@ pub async fn run(
         pipelines,
         state: state.clone(),
         watched: tokio::sync::watch::channel(Vec::new()).0,
+        version: tokio::sync::watch::channel(String::new()).0,
     };
     live.publish_watched();
+    let version = versions::version(&live.pipelines, &live.plugin_shas);
+    tracing::info!(%version, "configuration version");
+    live.version.send_replace(version);
+    // Daemons sharing a NATS say which configuration each runs.
+    let versions = live
+        .broker
+        .shared_versions()
+        .map(|shared| tokio::spawn(versions::track(shared, live.version.subscribe())));
     let hangups = tokio::spawn(reload::on_hangup(reload_requests.clone()));
     let watcher = opts
         .watch
@@ -332,8 +342,8 @@ pub async fn run(
         }
     }
     hangups.abort();
-    if let Some(watcher) = watcher {
-        watcher.abort();
+    for task in [watcher, versions].into_iter().flatten() {
+        task.abort();
     }
     // Requests still queued get no answer: their callers see the shutdown.
     drop(reloads);

@@ -40,7 +40,7 @@ use crate::config::{self, Pipeline};
 use crate::connect;
 use crate::engine::Engine;
 use crate::metrics::Metrics;
-use crate::plugin::{HostConfig, PluginHost};
+use crate::plugin::{HostConfig, PluginHost, plugin_file_sha256};
 use crate::reload::{Changes, ReloadError, ReloadReport, ReloadRequest, Restart, Trigger};
 
 /// What runs now, and what a reload needs to change it.
@@ -68,6 +68,8 @@ pub(super) struct Live {
     pub(super) state: AdminState,
     /// The files `--watch` looks at: pipeline files and plugins.
     pub(super) watched: watch::Sender<Vec<PathBuf>>,
+    /// The running configuration's version (`versions.rs`).
+    pub(super) version: watch::Sender<String>,
 }
 
 /// What a validated set of files would change.
@@ -108,6 +110,7 @@ impl Live {
             forced: request.force,
             at: crate::timestamp::format_rfc3339_millis(crate::broker::now_millis()),
             took_ms: u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
+            version: self.version.borrow().clone(),
             changes,
             errors,
             warnings,
@@ -118,6 +121,7 @@ impl Live {
             tracing::info!(
                 trigger = %report.trigger,
                 took_ms = report.took_ms,
+                version = %report.version,
                 "reloaded: {}",
                 report.changes.summary()
             );
@@ -163,7 +167,7 @@ impl Live {
     async fn plan(&self) -> Result<Plan, Vec<ReloadError>> {
         let paths = self.paths.clone();
         let (host, host_config) = (self.host.clone(), self.host_config.clone());
-        let (pipelines, host) = tokio::task::spawn_blocking(move || {
+        let (pipelines, host, shas) = tokio::task::spawn_blocking(move || {
             let diagnostics = |d: config::Diagnostics| -> Vec<ReloadError> {
                 d.0.iter().map(ReloadError::from).collect()
             };
@@ -180,37 +184,37 @@ impl Live {
                 host
             };
             let pipelines = config::load_and_check_plugins(&paths, &host).map_err(diagnostics)?;
-            Ok::<_, Vec<ReloadError>>((pipelines, host))
+            // Each plugin stage's file, hashed, to see which changed (a
+            // file replaced since its check fails its load at step 2).
+            let mut shas = HashMap::new();
+            let mut errors = Vec::new();
+            for pipeline in &pipelines {
+                for stage in pipeline.stages.iter().filter(|s| !s.is_sink()) {
+                    match plugin_file_sha256(&stage.plugin) {
+                        Ok(sha) => {
+                            shas.insert((pipeline.name.clone(), stage.name.clone()), sha);
+                        }
+                        Err(err) => errors.push(ReloadError {
+                            file: Some(stage.plugin.display().to_string()),
+                            line: None,
+                            col: None,
+                            message: format!(
+                                "stage `{}` of pipeline `{}`: cannot read its plugin: {err}",
+                                stage.name, pipeline.name
+                            ),
+                        }),
+                    }
+                }
+            }
+            if errors.is_empty() {
+                Ok((pipelines, host, shas))
+            } else {
+                Err(errors)
+            }
         })
         .await
         .map_err(|e| vec![ReloadError::new(format!("the reload's check failed: {e}"))])??;
         self.check_fixed(&pipelines)?;
-
-        // Each plugin stage's bytes, to see which changed (from the cache:
-        // validation compiled them).
-        let mut shas = HashMap::new();
-        let mut errors = Vec::new();
-        for pipeline in &pipelines {
-            for stage in pipeline.stages.iter().filter(|s| !s.is_sink()) {
-                match host.load(&stage.plugin) {
-                    Ok(plugin) => {
-                        shas.insert(
-                            (pipeline.name.clone(), stage.name.clone()),
-                            plugin.sha256().to_owned(),
-                        );
-                    }
-                    Err(err) => errors.push(ReloadError {
-                        file: Some(pipeline.source.display().to_string()),
-                        line: None,
-                        col: None,
-                        message: format!("stage `{}`: {err}", stage.name),
-                    }),
-                }
-            }
-        }
-        if !errors.is_empty() {
-            return Err(errors);
-        }
 
         let old_stages = stages_of(&self.pipelines);
         let new_stages = stages_of(&pipelines);
@@ -378,10 +382,15 @@ impl Live {
             .stages_added
             .iter()
             .chain(plan.stages_restarted.iter().map(|(key, _)| key));
+        // The bytes actually loaded are what runs: their sha256 is kept.
+        let mut loaded = HashMap::new();
         for key in starting {
             let (pipeline, stage) = new_stages[key];
-            let (setup, _) =
+            let (setup, sha) =
                 stage_setup(pipeline, stage, &plan.host, &self.metrics, &self.health).await?;
+            if let Some(sha) = sha {
+                loaded.insert(key.clone(), sha);
+            }
             setups.push(setup);
         }
         let prepared = self.engine.prepare(setups).await?;
@@ -485,10 +494,13 @@ impl Live {
             topics_changed: plan.topics_changed.iter().map(|t| t.name.clone()).collect(),
         };
         self.plugin_shas = plan.shas;
+        self.plugin_shas.extend(loaded);
         self.host = plan.host;
         self.pipelines = plan.pipelines.into();
         self.state.replace_pipelines(self.pipelines.clone());
         self.publish_watched();
+        self.version
+            .send_replace(super::versions::version(&self.pipelines, &self.plugin_shas));
         Ok((changes, warnings))
     }
 

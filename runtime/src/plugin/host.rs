@@ -262,6 +262,19 @@ fn build_engine(config: &HostConfig) -> Result<Engine, HostError> {
     Engine::new(&wasm).map_err(|e| HostError::Engine(chain(&e)))
 }
 
+/// The sha256 a [`Plugin`] loaded from `path` reports
+/// ([`Plugin::sha256`]), read without compiling it: how a reload tells
+/// which plugin files changed.
+///
+/// # Errors
+///
+/// The file cannot be read.
+pub fn plugin_file_sha256(path: &Path) -> std::io::Result<String> {
+    Ok(super::cache::hex(&sha2::Sha256::digest(std::fs::read(
+        path,
+    )?)))
+}
+
 impl std::fmt::Debug for PluginHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PluginHost").finish_non_exhaustive()

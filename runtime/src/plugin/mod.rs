@@ -31,7 +31,7 @@ use std::sync::Arc;
 pub use bindings::{Emit, HandlerError, Level, Message};
 pub use cache::{CacheStatus, DEFAULT_CACHE_MAX_BYTES};
 pub use error::{HostError, LoadError};
-pub use host::{HostConfig, PluginHost, check_memory};
+pub use host::{HostConfig, PluginHost, check_memory, plugin_file_sha256};
 pub use inspect::Inspection;
 pub use worker::{Isolation, Limits, Outcome, Outputs, Worker, WorkerSettings};
 

@@ -32,6 +32,7 @@ mod options;
 mod provision;
 mod rates;
 mod schedules;
+mod versions;
 
 pub use codec::{KEY as KEY_HEADER, MSG_ID as MSG_ID_HEADER};
 pub use naming::{durable_name, stream_name};
@@ -862,6 +863,13 @@ impl Broker for NatsBroker {
     /// holds for all daemons together.
     fn shared_rates(&self) -> Option<Arc<dyn crate::broker::rates::SharedRates>> {
         Some(Arc::new(rates::NatsRates::new(
+            self.js.clone(),
+            self.options.replicas,
+        )))
+    }
+
+    fn shared_versions(&self) -> Option<Arc<dyn crate::broker::versions::SharedVersions>> {
+        Some(Arc::new(versions::NatsVersions::new(
             self.js.clone(),
             self.options.replicas,
         )))

@@ -435,11 +435,7 @@ pub(crate) fn to_message(delivery: Delivery) -> SourceMessage {
 
 /// `sluice-<host>-<pid>`.
 fn default_tag() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "host".into());
-    format!("sluice-{}-{}", host.trim(), std::process::id())
+    format!("sluice-{}", crate::connect::names::this_daemon())
 }
 
 #[cfg(test)]

@@ -358,27 +358,7 @@ impl RedisSource {
 
 /// `<host>-<pid>`, made a plain name.
 fn default_consumer() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "sluice".into());
-    let host: String = host
-        .trim()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "_.-".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let host = if host.is_empty() {
-        "sluice".into()
-    } else {
-        host
-    };
-    format!("{host}-{}", std::process::id())
+    crate::connect::names::this_daemon()
 }
 
 /// One stream entry; `fields` is `None` for a pending entry whose data was
