@@ -165,9 +165,38 @@ impl Live {
 
     /// Step 1: the files read and checked, and what they would change.
     async fn plan(&self) -> Result<Plan, Vec<ReloadError>> {
+        let (pipelines, host, shas) = self.check_files().await?;
+        self.check_fixed(&pipelines)?;
+        let mut plan = Plan {
+            pipelines: Vec::new(),
+            host,
+            shas,
+            stages_added: Vec::new(),
+            stages_removed: Vec::new(),
+            stages_restarted: Vec::new(),
+            sources_added: Vec::new(),
+            sources_removed: Vec::new(),
+            sources_restarted: Vec::new(),
+            topics_added: Vec::new(),
+            topics_changed: Vec::new(),
+            topics_removed: Vec::new(),
+        };
+        self.plan_stages(&pipelines, &mut plan);
+        self.plan_sources(&pipelines, &mut plan);
+        self.plan_topics(&pipelines, &mut plan);
+        plan.pipelines = pipelines;
+        Ok(plan)
+    }
+
+    /// Every file parsed and checked and every plugin loaded, off the async
+    /// threads, as at start-up; with the host that loaded them and each
+    /// plugin stage's file hash.
+    async fn check_files(
+        &self,
+    ) -> Result<(Vec<Pipeline>, PluginHost, HashMap<StageKey, String>), Vec<ReloadError>> {
         let paths = self.paths.clone();
         let (host, host_config) = (self.host.clone(), self.host_config.clone());
-        let (pipelines, host, shas) = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             let diagnostics = |d: config::Diagnostics| -> Vec<ReloadError> {
                 d.0.iter().map(ReloadError::from).collect()
             };
@@ -213,25 +242,13 @@ impl Live {
             }
         })
         .await
-        .map_err(|e| vec![ReloadError::new(format!("the reload's check failed: {e}"))])??;
-        self.check_fixed(&pipelines)?;
+        .map_err(|e| vec![ReloadError::new(format!("the reload's check failed: {e}"))])?
+    }
 
+    /// Which stages `pipelines` add, remove, or change (and why).
+    fn plan_stages(&self, pipelines: &[Pipeline], plan: &mut Plan) {
         let old_stages = stages_of(&self.pipelines);
-        let new_stages = stages_of(&pipelines);
-        let mut plan = Plan {
-            host,
-            shas,
-            stages_added: Vec::new(),
-            stages_removed: Vec::new(),
-            stages_restarted: Vec::new(),
-            sources_added: Vec::new(),
-            sources_removed: Vec::new(),
-            sources_restarted: Vec::new(),
-            topics_added: Vec::new(),
-            topics_changed: Vec::new(),
-            topics_removed: Vec::new(),
-            pipelines: Vec::new(),
-        };
+        let new_stages = stages_of(pipelines);
         for (key, (pipeline, stage)) in &new_stages {
             let Some((old_pipeline, old)) = old_stages.get(key) else {
                 plan.stages_added.push(key.clone());
@@ -270,10 +287,13 @@ impl Live {
             .filter(|key| !new_stages.contains_key(*key))
             .cloned()
             .collect();
+    }
 
+    /// Which sources `pipelines` add, remove, or change.
+    fn plan_sources(&self, pipelines: &[Pipeline], plan: &mut Plan) {
         let old_sources: BTreeMap<String, &SourcePlan> =
             self.sources.plans().map(|p| (p.name(), p)).collect();
-        let new_sources = sources::plans(&pipelines);
+        let new_sources = sources::plans(pipelines);
         for plan_source in &new_sources {
             match old_sources.get(&plan_source.name()) {
                 None => plan.sources_added.push(plan_source.clone()),
@@ -288,12 +308,16 @@ impl Live {
             .filter(|name| !new_sources.iter().any(|p| p.name() == **name))
             .cloned()
             .collect();
+    }
 
+    /// Which topics (and dead-letter topics) `pipelines` add, remove, or
+    /// change.
+    fn plan_topics(&self, pipelines: &[Pipeline], plan: &mut Plan) {
         let old_topics: BTreeMap<String, TopicSpec> = topic_specs(&self.pipelines)
             .into_iter()
             .map(|t| (t.name.clone(), t))
             .collect();
-        let new_topics = topic_specs(&pipelines);
+        let new_topics = topic_specs(pipelines);
         for spec in &new_topics {
             match old_topics.get(&spec.name) {
                 None => plan.topics_added.push(spec.clone()),
@@ -306,8 +330,6 @@ impl Live {
             .filter(|name| !new_topics.iter().any(|t| t.name == **name))
             .cloned()
             .collect();
-        plan.pipelines = pipelines;
-        Ok(plan)
     }
 
     /// What a reload cannot change in a running daemon.
