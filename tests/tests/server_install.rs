@@ -67,14 +67,22 @@ fn receive_until(socket: &UnixDatagram, mut until: impl FnMut(&str) -> bool) -> 
     panic!("no matching notification within {LONG:?}; got {got:?}")
 }
 
-#[test]
-fn the_daemon_speaks_systemds_notify_protocol() {
+/// A notify socket of the test's own, as systemd would give a service
+/// (`NOTIFY_SOCKET`): its directory (kept while the test runs), its path,
+/// and the socket, reading with a short timeout.
+fn notify_socket() -> (tempfile::TempDir, std::path::PathBuf, UnixDatagram) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let socket_path = dir.path().join("notify.sock");
-    let socket = UnixDatagram::bind(&socket_path).expect("bind the notify socket");
+    let path = dir.path().join("notify.sock");
+    let socket = UnixDatagram::bind(&path).expect("bind the notify socket");
     socket
         .set_read_timeout(Some(Duration::from_millis(200)))
         .expect("read timeout");
+    (dir, path, socket)
+}
+
+#[test]
+fn the_daemon_speaks_systemds_notify_protocol() {
+    let (_dir, socket_path, socket) = notify_socket();
     let mut daemon = Daemon::with_yaml(&pipeline())
         .envs([
             ("NOTIFY_SOCKET", socket_path.to_str().expect("utf-8 path")),
@@ -114,12 +122,7 @@ fn the_daemon_speaks_systemds_notify_protocol() {
 
 #[test]
 fn a_watchdog_meant_for_another_process_is_left_alone() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket_path = dir.path().join("notify.sock");
-    let socket = UnixDatagram::bind(&socket_path).expect("bind the notify socket");
-    socket
-        .set_read_timeout(Some(Duration::from_millis(200)))
-        .expect("read timeout");
+    let (_dir, socket_path, socket) = notify_socket();
     // WATCHDOG_PID names another process (a wrapper's, say): the pings are
     // not this daemon's to send (sd_watchdog_enabled(3)).
     let mut daemon = Daemon::with_yaml(&pipeline())

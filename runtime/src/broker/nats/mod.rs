@@ -25,6 +25,7 @@
 //!   changed.
 
 mod batcher;
+mod bucket;
 mod codec;
 mod dedup;
 mod naming;

@@ -17,6 +17,7 @@ use async_nats::jetstream::{self, kv};
 use async_trait::async_trait;
 use bytes::Bytes;
 
+use super::bucket::MemoryBucket;
 use super::naming;
 use crate::broker::BrokerError;
 use crate::broker::rates::{Gcra, SharedRates};
@@ -30,39 +31,20 @@ const MAX_RACES: usize = 16;
 
 /// Shared rate buckets in a NATS KV bucket.
 pub(super) struct NatsRates {
-    js: jetstream::Context,
-    replicas: usize,
-    store: tokio::sync::OnceCell<kv::Store>,
+    bucket: MemoryBucket,
 }
 
 impl NatsRates {
     pub(super) fn new(js: jetstream::Context, replicas: usize) -> NatsRates {
         NatsRates {
-            js,
-            replicas,
-            store: tokio::sync::OnceCell::new(),
+            bucket: MemoryBucket::new(
+                js,
+                replicas,
+                RATES_BUCKET,
+                "sluice: the token buckets of stages' rate limits",
+                Duration::from_secs(3600),
+            ),
         }
-    }
-
-    async fn store(&self) -> Result<&kv::Store, BrokerError> {
-        self.store
-            .get_or_try_init(|| async {
-                self.js
-                    .create_or_update_key_value(kv::Config {
-                        bucket: RATES_BUCKET.to_owned(),
-                        description: "sluice: the token buckets of stages' rate limits".into(),
-                        history: 1,
-                        max_age: Duration::from_secs(3600),
-                        storage: jetstream::stream::StorageType::Memory,
-                        num_replicas: self.replicas,
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|e| {
-                        BrokerError::Unavailable(format!("rate bucket {RATES_BUCKET}: {e}"))
-                    })
-            })
-            .await
     }
 }
 
@@ -80,7 +62,7 @@ fn kv_error(what: &str, err: &(impl std::fmt::Display + ?Sized)) -> BrokerError 
 #[async_trait]
 impl SharedRates for NatsRates {
     async fn reserve(&self, name: &str, rule: Gcra, cost: u32) -> Result<Duration, BrokerError> {
-        let store = self.store().await?;
+        let store = self.bucket.store().await?;
         let key = naming::durable_name(name);
         for _ in 0..MAX_RACES {
             let (tat, revision) = match store

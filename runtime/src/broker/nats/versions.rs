@@ -3,10 +3,11 @@
 //! Kept in memory; an entry expires [`ANNOUNCEMENT_TTL`] after its last
 //! write, so a daemon killed outright stops counting within that.
 
-use async_nats::jetstream::{self, kv};
+use async_nats::jetstream;
 use async_trait::async_trait;
 use futures_util::StreamExt;
 
+use super::bucket::MemoryBucket;
 use crate::broker::BrokerError;
 use crate::broker::versions::{ANNOUNCEMENT_TTL, Announcement, SharedVersions};
 
@@ -15,37 +16,20 @@ pub const DAEMONS_BUCKET: &str = "SLUICE_DAEMONS";
 
 /// Daemons' announcements in a NATS KV bucket.
 pub(super) struct NatsVersions {
-    js: jetstream::Context,
-    replicas: usize,
-    store: tokio::sync::OnceCell<kv::Store>,
+    bucket: MemoryBucket,
 }
 
 impl NatsVersions {
     pub(super) fn new(js: jetstream::Context, replicas: usize) -> NatsVersions {
         NatsVersions {
-            js,
-            replicas,
-            store: tokio::sync::OnceCell::new(),
+            bucket: MemoryBucket::new(
+                js,
+                replicas,
+                DAEMONS_BUCKET,
+                "sluice: the configuration version each daemon runs",
+                ANNOUNCEMENT_TTL,
+            ),
         }
-    }
-
-    async fn store(&self) -> Result<&kv::Store, BrokerError> {
-        self.store
-            .get_or_try_init(|| async {
-                self.js
-                    .create_or_update_key_value(kv::Config {
-                        bucket: DAEMONS_BUCKET.to_owned(),
-                        description: "sluice: the configuration version each daemon runs".into(),
-                        history: 1,
-                        max_age: ANNOUNCEMENT_TTL,
-                        storage: jetstream::stream::StorageType::Memory,
-                        num_replicas: self.replicas,
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|e| unavailable("creating", &e))
-            })
-            .await
     }
 }
 
@@ -57,7 +41,8 @@ fn unavailable(what: &str, err: &(impl std::fmt::Display + ?Sized)) -> BrokerErr
 impl SharedVersions for NatsVersions {
     async fn announce(&self, announcement: &Announcement) -> Result<(), BrokerError> {
         let value = serde_json::to_vec(announcement).map_err(|e| unavailable("encoding", &e))?;
-        self.store()
+        self.bucket
+            .store()
             .await?
             .put(&announcement.daemon, value.into())
             .await
@@ -66,7 +51,7 @@ impl SharedVersions for NatsVersions {
     }
 
     async fn all(&self) -> Result<Vec<Announcement>, BrokerError> {
-        let store = self.store().await?;
+        let store = self.bucket.store().await?;
         let mut keys = store.keys().await.map_err(|e| unavailable("listing", &e))?;
         let mut out = Vec::new();
         while let Some(key) = keys.next().await {
