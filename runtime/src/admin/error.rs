@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::broker::BrokerError;
 
 /// The JSON body of every error response.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     /// What went wrong, in a sentence a person can act on.
     pub error: String,

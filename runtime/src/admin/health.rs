@@ -10,18 +10,51 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
 
 use super::AdminState;
 use crate::broker::Readiness;
 
-/// `GET /health`, `GET /health/live`: 200 while the process serves.
-pub(super) async fn live() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+/// What liveness answers.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(super) struct Live {
+    /// Always `ok`.
+    #[schema(pattern = "^ok$")]
+    status: &'static str,
+}
+
+/// What readiness answers.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(super) struct Ready {
+    /// `ready`, `degraded` (serving; a connector or the broker is
+    /// impaired) or `not-ready`.
+    #[schema(pattern = "^(ready|degraded|not-ready)$")]
+    status: &'static str,
+    /// Why it is not simply ready.
+    reasons: Vec<String>,
+}
+
+/// `GET /health`: 200 while the process serves.
+#[utoipa::path(get, path = "/health", tag = "health",
+    responses((status = 200, description = "The process serves.", body = Live)))]
+pub(super) async fn live() -> Json<Live> {
+    Json(Live { status: "ok" })
+}
+
+/// `GET /health/live`: the same as `/health`.
+#[utoipa::path(get, path = "/health/live", tag = "health",
+    responses((status = 200, description = "The process serves.", body = Live)))]
+pub(super) async fn live_alias() -> Json<Live> {
+    live().await
 }
 
 /// `GET /health/ready`: 200 `{"status": "ready"|"degraded", "reasons"}`,
 /// or 503 `{"status": "not-ready", "reasons"}` with `Retry-After`.
+#[utoipa::path(get, path = "/health/ready", tag = "health", responses(
+    (status = 200, description = "Ready, or degraded (serving, with reasons).", body = Ready),
+    (status = 503, description = "Not ready: draining, or the broker cannot take work.", body = Ready,
+        headers(("Retry-After" = u32, description = "Seconds to wait."))),
+))]
 pub(super) async fn ready(State(state): State<AdminState>) -> Response {
     let mut reasons = Vec::new();
     let mut ready = true;
@@ -52,7 +85,14 @@ pub(super) async fn ready(State(state): State<AdminState>) -> Response {
         (true, true) => (StatusCode::OK, "degraded"),
         (true, false) => (StatusCode::OK, "ready"),
     };
-    let mut response = (status, Json(json!({"status": word, "reasons": reasons}))).into_response();
+    let mut response = (
+        status,
+        Json(Ready {
+            status: word,
+            reasons,
+        }),
+    )
+        .into_response();
     if !ready {
         response
             .headers_mut()

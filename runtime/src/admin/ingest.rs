@@ -52,7 +52,7 @@ pub const HEADER_PREFIX: &str = "sluice-header-";
 const RESERVED_PREFIX: &str = "sluice-";
 
 /// What ingest stored for one message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PublishReceipt {
     /// The message id: the `Idempotency-Key`, or a fresh UUIDv7.
     pub id: String,
@@ -69,7 +69,7 @@ pub struct PublishReceipt {
 }
 
 /// What ingest stored for a batch.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BatchReceipt {
     /// The topic.
     pub topic: String,
@@ -83,7 +83,7 @@ pub struct BatchReceipt {
 
 /// One line of a batch: `{"payload": "text"}` or `{"payload_base64": ".."}`,
 /// with optional `key`, `headers` and `id`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchLine {
     /// The payload as text.
@@ -111,7 +111,7 @@ pub struct BatchLine {
 
 /// Headers of a batch line: a map, or the `[[name, value], ...]` list that
 /// `tail` prints (which keeps order and repeated names).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum BatchHeaders {
     /// `{"name": "value"}`.
@@ -161,6 +161,40 @@ fn counted<T: IntoResponse>(state: &AdminState, result: Result<T, ApiError>) -> 
 }
 
 /// `POST /v1/topics/{topic}/messages`.
+#[utoipa::path(post, path = "/v1/topics/{topic}/messages", tag = "ingest",
+    params(
+        ("topic" = String, Path, description = "A topic a loaded pipeline declares."),
+        ("Idempotency-Key" = Option<String>, Header, max_length = 256,
+            description = "The message id: a retried request with the same one is stored once \
+                (default: a fresh UUIDv7)."),
+        ("Sluice-Key" = Option<String>, Header, description = "The message key."),
+        ("Sluice-Delay" = Option<String>, Header,
+            description = "Deliver after this long: `90s`, `2h`, `3d` (at most 365 days)."),
+        ("Sluice-Deliver-At" = Option<String>, Header,
+            description = "Deliver at this time (RFC 3339)."),
+    ),
+    request_body(description = "The payload: any bytes, stored as sent (not empty). Request \
+        headers `Sluice-Header-<Name>: value` become message headers.",
+        content(
+            (Vec<u8> = "application/octet-stream"),
+            (String = "text/plain"),
+            (Object = "application/json"),
+        )),
+    responses(
+        (status = 202, description = "Stored (or, for a repeated id, stored already).",
+            body = PublishReceipt),
+        (status = 400, description = "Empty body, a bad header, or a reserved header name.",
+            body = super::ErrorBody),
+        (status = 404, description = "No loaded pipeline declares this topic.",
+            body = super::ErrorBody),
+        (status = 408, description = "The body stopped arriving.", body = super::ErrorBody),
+        (status = 413, description = "Larger than the topic's limit.", body = super::ErrorBody),
+        (status = 429, description = "The topic is over its `high_water_mark`: retry later.",
+            body = super::ErrorBody, headers(("Retry-After" = u32))),
+        (status = 503, description = "The daemon is draining, the budget of request bodies in \
+            flight is spent, or the broker cannot take it now.", body = super::ErrorBody,
+            headers(("Retry-After" = u32))),
+    ))]
 pub(super) async fn publish_one(
     State(state): State<AdminState>,
     topic: Result<Path<String>, PathRejection>,
@@ -340,6 +374,31 @@ async fn refuse_busy(error: ApiError, mut body: axum::body::Body, limit: usize) 
 }
 
 /// `POST /v1/topics/{topic}/batch`.
+#[utoipa::path(post, path = "/v1/topics/{topic}/batch", tag = "ingest",
+    params(("topic" = String, Path, description = "A topic a loaded pipeline declares.")),
+    request_body(description = "JSON lines, one `BatchLine` object a line (at most 10,000 \
+        lines). Every line is checked first: one bad line publishes nothing.",
+        content(
+            (String = "application/x-ndjson"),
+            (String = "application/jsonl"),
+        )),
+    responses(
+        (status = 202, description = "Every line stored, as one broker batch.",
+            body = BatchReceipt),
+        (status = 400, description = "A line is not a valid `BatchLine` (the error names it), \
+            or there are too many lines.", body = super::ErrorBody),
+        (status = 404, description = "No loaded pipeline declares this topic.",
+            body = super::ErrorBody),
+        (status = 408, description = "The body stopped arriving.", body = super::ErrorBody),
+        (status = 413, description = "Larger than the body limit.", body = super::ErrorBody),
+        (status = 415, description = "Not `application/x-ndjson` or `application/jsonl`.",
+            body = super::ErrorBody),
+        (status = 429, description = "The topic is over its `high_water_mark`: retry later.",
+            body = super::ErrorBody, headers(("Retry-After" = u32))),
+        (status = 503, description = "The daemon is draining, the budget of request bodies in \
+            flight is spent, or the broker cannot take it now.", body = super::ErrorBody,
+            headers(("Retry-After" = u32))),
+    ))]
 pub(super) async fn publish_batch(
     State(state): State<AdminState>,
     topic: Result<Path<String>, PathRejection>,

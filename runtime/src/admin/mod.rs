@@ -18,7 +18,8 @@
 //!   read-only), `Host` and `Origin` checks, the audit log;
 //! - `server.rs`: the accept loop: connection cap, header-read timeout,
 //!   optional TLS, graceful shutdown;
-//! - `health.rs`: `GET /health`, `/health/live`, `/health/ready`.
+//! - `health.rs`: `GET /health`, `/health/live`, `/health/ready`;
+//! - `openapi.rs`: `GET /v1/openapi.json`, the document of all of the above.
 //!
 //! Without a token the API is open to whoever reaches it: the daemon
 //! refuses a non-loopback `--admin` without one unless `--admin-insecure`.
@@ -35,6 +36,7 @@ mod dlq;
 mod error;
 mod health;
 mod ingest;
+mod openapi;
 mod reload;
 mod scrape;
 mod server;
@@ -47,7 +49,9 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use utoipa::OpenApi as _;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt as _};
+use utoipa_axum::routes;
 
 use crate::broker::{Broker, BrokerError, StageInput, consumer_name, stage_inputs};
 use crate::config::{Pipeline, default_dlq};
@@ -65,6 +69,7 @@ pub use ingest::{
     BatchHeaders, BatchLine, BatchReceipt, HEADER_PREFIX, ID_HEADER, KEY_HEADER, MAX_ID_BYTES,
     PublishReceipt, check_id,
 };
+pub use openapi::document as openapi_document;
 pub use server::{
     DEFAULT_BODY_BUDGET, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, ServerLimits, TlsError,
     tls_config,
@@ -574,44 +579,39 @@ const DLQ_BODY_LIMIT: usize = 64 * 1024;
 /// public, so no embedder can serve them unguarded by mistake.
 pub(crate) fn router(state: AdminState) -> Router {
     let limit = state.request_limit();
-    Router::new()
-        .route("/health", get(health::live))
-        .route("/health/live", get(health::live))
-        .route("/health/ready", get(health::ready))
-        .route("/metrics", get(scrape::metrics))
-        .route("/v1/status", get(status::status))
-        .route("/v1/sources", get(status::sources))
-        .route("/v1/topics", get(topics::list))
-        .route("/v1/topics/{topic}", get(topics::stats))
-        .route(
-            "/v1/topics/{topic}/messages",
-            post(ingest::publish_one).get(topics::read),
-        )
-        .route("/v1/topics/{topic}/batch", post(ingest::publish_batch))
-        .route("/v1/dlq/{pipeline}/{stage}", get(dlq::list))
-        // Their bodies are a few fields of JSON: a small limit of their
-        // own, since they are buffered outside the ingest byte budget.
-        .route(
-            "/v1/dlq/{pipeline}/{stage}/redrive",
-            post(dlq::redrive).layer(DefaultBodyLimit::max(DLQ_BODY_LIMIT)),
-        )
-        .route(
-            "/v1/dlq/{pipeline}/{stage}/purge",
-            post(dlq::purge).layer(DefaultBodyLimit::max(DLQ_BODY_LIMIT)),
-        )
-        .route("/v1/dlq/{pipeline}/{stage}/{seq}", get(dlq::show))
-        .route("/v1/stages/{pipeline}/{stage}/pause", post(stages::pause))
-        .route("/v1/stages/{pipeline}/{stage}/resume", post(stages::resume))
-        .route(
-            "/v1/reload",
-            post(reload::reload)
-                .get(reload::summary)
-                .layer(DefaultBodyLimit::max(DLQ_BODY_LIMIT)),
-        )
+    let (routes, _) = routes().split_for_parts();
+    routes
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
+}
+
+/// Every route with its OpenAPI description (`openapi.rs`): one list, so
+/// the document and the server cannot disagree about what exists.
+fn routes() -> OpenApiRouter<AdminState> {
+    // Their bodies are a few fields of JSON: a small limit of their own,
+    // since they are buffered outside the ingest byte budget.
+    let small_body = || DefaultBodyLimit::max(DLQ_BODY_LIMIT);
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(health::live))
+        .routes(routes!(health::live_alias))
+        .routes(routes!(health::ready))
+        .routes(routes!(scrape::metrics))
+        .routes(routes!(openapi::openapi_json))
+        .routes(routes!(status::status))
+        .routes(routes!(status::sources))
+        .routes(routes!(topics::list))
+        .routes(routes!(topics::stats))
+        .routes(routes!(ingest::publish_one, topics::read))
+        .routes(routes!(ingest::publish_batch))
+        .routes(routes!(dlq::list))
+        .routes(routes!(dlq::redrive).layer(small_body()))
+        .routes(routes!(dlq::purge).layer(small_body()))
+        .routes(routes!(dlq::show))
+        .routes(routes!(stages::pause))
+        .routes(routes!(stages::resume))
+        .routes(routes!(reload::reload, reload::summary).layer(small_body()))
 }
 
 /// Serves the admin API on `listener` until `shutdown` resolves, then stops

@@ -17,9 +17,9 @@ use super::{AdminState, ApiError};
 use crate::reload::{ReloadReport, ReloadSummary, ReloadUnavailable, Trigger};
 
 /// The body `POST /v1/reload` takes; an empty body is `{}`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ReloadBody {
+pub(super) struct ReloadBody {
     /// Apply what is refused by default (removing a topic that holds
     /// messages).
     #[serde(default)]
@@ -27,6 +27,24 @@ struct ReloadBody {
 }
 
 /// `POST /v1/reload`.
+#[utoipa::path(post, path = "/v1/reload", tag = "reload",
+    description = "Reloads the pipeline files and plugins and waits for the answer. Every file \
+        and plugin is checked first: with an error nothing changes and the previous \
+        configuration keeps running. Only what changed restarts.",
+    request_body(content = ReloadBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Applied: what changed.", body = ReloadReport),
+        (status = 400, description = "The body is not valid.", body = super::ErrorBody),
+        (status = 404, description = "This server runs no pipelines to reload.",
+            body = super::ErrorBody),
+        (status = 413, description = "The body is over 64 KiB.", body = super::ErrorBody),
+        (status = 415, description = "The body is not `application/json`.",
+            body = super::ErrorBody),
+        (status = 422, description = "Refused: nothing changed; `errors` says why, at \
+            `file:line:col`.", body = ReloadReport),
+        (status = 503, description = "The daemon is draining, or 4 reloads wait already.",
+            body = super::ErrorBody, headers(("Retry-After" = u32))),
+    ))]
 pub(super) async fn reload(
     State(state): State<AdminState>,
     headers: HeaderMap,
@@ -54,6 +72,10 @@ pub(super) async fn reload(
 }
 
 /// `GET /v1/reload`.
+#[utoipa::path(get, path = "/v1/reload", tag = "reload", responses(
+    (status = 200, description = "Reloads so far and the last one's report.",
+        body = ReloadSummary),
+))]
 pub(super) async fn summary(State(state): State<AdminState>) -> Json<ReloadSummary> {
     Json(state.reloads().summary())
 }

@@ -29,6 +29,14 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 const REFRESH_LIMIT: Duration = Duration::from_secs(1);
 
 /// `GET /metrics`.
+#[utoipa::path(get, path = "/metrics", tag = "health",
+    params(("Accept" = Option<String>, Header,
+        description = "`application/openmetrics-text` for OpenMetrics; else Prometheus text.")),
+    responses((status = 200, description = "Every metric, for a Prometheus scrape.",
+        content(
+            (String = "text/plain"),
+            (String = "application/openmetrics-text"),
+        ))))]
 pub(super) async fn metrics(State(state): State<AdminState>, headers: HeaderMap) -> Response {
     if state.broker().readiness().is_ready()
         && tokio::time::timeout(REFRESH_LIMIT, refresh_gauges(&state))

@@ -16,7 +16,7 @@ use super::{AdminState, ApiError};
 use crate::broker::BrokerError;
 
 /// What a pause or resume answers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StageControl {
     /// The pipeline.
     pub pipeline: String,
@@ -27,6 +27,21 @@ pub struct StageControl {
 }
 
 /// `POST /v1/stages/{pipeline}/{stage}/pause`.
+#[utoipa::path(post, path = "/v1/stages/{pipeline}/{stage}/pause", tag = "stages",
+    description = "Holds the stage: it fetches nothing until resumed; calls in flight finish. Kept by the broker across restarts and daemons. Idempotent.",
+    params(
+        ("pipeline" = String, Path, description = "A loaded pipeline."),
+        ("stage" = String, Path, description = "A stage of it that reads a topic."),
+    ),
+    responses(
+        (status = 200, description = "The stage's state after the call.", body = StageControl),
+        (status = 400, description = "The path is not valid, or names a source.",
+            body = super::ErrorBody),
+        (status = 404, description = "No loaded pipeline has this stage, or it has never run.",
+            body = super::ErrorBody),
+        (status = 503, description = "The broker cannot answer now.", body = super::ErrorBody,
+            headers(("Retry-After" = u32))),
+    ))]
 pub(super) async fn pause(
     State(state): State<AdminState>,
     path: Result<Path<(String, String)>, PathRejection>,
@@ -36,6 +51,21 @@ pub(super) async fn pause(
 }
 
 /// `POST /v1/stages/{pipeline}/{stage}/resume`.
+#[utoipa::path(post, path = "/v1/stages/{pipeline}/{stage}/resume", tag = "stages",
+    description = "Lets a paused stage fetch again. Idempotent.",
+    params(
+        ("pipeline" = String, Path, description = "A loaded pipeline."),
+        ("stage" = String, Path, description = "A stage of it that reads a topic."),
+    ),
+    responses(
+        (status = 200, description = "The stage's state after the call.", body = StageControl),
+        (status = 400, description = "The path is not valid, or names a source.",
+            body = super::ErrorBody),
+        (status = 404, description = "No loaded pipeline has this stage, or it has never run.",
+            body = super::ErrorBody),
+        (status = 503, description = "The broker cannot answer now.", body = super::ErrorBody,
+            headers(("Retry-After" = u32))),
+    ))]
 pub(super) async fn resume(
     State(state): State<AdminState>,
     path: Result<Path<(String, String)>, PathRejection>,

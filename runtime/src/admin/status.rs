@@ -23,7 +23,7 @@ const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 const SAMPLES: usize = 11;
 
 /// One stage's state, as `status` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StageStatus {
     /// The pipeline.
     pub pipeline: String,
@@ -82,7 +82,7 @@ pub struct StageStatus {
 }
 
 /// One priority lane of a stage, as `status` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LaneStatus {
     /// The lane's topic.
     pub topic: String,
@@ -104,7 +104,7 @@ fn plugin_kind() -> String {
 }
 
 /// One source's state, as `status` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SourceStatus {
     /// The pipeline.
     pub pipeline: String,
@@ -199,6 +199,12 @@ pub(super) async fn backlog(
 }
 
 /// `GET /v1/status`.
+#[utoipa::path(get, path = "/v1/status", tag = "status", responses(
+    (status = 200, description = "One entry per stage (a sink is a stage), in pipeline order.",
+        body = Vec<StageStatus>),
+    (status = 503, description = "The broker cannot answer now, or a stage has not started yet.",
+        body = super::ErrorBody, headers(("Retry-After" = u32))),
+))]
 pub(super) async fn status(
     State(state): State<AdminState>,
 ) -> Result<Json<Vec<StageStatus>>, ApiError> {
@@ -291,6 +297,11 @@ fn held_until(state: &AdminState, stage: &StageEntry) -> Option<String> {
 }
 
 /// `GET /v1/sources`.
+#[utoipa::path(get, path = "/v1/sources", tag = "status", responses(
+    (status = 200, description = "One entry per source connector.", body = Vec<SourceStatus>),
+    (status = 503, description = "The broker cannot answer now.", body = super::ErrorBody,
+        headers(("Retry-After" = u32))),
+))]
 pub(super) async fn sources(
     State(state): State<AdminState>,
 ) -> Result<Json<Vec<SourceStatus>>, ApiError> {

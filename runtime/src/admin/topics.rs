@@ -34,7 +34,7 @@ const MAX_WAIT: Duration = Duration::from_secs(30);
 
 /// A stored message as the API shows it: the payload as text when it is
 /// UTF-8, as base64 otherwise.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MessageView {
     /// Its position in the topic.
     pub seq: u64,
@@ -88,7 +88,7 @@ pub fn payload_fields(bytes: &[u8]) -> (Option<String>, Option<String>) {
 }
 
 /// The answer to a read.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ReadResponse {
     /// The messages, oldest first.
     pub messages: Vec<MessageView>,
@@ -99,7 +99,7 @@ pub struct ReadResponse {
 }
 
 /// A topic and its contents.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TopicView {
     /// The topic.
     pub topic: String,
@@ -141,14 +141,28 @@ impl TopicView {
 }
 
 /// `?from=SEQ&max=N&wait_ms=M`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(super) struct ReadQuery {
+    /// The first sequence to read (default: the oldest stored message).
     from: Option<u64>,
+    /// The most messages to return: 1 to 1000 (default 100; others are
+    /// clamped). A page also stops near 16 MiB of payload.
     max: Option<usize>,
+    /// How long to wait for a first message when there is none yet, in
+    /// ms (default 0; at most 30000).
     wait_ms: Option<u64>,
 }
 
+/// The `{topic}` path parameter.
+const TOPIC: &str = "A topic a loaded pipeline declares, or a dead-letter topic.";
+
 /// `GET /v1/topics`.
+#[utoipa::path(get, path = "/v1/topics", tag = "topics", responses(
+    (status = 200, description = "Every topic the API accepts, by name.", body = Vec<TopicView>),
+    (status = 503, description = "The broker cannot answer now.", body = super::ErrorBody,
+        headers(("Retry-After" = u32))),
+))]
 pub(super) async fn list(
     State(state): State<AdminState>,
 ) -> Result<Json<Vec<TopicView>>, ApiError> {
@@ -163,6 +177,15 @@ pub(super) async fn list(
 }
 
 /// `GET /v1/topics/{topic}`.
+#[utoipa::path(get, path = "/v1/topics/{topic}", tag = "topics",
+    params(("topic" = String, Path, description = TOPIC)),
+    responses(
+        (status = 200, description = "The topic's contents.", body = TopicView),
+        (status = 400, description = "The path is not valid.", body = super::ErrorBody),
+        (status = 404, description = "No loaded pipeline has this topic.", body = super::ErrorBody),
+        (status = 503, description = "The broker cannot answer now, or has not made the topic yet.",
+            body = super::ErrorBody, headers(("Retry-After" = u32))),
+    ))]
 pub(super) async fn stats(
     State(state): State<AdminState>,
     topic: Result<Path<String>, PathRejection>,
@@ -172,6 +195,16 @@ pub(super) async fn stats(
 }
 
 /// `GET /v1/topics/{topic}/messages`.
+#[utoipa::path(get, path = "/v1/topics/{topic}/messages", tag = "topics",
+    params(("topic" = String, Path, description = TOPIC), ReadQuery),
+    responses(
+        (status = 200, description = "Stored messages from `from`, oldest first; reading moves \
+            no stage's cursor.", body = ReadResponse),
+        (status = 400, description = "The path or query is not valid.", body = super::ErrorBody),
+        (status = 404, description = "No loaded pipeline has this topic.", body = super::ErrorBody),
+        (status = 503, description = "The broker cannot answer now, or the daemon is shutting \
+            down.", body = super::ErrorBody, headers(("Retry-After" = u32))),
+    ))]
 pub(super) async fn read(
     State(state): State<AdminState>,
     topic: Result<Path<String>, PathRejection>,

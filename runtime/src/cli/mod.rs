@@ -96,6 +96,7 @@ enum Command {
     /// `# yaml-language-server: $schema=./sluice.schema.json`
     ///
     /// With --cases, the schema of handler test-case files (`sluice plugin test --cases`).
+    /// With --openapi, the admin API's OpenAPI 3.1 document (as GET /v1/openapi.json).
     Schema(schema::Args),
     /// Publish one message to a topic, through the running daemon or straight to NATS.
     ///

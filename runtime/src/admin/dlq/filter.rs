@@ -16,10 +16,23 @@ use crate::timestamp::parse_past_point;
 
 /// The entries to take; every field that is set must match. The default
 /// takes every entry.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+    utoipa::IntoParams,
+)]
 #[serde(default, deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct DlqFilter {
     /// Failure kinds (`timeout`, `unavailable`, ...): any of them.
+    #[schema(schema_with = kinds_schema)]
+    #[param(schema_with = kinds_schema)]
     #[serde(
         deserialize_with = "one_or_many",
         skip_serializing_if = "Vec::is_empty"
@@ -37,6 +50,8 @@ pub struct DlqFilter {
     pub error: Option<String>,
     /// `name=value`: the entry has that header with that value. All of
     /// them must match.
+    #[schema(schema_with = headers_schema)]
+    #[param(schema_with = headers_schema)]
     #[serde(
         deserialize_with = "one_or_many",
         skip_serializing_if = "Vec::is_empty"
@@ -159,6 +174,40 @@ impl Matcher {
             .iter()
             .all(|(name, value)| entry.headers.iter().any(|(n, v)| n == name && v == value))
     }
+}
+
+/// A `kind` filter's text: failure kinds, comma-separated.
+fn kind_pattern() -> String {
+    let names: Vec<&str> = FailureKind::ALL.iter().map(|k| k.as_str()).collect();
+    let one = format!("\\s*({})\\s*", names.join("|"));
+    format!("^{one}(,{one})*$")
+}
+
+/// A `header` filter's text: `name=value`, the name not blank.
+const HEADER_PATTERN: &str = "^[^=]*[^=\\s][^=]*=";
+
+/// The schema of a field [`one_or_many`] reads: one string matching
+/// `pattern`, or a list of them.
+fn one_or_many_schema(pattern: String) -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
+    let one = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(pattern))
+        .build();
+    Schema::OneOf(
+        OneOfBuilder::new()
+            .item(one.clone())
+            .item(ArrayBuilder::new().items(one).build())
+            .build(),
+    )
+}
+
+fn kinds_schema() -> utoipa::openapi::schema::Schema {
+    one_or_many_schema(kind_pattern())
+}
+
+fn headers_schema() -> utoipa::openapi::schema::Schema {
+    one_or_many_schema(HEADER_PATTERN.to_owned())
 }
 
 /// A list, or one string for a list of one (`"kind": "timeout"`).

@@ -52,7 +52,7 @@ pub const SAMPLE: usize = 10;
 const NO_PROVENANCE: &str = "no DLQ provenance headers: cannot tell where to redrive it";
 
 /// A DLQ entry in a list: where it came from and why it failed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DlqEntry {
     /// Its sequence in the DLQ topic (what `show` takes).
     pub seq: u64,
@@ -84,7 +84,7 @@ pub struct DlqEntry {
 }
 
 /// `GET /v1/dlq/{pipeline}/{stage}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DlqList {
     /// The pipeline.
     pub pipeline: String,
@@ -99,7 +99,7 @@ pub struct DlqList {
 }
 
 /// `GET /v1/dlq/{pipeline}/{stage}/{seq}`: one entry in full.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DlqEntryDetail {
     /// The summary a list shows.
     #[serde(flatten)]
@@ -119,7 +119,7 @@ pub struct DlqEntryDetail {
 }
 
 /// The body of `POST .../redrive`; every field is optional.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedriveRequest {
     /// Redrive at most this many entries (default: all).
@@ -134,7 +134,7 @@ pub struct RedriveRequest {
 }
 
 /// An entry a redrive left in place.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SkippedEntry {
     /// Its sequence in the DLQ topic.
     pub seq: u64,
@@ -145,7 +145,7 @@ pub struct SkippedEntry {
 }
 
 /// What a redrive did (or, dry, would do).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RedriveReport {
     /// Whether this was a dry run (nothing changed).
     pub dry_run: bool,
@@ -175,7 +175,7 @@ pub const REDRIVE_TIME_LIMIT: Duration = Duration::from_secs(300);
 
 /// The body of `POST .../purge`: `{"limit": N}` or `{"all": true}`, and
 /// optionally a filter.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct PurgeRequest {
     /// Purge the oldest N entries (that the filter takes).
@@ -190,7 +190,7 @@ pub struct PurgeRequest {
 }
 
 /// What a purge removed (or, dry, would remove).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PurgeReport {
     /// Entries removed (or that would be).
     pub purged: u64,
@@ -240,7 +240,28 @@ fn matcher(filter: &DlqFilter) -> Result<Matcher, ApiError> {
         .map_err(|why| ApiError::BadRequest(format!("bad filter: {why}")))
 }
 
+/// The `{pipeline}` and `{stage}` path parameters.
+const STAGE_PATH: &str = "A stage of a loaded pipeline (a sink is a stage).";
+
 /// `GET /v1/dlq/{pipeline}/{stage}`.
+#[utoipa::path(get, path = "/v1/dlq/{pipeline}/{stage}", tag = "dlq",
+    params(
+        ("pipeline" = String, Path, description = "A loaded pipeline."),
+        ("stage" = String, Path, description = STAGE_PATH),
+        ("limit" = Option<u64>, Query, description = "At most this many entries: 1 to 1000 \
+            (default 100)."),
+        DlqFilter,
+    ),
+    responses(
+        (status = 200, description = "The stage's entries that the filter takes, oldest first.",
+            body = DlqList),
+        (status = 400, description = "A bad filter or an unknown query parameter (the message \
+            says which).", body = super::ErrorBody),
+        (status = 404, description = "No loaded pipeline has this stage.",
+            body = super::ErrorBody),
+        (status = 503, description = "The broker cannot answer now.", body = super::ErrorBody,
+            headers(("Retry-After" = u32))),
+    ))]
 pub(super) async fn list(
     State(state): State<AdminState>,
     path: Result<Path<(String, String)>, PathRejection>,
@@ -254,6 +275,21 @@ pub(super) async fn list(
 }
 
 /// `GET /v1/dlq/{pipeline}/{stage}/{seq}`.
+#[utoipa::path(get, path = "/v1/dlq/{pipeline}/{stage}/{seq}", tag = "dlq",
+    params(
+        ("pipeline" = String, Path, description = "A loaded pipeline."),
+        ("stage" = String, Path, description = STAGE_PATH),
+        ("seq" = u64, Path, description = "The entry's `seq`, as a list shows it."),
+    ),
+    responses(
+        (status = 200, description = "The entry in full: payload, headers, provenance.",
+            body = DlqEntryDetail),
+        (status = 400, description = "The path is not valid.", body = super::ErrorBody),
+        (status = 404, description = "No such stage, or no such entry in its DLQ.",
+            body = super::ErrorBody),
+        (status = 503, description = "The broker cannot answer now.", body = super::ErrorBody,
+            headers(("Retry-After" = u32))),
+    ))]
 pub(super) async fn show(
     State(state): State<AdminState>,
     path: Result<Path<(String, String, u64)>, PathRejection>,
@@ -263,6 +299,25 @@ pub(super) async fn show(
 }
 
 /// `POST /v1/dlq/{pipeline}/{stage}/redrive`.
+#[utoipa::path(post, path = "/v1/dlq/{pipeline}/{stage}/redrive", tag = "dlq",
+    description = "Publishes the entries the filter takes back to the topic they failed from, oldest first, each removed only once published; `dry_run` counts them and changes nothing. An empty body redrives everything.",
+    params(
+        ("pipeline" = String, Path, description = "A loaded pipeline."),
+        ("stage" = String, Path, description = STAGE_PATH),
+    ),
+    request_body(content = RedriveRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "What it did (or, dry, would do).", body = RedriveReport),
+        (status = 400, description = "A bad body or filter (the message says what).",
+            body = super::ErrorBody),
+        (status = 404, description = "No loaded pipeline has this stage.",
+            body = super::ErrorBody),
+        (status = 413, description = "The body is over 64 KiB.", body = super::ErrorBody),
+        (status = 415, description = "The body is not `application/json`.",
+            body = super::ErrorBody),
+        (status = 503, description = "The broker cannot answer now.", body = super::ErrorBody,
+            headers(("Retry-After" = u32))),
+    ))]
 pub(super) async fn redrive(
     State(state): State<AdminState>,
     path: Result<Path<(String, String)>, PathRejection>,
@@ -277,6 +332,25 @@ pub(super) async fn redrive(
 }
 
 /// `POST /v1/dlq/{pipeline}/{stage}/purge`.
+#[utoipa::path(post, path = "/v1/dlq/{pipeline}/{stage}/purge", tag = "dlq",
+    description = "Deletes the oldest `limit` entries, or with `all: true` every entry, that the filter takes; `dry_run` counts them and deletes nothing.",
+    params(
+        ("pipeline" = String, Path, description = "A loaded pipeline."),
+        ("stage" = String, Path, description = STAGE_PATH),
+    ),
+    request_body(content = PurgeRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "What it did (or, dry, would do).", body = PurgeReport),
+        (status = 400, description = "A bad body or filter (the message says what).",
+            body = super::ErrorBody),
+        (status = 404, description = "No loaded pipeline has this stage.",
+            body = super::ErrorBody),
+        (status = 413, description = "The body is over 64 KiB.", body = super::ErrorBody),
+        (status = 415, description = "The body is not `application/json`.",
+            body = super::ErrorBody),
+        (status = 503, description = "The broker cannot answer now.", body = super::ErrorBody,
+            headers(("Retry-After" = u32))),
+    ))]
 pub(super) async fn purge(
     State(state): State<AdminState>,
     path: Result<Path<(String, String)>, PathRejection>,
