@@ -413,6 +413,50 @@ async fn bad_requests_get_json_errors_with_codes() {
         "bad_request",
     )
     .await;
+    // Out of the ranges the OpenAPI document gives: refused, not cut.
+    for query in [
+        "max=0",
+        "max=1001",
+        "wait_ms=30001",
+        "from=9007199254740992",
+    ] {
+        let body = expect(
+            d.get(&format!("/v1/topics/orders/messages?{query}")).await,
+            400,
+            "bad_request",
+        )
+        .await;
+        let name = query.split('=').next().expect("name");
+        assert!(
+            body["error"].as_str().expect("msg").contains(name),
+            "{body}"
+        );
+    }
+    for query in ["limit=0", "limit=1001", "limit=many"] {
+        expect(
+            d.get(&format!("/v1/dlq/shop/route?{query}")).await,
+            400,
+            "bad_request",
+        )
+        .await;
+    }
+    let (status, body) = d
+        .post_json(
+            "/v1/dlq/shop/route/redrive",
+            json!({"limit": 9_223_372_036_854_775_808_u64}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    // `null` is an absent body, as the document's optional body allows.
+    let response = d
+        .http
+        .post(d.url("/v1/dlq/shop/route/redrive"))
+        .header("Content-Type", "application/json")
+        .body("null")
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(response.status(), 200);
     assert_eq!(d.depth("orders").await, 0, "nothing was published");
     d.stop().await;
 }
@@ -751,8 +795,23 @@ async fn a_long_poll_returns_a_new_message_and_ends_on_shutdown() {
     let page = poll.await.expect("task").expect("read");
     assert_eq!(page["messages"][0]["payload"], "late");
 
+    // A read past the next message does not wait: nothing can arrive
+    // there before the message at `next` does.
+    let next = page["next"].as_u64().expect("next");
+    let started = Instant::now();
+    let far = d
+        .get_json(&format!(
+            "/v1/topics/orders/messages?from={}&wait_ms=30000",
+            next + 5
+        ))
+        .await;
+    assert_eq!(far["messages"], json!([]));
+    assert!(started.elapsed() < Duration::from_secs(20));
+
     // A poll that is waiting when the daemon stops ends at once, empty.
-    let url = d.url("/v1/topics/orders/messages?from=100&wait_ms=30000");
+    let url = d.url(&format!(
+        "/v1/topics/orders/messages?from={next}&wait_ms=30000"
+    ));
     let http = d.http.clone();
     let poll = tokio::spawn(async move { http.get(url).send().await?.json::<Value>().await });
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -35,14 +35,14 @@ pub(super) struct Ready {
 }
 
 /// `GET /health`: 200 while the process serves.
-#[utoipa::path(get, path = "/health", tag = "health",
+#[utoipa::path(get, path = "/health", operation_id = "health", tag = "health",
     responses((status = 200, description = "The process serves.", body = Live)))]
 pub(super) async fn live() -> Json<Live> {
     Json(Live { status: "ok" })
 }
 
 /// `GET /health/live`: the same as `/health`.
-#[utoipa::path(get, path = "/health/live", tag = "health",
+#[utoipa::path(get, path = "/health/live", operation_id = "health_live", tag = "health",
     responses((status = 200, description = "The process serves.", body = Live)))]
 pub(super) async fn live_alias() -> Json<Live> {
     live().await
@@ -50,7 +50,7 @@ pub(super) async fn live_alias() -> Json<Live> {
 
 /// `GET /health/ready`: 200 `{"status": "ready"|"degraded", "reasons"}`,
 /// or 503 `{"status": "not-ready", "reasons"}` with `Retry-After`.
-#[utoipa::path(get, path = "/health/ready", tag = "health", responses(
+#[utoipa::path(get, path = "/health/ready", operation_id = "health_ready", tag = "health", responses(
     (status = 200, description = "Ready, or degraded (serving, with reasons).", body = Ready),
     (status = 503, description = "Not ready: draining, or the broker cannot take work.", body = Ready,
         headers(("Retry-After" = u32, description = "Seconds to wait."))),

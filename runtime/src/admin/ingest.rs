@@ -161,7 +161,7 @@ fn counted<T: IntoResponse>(state: &AdminState, result: Result<T, ApiError>) -> 
 }
 
 /// `POST /v1/topics/{topic}/messages`.
-#[utoipa::path(post, path = "/v1/topics/{topic}/messages", tag = "ingest",
+#[utoipa::path(post, path = "/v1/topics/{topic}/messages", operation_id = "publish", tag = "ingest",
     params(
         ("topic" = String, Path, description = "A topic a loaded pipeline declares."),
         ("Idempotency-Key" = Option<String>, Header, max_length = 256,
@@ -178,7 +178,7 @@ fn counted<T: IntoResponse>(state: &AdminState, result: Result<T, ApiError>) -> 
         content(
             (Vec<u8> = "application/octet-stream"),
             (String = "text/plain"),
-            (Object = "application/json"),
+            (serde_json::Value = "application/json"),
         )),
     responses(
         (status = 202, description = "Stored (or, for a repeated id, stored already).",
@@ -374,13 +374,13 @@ async fn refuse_busy(error: ApiError, mut body: axum::body::Body, limit: usize) 
 }
 
 /// `POST /v1/topics/{topic}/batch`.
-#[utoipa::path(post, path = "/v1/topics/{topic}/batch", tag = "ingest",
+#[utoipa::path(post, path = "/v1/topics/{topic}/batch", operation_id = "publish_batch", tag = "ingest",
     params(("topic" = String, Path, description = "A topic a loaded pipeline declares.")),
-    request_body(description = "JSON lines, one `BatchLine` object a line (at most 10,000 \
-        lines). Every line is checked first: one bad line publishes nothing.",
+    request_body(description = "JSON lines: each item of the array is one line, a `BatchLine` \
+        (at most 10,000). Every line is checked first: one bad line publishes nothing.",
         content(
-            (String = "application/x-ndjson"),
-            (String = "application/jsonl"),
+            (Vec<BatchLine> = "application/x-ndjson"),
+            (Vec<BatchLine> = "application/jsonl"),
         )),
     responses(
         (status = 202, description = "Every line stored, as one broker batch.",

@@ -93,7 +93,7 @@ impl Modify for Guarded {
 /// `GET /v1/openapi.json`.
 #[utoipa::path(
     get,
-    path = "/v1/openapi.json",
+    path = "/v1/openapi.json", operation_id = "openapi",
     tag = "status",
     responses((status = 200, description = "This document (OpenAPI 3.1).", content_type = "application/json", body = Object)),
 )]
@@ -200,6 +200,17 @@ mod tests {
         assert!(redrive["security"].is_array());
         assert!(paths["/v1/status"]["get"]["responses"]["403"].is_null());
         assert!(paths["/health"]["get"]["security"].is_null());
+        // Operation ids name the methods of generated clients: one each,
+        // none twice.
+        let mut ids: Vec<&str> = paths
+            .values()
+            .flat_map(|item| item.as_object().into_iter().flat_map(|m| m.values()))
+            .filter_map(|operation| operation["operationId"].as_str())
+            .collect();
+        let count = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), count, "an operationId is used twice: {ids:?}");
         // Every `$ref` names something the document defines.
         let mut refs = Vec::new();
         collect_refs(&doc, &mut refs);

@@ -27,11 +27,12 @@ pub(super) struct ReloadBody {
 }
 
 /// `POST /v1/reload`.
-#[utoipa::path(post, path = "/v1/reload", tag = "reload",
+#[utoipa::path(post, path = "/v1/reload", operation_id = "reload", tag = "reload",
     description = "Reloads the pipeline files and plugins and waits for the answer. Every file \
         and plugin is checked first: with an error nothing changes and the previous \
         configuration keeps running. Only what changed restarts.",
-    request_body(content = ReloadBody, content_type = "application/json"),
+    request_body(content = Option<ReloadBody>, content_type = "application/json",
+        description = "Optional: an empty body is `{}`."),
     responses(
         (status = 200, description = "Applied: what changed.", body = ReloadReport),
         (status = 400, description = "The body is not valid.", body = super::ErrorBody),
@@ -72,7 +73,7 @@ pub(super) async fn reload(
 }
 
 /// `GET /v1/reload`.
-#[utoipa::path(get, path = "/v1/reload", tag = "reload", responses(
+#[utoipa::path(get, path = "/v1/reload", operation_id = "reload_summary", tag = "reload", responses(
     (status = 200, description = "Reloads so far and the last one's report.",
         body = ReloadSummary),
 ))]

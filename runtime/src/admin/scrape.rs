@@ -29,7 +29,7 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 const REFRESH_LIMIT: Duration = Duration::from_secs(1);
 
 /// `GET /metrics`.
-#[utoipa::path(get, path = "/metrics", tag = "health",
+#[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "health",
     params(("Accept" = Option<String>, Header,
         description = "`application/openmetrics-text` for OpenMetrics; else Prometheus text.")),
     responses((status = 200, description = "Every metric, for a Prometheus scrape.",

@@ -27,7 +27,7 @@ pub struct StageControl {
 }
 
 /// `POST /v1/stages/{pipeline}/{stage}/pause`.
-#[utoipa::path(post, path = "/v1/stages/{pipeline}/{stage}/pause", tag = "stages",
+#[utoipa::path(post, path = "/v1/stages/{pipeline}/{stage}/pause", operation_id = "pause_stage", tag = "stages",
     description = "Holds the stage: it fetches nothing until resumed; calls in flight finish. Kept by the broker across restarts and daemons. Idempotent.",
     params(
         ("pipeline" = String, Path, description = "A loaded pipeline."),
@@ -51,7 +51,7 @@ pub(super) async fn pause(
 }
 
 /// `POST /v1/stages/{pipeline}/{stage}/resume`.
-#[utoipa::path(post, path = "/v1/stages/{pipeline}/{stage}/resume", tag = "stages",
+#[utoipa::path(post, path = "/v1/stages/{pipeline}/{stage}/resume", operation_id = "resume_stage", tag = "stages",
     description = "Lets a paused stage fetch again. Idempotent.",
     params(
         ("pipeline" = String, Path, description = "A loaded pipeline."),

@@ -199,7 +199,7 @@ pub(super) async fn backlog(
 }
 
 /// `GET /v1/status`.
-#[utoipa::path(get, path = "/v1/status", tag = "status", responses(
+#[utoipa::path(get, path = "/v1/status", operation_id = "status", tag = "status", responses(
     (status = 200, description = "One entry per stage (a sink is a stage), in pipeline order.",
         body = Vec<StageStatus>),
     (status = 503, description = "The broker cannot answer now, or a stage has not started yet.",
@@ -297,7 +297,7 @@ fn held_until(state: &AdminState, stage: &StageEntry) -> Option<String> {
 }
 
 /// `GET /v1/sources`.
-#[utoipa::path(get, path = "/v1/sources", tag = "status", responses(
+#[utoipa::path(get, path = "/v1/sources", operation_id = "sources", tag = "status", responses(
     (status = 200, description = "One entry per source connector.", body = Vec<SourceStatus>),
     (status = 503, description = "The broker cannot answer now.", body = super::ErrorBody,
         headers(("Retry-After" = u32))),

@@ -140,25 +140,63 @@ impl TopicView {
     }
 }
 
+/// The largest `from` taken: 2^53 - 1, the largest integer every JSON
+/// client holds exactly, and more sequences than any topic will have.
+const MAX_FROM: u64 = (1 << 53) - 1;
+
 /// `?from=SEQ&max=N&wait_ms=M`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(super) struct ReadQuery {
     /// The first sequence to read (default: the oldest stored message).
+    #[param(maximum = 9_007_199_254_740_991_u64)]
     from: Option<u64>,
-    /// The most messages to return: 1 to 1000 (default 100; others are
-    /// clamped). A page also stops near 16 MiB of payload.
-    max: Option<usize>,
+    /// The most messages to return (default 100). A page also stops near
+    /// 16 MiB of payload.
+    #[param(minimum = 1, maximum = 1000)]
+    max: Option<u64>,
     /// How long to wait for a first message when there is none yet, in
-    /// ms (default 0; at most 30000).
+    /// ms (default 0). Only a read from the next sequence to be published
+    /// (`last_seq + 1`) or earlier waits.
+    #[param(maximum = 30000)]
     wait_ms: Option<u64>,
+}
+
+impl ReadQuery {
+    /// `max` and `wait` checked against their ranges: a value out of range
+    /// is refused, saying what is taken, rather than quietly cut.
+    fn checked(&self) -> Result<(Option<usize>, Duration), ApiError> {
+        if self.from.is_some_and(|from| from > MAX_FROM) {
+            return Err(ApiError::BadRequest(format!(
+                "from is beyond any sequence (at most {MAX_FROM})"
+            )));
+        }
+        let max = match self.max {
+            None => None,
+            Some(max @ 1..=1000) => usize::try_from(max).ok(),
+            Some(other) => {
+                return Err(ApiError::BadRequest(format!(
+                    "max is {other}; a read returns 1 to {MAX_MAX} messages"
+                )));
+            }
+        };
+        let wait = Duration::from_millis(self.wait_ms.unwrap_or(0));
+        if wait > MAX_WAIT {
+            return Err(ApiError::BadRequest(format!(
+                "wait_ms is {}; a read waits at most {} ms",
+                wait.as_millis(),
+                MAX_WAIT.as_millis()
+            )));
+        }
+        Ok((max, wait))
+    }
 }
 
 /// The `{topic}` path parameter.
 const TOPIC: &str = "A topic a loaded pipeline declares, or a dead-letter topic.";
 
 /// `GET /v1/topics`.
-#[utoipa::path(get, path = "/v1/topics", tag = "topics", responses(
+#[utoipa::path(get, path = "/v1/topics", operation_id = "list_topics", tag = "topics", responses(
     (status = 200, description = "Every topic the API accepts, by name.", body = Vec<TopicView>),
     (status = 503, description = "The broker cannot answer now.", body = super::ErrorBody,
         headers(("Retry-After" = u32))),
@@ -177,7 +215,7 @@ pub(super) async fn list(
 }
 
 /// `GET /v1/topics/{topic}`.
-#[utoipa::path(get, path = "/v1/topics/{topic}", tag = "topics",
+#[utoipa::path(get, path = "/v1/topics/{topic}", operation_id = "get_topic", tag = "topics",
     params(("topic" = String, Path, description = TOPIC)),
     responses(
         (status = 200, description = "The topic's contents.", body = TopicView),
@@ -195,7 +233,7 @@ pub(super) async fn stats(
 }
 
 /// `GET /v1/topics/{topic}/messages`.
-#[utoipa::path(get, path = "/v1/topics/{topic}/messages", tag = "topics",
+#[utoipa::path(get, path = "/v1/topics/{topic}/messages", operation_id = "read_messages", tag = "topics",
     params(("topic" = String, Path, description = TOPIC), ReadQuery),
     responses(
         (status = 200, description = "Stored messages from `from`, oldest first; reading moves \
@@ -212,12 +250,8 @@ pub(super) async fn read(
 ) -> Result<Json<ReadResponse>, ApiError> {
     let Path(topic) = topic?;
     let Query(query) = query?;
-    let wait = Duration::from_millis(query.wait_ms.unwrap_or(0));
-    Ok(Json(
-        state
-            .read_topic(&topic, query.from, query.max, wait)
-            .await?,
-    ))
+    let (max, wait) = query.checked()?;
+    Ok(Json(state.read_topic(&topic, query.from, max, wait).await?))
 }
 
 impl AdminState {
@@ -266,7 +300,13 @@ impl AdminState {
             }
         };
         let max = max.unwrap_or(DEFAULT_MAX).clamp(1, MAX_MAX);
-        let wait = wait.min(MAX_WAIT);
+        let mut wait = wait.min(MAX_WAIT);
+        // A long-poll waits for the next message; a `from` past it names
+        // a message that cannot be the next one published: answer at once
+        // rather than hold the connection for nothing.
+        if !wait.is_zero() && from > broker.topic_stats(topic).await?.last_seq.saturating_add(1) {
+            wait = Duration::ZERO;
+        }
         // The first chunk waits (a long-poll); the page then grows by
         // chunks until `max` messages or MAX_PAGE_BYTES of payload, so a
         // page of large messages never holds more than about that (or

@@ -176,10 +176,11 @@ impl Matcher {
     }
 }
 
-/// A `kind` filter's text: failure kinds, comma-separated.
+/// A `kind` filter's text: failure kinds, comma-separated (blank pieces
+/// are skipped, as [`DlqFilter::resolve`] does).
 fn kind_pattern() -> String {
     let names: Vec<&str> = FailureKind::ALL.iter().map(|k| k.as_str()).collect();
-    let one = format!("\\s*({})\\s*", names.join("|"));
+    let one = format!("\\s*({})?\\s*", names.join("|"));
     format!("^{one}(,{one})*$")
 }
 

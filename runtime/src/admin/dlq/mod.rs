@@ -211,11 +211,14 @@ fn list_query(query: Option<&str>) -> Result<(Option<usize>, DlqFilter), ApiErro
     for (name, value) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         let value = value.into_owned();
         match &*name {
-            "limit" => {
-                limit = Some(value.parse().map_err(|_| {
-                    ApiError::BadRequest(format!("limit must be a whole number, not `{value}`"))
-                })?);
-            }
+            "limit" => match value.parse() {
+                Ok(n @ 1..=MAX_LIST) => limit = Some(n),
+                _ => {
+                    return Err(ApiError::BadRequest(format!(
+                        "limit must be a whole number from 1 to {MAX_LIST}, not `{value}`"
+                    )));
+                }
+            },
             "kind" => filter.kind.push(value),
             "header" => filter.header.push(value),
             "since" => filter.since = Some(value),
@@ -244,12 +247,12 @@ fn matcher(filter: &DlqFilter) -> Result<Matcher, ApiError> {
 const STAGE_PATH: &str = "A stage of a loaded pipeline (a sink is a stage).";
 
 /// `GET /v1/dlq/{pipeline}/{stage}`.
-#[utoipa::path(get, path = "/v1/dlq/{pipeline}/{stage}", tag = "dlq",
+#[utoipa::path(get, path = "/v1/dlq/{pipeline}/{stage}", operation_id = "list_dead_letters", tag = "dlq",
     params(
         ("pipeline" = String, Path, description = "A loaded pipeline."),
         ("stage" = String, Path, description = STAGE_PATH),
-        ("limit" = Option<u64>, Query, description = "At most this many entries: 1 to 1000 \
-            (default 100)."),
+        ("limit" = Option<u64>, Query, minimum = 1, maximum = 1000,
+            description = "At most this many entries (default 100)."),
         DlqFilter,
     ),
     responses(
@@ -275,7 +278,7 @@ pub(super) async fn list(
 }
 
 /// `GET /v1/dlq/{pipeline}/{stage}/{seq}`.
-#[utoipa::path(get, path = "/v1/dlq/{pipeline}/{stage}/{seq}", tag = "dlq",
+#[utoipa::path(get, path = "/v1/dlq/{pipeline}/{stage}/{seq}", operation_id = "show_dead_letter", tag = "dlq",
     params(
         ("pipeline" = String, Path, description = "A loaded pipeline."),
         ("stage" = String, Path, description = STAGE_PATH),
@@ -299,13 +302,14 @@ pub(super) async fn show(
 }
 
 /// `POST /v1/dlq/{pipeline}/{stage}/redrive`.
-#[utoipa::path(post, path = "/v1/dlq/{pipeline}/{stage}/redrive", tag = "dlq",
+#[utoipa::path(post, path = "/v1/dlq/{pipeline}/{stage}/redrive", operation_id = "redrive", tag = "dlq",
     description = "Publishes the entries the filter takes back to the topic they failed from, oldest first, each removed only once published; `dry_run` counts them and changes nothing. An empty body redrives everything.",
     params(
         ("pipeline" = String, Path, description = "A loaded pipeline."),
         ("stage" = String, Path, description = STAGE_PATH),
     ),
-    request_body(content = RedriveRequest, content_type = "application/json"),
+    request_body(content = Option<RedriveRequest>, content_type = "application/json",
+        description = "Optional: an empty body is `{}`."),
     responses(
         (status = 200, description = "What it did (or, dry, would do).", body = RedriveReport),
         (status = 400, description = "A bad body or filter (the message says what).",
@@ -328,11 +332,12 @@ pub(super) async fn redrive(
     // The stage first, so an unknown one is a 404 whatever the body.
     state.stage(&pipeline, &stage).await?;
     let request: RedriveRequest = json_body(&headers, body, state.body_limit)?;
+    check_limit(request.limit)?;
     Ok(Json(state.dlq_redrive(&pipeline, &stage, &request).await?))
 }
 
 /// `POST /v1/dlq/{pipeline}/{stage}/purge`.
-#[utoipa::path(post, path = "/v1/dlq/{pipeline}/{stage}/purge", tag = "dlq",
+#[utoipa::path(post, path = "/v1/dlq/{pipeline}/{stage}/purge", operation_id = "purge", tag = "dlq",
     description = "Deletes the oldest `limit` entries, or with `all: true` every entry, that the filter takes; `dry_run` counts them and deletes nothing.",
     params(
         ("pipeline" = String, Path, description = "A loaded pipeline."),
@@ -360,7 +365,19 @@ pub(super) async fn purge(
     let Path((pipeline, stage)) = path?;
     state.stage(&pipeline, &stage).await?;
     let request: PurgeRequest = json_body(&headers, body, state.body_limit)?;
+    check_limit(request.limit)?;
     Ok(Json(state.dlq_purge(&pipeline, &stage, &request).await?))
+}
+
+/// A body's `limit` within the document's `int64`, the range every JSON
+/// client can send: a larger one is refused, not taken as "all".
+fn check_limit(limit: Option<u64>) -> Result<(), ApiError> {
+    match limit {
+        Some(limit) if i64::try_from(limit).is_err() => Err(ApiError::BadRequest(format!(
+            "limit {limit} is out of range; leave it out to take every entry"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 impl AdminState {
@@ -828,7 +845,10 @@ pub(super) fn json_body<T: DeserializeOwned + Default>(
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(&body)
+    // `null` is "no body" too: the document calls the body optional, which
+    // JSON clients (and OpenAPI 3.1) spell as null as often as empty.
+    serde_json::from_slice::<Option<T>>(&body)
+        .map(Option::unwrap_or_default)
         .map_err(|e| ApiError::BadRequest(format!("the request body is not valid: {e}")))
 }
 
