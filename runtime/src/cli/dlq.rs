@@ -164,8 +164,9 @@ pub(crate) struct ListArgs {
     /// The stage, as PIPELINE/STAGE.
     #[arg(value_name = "PIPELINE/STAGE", value_parser = stage_ref)]
     stage: StageRef,
-    /// Show at most N entries.
-    #[arg(long, value_name = "N", default_value_t = 100)]
+    /// Show at most N entries (1 to 1000; narrow with the filters for more).
+    #[arg(long, value_name = "N", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
     limit: u32,
     /// Print JSON (what the admin API answers) instead of a table.
     #[arg(long)]
