@@ -46,6 +46,50 @@ const TOKEN: &str = "token";
 )]
 pub(super) struct ApiDoc;
 
+/// `{pipeline}/{stage}` in a path: what the stage and DLQ routes address.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+pub(super) struct StagePath {
+    /// A loaded pipeline.
+    pub(super) pipeline: String,
+    /// One of its stages (a sink is a stage).
+    pub(super) stage: String,
+}
+
+/// How an operation on a `{pipeline}/{stage}` fails, besides its own
+/// cases: described once here, listed in each one's `responses(...)`.
+#[derive(utoipa::IntoResponses)]
+#[expect(
+    dead_code,
+    reason = "a description of responses; the handlers answer with ApiError"
+)]
+pub(super) enum StageErrors {
+    /// The path or the request is not valid (the message says what).
+    #[response(status = 400)]
+    BadRequest(ErrorBody),
+    /// No loaded pipeline has this stage (or it has never run).
+    #[response(status = 404)]
+    UnknownStage(ErrorBody),
+    /// The broker cannot answer now; retry after `Retry-After` seconds.
+    #[response(status = 503, headers(("Retry-After" = u32)))]
+    Unavailable(ErrorBody),
+}
+
+/// How a JSON request body can be refused.
+#[derive(utoipa::IntoResponses)]
+#[expect(
+    dead_code,
+    reason = "a description of responses; the handlers answer with ApiError"
+)]
+pub(super) enum BodyErrors {
+    /// The body is over 64 KiB.
+    #[response(status = 413)]
+    TooLarge(ErrorBody),
+    /// The body is not `application/json`.
+    #[response(status = 415)]
+    NotJson(ErrorBody),
+}
+
 /// Adds what the access guard does to every `/v1` operation: the bearer
 /// token, 401 without it, 421 for a `Host` that names another server,
 /// and, on writes, 403 for the read-only token or a cross-site `Origin`.

@@ -12,6 +12,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use serde::{Deserialize, Serialize};
 
+use super::openapi::{StageErrors, StagePath};
 use super::{AdminState, ApiError};
 use crate::broker::BrokerError;
 
@@ -29,48 +30,32 @@ pub struct StageControl {
 /// `POST /v1/stages/{pipeline}/{stage}/pause`.
 #[utoipa::path(post, path = "/v1/stages/{pipeline}/{stage}/pause", operation_id = "pause_stage", tag = "stages",
     description = "Holds the stage: it fetches nothing until resumed; calls in flight finish. Kept by the broker across restarts and daemons. Idempotent.",
-    params(
-        ("pipeline" = String, Path, description = "A loaded pipeline."),
-        ("stage" = String, Path, description = "A stage of it that reads a topic."),
-    ),
+    params(StagePath),
     responses(
         (status = 200, description = "The stage's state after the call.", body = StageControl),
-        (status = 400, description = "The path is not valid, or names a source.",
-            body = super::ErrorBody),
-        (status = 404, description = "No loaded pipeline has this stage, or it has never run.",
-            body = super::ErrorBody),
-        (status = 503, description = "The broker cannot answer now.", body = super::ErrorBody,
-            headers(("Retry-After" = u32))),
+        StageErrors,
     ))]
 pub(super) async fn pause(
     State(state): State<AdminState>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    path: Result<Path<StagePath>, PathRejection>,
 ) -> Result<Json<StageControl>, ApiError> {
-    let Path((pipeline, stage)) = path?;
+    let Path(StagePath { pipeline, stage }) = path?;
     Ok(Json(state.set_paused(&pipeline, &stage, true).await?))
 }
 
 /// `POST /v1/stages/{pipeline}/{stage}/resume`.
 #[utoipa::path(post, path = "/v1/stages/{pipeline}/{stage}/resume", operation_id = "resume_stage", tag = "stages",
     description = "Lets a paused stage fetch again. Idempotent.",
-    params(
-        ("pipeline" = String, Path, description = "A loaded pipeline."),
-        ("stage" = String, Path, description = "A stage of it that reads a topic."),
-    ),
+    params(StagePath),
     responses(
         (status = 200, description = "The stage's state after the call.", body = StageControl),
-        (status = 400, description = "The path is not valid, or names a source.",
-            body = super::ErrorBody),
-        (status = 404, description = "No loaded pipeline has this stage, or it has never run.",
-            body = super::ErrorBody),
-        (status = 503, description = "The broker cannot answer now.", body = super::ErrorBody,
-            headers(("Retry-After" = u32))),
+        StageErrors,
     ))]
 pub(super) async fn resume(
     State(state): State<AdminState>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    path: Result<Path<StagePath>, PathRejection>,
 ) -> Result<Json<StageControl>, ApiError> {
-    let Path((pipeline, stage)) = path?;
+    let Path(StagePath { pipeline, stage }) = path?;
     Ok(Json(state.set_paused(&pipeline, &stage, false).await?))
 }
 

@@ -30,6 +30,7 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::openapi::{BodyErrors, StageErrors, StagePath};
 use super::topics::payload_fields;
 use super::{AdminState, ApiError, StageEntry};
 use crate::broker::{BrokerError, Message, Stored, now_millis};
@@ -243,14 +244,13 @@ fn matcher(filter: &DlqFilter) -> Result<Matcher, ApiError> {
         .map_err(|why| ApiError::BadRequest(format!("bad filter: {why}")))
 }
 
-/// The `{pipeline}` and `{stage}` path parameters.
+/// The `{stage}` path parameter.
 const STAGE_PATH: &str = "A stage of a loaded pipeline (a sink is a stage).";
 
 /// `GET /v1/dlq/{pipeline}/{stage}`.
 #[utoipa::path(get, path = "/v1/dlq/{pipeline}/{stage}", operation_id = "list_dead_letters", tag = "dlq",
     params(
-        ("pipeline" = String, Path, description = "A loaded pipeline."),
-        ("stage" = String, Path, description = STAGE_PATH),
+        StagePath,
         ("limit" = Option<u64>, Query, minimum = 1, maximum = 1000,
             description = "At most this many entries (default 100)."),
         DlqFilter,
@@ -258,19 +258,14 @@ const STAGE_PATH: &str = "A stage of a loaded pipeline (a sink is a stage).";
     responses(
         (status = 200, description = "The stage's entries that the filter takes, oldest first.",
             body = DlqList),
-        (status = 400, description = "A bad filter or an unknown query parameter (the message \
-            says which).", body = super::ErrorBody),
-        (status = 404, description = "No loaded pipeline has this stage.",
-            body = super::ErrorBody),
-        (status = 503, description = "The broker cannot answer now.", body = super::ErrorBody,
-            headers(("Retry-After" = u32))),
+        StageErrors,
     ))]
 pub(super) async fn list(
     State(state): State<AdminState>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    path: Result<Path<StagePath>, PathRejection>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<DlqList>, ApiError> {
-    let Path((pipeline, stage)) = path?;
+    let Path(StagePath { pipeline, stage }) = path?;
     let (limit, filter) = list_query(query.as_deref())?;
     Ok(Json(
         state.dlq_list(&pipeline, &stage, limit, &filter).await?,
@@ -304,31 +299,21 @@ pub(super) async fn show(
 /// `POST /v1/dlq/{pipeline}/{stage}/redrive`.
 #[utoipa::path(post, path = "/v1/dlq/{pipeline}/{stage}/redrive", operation_id = "redrive", tag = "dlq",
     description = "Publishes the entries the filter takes back to the topic they failed from, oldest first, each removed only once published; `dry_run` counts them and changes nothing. An empty body redrives everything.",
-    params(
-        ("pipeline" = String, Path, description = "A loaded pipeline."),
-        ("stage" = String, Path, description = STAGE_PATH),
-    ),
+    params(StagePath),
     request_body(content = Option<RedriveRequest>, content_type = "application/json",
         description = "Optional: an empty body is `{}`."),
     responses(
         (status = 200, description = "What it did (or, dry, would do).", body = RedriveReport),
-        (status = 400, description = "A bad body or filter (the message says what).",
-            body = super::ErrorBody),
-        (status = 404, description = "No loaded pipeline has this stage.",
-            body = super::ErrorBody),
-        (status = 413, description = "The body is over 64 KiB.", body = super::ErrorBody),
-        (status = 415, description = "The body is not `application/json`.",
-            body = super::ErrorBody),
-        (status = 503, description = "The broker cannot answer now.", body = super::ErrorBody,
-            headers(("Retry-After" = u32))),
+        StageErrors,
+        BodyErrors,
     ))]
 pub(super) async fn redrive(
     State(state): State<AdminState>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    path: Result<Path<StagePath>, PathRejection>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<RedriveReport>, ApiError> {
-    let Path((pipeline, stage)) = path?;
+    let Path(StagePath { pipeline, stage }) = path?;
     // The stage first, so an unknown one is a 404 whatever the body.
     state.stage(&pipeline, &stage).await?;
     let request: RedriveRequest = json_body(&headers, body, state.body_limit)?;
@@ -339,30 +324,20 @@ pub(super) async fn redrive(
 /// `POST /v1/dlq/{pipeline}/{stage}/purge`.
 #[utoipa::path(post, path = "/v1/dlq/{pipeline}/{stage}/purge", operation_id = "purge", tag = "dlq",
     description = "Deletes the oldest `limit` entries, or with `all: true` every entry, that the filter takes; `dry_run` counts them and deletes nothing.",
-    params(
-        ("pipeline" = String, Path, description = "A loaded pipeline."),
-        ("stage" = String, Path, description = STAGE_PATH),
-    ),
+    params(StagePath),
     request_body(content = PurgeRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "What it did (or, dry, would do).", body = PurgeReport),
-        (status = 400, description = "A bad body or filter (the message says what).",
-            body = super::ErrorBody),
-        (status = 404, description = "No loaded pipeline has this stage.",
-            body = super::ErrorBody),
-        (status = 413, description = "The body is over 64 KiB.", body = super::ErrorBody),
-        (status = 415, description = "The body is not `application/json`.",
-            body = super::ErrorBody),
-        (status = 503, description = "The broker cannot answer now.", body = super::ErrorBody,
-            headers(("Retry-After" = u32))),
+        StageErrors,
+        BodyErrors,
     ))]
 pub(super) async fn purge(
     State(state): State<AdminState>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    path: Result<Path<StagePath>, PathRejection>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<PurgeReport>, ApiError> {
-    let Path((pipeline, stage)) = path?;
+    let Path(StagePath { pipeline, stage }) = path?;
     state.stage(&pipeline, &stage).await?;
     let request: PurgeRequest = json_body(&headers, body, state.body_limit)?;
     check_limit(request.limit)?;
