@@ -14,6 +14,7 @@
 //! - [`daemon`]: `sluice run`: load, open, start, drain.
 //! - [`cli`]: the `sluice` command line.
 //! - [`timestamp`]: RFC 3339 times and durations back from now, as text.
+//! - [`trace`]: W3C Trace Context: the `traceparent` a message carries on.
 
 pub mod admin;
 pub mod broker;
@@ -35,5 +36,6 @@ pub mod plugin;
 pub mod reload;
 pub mod service;
 pub mod timestamp;
+pub mod trace;
 
 pub use failure::{Failure, FailureKind};

@@ -12,7 +12,7 @@
 //! - an unreachable target holds messages without spending attempts, with
 //!   readiness `degraded` naming the sink, and all arrive once it is up;
 //! - the request carries the method, content type, key, message headers
-//!   and configured headers;
+//!   and configured headers, and a message's W3C `traceparent` as its own;
 //! - `ordering` keeps per-key order with concurrency 4, and `batch` works;
 //! - `tls_ca` trusts a self-signed receiver; an untrusted one is held and
 //!   said so; a CA file that holds no certificate refuses start-up;
@@ -741,6 +741,62 @@ fn the_request_carries_method_content_type_key_headers_and_configured_headers() 
         .collect();
     assert_eq!(tags, ["a", "b"]);
     assert_eq!(h2.header("x-team"), Some("payments"));
+}
+
+/// A W3C `traceparent` given to ingest arrives as the request's own
+/// `traceparent` (and `tracestate`), through a stage whose handler drops
+/// every header (the engine carries the context on).
+#[test]
+fn the_trace_context_arrives_as_the_requests_traceparent() {
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let receiver = Receiver::start(always(204));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pipeline = write_pipeline(
+        dir.path(),
+        "hooks",
+        &format!(
+            "name: hooks\n\
+             topics: [in, out]\n\
+             stages:\n\
+             \x20 - name: drop-headers\n\
+             \x20   subscribe: in\n\
+             \x20   plugin: {}\n\
+             \x20   config: {{lines: 0}}\n\
+             \x20   publish: [out]\n\
+             sinks:\n\
+             \x20 - name: notify\n\
+             \x20   subscribe: out\n\
+             \x20   http:\n\
+             \x20     url: {}\n",
+            sluice_tests::plugin("chatty"),
+            receiver.url("http", "/in"),
+        ),
+    );
+    let daemon = Daemon::start(&[&pipeline], &dir.path().join("data"));
+    let client = reqwest::blocking::Client::new();
+    for (id, parent) in [("traced", PARENT), ("broken", "00-nope-01")] {
+        let response = client
+            .post(format!("{}/v1/topics/in/messages", daemon.base))
+            .header("idempotency-key", id)
+            .header("traceparent", parent)
+            .header("tracestate", "congo=t61rcWkgMzE")
+            .body(id)
+            .send()
+            .expect("publish");
+        assert_eq!(response.status(), 202, "{id}");
+    }
+    wait_for("both delivered", &daemon, || {
+        receiver.hits().iter().filter(|h| h.status == 204).count() == 2
+    });
+    let hits = receiver.hits();
+    let by_body = |body: &str| hits.iter().find(|h| h.text() == body).expect(body);
+    let traced = by_body("traced");
+    assert_eq!(traced.header("traceparent"), Some(PARENT));
+    assert_eq!(traced.header("tracestate"), Some("congo=t61rcWkgMzE"));
+    assert_eq!(traced.header("sluice-header-traceparent"), Some(PARENT));
+    let broken = by_body("broken");
+    assert_eq!(broken.header("traceparent"), None, "{broken:?}");
+    assert_eq!(broken.header("tracestate"), None, "{broken:?}");
 }
 
 // ---------------------------------------------------------------------

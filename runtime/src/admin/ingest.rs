@@ -2,7 +2,9 @@
 //!
 //! `POST /v1/topics/{topic}/messages` takes the payload as the body, the key
 //! in `Sluice-Key`, the message id in `Idempotency-Key` (so a retried POST
-//! is stored once) and headers as `Sluice-Header-<Name>`. `POST
+//! is stored once) and headers as `Sluice-Header-<Name>`; a W3C
+//! `traceparent` (and `tracestate`) becomes the message's own, so the
+//! trace goes on through the pipeline ([`crate::trace`]). `POST
 //! /v1/topics/{topic}/batch` takes JSON lines, validates them all and then
 //! publishes them as one broker batch, so a bad line publishes nothing.
 //! Both answer 202 with what the broker stored, or 429 while the topic is
@@ -28,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use super::{AdminState, ApiError, TopicEntry};
 use crate::broker::{BrokerError, Message, PublishAck, check_portable, new_message_id, now_millis};
 use crate::delay;
+use crate::trace::{self, TRACEPARENT, TRACESTATE};
 
 /// The longest message id accepted, in bytes. Ids key the broker's
 /// duplicate window and travel in headers, so they stay short.
@@ -172,6 +175,13 @@ fn counted<T: IntoResponse>(state: &AdminState, result: Result<T, ApiError>) -> 
             description = "Deliver after this long: `90s`, `2h`, `3d` (at most 365 days)."),
         ("Sluice-Deliver-At" = Option<String>, Header,
             description = "Deliver at this time (RFC 3339)."),
+        ("traceparent" = Option<String>, Header,
+            description = "W3C Trace Context: kept as the message header `traceparent` when \
+                well formed (else ignored, and the trace restarts), and carried on to the \
+                outputs, dead letters and sinks."),
+        ("tracestate" = Option<String>, Header,
+            description = "W3C Trace Context: kept as the message header `tracestate` beside a \
+                valid `traceparent`."),
     ),
     request_body(description = "The payload: any bytes, stored as sent (not empty). Request \
         headers `Sluice-Header-<Name>: value` become message headers.",
@@ -641,6 +651,7 @@ fn message_from_headers(
             message_headers.push((name.to_owned(), text(name, value)?));
         }
     }
+    trace_from_request(headers, &mut message_headers);
     check_portable(key.as_deref(), &message_headers)
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let mut message = Message {
@@ -653,6 +664,31 @@ fn message_from_headers(
     };
     delay::pin(&mut message, now_millis()).map_err(ApiError::BadRequest)?;
     Ok(message)
+}
+
+/// Takes the request's W3C `traceparent` and `tracestate` into the message
+/// headers. When the request has a `traceparent`, it replaces any the
+/// producer also sent as `Sluice-Header-Traceparent` (the standard header
+/// is what tracing libraries set); then [`trace::sanitize`] keeps the
+/// context only if it is valid. A value that is not text is invalid too:
+/// a trace never makes a request fail.
+fn trace_from_request(headers: &HeaderMap, message_headers: &mut Vec<(String, String)>) {
+    let parents = headers.get_all(TRACEPARENT);
+    if parents.iter().next().is_some() {
+        message_headers.retain(|(name, _)| {
+            !name.eq_ignore_ascii_case(TRACEPARENT) && !name.eq_ignore_ascii_case(TRACESTATE)
+        });
+        for value in parents {
+            let value = value.to_str().unwrap_or_default();
+            message_headers.push((TRACEPARENT.to_owned(), value.to_owned()));
+        }
+        for value in headers.get_all(TRACESTATE) {
+            if let Ok(value) = value.to_str() {
+                message_headers.push((TRACESTATE.to_owned(), value.to_owned()));
+            }
+        }
+    }
+    trace::sanitize(message_headers);
 }
 
 /// Builds a message from one batch line.
@@ -681,6 +717,8 @@ fn message_from_line(topic: &str, entry: &TopicEntry, line: BatchLine) -> Result
         .map(BatchHeaders::into_pairs)
         .unwrap_or_default();
     check_reserved(entry, &headers)?;
+    // Like the single endpoint's: an invalid context is dropped, not refused.
+    trace::sanitize(&mut headers);
     if let Some(value) = line.delay {
         headers.push((delay::DELAY_HEADER.to_owned(), value));
     }
@@ -753,6 +791,63 @@ mod tests {
             ..BatchLine::default()
         };
         assert!(message_from_line("t", &entry, both).is_err());
+    }
+
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    fn request(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                *name,
+                header::HeaderValue::from_str(value).expect("a header value"),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn a_valid_traceparent_becomes_a_message_header_and_an_invalid_one_is_ignored() {
+        let entry = TopicEntry::default();
+        let build = |pairs: &[(&'static str, &str)]| {
+            message_from_headers("t", &entry, &request(pairs), Bytes::from_static(b"x"))
+                .expect("accepted")
+                .headers
+        };
+        let pair = |n: &str, v: &str| (n.to_owned(), v.to_owned());
+        let kept = build(&[("traceparent", TP), ("tracestate", "congo=t61rcWkgMzE")]);
+        assert_eq!(
+            kept,
+            [pair(TRACEPARENT, TP), pair(TRACESTATE, "congo=t61rcWkgMzE")]
+        );
+        let ignored = build(&[("traceparent", "00-bad-01"), ("tracestate", "a=b")]);
+        assert!(ignored.is_empty(), "{ignored:?}");
+        // The standard header wins over a `Sluice-Header-` one.
+        let other = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let both = build(&[("sluice-header-traceparent", other), ("traceparent", TP)]);
+        assert_eq!(both, [pair(TRACEPARENT, TP)]);
+        let only_prefixed = build(&[("sluice-header-traceparent", other)]);
+        assert_eq!(only_prefixed, [pair(TRACEPARENT, other)]);
+    }
+
+    #[test]
+    fn batch_lines_keep_a_valid_traceparent_and_drop_an_invalid_one() {
+        let entry = TopicEntry::default();
+        let line = |headers: &str| {
+            let line: BatchLine =
+                serde_json::from_str(&format!(r#"{{"payload":"x","headers":{headers}}}"#))
+                    .expect("parses");
+            message_from_line("t", &entry, line).expect("valid").headers
+        };
+        let kept = line(&format!(r#"{{"traceparent":"{TP}","a":"1"}}"#));
+        assert_eq!(kept.len(), 2);
+        assert_eq!(
+            trace::trace_id(&kept).as_deref(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        // Even one no broker could carry: dropped before the check.
+        let dropped = line(r#"[["traceparent","00-x\ny"],["a","1"]]"#);
+        assert_eq!(dropped, [("a".to_owned(), "1".to_owned())]);
     }
 
     #[test]

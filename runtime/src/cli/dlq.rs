@@ -18,7 +18,8 @@ pub(crate) enum Command {
     ///
     /// One line per entry: its SEQ (what `show` takes), message id, failure kind (retry,
     /// rejected, trap, timeout, out-of-memory, output-too-large, undeclared-topic,
-    /// claim-missing, publish-failed), attempts, how long ago it last failed, and the error.
+    /// claim-missing, publish-failed), attempts, how long ago it last failed, the W3C trace
+    /// id (a TRACE column, when any entry has a `traceparent`), and the error.
     ///
     /// The filters (--kind, --since, --until, --error, --header, --key) narrow the list; every
     /// one given must match.
@@ -27,7 +28,8 @@ pub(crate) enum Command {
     ///
     /// Example: sluice dlq list orders/route --kind timeout --since 1h
     List(ListArgs),
-    /// Print one dead-lettered message in full, as JSON: provenance, headers and payload.
+    /// Print one dead-lettered message in full, as JSON: provenance, trace id (`trace_id`, from
+    /// its W3C `traceparent`), headers and payload.
     ///
     /// With --as-case, print it as a handler test case instead (the message as the handler
     /// saw it, expecting success): a list item to append under `cases:` in a cases file, then
@@ -284,13 +286,15 @@ fn list(args: &ListArgs) -> Result<(), ClientError> {
     Ok(())
 }
 
-/// Entries as a table, one line each.
+/// Entries as a table, one line each; with a TRACE column (the W3C trace
+/// id) when any entry has one, so untraced pipelines keep a narrow table.
 fn print_entries(out: &mut impl Write, entries: &[DlqEntry]) -> Result<(), ClientError> {
     let now = now_millis();
+    let traced = entries.iter().any(|e| e.trace_id.is_some());
     let rows: Vec<Vec<String>> = entries
         .iter()
         .map(|e| {
-            vec![
+            let mut row = vec![
                 e.seq.to_string(),
                 e.id.clone(),
                 e.kind.clone().unwrap_or_else(|| "-".into()),
@@ -299,19 +303,23 @@ fn print_entries(out: &mut impl Write, entries: &[DlqEntry]) -> Result<(), Clien
                     || "-".into(),
                     |at| table::age(Some(now.saturating_sub(at) as f64 / 1000.0)) + " ago",
                 ),
-                table::one_line(
-                    e.error.as_deref().or(e.problem.as_deref()).unwrap_or("-"),
-                    100,
-                ),
-            ]
+            ];
+            if traced {
+                row.push(e.trace_id.clone().unwrap_or_else(|| "-".into()));
+            }
+            row.push(table::one_line(
+                e.error.as_deref().or(e.problem.as_deref()).unwrap_or("-"),
+                100,
+            ));
+            row
         })
         .collect();
-    table::print(
-        out,
-        &["SEQ", "ID", "KIND", "ATTEMPTS", "LAST FAILURE", "ERROR"],
-        &rows,
-    )
-    .map_err(write_error)
+    let mut titles = vec!["SEQ", "ID", "KIND", "ATTEMPTS", "LAST FAILURE"];
+    if traced {
+        titles.push("TRACE");
+    }
+    titles.push("ERROR");
+    table::print(out, &titles, &rows).map_err(write_error)
 }
 
 /// A dry run's first entries, and how many more there are.

@@ -463,6 +463,9 @@ fn to_messages(setup: &Route, read: Vec<SourceMessage>) -> Vec<Message> {
         .map(|mut m| {
             let id = format!("{}:{}", setup.ctx.name, m.upstream_id);
             let now = crate::broker::now_millis();
+            // An upstream `traceparent` goes on as ingest's does: valid,
+            // or dropped (the trace restarts), never a reason to refuse.
+            crate::trace::sanitize(&mut m.headers);
             let problem = m
                 .problem
                 .clone()

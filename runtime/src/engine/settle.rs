@@ -3,7 +3,7 @@
 //!
 //! | outcome | action |
 //! |---|---|
-//! | `ok(emits)` | publish the emits with deterministic ids and ack, in one `complete` (with dedup: and record the key COMPLETED) |
+//! | `ok(emits)` | publish the emits with deterministic ids (and the input's trace context) and ack, in one `complete` (with dedup: and record the key COMPLETED) |
 //! | dedup: the key was already handled | republish its recorded outputs (same ids) and ack: outcome `duplicate` |
 //! | retryable failure, attempts left | nak with backoff (or retry in place, for ordered stages) |
 //! | retryable failure, attempts used up | dead-letter with provenance |
@@ -26,6 +26,7 @@ use crate::dlq::{self, Provenance};
 use crate::failure::{Failure, FailureKind};
 use crate::metrics::{Metrics, OutcomeLabels, StageLabels, TopicLabels};
 use crate::plugin::{Emit, Outcome};
+use crate::trace;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 
@@ -278,6 +279,10 @@ impl Settler {
                 // that copied its input's headers must not carry it on, or
                 // the next stage would skip the output as not its own.
                 emit.headers.retain(|(name, _)| name != dlq::REDRIVE_TO);
+                // The output goes on in its input's trace, whether or not
+                // the handler copied the headers; a batch item's outputs
+                // in their own input's.
+                trace::carry(&delivery.message.headers, &mut emit.headers);
                 (index, emit)
             })
             .map(|(index, emit)| Message {

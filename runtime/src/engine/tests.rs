@@ -651,3 +651,137 @@ async fn a_stage_swapped_while_calls_run_handles_each_message_once_and_the_rest_
     assert_eq!(upper_count, 20 - handled_by_old);
     assert_eq!(new.calls().len(), 20 - handled_by_old);
 }
+
+/// `traceparent`s of the W3C recommendation's shape, one per input.
+const TRACE_A: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+const TRACE_B: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+const TRACE_OWN: &str = "00-11111111111111111111111111111111-2222222222222222-00";
+
+impl Rig {
+    /// Publishes `(id, traceparent)` inputs with payload `x`.
+    async fn publish_traced(&self, messages: &[(&str, Option<&str>)]) {
+        let messages = messages
+            .iter()
+            .map(|(id, parent)| {
+                let mut m = Message::new(*id, "in", b"x".to_vec());
+                if let Some(parent) = parent {
+                    m.headers = vec![
+                        (crate::trace::TRACEPARENT.into(), (*parent).into()),
+                        (crate::trace::TRACESTATE.into(), format!("v={id}")),
+                    ];
+                }
+                m
+            })
+            .collect();
+        self.broker.publish(messages).await.expect("publish");
+    }
+}
+
+/// Each output's (payload, traceparent, tracestate), sorted.
+fn traces(broker: &MemoryBroker, topic: &str) -> Vec<(String, Option<String>, Option<String>)> {
+    let mut found: Vec<_> = broker
+        .messages(topic)
+        .iter()
+        .map(|m| {
+            (
+                String::from_utf8_lossy(&m.payload).into_owned(),
+                header(m, crate::trace::TRACEPARENT).map(str::to_owned),
+                header(m, crate::trace::TRACESTATE).map(str::to_owned),
+            )
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+#[tokio::test(start_paused = true)]
+async fn outputs_carry_their_inputs_trace_context_unless_the_handler_set_one() {
+    // Emits without the input's headers; `own` sets a context of its own;
+    // `bad` is dead-lettered.
+    let handler = Scripted::new(|m, _| match m.id.as_str() {
+        "bad" => fail(FailureKind::Rejected),
+        "own" => {
+            let mut e = emit(m.id.clone());
+            e.headers = vec![(crate::trace::TRACEPARENT.into(), TRACE_OWN.into())];
+            Ok(vec![e])
+        }
+        id => Ok(vec![emit(id), emit(format!("{id}2"))]),
+    });
+    let rig = rig(memory(), stage(""), &handler).await;
+    rig.publish_traced(&[
+        ("a", Some(TRACE_A)),
+        ("b", Some(TRACE_B)),
+        ("none", None),
+        ("own", Some(TRACE_A)),
+        ("bad", Some(TRACE_B)),
+    ])
+    .await;
+    rig.until("seven outputs and a dead letter", |b| {
+        b.messages("out").len() == 7 && b.messages(DLQ).len() == 1
+    })
+    .await;
+    let broker = rig.settle_and_stop().await;
+    let t = |p: &str, parent: Option<&str>, state: Option<&str>| {
+        (
+            p.to_owned(),
+            parent.map(str::to_owned),
+            state.map(str::to_owned),
+        )
+    };
+    assert_eq!(
+        traces(&broker, "out"),
+        [
+            t("a", Some(TRACE_A), Some("v=a")),
+            t("a2", Some(TRACE_A), Some("v=a")),
+            t("b", Some(TRACE_B), Some("v=b")),
+            t("b2", Some(TRACE_B), Some("v=b")),
+            t("none", None, None),
+            t("none2", None, None),
+            t("own", Some(TRACE_OWN), None),
+        ]
+    );
+    // The dead letter is the input, context included.
+    let entry = &broker.messages(DLQ)[0];
+    assert_eq!(header(entry, crate::trace::TRACEPARENT), Some(TRACE_B));
+    assert_eq!(
+        crate::trace::trace_id(&entry.headers).as_deref(),
+        Some("0af7651916cd43dd8448eb211c80319c")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_items_outputs_carry_that_items_trace_context() {
+    /// Emits one bare output per item, under the item's id.
+    struct Bare;
+    #[async_trait]
+    impl StageHandler for Bare {
+        async fn handle(&mut self, _: &PluginMessage) -> Outcome {
+            unreachable!("a batch stage calls handle_batch")
+        }
+        async fn handle_batch(&mut self, messages: &[PluginMessage]) -> Vec<Outcome> {
+            messages
+                .iter()
+                .map(|m| Ok(vec![emit(m.id.clone())]))
+                .collect()
+        }
+    }
+    let stage = stage("batch: {max: 8, wait: 50ms}\n");
+    let rig = start(memory(), stage, vec![Box::new(Bare)]).await;
+    rig.publish_traced(&[("a", Some(TRACE_A)), ("none", None), ("b", Some(TRACE_B))])
+        .await;
+    rig.until("three outputs", |b| b.messages("out").len() == 3)
+        .await;
+    let broker = rig.settle_and_stop().await;
+    let parents: Vec<(String, Option<String>)> = traces(&broker, "out")
+        .into_iter()
+        .map(|(p, parent, _)| (p, parent))
+        .collect();
+    assert_eq!(
+        parents,
+        [
+            ("a".to_owned(), Some(TRACE_A.to_owned())),
+            ("b".to_owned(), Some(TRACE_B.to_owned())),
+            ("none".to_owned(), None),
+        ]
+    );
+}

@@ -75,6 +75,9 @@ pub struct DlqEntry {
     pub source_seq: Option<u64>,
     /// The message key.
     pub key: Option<String>,
+    /// The W3C trace id of the message's `traceparent`, to find its trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
     /// Payload size in bytes.
     pub payload_bytes: u64,
     /// The start of a text payload, or `<N bytes, binary>`.
@@ -766,6 +769,7 @@ fn summary(stored: &Stored) -> DlqEntry {
         source_topic: m.header(dlq::SOURCE_TOPIC).map(str::to_owned),
         source_seq: num(dlq::SOURCE_SEQ),
         key: m.key.clone(),
+        trace_id: crate::trace::trace_id(&m.headers),
         payload_bytes: m.payload.len() as u64,
         payload_preview: preview(&m.payload),
         problem: Provenance::read(m)

@@ -149,6 +149,9 @@ const RESERVED: &[&str] = &[
     "transfer-encoding",
     "host",
     "connection",
+    // Each message's own trace context (`crate::trace`).
+    "traceparent",
+    "tracestate",
 ];
 
 impl HttpSinkConfig {

@@ -3,7 +3,9 @@
 //!
 //! The request carries the payload as its body and says what the message
 //! is in headers (`Idempotency-Key`, `Sluice-Key`, `Sluice-Header-*`),
-//! signed with HMAC-SHA256 when the sink has a `secret`. The answer maps
+//! signed with HMAC-SHA256 when the sink has a `secret`. A valid W3C
+//! `traceparent` (and its `tracestate`) is also sent under its own name,
+//! so the receiver's tracing continues the message's trace. The answer maps
 //! onto [`SinkError`]:
 //!
 //! | answer | result |
@@ -32,6 +34,7 @@ use sha2::Sha256;
 
 use crate::connect::{SecretUrl, Sink, SinkError};
 use crate::plugin::Message;
+use crate::trace;
 
 /// How many bytes of an error answer's body a rejection quotes.
 pub const EXCERPT_BYTES: usize = 256;
@@ -173,6 +176,22 @@ impl HttpSink {
                 )));
             };
             headers.append(name, header_value(value));
+        }
+        if let Some(parent) = message
+            .headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(trace::TRACEPARENT))
+            .map(|(_, v)| v)
+            .filter(|v| trace::TraceParent::parse(v).is_some())
+        {
+            headers.insert(trace::TRACEPARENT, header_value(parent));
+            if let Some((_, state)) = message
+                .headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(trace::TRACESTATE))
+            {
+                headers.insert(trace::TRACESTATE, header_value(state));
+            }
         }
         if let Some(auth) = &self.auth {
             headers.insert(reqwest::header::AUTHORIZATION, auth.clone());
@@ -525,6 +544,34 @@ mod tests {
         assert_eq!(header_value("plain").as_bytes(), b"plain");
         assert_eq!(header_value("a\r\nb\tc").as_bytes(), b"a%0D%0Ab\tc");
         assert_eq!(header_value("ünï").as_bytes(), "ünï".as_bytes());
+    }
+
+    #[test]
+    fn a_valid_traceparent_is_sent_under_its_own_name_too() {
+        let sink = HttpSink::new(HttpSinkParts {
+            url: SecretUrl::parse("http://127.0.0.1:9/in").expect("url"),
+            method: Method::POST,
+            secret: None,
+            headers: HeaderMap::new(),
+            timeout: Duration::from_secs(1),
+            roots: None,
+            identity: None,
+        })
+        .expect("sink");
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut message = Message::new("m", "t", b"x".to_vec());
+        message.headers = vec![
+            ("traceparent".into(), parent.into()),
+            ("tracestate".into(), "congo=t61rcWkgMzE".into()),
+        ];
+        let request = sink.request(&message).expect("request");
+        let sent = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
+        assert_eq!(sent("traceparent"), Some(parent));
+        assert_eq!(sent("tracestate"), Some("congo=t61rcWkgMzE"));
+        assert_eq!(sent("sluice-header-traceparent"), Some(parent));
+        message.headers = vec![("traceparent".into(), "00-broken".into())];
+        let request = sink.request(&message).expect("request");
+        assert!(request.headers().get("traceparent").is_none());
     }
 
     #[test]
