@@ -189,6 +189,8 @@ fn schemathesis(d: &Daemon, token: &str) {
     std::fs::write(&config, SCHEMATHESIS_CONFIG).expect("config");
     let report = dir.path().join("report");
     let output = Command::new(schemathesis_bin())
+        // Its cache (`.schemathesis/`) goes with the run, not into the tree.
+        .current_dir(dir.path())
         .arg("--config-file")
         .arg(&config)
         .args(["run", &d.url("/v1/openapi.json")])
