@@ -32,6 +32,7 @@ pub mod failure;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod metrics;
+pub mod otel;
 pub mod plugin;
 pub mod reload;
 pub mod service;

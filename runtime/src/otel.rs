@@ -1,0 +1,434 @@
+//! Trace export over OTLP: a span for every stage attempt, sent to a
+//! collector when `OTEL_EXPORTER_OTLP_ENDPOINT` (or `sluice run --otlp`)
+//! is set, and nothing at all when it is not.
+//!
+//! - **Spans.** Each handler attempt of a stage is one span (`process
+//!   <pipeline>/<stage>`, kind consumer) with the pipeline, stage, attempt,
+//!   outcome and the plugin's sha256. Its parent is the message's
+//!   `traceparent` (see [`crate::trace`]); a message without one starts a
+//!   trace. The handler sees, and the outputs and the dead-letter copy
+//!   carry, the attempt's own context, so the next stage's span is its
+//!   child and one message's way through the stages is one trace. A batch
+//!   call is one span linked to each item's context.
+//! - **Export.** The standard OTLP/HTTP exporter (protobuf), configured by
+//!   the standard `OTEL_*` variables (endpoint, headers, timeout,
+//!   compression, sampler, batch processor, resource), on the batch
+//!   processor's own thread, so a slow or absent collector never slows a
+//!   stage: when its queue is full spans are dropped, never messages.
+//! - **Off costs nothing.** Without an endpoint no span is made: every
+//!   helper here first reads one flag.
+//!
+//! The spans are `tracing` spans on the [`TARGET`] target, which only the
+//! OpenTelemetry layer takes (the log layer leaves them out).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use opentelemetry::propagation::{Extractor, TextMapPropagator as _};
+use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
+use opentelemetry_otlp::WithExportConfig as _;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+use crate::trace::{TRACEPARENT, TRACESTATE};
+
+/// The `tracing` target of the spans that are exported.
+pub const TARGET: &str = "sluice::otel";
+
+/// The name of a stage attempt's `tracing` span.
+const ATTEMPT: &str = "stage attempt";
+/// The name of a batch call's `tracing` span.
+const BATCH: &str = "stage batch";
+
+/// Set once an exporter is installed: spans are made only then.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Whether spans are exported (and so made at all).
+#[inline]
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Why export could not be set up; the daemon refuses to start rather than
+/// run without the traces it was asked for.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL` asks for a protocol not built in.
+    #[error(
+        "{var}={value}: only http/protobuf is built in (an OTLP collector's HTTP port, usually 4318)"
+    )]
+    Protocol {
+        /// The variable that asks.
+        var: &'static str,
+        /// What it asks for.
+        value: String,
+    },
+    /// `--otlp` is not an http(s) URL.
+    #[error("--otlp {0}: expected an http:// or https:// URL, such as http://127.0.0.1:4318")]
+    Endpoint(String),
+    /// The exporter refused its configuration.
+    #[error("the OTLP exporter: {0}")]
+    Build(#[from] opentelemetry_otlp::ExporterBuildError),
+}
+
+/// The installed exporter: keep it for the daemon's life and call
+/// [`Export::shutdown`] on the way out, which sends the spans still queued.
+pub struct Export {
+    provider: SdkTracerProvider,
+    /// Where spans go, for the log (without credentials).
+    endpoint: String,
+}
+
+impl Export {
+    /// The exporter `flag` (`--otlp`) or the environment asks for, or None
+    /// when neither names an endpoint (or `OTEL_SDK_DISABLED=true`, or
+    /// `OTEL_TRACES_EXPORTER=none`). `flag` is a base URL, as
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` is: `/v1/traces` is added to it.
+    pub fn from_env(flag: Option<&str>) -> Result<Option<Export>, ExportError> {
+        let var = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        if var("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
+            || var("OTEL_TRACES_EXPORTER").is_some_and(|v| v.eq_ignore_ascii_case("none"))
+        {
+            return Ok(None);
+        }
+        let from_env = var(opentelemetry_otlp::OTEL_EXPORTER_OTLP_ENDPOINT)
+            .or_else(|| var(opentelemetry_otlp::OTEL_EXPORTER_OTLP_TRACES_ENDPOINT));
+        if flag.is_none() && from_env.is_none() {
+            return Ok(None);
+        }
+        for name in [
+            opentelemetry_otlp::OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
+            opentelemetry_otlp::OTEL_EXPORTER_OTLP_PROTOCOL,
+        ] {
+            if let Some(value) = var(name) {
+                if value != "http/protobuf" {
+                    return Err(ExportError::Protocol { var: name, value });
+                }
+                break;
+            }
+        }
+        let mut builder = opentelemetry_otlp::SpanExporter::builder().with_http();
+        let endpoint = match flag {
+            Some(base) => {
+                let url = traces_url(base)?;
+                builder = builder.with_endpoint(url.clone());
+                url
+            }
+            None => from_env.unwrap_or_default(),
+        };
+        let exporter = builder.build()?;
+        let mut resource = opentelemetry_sdk::Resource::builder();
+        if var("OTEL_SERVICE_NAME").is_none()
+            && !var("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| a.contains("service.name="))
+        {
+            resource = resource.with_service_name("sluice");
+        }
+        let provider = SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(resource.build())
+            .build();
+        ENABLED.store(true, Ordering::Relaxed);
+        Ok(Some(Export {
+            provider,
+            endpoint: shown(&endpoint),
+        }))
+    }
+
+    /// Where spans go: scheme, host, port and path, never credentials.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The `tracing` layer that turns the [`TARGET`] spans into
+    /// OpenTelemetry spans (and takes nothing else).
+    pub fn layer<S>(&self) -> impl tracing_subscriber::Layer<S> + use<S>
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    {
+        use tracing_subscriber::Layer as _;
+        // The span's attributes are its own fields only: not the source
+        // line, thread or busy time `tracing` could add to each.
+        tracing_opentelemetry::layer()
+            .with_tracer(self.provider.tracer("sluice"))
+            .with_location(false)
+            .with_threads(false)
+            .with_target(false)
+            .with_tracked_inactivity(false)
+            // Nothing else here reads the OpenTelemetry context of the
+            // current thread: entering a span need not set it.
+            .with_context_activation(false)
+            .with_filter(
+                tracing_subscriber::filter::Targets::new()
+                    .with_target(TARGET, tracing::Level::INFO),
+            )
+    }
+
+    /// Sends the spans still queued and stops the exporter. Blocks (up to
+    /// the exporter's timeout): call it outside the async runtime.
+    pub fn shutdown(self) {
+        ENABLED.store(false, Ordering::Relaxed);
+        if let Err(err) = self.provider.shutdown() {
+            tracing::warn!(error = %err, "the trace exporter did not shut down cleanly; queued spans may be lost");
+        }
+    }
+}
+
+/// `base` (`--otlp`) with the traces path, as the exporter does for
+/// `OTEL_EXPORTER_OTLP_ENDPOINT`.
+fn traces_url(base: &str) -> Result<String, ExportError> {
+    let url = url::Url::parse(base.trim()).map_err(|_| ExportError::Endpoint(shown(base)))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(ExportError::Endpoint(shown(base)));
+    }
+    Ok(format!("{}/v1/traces", url.as_str().trim_end_matches('/')))
+}
+
+/// An endpoint for the log: scheme, host, port and path, never a user,
+/// password or query (which could hold a key).
+fn shown(endpoint: &str) -> String {
+    match url::Url::parse(endpoint) {
+        Ok(url) => format!(
+            "{}://{}{}{}",
+            url.scheme(),
+            url.host_str().unwrap_or(""),
+            url.port().map(|p| format!(":{p}")).unwrap_or_default(),
+            url.path()
+        ),
+        Err(_) => "(not a URL)".into(),
+    }
+}
+
+/// A message's headers as the W3C propagator reads them.
+struct Headers<'a>(&'a [(String, String)]);
+
+impl Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(key))
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.iter().map(|(n, _)| n.as_str()).collect()
+    }
+}
+
+/// The trace context in `headers`, if they carry a valid one.
+fn parent(headers: &[(String, String)]) -> Option<opentelemetry::Context> {
+    let cx = TraceContextPropagator::new().extract(&Headers(headers));
+    cx.span().span_context().is_valid().then_some(cx)
+}
+
+/// What one attempt is: for its span's attributes.
+pub struct Attempt<'a> {
+    /// The pipeline.
+    pub pipeline: &'a str,
+    /// The stage.
+    pub stage: &'a str,
+    /// The plugin's sha256 (None for a sink).
+    pub plugin: Option<&'a str>,
+    /// The message's id.
+    pub message_id: &'a str,
+    /// The topic it was read from.
+    pub topic: &'a str,
+    /// Which attempt (1-based).
+    pub attempt: u32,
+}
+
+/// The span of one stage attempt, a child of the message's trace context
+/// (`headers`) when it has one; `Span::none()` when export is off.
+/// Instrument the attempt and its settle with it: the settle reads it back
+/// ([`current`]) to give the outputs their parent.
+pub fn attempt_span(attempt: &Attempt<'_>, headers: &[(String, String)]) -> Span {
+    if !enabled() {
+        return Span::none();
+    }
+    let span = tracing::info_span!(
+        target: TARGET,
+        ATTEMPT,
+        otel.name = %format_args!("process {}/{}", attempt.pipeline, attempt.stage),
+        otel.kind = "consumer",
+        otel.status_code = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
+        "sluice.pipeline" = attempt.pipeline,
+        "sluice.stage" = attempt.stage,
+        "sluice.attempt" = i64::from(attempt.attempt),
+        "sluice.outcome" = tracing::field::Empty,
+        "sluice.plugin.sha256" = attempt.plugin,
+        "messaging.system" = "sluice",
+        "messaging.operation.type" = "process",
+        "messaging.destination.name" = attempt.topic,
+        "messaging.message.id" = attempt.message_id,
+    );
+    if let Some(cx) = parent(headers) {
+        // Before the span is entered or read: the layer takes the parent
+        // only then. It fails only when the span is disabled.
+        let _ = span.set_parent(cx);
+    }
+    span
+}
+
+/// The span of one batch call: a new trace linked to each item's context
+/// (`items`, their headers). `Span::none()` when export is off.
+pub fn batch_span<'h>(
+    pipeline: &str,
+    stage: &str,
+    plugin: Option<&str>,
+    items: impl Iterator<Item = &'h [(String, String)]>,
+) -> Span {
+    if !enabled() {
+        return Span::none();
+    }
+    let span = tracing::info_span!(
+        target: TARGET,
+        BATCH,
+        otel.name = %format_args!("process {pipeline}/{stage}"),
+        otel.kind = "consumer",
+        otel.status_code = tracing::field::Empty,
+        "sluice.pipeline" = pipeline,
+        "sluice.stage" = stage,
+        "sluice.plugin.sha256" = plugin,
+        "messaging.system" = "sluice",
+        "messaging.operation.type" = "process",
+        "messaging.batch.message_count" = tracing::field::Empty,
+    );
+    let mut count = 0_i64;
+    for headers in items {
+        count += 1;
+        if let Some(cx) = parent(headers) {
+            span.add_link(cx.span().span_context().clone());
+        }
+    }
+    span.record("messaging.batch.message_count", count);
+    span
+}
+
+/// Whether the current span is a stage attempt's.
+fn in_attempt() -> Option<Span> {
+    let span = Span::current();
+    span.metadata()
+        .is_some_and(|m| m.target() == TARGET && m.name() == ATTEMPT)
+        .then_some(span)
+}
+
+/// The current attempt's context as message headers (`traceparent`, and
+/// `tracestate` when there is one), for its outputs and dead-letter copy;
+/// None when export is off or no attempt span is current.
+pub fn current() -> Option<Vec<(String, String)>> {
+    if !enabled() {
+        return None;
+    }
+    let cx = in_attempt()?.context();
+    let span = cx.span();
+    let sc = span.span_context();
+    if !sc.is_valid() {
+        return None;
+    }
+    let mut headers = vec![(
+        TRACEPARENT.to_owned(),
+        format!(
+            "00-{}-{}-{:02x}",
+            sc.trace_id(),
+            sc.span_id(),
+            sc.trace_flags().to_u8()
+        ),
+    )];
+    let state = sc.trace_state().header();
+    if !state.is_empty() {
+        headers.push((TRACESTATE.to_owned(), state));
+    }
+    Some(headers)
+}
+
+/// Replaces the trace context in `headers` with the current attempt's (no
+/// change when there is none): the handler then sees, and passes on, its
+/// own attempt as the parent.
+pub fn reparent(headers: &mut Vec<(String, String)>) {
+    if let Some(context) = current() {
+        headers.retain(|(n, _)| {
+            !n.eq_ignore_ascii_case(TRACEPARENT) && !n.eq_ignore_ascii_case(TRACESTATE)
+        });
+        headers.extend(context);
+    }
+}
+
+/// Records how the current attempt ended (`ok`, `retry`, `dead-lettered`,
+/// `held`, `duplicate`), and an error status for a failure.
+pub fn outcome(outcome: &str, error: Option<&crate::Failure>) {
+    if !enabled() {
+        return;
+    }
+    let Some(span) = in_attempt() else {
+        return;
+    };
+    span.record("sluice.outcome", outcome);
+    if let Some(failure) = error {
+        span.record("otel.status_code", "ERROR");
+        let text: String = failure.message.chars().take(256).collect();
+        span.record(
+            "otel.status_description",
+            format!("{}: {text}", failure.kind).as_str(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flag_is_a_base_url_like_the_variable() {
+        assert_eq!(
+            traces_url("http://127.0.0.1:4318").unwrap(),
+            "http://127.0.0.1:4318/v1/traces"
+        );
+        assert_eq!(
+            traces_url("https://otel.example/base/").unwrap(),
+            "https://otel.example/base/v1/traces"
+        );
+        for bad in ["127.0.0.1:4318", "grpc://x:4317", "", "http://"] {
+            assert!(traces_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_endpoint_is_logged_without_its_secrets() {
+        let shown = shown("https://user:hunter2@otel.example:4318/v1/traces?api_key=k");
+        assert_eq!(shown, "https://otel.example:4318/v1/traces");
+    }
+
+    #[test]
+    fn without_export_no_span_is_made() {
+        let attempt = Attempt {
+            pipeline: "p",
+            stage: "s",
+            plugin: None,
+            message_id: "m",
+            topic: "t",
+            attempt: 1,
+        };
+        assert!(attempt_span(&attempt, &[]).is_none());
+        assert!(current().is_none());
+    }
+
+    #[test]
+    fn the_parent_is_read_from_the_message_headers() {
+        let headers = vec![(
+            "traceparent".to_owned(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
+        )];
+        let cx = parent(&headers).expect("valid");
+        assert_eq!(
+            cx.span().span_context().trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert!(parent(&[]).is_none());
+    }
+}
