@@ -229,6 +229,7 @@ async fn sink_stage(n: usize, url: &str, count: &AtomicUsize, sync: SyncMode) ->
             .collect(),
         stage,
         shutdown_timeout: Duration::from_secs(5),
+        plugin_sha256: None,
     };
     let before = count.load(Ordering::Relaxed);
     let started = Instant::now();
@@ -284,6 +285,7 @@ async fn noop_stage(n: usize) -> f64 {
             .collect(),
         stage: def.to_stage(),
         shutdown_timeout: Duration::from_secs(5),
+        plugin_sha256: None,
     };
     let consumer = setup.consumers().remove(0).name;
     let started = Instant::now();

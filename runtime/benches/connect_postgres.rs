@@ -272,6 +272,7 @@ async fn run_stage(url: &str, table: &str, n: usize, noop: Option<Arc<Noop>>) ->
             .collect(),
         stage,
         shutdown_timeout: Duration::from_secs(5),
+        plugin_sha256: None,
     };
     let admin = connect(url).await;
     let started = Instant::now();

@@ -349,6 +349,7 @@ async fn sluice_stage(
         handlers: (0..stage.concurrency.get()).map(|_| handler()).collect(),
         stage,
         shutdown_timeout: Duration::from_secs(5),
+        plugin_sha256: None,
     };
     // The consumer exists before the backlog: the input is an interest stream.
     let spec: ConsumerSpec = setup.consumers().remove(0);

@@ -290,6 +290,7 @@ async fn run_stage_as(n: usize, stage: Stage, handler: impl Fn() -> Box<dyn Stag
         handlers: (0..stage.concurrency.get()).map(|_| handler()).collect(),
         stage,
         shutdown_timeout: Duration::from_secs(5),
+        plugin_sha256: None,
     };
     let started = Instant::now();
     let engine = Engine::start(
@@ -384,6 +385,7 @@ fn lanes(rt: &tokio::runtime::Runtime, name: &str, priority: &str) {
                 .collect(),
             stage,
             shutdown_timeout: Duration::from_secs(5),
+            plugin_sha256: None,
         };
         let engine = Engine::start(broker.clone(), metrics.clone(), None, None, vec![setup])
             .await

@@ -274,6 +274,7 @@ mod tests {
                 stage,
                 shutdown_timeout: Duration::from_secs(5),
                 handlers,
+                plugin_sha256: None,
             }],
         )
         .await

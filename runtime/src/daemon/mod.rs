@@ -443,6 +443,7 @@ async fn stage_setup(
             stage: stage.clone(),
             shutdown_timeout: pipeline.shutdown_timeout.get(),
             handlers,
+            plugin_sha256: Some(plugin.sha256().to_owned()),
         },
         Some(plugin.sha256().to_owned()),
     ))
@@ -484,6 +485,7 @@ async fn sink_setup(
         stage: stage.clone(),
         shutdown_timeout: pipeline.shutdown_timeout.get(),
         handlers,
+        plugin_sha256: None,
     })
 }
 

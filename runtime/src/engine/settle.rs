@@ -168,7 +168,10 @@ impl Settler {
     ) -> Next {
         let failure = match outcome {
             Ok(emits) => match self.complete(delivery, emits, ticket).await {
-                Ok(()) => return Next::Done,
+                Ok(()) => {
+                    crate::otel::outcome("ok", None);
+                    return Next::Done;
+                }
                 Err(failure) => failure,
             },
             Err(failure) => failure,
@@ -202,6 +205,7 @@ impl Settler {
         let result = self.patiently(|| self.broker.complete(&completion)).await;
         match result {
             Ok(()) | Err(BrokerError::LeaseLost(_)) => {
+                crate::otel::outcome("duplicate", None);
                 self.count("duplicate");
                 self.forget_failure(&delivery.message.id);
                 Next::Done
@@ -271,6 +275,12 @@ impl Settler {
         // handler again, its outputs still carry the same ids and the
         // broker's duplicate window drops them.
         let basis = ticket.map_or(delivery.message.id.as_str(), |t| t.key.as_str());
+        // With trace export on, the outputs' parent is this attempt's span
+        // (the next stage's span is its child); else the input's context.
+        let attempt_context = crate::otel::current();
+        let context = attempt_context
+            .as_deref()
+            .unwrap_or(&delivery.message.headers);
         let outputs: Vec<Message> = emits
             .into_iter()
             .enumerate()
@@ -282,7 +292,7 @@ impl Settler {
                 // The output goes on in its input's trace, whether or not
                 // the handler copied the headers; a batch item's outputs
                 // in their own input's.
-                trace::carry(&delivery.message.headers, &mut emit.headers);
+                trace::carry(context, &mut emit.headers);
                 (index, emit)
             })
             .map(|(index, emit)| Message {
@@ -373,6 +383,7 @@ impl Settler {
             // spent, however long the outage lasts. The sink logs the
             // outage once; this only counts it.
             self.count(failure.kind.as_str());
+            crate::otel::outcome("held", Some(&failure));
             return Next::Hold(failure.retry_after.unwrap_or(self.backoff.initial.get()));
         }
         let retryable = failure.kind.is_retryable();
@@ -381,6 +392,7 @@ impl Settler {
                 .retry_after
                 .unwrap_or_else(|| self.retry_delay(attempt));
             self.count(failure.kind.as_str());
+            crate::otel::outcome("retry", Some(&failure));
             tracing::warn!(
                 id = %delivery.message.id,
                 seq = delivery.seq,
@@ -414,6 +426,10 @@ impl Settler {
         let mut entry = delivery.message.clone();
         entry.topic.clone_from(&self.dlq_topic);
         provenance.stamp(&mut entry);
+        // The dead letter sits in the failed attempt's trace (one started
+        // by it, if the message came without a context).
+        crate::otel::reparent(&mut entry.headers);
+        crate::otel::outcome("dead-lettered", Some(&failure));
         tracing::error!(
             id = %delivery.message.id,
             seq = delivery.seq,

@@ -60,6 +60,8 @@ pub struct StageSetup {
     pub shutdown_timeout: Duration,
     /// One handler per worker slot: `stage.concurrency` of them.
     pub handlers: Vec<Box<dyn StageHandler>>,
+    /// The plugin's sha256 (None for a sink), for the attempts' spans.
+    pub plugin_sha256: Option<String>,
 }
 
 impl StageSetup {
@@ -212,6 +214,11 @@ pub(super) struct StageRunner {
     slots: usize,
     /// An adaptive stage's limit keeper.
     adaptive: Option<Aimd>,
+    /// The pipeline, the stage and its plugin's sha256: what each
+    /// attempt's span names (see [`crate::otel`]).
+    pipeline: String,
+    stage: String,
+    plugin_sha256: Option<String>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -319,6 +326,9 @@ impl StageRunner {
             pace,
             slots: concurrency,
             adaptive,
+            pipeline: setup.pipeline.clone(),
+            stage: stage.name.clone(),
+            plugin_sha256: setup.plugin_sha256.clone(),
         }
     }
 

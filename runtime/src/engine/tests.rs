@@ -136,6 +136,7 @@ async fn start(
         handlers,
         stage,
         shutdown_timeout: Duration::from_secs(5),
+        plugin_sha256: None,
     };
     let engine = Engine::start(
         broker.clone() as Arc<dyn Broker>,
@@ -619,6 +620,7 @@ async fn a_stage_swapped_while_calls_run_handles_each_message_once_and_the_rest_
             .collect(),
         stage: stage("concurrency: 4"),
         shutdown_timeout: Duration::from_secs(5),
+        plugin_sha256: None,
     };
     let prepared = rig.engine.prepare(vec![setup]).await.expect("prepare");
     assert!(rig.engine.runs("p", "s"));

@@ -7,6 +7,7 @@ use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt as _;
+use tracing::Instrument as _;
 
 use super::{CALLS, DEDUP_POLL_MAX, DEDUP_POLL_MIN, Job, Slot, StageRunner, lock};
 use crate::broker::Delivery;
@@ -48,12 +49,21 @@ impl StageRunner {
             if self.stopping() {
                 return;
             }
+            // The attempt's span (none unless traces are exported) covers
+            // the handler call and the settle, which reads it back for the
+            // outputs' parent.
+            let span = self.attempt_span(delivery, attempt);
             let next = match self
                 .attempt(delivery, attempt, retry_in_place, slot.take())
+                .instrument(span.clone())
                 .await
             {
-                Tried::Left => return,
+                Tried::Left => {
+                    span.in_scope(|| crate::otel::outcome("left", None));
+                    return;
+                }
                 Tried::Busy(pause) => {
+                    span.in_scope(|| crate::otel::outcome("dedup-wait", None));
                     self.pause(pause.min(busy_pause)).await;
                     busy_pause = (busy_pause * 2).min(DEDUP_POLL_MAX);
                     continue;
@@ -63,6 +73,7 @@ impl StageRunner {
                     self.pace.observe(&outcome);
                     self.settler
                         .settle(delivery, attempt, outcome, retry_in_place, ticket.as_ref())
+                        .instrument(span)
                         .await
                 }
             };
@@ -78,6 +89,21 @@ impl StageRunner {
             }
         }
         self.forget(delivery);
+    }
+
+    /// The span of one attempt of `delivery` ([`crate::otel`]).
+    pub(super) fn attempt_span(&self, delivery: &Delivery, attempt: u32) -> tracing::Span {
+        crate::otel::attempt_span(
+            &crate::otel::Attempt {
+                pipeline: &self.pipeline,
+                stage: &self.stage,
+                plugin: self.plugin_sha256.as_deref(),
+                message_id: &delivery.message.id,
+                topic: &delivery.message.topic,
+                attempt,
+            },
+            &delivery.message.headers,
+        )
     }
 
     /// One try of `delivery` up to its settle: takes a worker slot (unless
@@ -189,7 +215,14 @@ impl StageRunner {
         let mut jobs = jobs;
         let mut hold = Hold::new(self.settler.hold_max());
         loop {
-            let Some(outcomes) = self.call_batch(&jobs).await else {
+            let span = crate::otel::batch_span(
+                &self.pipeline,
+                &self.stage,
+                self.plugin_sha256.as_deref(),
+                jobs.iter()
+                    .map(|job| job.delivery.message.headers.as_slice()),
+            );
+            let Some(outcomes) = self.call_batch(&jobs).instrument(span).await else {
                 // Shutdown began: no call starts; `drain` hands them back.
                 return;
             };
@@ -396,6 +429,8 @@ impl StageRunner {
     ) -> Result<PluginMessage, crate::Failure> {
         let message = &delivery.message;
         let mut headers = message.headers.clone();
+        // In a traced attempt the handler sees the attempt as its parent.
+        crate::otel::reparent(&mut headers);
         let payload = if claim::is_reference(message) {
             let resolved = match &self.claims {
                 Some(claims) => claims.resolve(message).await,

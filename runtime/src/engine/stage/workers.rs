@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
+use tracing::Instrument as _;
 
 use super::attempt::Tried;
 use super::{Job, StageRunner};
@@ -42,15 +43,19 @@ impl StageRunner {
                 break;
             };
             let attempt = job.delivery.attempt;
+            // None unless traces are exported (see `process`).
+            let span = self.attempt_span(&job.delivery, attempt);
             let tried = beside(
                 &mut settling,
-                self.attempt(&job.delivery, attempt, false, Some(slot)),
+                self.attempt(&job.delivery, attempt, false, Some(slot))
+                    .instrument(span.clone()),
             )
             .await;
             if matches!(tried, Tried::Left) {
+                span.in_scope(|| crate::otel::outcome("left", None));
                 break;
             }
-            settling.push(self.clone().finish(job, attempt, tried));
+            settling.push(self.clone().finish(job, attempt, tried, span));
         }
         while settling.next().await.is_some() {}
     }
@@ -58,7 +63,7 @@ impl StageRunner {
     /// Settles a worker's try of `job`; a delivery that is not done (held
     /// while its target is unavailable) goes on through
     /// [`StageRunner::process`] after its pause.
-    async fn finish(self: Arc<Self>, job: Job, attempt: u32, tried: Tried) {
+    async fn finish(self: Arc<Self>, job: Job, attempt: u32, tried: Tried, span: tracing::Span) {
         let next = match tried {
             Tried::Left => return,
             Tried::Settled(next) => next,
@@ -66,6 +71,7 @@ impl StageRunner {
                 self.pace.observe(&outcome);
                 self.settler
                     .settle(&job.delivery, attempt, outcome, false, ticket.as_ref())
+                    .instrument(span)
                     .await
             }
             // A plain stage has no dedup gate, so no key is ever busy;
