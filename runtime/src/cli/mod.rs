@@ -214,8 +214,23 @@ pub fn main() -> ExitCode {
             | Command::Reload(_)
             | Command::Data(_)
     );
-    init_logging(if quiet { "warn" } else { "info" });
-    match cli.command {
+    // Only the daemon exports traces; a bad setting is refused before
+    // anything starts.
+    let otel = match &cli.command {
+        Command::Run(args) => match crate::otel::Export::from_env(args.otlp()) {
+            Ok(export) => export,
+            Err(err) => {
+                eprintln!("error: {err}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
+    init_logging(if quiet { "warn" } else { "info" }, otel.as_ref());
+    if let Some(export) = &otel {
+        tracing::info!(endpoint = %export.endpoint(), "exporting traces over OTLP");
+    }
+    let code = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Plugin(PluginCommand::Test(args)) => plugin_test::run(args),
         Command::Plugin(PluginCommand::New(args)) => plugin_author::new(args),
@@ -229,7 +244,12 @@ pub fn main() -> ExitCode {
         Command::Status(args) => status::run(args),
         Command::Reload(args) => reload::run(args),
         Command::Data(command) => data::run(command),
+    };
+    // Sends the spans still queued (the async runtime is gone by now).
+    if let Some(export) = otel {
+        export.shutdown();
     }
+    code
 }
 
 /// Logs to stderr; `SLUICE_LOG` (or `RUST_LOG`) sets the filter, `level` by
@@ -238,18 +258,30 @@ pub fn main() -> ExitCode {
 /// scrubbed, once per outage, where lapin logs every failed reconnect and
 /// every returned message with its payload. Colours only on a
 /// terminal, so logs piped to a file or journald stay plain text.
-fn init_logging(level: &str) {
+///
+/// With trace export on, the spans go to their own layer (`otel`), and the
+/// log leaves them out.
+fn init_logging(level: &str, otel: Option<&crate::otel::Export>) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::prelude::*;
     let filter = std::env::var("SLUICE_LOG")
         .ok()
         .or_else(|| std::env::var("RUST_LOG").ok())
         .and_then(|f| EnvFilter::try_new(f).ok())
-        .unwrap_or_else(|| EnvFilter::new(format!("{level},fjall=warn,lsm_tree=warn,lapin=off")));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .unwrap_or_else(|| EnvFilter::new(format!("{level},fjall=warn,lsm_tree=warn,lapin=off")))
+        .add_directive(
+            format!("{}=off", crate::otel::TARGET)
+                .parse()
+                .expect("a static directive"),
+        );
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
+        .with_filter(filter);
+    let _ = tracing_subscriber::registry()
+        .with(log)
+        .with(otel.map(crate::otel::Export::layer))
         .try_init();
 }

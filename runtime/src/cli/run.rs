@@ -94,6 +94,21 @@ pub(crate) struct Args {
     /// reload`: an invalid set changes nothing and is logged.
     #[arg(long)]
     watch: bool,
+    /// Export a span per stage attempt over OTLP/HTTP (protobuf) to the collector at URL,
+    /// as OTEL_EXPORTER_OTLP_ENDPOINT does (`/v1/traces` is added), which it overrides.
+    /// The standard OTEL_* variables set the rest: OTEL_EXPORTER_OTLP_HEADERS,
+    /// OTEL_TRACES_SAMPLER, OTEL_SERVICE_NAME, OTEL_BSP_*. With neither set, no span is made.
+    ///
+    /// Example: sluice run pipelines/ --otlp http://127.0.0.1:4318
+    #[arg(long, value_name = "URL")]
+    otlp: Option<String>,
+}
+
+impl Args {
+    /// The `--otlp` endpoint, if given.
+    pub(crate) fn otlp(&self) -> Option<&str> {
+        self.otlp.as_deref()
+    }
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
