@@ -8,6 +8,7 @@ pub mod bench;
 mod daemon;
 pub mod edges;
 pub mod jetstream;
+pub mod otlp;
 pub mod plugins;
 
 pub use daemon::{Daemon, DaemonBuilder, Exited};

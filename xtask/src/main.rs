@@ -291,6 +291,9 @@ const PYTHON_PACKAGES: &[&str] = &[
     // The admin API's OpenAPI document checked against the running daemon
     // (tests/tests/openapi.rs).
     "schemathesis==4.32.5",
+    // The OTLP receiver the trace tests and the trace benchmark start
+    // (tests/otlp/receiver.py): the official protobuf types.
+    "opentelemetry-proto==1.45.2",
 ];
 
 /// `cargo xtask setup`: everything the tests need that cargo does not fetch.
