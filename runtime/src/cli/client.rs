@@ -339,6 +339,9 @@ impl Client {
                 for header in &filter.header {
                     query.append_pair("header", header);
                 }
+                for seq in &filter.seq {
+                    query.append_pair("seq", &seq.to_string());
+                }
                 for (name, value) in [
                     ("since", &filter.since),
                     ("until", &filter.until),

@@ -21,7 +21,7 @@ pub(crate) enum Command {
     /// claim-missing, publish-failed), attempts, how long ago it last failed, the W3C trace
     /// id (a TRACE column, when any entry has a `traceparent`), and the error.
     ///
-    /// The filters (--kind, --since, --until, --error, --header, --key) narrow the list; every
+    /// The filters (--kind, --since, --until, --error, --header, --key, --seq) narrow the list; every
     /// one given must match.
     ///
     /// Example: sluice dlq list orders/route --limit 20
@@ -146,6 +146,10 @@ pub(crate) struct FilterArgs {
     /// Only entries with this message key.
     #[arg(long, value_name = "KEY")]
     key: Option<String>,
+    /// Only the entry with this sequence (the SEQ column of `dlq list`);
+    /// repeat for several.
+    #[arg(long, value_name = "SEQ")]
+    seq: Vec<u64>,
 }
 
 impl FilterArgs {
@@ -157,6 +161,7 @@ impl FilterArgs {
             error: self.error.clone(),
             header: self.header.clone(),
             key: self.key.clone(),
+            seq: self.seq.clone(),
         }
     }
 }

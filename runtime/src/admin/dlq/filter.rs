@@ -60,6 +60,11 @@ pub struct DlqFilter {
     /// The message key, exactly.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// Only these entries, by their sequence in the DLQ topic (what a
+    /// list shows as `seq`): a selection picked by hand, as the console's
+    /// "redrive selected" sends it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub seq: Vec<u64>,
 }
 
 /// A [`DlqFilter`] checked and fixed in time.
@@ -71,6 +76,8 @@ pub struct Matcher {
     error: Option<String>,
     headers: Vec<(String, String)>,
     key: Option<String>,
+    /// Sorted, for a binary search.
+    seqs: Vec<u64>,
 }
 
 impl DlqFilter {
@@ -130,16 +137,25 @@ impl DlqFilter {
             error: self.error.clone().filter(|e| !e.is_empty()),
             headers,
             key: self.key.clone(),
+            seqs: {
+                let mut seqs = self.seq.clone();
+                seqs.sort_unstable();
+                seqs.dedup();
+                seqs
+            },
         })
     }
 }
 
 impl Matcher {
-    /// Whether the DLQ entry passes. The time is the last failure's (when
-    /// the entry was dead-lettered), or for an entry without provenance
-    /// the time it was published; an entry without a kind or an error
-    /// fails a filter on them.
-    pub fn matches(&self, entry: &Message) -> bool {
+    /// Whether the DLQ entry at `seq` passes. The time is the last
+    /// failure's (when the entry was dead-lettered), or for an entry
+    /// without provenance the time it was published; an entry without a
+    /// kind or an error fails a filter on them.
+    pub fn matches(&self, seq: u64, entry: &Message) -> bool {
+        if !self.seqs.is_empty() && self.seqs.binary_search(&seq).is_err() {
+            return false;
+        }
         if !self.kinds.is_empty()
             && !entry
                 .header(dlq::KIND)
@@ -263,8 +279,8 @@ mod tests {
     fn an_empty_filter_takes_everything() {
         assert!(DlqFilter::default().is_empty());
         let all = filter("{}");
-        assert!(all.matches(&entry("timeout", "slow", NOW)));
-        assert!(all.matches(&Message::new("orphan", "t", "no provenance")));
+        assert!(all.matches(1, &entry("timeout", "slow", NOW)));
+        assert!(all.matches(1, &Message::new("orphan", "t", "no provenance")));
     }
 
     #[test]
@@ -272,25 +288,28 @@ mod tests {
         let timeout_now = entry("timeout", "deadline of 5s passed", NOW - 1000);
         let rejected_old = entry("rejected", "bad order", NOW - 7_200_000);
         let kinds = filter(r#"{"kind": "timeout"}"#);
-        assert!(kinds.matches(&timeout_now) && !kinds.matches(&rejected_old));
+        assert!(kinds.matches(1, &timeout_now) && !kinds.matches(1, &rejected_old));
         let either = filter(r#"{"kind": ["timeout", "rejected"]}"#);
-        assert!(either.matches(&timeout_now) && either.matches(&rejected_old));
+        assert!(either.matches(1, &timeout_now) && either.matches(1, &rejected_old));
         let comma = filter(r#"{"kind": "timeout,rejected"}"#);
-        assert!(comma.matches(&rejected_old));
+        assert!(comma.matches(1, &rejected_old));
         let recent = filter(r#"{"since": "1h"}"#);
-        assert!(recent.matches(&timeout_now) && !recent.matches(&rejected_old));
+        assert!(recent.matches(1, &timeout_now) && !recent.matches(1, &rejected_old));
         let older = filter(r#"{"until": "1h"}"#);
-        assert!(!older.matches(&timeout_now) && older.matches(&rejected_old));
+        assert!(!older.matches(1, &timeout_now) && older.matches(1, &rejected_old));
         let at = filter(r#"{"since": "2026-11-26T07:30:00Z", "until": "2026-11-26T07:30:00Z"}"#);
-        assert!(at.matches(&rejected_old), "both bounds are inclusive");
+        assert!(at.matches(1, &rejected_old), "both bounds are inclusive");
         let error = filter(r#"{"error": "deadline"}"#);
-        assert!(error.matches(&timeout_now) && !error.matches(&rejected_old));
-        assert!(filter(r#"{"key": "k1"}"#).matches(&timeout_now));
-        assert!(!filter(r#"{"key": "k2"}"#).matches(&timeout_now));
-        assert!(filter(r#"{"header": "tenant=acme"}"#).matches(&timeout_now));
-        assert!(!filter(r#"{"header": ["tenant=acme", "tier=paid"]}"#).matches(&timeout_now));
+        assert!(error.matches(1, &timeout_now) && !error.matches(1, &rejected_old));
+        assert!(filter(r#"{"key": "k1"}"#).matches(1, &timeout_now));
+        assert!(!filter(r#"{"key": "k2"}"#).matches(1, &timeout_now));
+        assert!(filter(r#"{"header": "tenant=acme"}"#).matches(1, &timeout_now));
+        assert!(!filter(r#"{"header": ["tenant=acme", "tier=paid"]}"#).matches(1, &timeout_now));
+        let picked = filter(r#"{"seq": [4, 2]}"#);
+        assert!(picked.matches(2, &timeout_now) && picked.matches(4, &timeout_now));
+        assert!(!picked.matches(3, &timeout_now));
         let orphan = Message::new("orphan", "t", "no provenance");
-        assert!(!kinds.matches(&orphan), "no kind never matches a kind");
+        assert!(!kinds.matches(1, &orphan), "no kind never matches a kind");
     }
 
     #[test]

@@ -229,10 +229,13 @@ fn list_query(query: Option<&str>) -> Result<(Option<usize>, DlqFilter), ApiErro
             "until" => filter.until = Some(value),
             "error" => filter.error = Some(value),
             "key" => filter.key = Some(value),
+            "seq" => filter.seq.push(value.parse().map_err(|_| {
+                ApiError::BadRequest(format!("seq must be a whole number, not `{value}`"))
+            })?),
             other => {
                 return Err(ApiError::BadRequest(format!(
                     "unknown query parameter `{other}`; a DLQ list takes limit, kind, since, \
-                     until, error, header and key"
+                     until, error, header, key and seq"
                 )));
             }
         }
@@ -739,7 +742,7 @@ impl<'a> Scan<'a> {
                 .filter(|s| {
                     s.seq <= until
                         && belongs(&s.message, self.stage)
-                        && self.matcher.matches(&s.message)
+                        && self.matcher.matches(s.seq, &s.message)
                 })
                 .collect(),
         ))
