@@ -171,6 +171,9 @@ pub struct Metrics {
     pub lane_wait: Family<LaneLabels, Histogram>,
     /// The recent waits of each lane, for `status`'s p50 and p99.
     lane_windows: std::sync::Mutex<HashMap<LaneLabels, Arc<LaneWaits>>>,
+    /// Each stage's handler durations since the console's history last
+    /// took them (not exported: the histogram above is).
+    handler_windows: Family<StageLabels, Arc<LatencyWindow>>,
     /// `sluice_claim_bytes_total{direction}`.
     pub claim_bytes: Family<DirectionLabels, Counter>,
     /// `sluice_ingest_responses_total{status}`.
@@ -455,6 +458,7 @@ impl Metrics {
             handler_duration,
             lane_wait,
             lane_windows: std::sync::Mutex::default(),
+            handler_windows: Family::default(),
             claim_bytes,
             ingest_responses,
             storage_errors,
@@ -512,6 +516,7 @@ impl Metrics {
         self.hold_until.remove(&labels);
         self.concurrency_limit.remove(&labels);
         self.handler_duration.remove(&labels);
+        self.handler_windows.remove(&labels);
     }
 
     /// The wait recorder of one priority lane (created on first use).
@@ -755,12 +760,51 @@ impl Metrics {
 
     /// Records one handler call's duration.
     pub fn observe_handler(&self, pipeline: &str, stage: &str, seconds: f64) {
+        let labels = StageLabels {
+            pipeline: pipeline.to_owned(),
+            stage: stage.to_owned(),
+        };
         self.handler_duration
+            .get_or_create(&labels)
+            .observe(seconds);
+        self.handler_windows.get_or_create(&labels).record(seconds);
+    }
+
+    /// A stage's latency window, for the engine to record into without a
+    /// lookup per call.
+    pub fn handler_window(&self, pipeline: &str, stage: &str) -> Arc<LatencyWindow> {
+        self.handler_windows
             .get_or_create(&StageLabels {
                 pipeline: pipeline.to_owned(),
                 stage: stage.to_owned(),
             })
-            .observe(seconds);
+            .clone()
+    }
+
+    /// The p50 and p99 of a stage's handler durations since the last call
+    /// (None when there were none), starting a new window.
+    pub fn take_handler_window(&self, pipeline: &str, stage: &str) -> Option<(f64, f64)> {
+        self.handler_windows
+            .get(&StageLabels {
+                pipeline: pipeline.to_owned(),
+                stage: stage.to_owned(),
+            })
+            .and_then(|window| window.take())
+    }
+
+    /// A stage's settled and failed deliveries so far, by outcome, in the
+    /// order of [`outcomes`].
+    pub fn processed_by_outcome(&self, pipeline: &str, stage: &str) -> Vec<(&'static str, u64)> {
+        outcomes()
+            .map(|outcome| {
+                let labels = OutcomeLabels {
+                    pipeline: pipeline.to_owned(),
+                    stage: stage.to_owned(),
+                    outcome: outcome.to_owned(),
+                };
+                (outcome, self.processed.get(&labels).map_or(0, |c| c.get()))
+            })
+            .collect()
     }
 
     /// The total of `sluice_messages_processed_total` for a stage, over all
@@ -873,6 +917,67 @@ pub fn outcomes() -> impl Iterator<Item = &'static str> {
         .chain(FailureKind::ALL.iter().map(|kind| kind.as_str()))
 }
 
+/// Buckets of a [`LatencyWindow`]: a quarter of a doubling apart from
+/// [`WINDOW_FIRST`], so a quantile read off them is at most 19 % high, up
+/// to about 40 minutes.
+const WINDOW_BUCKETS: usize = 112;
+/// The upper bound of a [`LatencyWindow`]'s first bucket, in seconds.
+const WINDOW_FIRST: f64 = 1e-5;
+
+/// Durations counted into fine log-spaced buckets until taken: the
+/// quantiles of one interval of a stage's history, in fixed memory and
+/// without a lock on the hot path.
+pub struct LatencyWindow {
+    counts: [std::sync::atomic::AtomicU64; WINDOW_BUCKETS],
+}
+
+impl Default for LatencyWindow {
+    fn default() -> Self {
+        LatencyWindow {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl LatencyWindow {
+    /// Counts one duration.
+    pub fn record(&self, seconds: f64) {
+        let index = if seconds > WINDOW_FIRST {
+            ((seconds / WINDOW_FIRST).log2() * 4.0).ceil() as usize
+        } else {
+            0
+        };
+        self.counts[index.min(WINDOW_BUCKETS - 1)]
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The p50 and p99 (each its bucket's upper bound) of what was
+    /// counted since the last take, emptying the window; None when empty.
+    pub fn take(&self) -> Option<(f64, f64)> {
+        let counts: Vec<u64> = self
+            .counts
+            .iter()
+            .map(|c| c.swap(0, std::sync::atomic::Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let at = |q: f64| {
+            let rank = ((total as f64 * q).ceil() as u64).max(1);
+            let mut seen = 0;
+            for (index, count) in counts.iter().enumerate() {
+                seen += count;
+                if seen >= rank {
+                    return WINDOW_FIRST * 2f64.powf(index as f64 / 4.0);
+                }
+            }
+            WINDOW_FIRST * 2f64.powf((WINDOW_BUCKETS - 1) as f64 / 4.0)
+        };
+        Some((at(0.5), at(0.99)))
+    }
+}
+
 /// How many recent waits a lane keeps for its quantiles.
 const LANE_WINDOW: usize = 1024;
 
@@ -933,6 +1038,27 @@ impl LaneWaits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_latency_window_reads_quantiles_within_a_bucket_and_empties() {
+        let window = LatencyWindow::default();
+        assert_eq!(window.take(), None);
+        for _ in 0..98 {
+            window.record(0.002);
+        }
+        window.record(0.5);
+        window.record(0.5);
+        let (p50, p99) = window.take().expect("counted");
+        assert!((0.002..0.002 * 1.19).contains(&p50), "{p50}");
+        assert!((0.5..0.5 * 1.19).contains(&p99), "{p99}");
+        assert_eq!(window.take(), None, "a take empties the window");
+        window.record(0.0);
+        window.record(1e9);
+        assert!(
+            window.take().is_some(),
+            "out-of-range values land in the end buckets"
+        );
+    }
 
     #[test]
     fn prometheus_text_names_counter_families_with_total_and_has_no_eof() {

@@ -2,11 +2,13 @@
 //! route.
 //!
 //! - **Tokens.** With a token configured, every `/v1` call needs
-//!   `Authorization: Bearer <token>` (else 401 with `WWW-Authenticate`).
+//!   `Authorization: Bearer <token>` (else 401 with `WWW-Authenticate`),
+//!   or the web console's session cookie (`session.rs`), with which every
+//!   state-changing call must also carry the session's CSRF token.
 //!   The full token may do anything; the read token only `GET`s (status,
 //!   topics, tail, DLQ list/show), so a write with it is 403. Tokens are
 //!   compared in constant time, as SHA-256 digests, and never logged.
-//! - **Host.** A `/v1` request's `Host` must name the bound address,
+//! - **Host.** A `/v1` or `/ui` request's `Host` must name the bound address,
 //!   `localhost`, or a host given with `--admin-allowed-host`: a web page
 //!   that rebinds its own name to 127.0.0.1 (DNS rebinding) sends its own
 //!   name, and is refused with 421.
@@ -31,6 +33,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::ApiError;
+use super::session::{self, Sessions};
 
 /// A bearer token, kept only as its SHA-256 digest so the secret itself is
 /// not held (or printed) anywhere past start-up.
@@ -78,9 +81,9 @@ impl AccessConfig {
     }
 }
 
-/// The role a request was let in with, for the audit log.
+/// The role a request was let in with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
+pub(super) enum Role {
     /// No token is configured: everyone is let in.
     Open,
     /// The full-access token.
@@ -90,7 +93,7 @@ enum Role {
 }
 
 impl Role {
-    fn as_str(self) -> &'static str {
+    pub(super) fn as_str(self) -> &'static str {
         match self {
             Role::Open => "open",
             Role::Full => "full",
@@ -105,11 +108,21 @@ impl Role {
 pub(super) struct Guard {
     access: Arc<AccessConfig>,
     bound: SocketAddr,
+    /// The console's sign-in sessions.
+    sessions: Arc<Sessions>,
 }
 
 impl Guard {
-    pub(super) fn new(access: Arc<AccessConfig>, bound: SocketAddr) -> Self {
-        Guard { access, bound }
+    pub(super) fn new(
+        access: Arc<AccessConfig>,
+        bound: SocketAddr,
+        sessions: Arc<Sessions>,
+    ) -> Self {
+        Guard {
+            access,
+            bound,
+            sessions,
+        }
     }
 }
 
@@ -145,21 +158,24 @@ pub(super) async fn guard(State(guard): State<Guard>, request: Request, next: Ne
 fn check(guard: &Guard, request: &Request) -> Result<Role, ApiError> {
     let path = request.uri().path();
     let api = path == "/v1" || path.starts_with("/v1/");
+    let console = path == "/ui" || path.starts_with("/ui/");
     let host = request
         .headers()
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())
         .or_else(|| request.uri().authority().map(|a| a.as_str()));
-    if api {
+    if api || console {
         check_host(guard, host)?;
     }
     if mutating(request.method()) {
         check_origin(request, host)?;
     }
     if !api {
+        // The console's pages are public; its session calls check for
+        // themselves (`console.rs`).
         return Ok(Role::Open);
     }
-    check_token(&guard.access, request)
+    check_token(&guard.access, &guard.sessions, request)
 }
 
 /// `Host` names this server: the bound address, localhost, an IP address
@@ -261,37 +277,67 @@ fn check_origin(request: &Request, host: Option<&str>) -> Result<(), ApiError> {
     }
 }
 
-/// The role the request's bearer token gives, when tokens are configured.
-fn check_token(access: &AccessConfig, request: &Request) -> Result<Role, ApiError> {
+/// The role a token's text gives: None when it is neither token (or no
+/// token is configured). Both are compared, whichever matches, so timing
+/// says nothing about which one a guess was close to.
+pub(super) fn role_of(access: &AccessConfig, token: &str) -> Option<Role> {
+    let presented: [u8; 32] = Sha256::digest(token.trim().as_bytes()).into();
+    let full = access.full.as_ref().is_some_and(|t| t.matches(&presented));
+    let read = access.read.as_ref().is_some_and(|t| t.matches(&presented));
+    if full {
+        Some(Role::Full)
+    } else if read {
+        Some(Role::Read)
+    } else {
+        None
+    }
+}
+
+/// The role the request's bearer token (or console session) gives, when
+/// tokens are configured.
+fn check_token(
+    access: &AccessConfig,
+    sessions: &Sessions,
+    request: &Request,
+) -> Result<Role, ApiError> {
     if !access.has_token() {
         return Ok(Role::Open);
     }
-    let presented = request
+    let bearer = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| {
             let (scheme, token) = v.trim().split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then_some(token)
-        })
-        .map(|token| -> [u8; 32] { Sha256::digest(token.trim().as_bytes()).into() });
-    let Some(presented) = presented else {
-        return Err(ApiError::Unauthorized(
-            "this admin API requires a token: send `Authorization: Bearer <token>` (the sluice CLI reads SLUICE_ADMIN_TOKEN or --admin-token-file)".into(),
-        ));
-    };
-    // Both are compared, whichever matches, so timing says nothing about
-    // which one a guess was close to.
-    let full = access.full.as_ref().is_some_and(|t| t.matches(&presented));
-    let read = access.read.as_ref().is_some_and(|t| t.matches(&presented));
-    let role = if full {
-        Role::Full
-    } else if read {
-        Role::Read
-    } else {
-        return Err(ApiError::Unauthorized(
-            "the token is not valid for this admin API".into(),
-        ));
+        });
+    let role = match (bearer, session::cookie(request.headers())) {
+        (Some(token), _) => role_of(access, token).ok_or_else(|| {
+            ApiError::Unauthorized("the token is not valid for this admin API".into())
+        })?,
+        (None, Some(id)) => {
+            let signed = sessions.find(id).ok_or_else(|| {
+                ApiError::Unauthorized(
+                    "the console session has ended (signed out, expired, or the daemon restarted); sign in again".into(),
+                )
+            })?;
+            let csrf = request
+                .headers()
+                .get(session::CSRF_HEADER)
+                .and_then(|v| v.to_str().ok());
+            if mutating(request.method()) && !signed.csrf_matches(csrf) {
+                return Err(ApiError::Forbidden(format!(
+                    "a change made with the console's session needs its CSRF token in the {} header",
+                    session::CSRF_HEADER
+                )));
+            }
+            signed.role
+        }
+        (None, None) => {
+            return Err(ApiError::Unauthorized(
+                "this admin API requires a token: send `Authorization: Bearer <token>` (the sluice CLI reads SLUICE_ADMIN_TOKEN or --admin-token-file)".into(),
+            ));
+        }
     };
     if role == Role::Read && mutating(request.method()) {
         return Err(ApiError::Forbidden(
@@ -312,6 +358,7 @@ mod tests {
                 ..AccessConfig::default()
             }),
             bound.parse().expect("addr"),
+            Arc::default(),
         )
     }
 

@@ -9,7 +9,8 @@
 //! - `topics.rs`: `GET /v1/topics[/{topic}[/messages]]` (stats, long-poll reads);
 //! - `dlq/`: `/v1/dlq/{pipeline}/{stage}` list, show, redrive, purge, and
 //!   the filters they take (`dlq/filter.rs`);
-//! - `stages.rs`: `POST /v1/stages/{pipeline}/{stage}/pause` and `/resume`;
+//! - `stages.rs`: `GET /v1/stages/{pipeline}/{stage}` (config, history),
+//!   `POST .../pause` and `/resume`;
 //! - `reload.rs`: `POST /v1/reload` (hot reload) and `GET /v1/reload`;
 //! - `status.rs`: `GET /v1/status` and the throughput sampler behind it;
 //! - `scrape.rs`: `GET /metrics`, refreshing the broker-backed gauges first;
@@ -19,7 +20,10 @@
 //! - `server.rs`: the accept loop: connection cap, header-read timeout,
 //!   optional TLS, graceful shutdown;
 //! - `health.rs`: `GET /health`, `/health/live`, `/health/ready`;
-//! - `openapi.rs`: `GET /v1/openapi.json`, the document of all of the above.
+//! - `openapi.rs`: `GET /v1/openapi.json`, the document of all of the above;
+//! - `console.rs`: the web console at `/ui` (embedded page, sign-in) and
+//!   `session.rs`, its cookie sessions with CSRF tokens;
+//! - `history.rs`: each stage's last 15 minutes, for the console's graphs.
 //!
 //! Without a token the API is open to whoever reaches it: the daemon
 //! refuses a non-loopback `--admin` without one unless `--admin-insecure`.
@@ -32,14 +36,17 @@
 //! redrive semantics live here only.
 
 mod access;
+mod console;
 mod dlq;
 mod error;
 mod health;
+mod history;
 mod ingest;
 mod openapi;
 mod reload;
 mod scrape;
 mod server;
+mod session;
 mod stages;
 mod status;
 mod topics;
@@ -63,6 +70,7 @@ pub use dlq::{
     REDRIVE_TIME_LIMIT, RedriveReport, RedriveRequest, SAMPLE, SkippedEntry,
 };
 pub use error::{ApiError, ErrorBody};
+pub use history::{HistoryPoint, StageHistory};
 #[cfg(feature = "fuzz")]
 pub(crate) use ingest::batch_messages;
 pub use ingest::{
@@ -74,7 +82,7 @@ pub use server::{
     DEFAULT_BODY_BUDGET, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, ServerLimits, TlsError,
     tls_config,
 };
-pub use stages::StageControl;
+pub use stages::{StageControl, StageDetail};
 pub use status::{LaneStatus, SourceStatus, StageStatus};
 pub use topics::{MessageView, ReadResponse, TopicView, payload_fields};
 
@@ -106,6 +114,8 @@ pub struct AdminState {
     redrive_time_limit: std::time::Duration,
     /// Sources and sinks that cannot reach their outside system.
     connectors: Arc<crate::connect::Health>,
+    /// The web console's sign-in sessions.
+    sessions: Arc<session::Sessions>,
 }
 
 struct Inner {
@@ -142,6 +152,8 @@ struct Catalog {
     stages: Vec<StageEntry>,
     /// Throughput samples, one ring per entry of `stages`.
     rates: status::Rates,
+    /// The last 15 minutes, one ring per entry of `stages`.
+    history: history::History,
 }
 
 impl Catalog {
@@ -203,11 +215,13 @@ impl Catalog {
             }
         }
         let rates = status::Rates::new(stages.len());
+        let history = history::History::new(stages.len());
         Catalog {
             pipelines,
             topics,
             stages,
             rates,
+            history,
         }
     }
 
@@ -296,6 +310,7 @@ impl AdminState {
             ))),
             redrive_time_limit: REDRIVE_TIME_LIMIT,
             connectors: Arc::default(),
+            sessions: Arc::default(),
         }
         .with_limits(ServerLimits::default())
     }
@@ -426,7 +441,13 @@ impl AdminState {
         let old = self.catalog();
         let new = Catalog::new(pipelines);
         zero_series(&self.inner.metrics, &new.topics, &new.stages);
-        new.rates.carry_over(&old.rates, &old.stages, &new.stages);
+        carry_over(&old.rates.rings, &new.rates.rings, &old.stages, &new.stages);
+        carry_over(
+            &old.history.rings,
+            &new.history.rings,
+            &old.stages,
+            &new.stages,
+        );
         forget_removed(&self.inner.metrics, &old.stages, &new.stages);
         self.inner.catalog.store(Arc::new(new));
     }
@@ -571,6 +592,28 @@ fn forget_removed(metrics: &Metrics, old: &[StageEntry], new: &[StageEntry]) {
     }
 }
 
+/// Moves the per-stage state of the stages that stay from `old` (indexed
+/// as `old_stages`) into `new` (indexed as `new_stages`), after a reload.
+fn carry_over<T: Default>(
+    old: &[std::sync::Mutex<T>],
+    new: &[std::sync::Mutex<T>],
+    old_stages: &[StageEntry],
+    new_stages: &[StageEntry],
+) {
+    for (to, stage) in new_stages.iter().enumerate() {
+        let Some(from) = old_stages
+            .iter()
+            .position(|o| o.pipeline == stage.pipeline && o.stage == stage.stage)
+        else {
+            continue;
+        };
+        if let (Some(from), Some(to)) = (old.get(from), new.get(to)) {
+            let taken = std::mem::take(&mut *from.lock().unwrap_or_else(|e| e.into_inner()));
+            *to.lock().unwrap_or_else(|e| e.into_inner()) = taken;
+        }
+    }
+}
+
 /// The largest body a DLQ redrive or purge request takes.
 const DLQ_BODY_LIMIT: usize = 64 * 1024;
 
@@ -581,6 +624,7 @@ pub(crate) fn router(state: AdminState) -> Router {
     let limit = state.request_limit();
     let (routes, _) = routes().split_for_parts();
     routes
+        .merge(console::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
@@ -609,6 +653,7 @@ fn routes() -> OpenApiRouter<AdminState> {
         .routes(routes!(dlq::redrive).layer(small_body()))
         .routes(routes!(dlq::purge).layer(small_body()))
         .routes(routes!(dlq::show))
+        .routes(routes!(stages::detail))
         .routes(routes!(stages::pause))
         .routes(routes!(stages::resume))
         .routes(routes!(reload::reload, reload::summary).layer(small_body()))
@@ -638,10 +683,11 @@ pub async fn serve(
         }
     );
     let sampler = tokio::spawn(status::sample(state.clone()));
+    let history = tokio::spawn(history::sample(state.clone()));
     let signal = state.clone();
     let tls = state.tls.clone();
     let limits = state.limits;
-    let guard = access::Guard::new(state.access.clone(), bound);
+    let guard = access::Guard::new(state.access.clone(), bound, state.sessions.clone());
     let app = router(state).layer(axum::middleware::from_fn_with_state(guard, access::guard));
     server::run(listener, app, tls, limits, async move {
         shutdown.await;
@@ -649,6 +695,7 @@ pub async fn serve(
     })
     .await;
     sampler.abort();
+    history.abort();
     Ok(())
 }
 

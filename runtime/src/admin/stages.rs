@@ -1,5 +1,7 @@
-//! `POST /v1/stages/{pipeline}/{stage}/pause` and `/resume`: the operator's
-//! hold on a stage.
+//! `GET /v1/stages/{pipeline}/{stage}`: a stage's config as loaded and its
+//! last 15 minutes (`history.rs`), for the console's stage view; and
+//! `POST /v1/stages/{pipeline}/{stage}/pause` and `/resume`: the
+//! operator's hold on a stage.
 //!
 //! A paused stage fetches nothing. Calls already in flight finish and
 //! settle (their leases stay valid), so pausing never loses or repeats
@@ -25,6 +27,39 @@ pub struct StageControl {
     pub stage: String,
     /// Whether it is paused now.
     pub paused: bool,
+}
+
+/// A stage as the console's stage view shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct StageDetail {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The stage.
+    pub stage: String,
+    /// `plugin`, `sink:<connector>` or `source`.
+    pub kind: String,
+    /// Its section of the pipeline file as loaded (defaults filled in,
+    /// `${VAR}` expanded, secrets shown as `***`).
+    #[schema(value_type = Object)]
+    pub config: serde_json::Value,
+    /// Its last 15 minutes, a point every 10 s.
+    pub history: super::history::StageHistory,
+}
+
+/// `GET /v1/stages/{pipeline}/{stage}`.
+#[utoipa::path(get, path = "/v1/stages/{pipeline}/{stage}", operation_id = "get_stage", tag = "stages",
+    description = "A stage's config as loaded and its last 15 minutes: throughput, handler latency p50/p99 and deliveries by outcome, a point every 10 s.",
+    params(StagePath),
+    responses(
+        (status = 200, description = "The stage.", body = StageDetail),
+        StageErrors,
+    ))]
+pub(super) async fn detail(
+    State(state): State<AdminState>,
+    path: Result<Path<StagePath>, PathRejection>,
+) -> Result<Json<StageDetail>, ApiError> {
+    let Path(StagePath { pipeline, stage }) = path?;
+    Ok(Json(state.stage_detail(&pipeline, &stage)?))
 }
 
 /// `POST /v1/stages/{pipeline}/{stage}/pause`.
@@ -60,6 +95,61 @@ pub(super) async fn resume(
 }
 
 impl AdminState {
+    /// What `GET /v1/stages/{pipeline}/{stage}` answers.
+    ///
+    /// # Errors
+    ///
+    /// No loaded pipeline has that stage or source.
+    pub fn stage_detail(&self, pipeline: &str, stage: &str) -> Result<StageDetail, ApiError> {
+        let catalog = self.catalog();
+        let unknown = || ApiError::UnknownStage(format!("{pipeline}/{stage}"));
+        let declared = catalog
+            .pipelines
+            .iter()
+            .find(|p| p.name == pipeline)
+            .ok_or_else(unknown)?;
+        // A config that parsed always serialises; should one ever not,
+        // the view says so instead of failing the whole stage.
+        let to_json = |value: Result<serde_json::Value, serde_json::Error>| {
+            Ok::<_, ApiError>(value.unwrap_or_else(|err| {
+                serde_json::Value::String(format!("(cannot show the config: {err})"))
+            }))
+        };
+        if let Some(index) = catalog
+            .stages
+            .iter()
+            .position(|s| s.pipeline == pipeline && s.stage == stage)
+        {
+            let config = declared
+                .stages
+                .iter()
+                .find(|s| s.name == stage)
+                .ok_or_else(unknown)?;
+            return Ok(StageDetail {
+                pipeline: pipeline.to_owned(),
+                stage: stage.to_owned(),
+                kind: catalog.stages[index].kind.clone(),
+                config: to_json(serde_json::to_value(config))?,
+                history: catalog.history.snapshot(index),
+            });
+        }
+        let source = declared
+            .sources
+            .iter()
+            .find(|s| s.name == stage)
+            .ok_or_else(unknown)?;
+        Ok(StageDetail {
+            pipeline: pipeline.to_owned(),
+            stage: stage.to_owned(),
+            kind: "source".into(),
+            config: to_json(serde_json::to_value(source))?,
+            history: super::history::StageHistory {
+                interval_seconds: super::history::INTERVAL.as_secs(),
+                points: Vec::new(),
+            },
+        })
+    }
+
     /// Pauses or resumes a stage: what `POST .../pause` and `.../resume`
     /// do.
     ///

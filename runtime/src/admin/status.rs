@@ -360,7 +360,7 @@ pub(super) async fn sample(state: AdminState) {
 
 /// One ring of `(when, processed_total)` samples per stage.
 pub(super) struct Rates {
-    rings: Vec<Mutex<VecDeque<(Instant, u64)>>>,
+    pub(super) rings: Vec<Mutex<VecDeque<(Instant, u64)>>>,
 }
 
 impl Rates {
@@ -369,28 +369,6 @@ impl Rates {
             rings: (0..stages)
                 .map(|_| Mutex::new(VecDeque::with_capacity(SAMPLES)))
                 .collect(),
-        }
-    }
-
-    /// Moves the samples of the stages that stay from `old` (indexed as
-    /// `old_stages`) into `self` (indexed as `new_stages`), after a reload.
-    pub(super) fn carry_over(
-        &self,
-        old: &Rates,
-        old_stages: &[super::StageEntry],
-        new_stages: &[super::StageEntry],
-    ) {
-        for (to, stage) in new_stages.iter().enumerate() {
-            let Some(from) = old_stages
-                .iter()
-                .position(|o| o.pipeline == stage.pipeline && o.stage == stage.stage)
-            else {
-                continue;
-            };
-            if let (Some(from), Some(to)) = (old.rings.get(from), self.rings.get(to)) {
-                let taken = std::mem::take(&mut *from.lock().unwrap_or_else(|e| e.into_inner()));
-                *to.lock().unwrap_or_else(|e| e.into_inner()) = taken;
-            }
         }
     }
 

@@ -67,6 +67,8 @@ pub(super) struct Settler {
     /// here rather than by building label strings for every message.
     ok: Counter,
     handler_duration: Histogram,
+    /// The same durations for the console's history.
+    handler_window: Arc<crate::metrics::LatencyWindow>,
     /// `sluice_messages_published_total` of each declared output topic.
     published: Vec<(String, Counter)>,
     /// The stage's dedup store, when it deduplicates: it takes back the
@@ -113,6 +115,7 @@ impl Settler {
             .collect();
         Settler {
             ok,
+            handler_window: metrics.handler_window(pipeline, &stage.name),
             handler_duration,
             published,
             pipeline: pipeline.to_owned(),
@@ -143,6 +146,7 @@ impl Settler {
     /// Records one handler call's duration.
     pub(super) fn observe(&self, elapsed: Duration) {
         self.handler_duration.observe(elapsed.as_secs_f64());
+        self.handler_window.record(elapsed.as_secs_f64());
     }
 
     /// Acks a delivery this stage does not handle (a redrive for another stage).
