@@ -386,11 +386,11 @@ mod tests {
     #[test]
     fn the_flag_is_a_base_url_like_the_variable() {
         assert_eq!(
-            traces_url("http://127.0.0.1:4318").unwrap(),
+            traces_url("http://127.0.0.1:4318").expect("valid"),
             "http://127.0.0.1:4318/v1/traces"
         );
         assert_eq!(
-            traces_url("https://otel.example/base/").unwrap(),
+            traces_url("https://otel.example/base/").expect("valid"),
             "https://otel.example/base/v1/traces"
         );
         for bad in ["127.0.0.1:4318", "grpc://x:4317", "", "http://"] {
