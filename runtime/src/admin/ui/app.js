@@ -346,12 +346,20 @@ async function boot() {
 
 // -------------------------------------------------------------------- overview
 
-/** Stage configs by "P/S", fetched once per overview (outputs come from them). */
+/**
+ * Stage configs by "P/S", fetched once per overview (outputs come from
+ * them). A stage whose config cannot be read is drawn without its outputs,
+ * and the error is shown; it is asked again at the next poll.
+ */
 async function stageConfigs(stages, known) {
   const missing = stages.filter((st) => !known.has(`${st.pipeline}/${st.stage}`));
   await Promise.all(missing.map(async (st) => {
-    const detail = await api('GET', `/v1/stages/${pathPart(st.pipeline)}/${pathPart(st.stage)}`);
-    known.set(`${st.pipeline}/${st.stage}`, detail);
+    try {
+      const detail = await api('GET', `/v1/stages/${pathPart(st.pipeline)}/${pathPart(st.stage)}`);
+      known.set(`${st.pipeline}/${st.stage}`, detail);
+    } catch (err) {
+      fail(err);
+    }
   }));
   return known;
 }
