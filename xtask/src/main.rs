@@ -304,7 +304,8 @@ fn setup() -> anyhow::Result<()> {
     ensure_kafka()?;
     pip_install(PYTHON_PACKAGES)?;
     deploy::ensure_tools()?;
-    ensure_lang_tools()
+    ensure_lang_tools()?;
+    ensure_console_tools()
 }
 
 /// `python3 -m pip install` of pinned `packages`, quietly and without
@@ -375,6 +376,43 @@ fn ensure_js_tools() -> anyhow::Result<()> {
     run(Command::new("npm")
         .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
         .current_dir(&js)
+        .stdin(std::process::Stdio::null()))
+}
+
+/// The web console's browser test (tests/tests/console.rs) drives Debian's
+/// Chromium with the playwright-core that `tests/console/package-lock.json`
+/// pins (Playwright's own browser downloads are not used): installs
+/// Chromium when `/usr/bin/chromium` is missing, and runs `npm ci` there
+/// when the installed playwright-core is not the pinned one. Node.js and
+/// npm come with [`ensure_js_tools`].
+fn ensure_console_tools() -> anyhow::Result<()> {
+    if !Path::new("/usr/bin/chromium").exists() {
+        apt_install(
+            &["chromium"],
+            "the web console's test drives a real Chromium",
+        )?;
+    }
+    let console = sluice_harness::repo_root().join("tests").join("console");
+    let wanted = |path: &Path, pointer: &str| -> Option<String> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+        value.pointer(pointer)?.as_str().map(str::to_owned)
+    };
+    let pinned = wanted(
+        &console.join("package.json"),
+        "/dependencies/playwright-core",
+    );
+    let installed = wanted(
+        &console.join("node_modules/playwright-core/package.json"),
+        "/version",
+    );
+    if pinned.is_some() && pinned == installed {
+        return Ok(());
+    }
+    println!("== npm ci (tests/console: playwright-core)");
+    run(Command::new("npm")
+        .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+        .current_dir(&console)
         .stdin(std::process::Stdio::null()))
 }
 

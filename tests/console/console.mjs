@@ -1,0 +1,377 @@
+// The web console in a real Chromium (playwright-core), run by
+// tests/tests/console.rs against a daemon it started with `shop`:
+// orders -> check (identity) -> checked -> work (fail: rejects all) -> done,
+// ten orders in work's DLQ (even ones keyed `red`, odd ones `blue`).
+//
+// Environment: SLUICE_URL, SLUICE_FULL_TOKEN, SLUICE_READ_TOKEN,
+// SLUICE_CHROMIUM, SLUICE_SCREENSHOT_DIR, SLUICE_PIPELINE_FILE (the loaded
+// pipeline file) and SLUICE_PIPELINE_FIXED (the same with `work` fixed).
+// Exits 0 when every check holds; otherwise prints what failed, saves a
+// screenshot of the page to $TMPDIR/sluice-console-failure.png and exits 1.
+
+import { copyFileSync, mkdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { chromium } from 'playwright-core';
+
+const env = (name) => {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set`);
+  return value;
+};
+const URL_BASE = env('SLUICE_URL');
+const FULL = env('SLUICE_FULL_TOKEN');
+const READ = env('SLUICE_READ_TOKEN');
+const SHOTS = env('SLUICE_SCREENSHOT_DIR');
+const PIPELINE = 'shop';
+const STAGE = 'work';
+/** How many of the `red` matches are selected and redriven (console.rs: REDRIVEN). */
+const REDRIVE = 3;
+/** Generous limits for things to appear: waits, not timing assertions. */
+const WAIT = 30000;
+
+mkdirSync(SHOTS, { recursive: true });
+
+function check(cond, what) {
+  if (!cond) throw new Error(`check failed: ${what}`);
+  console.log(`ok - ${what}`);
+}
+
+const testid = (id) => `[data-testid="${id}"]`;
+
+/** Polls `fn` until it returns a truthy value. */
+async function until(fn, what, timeout = WAIT) {
+  const deadline = Date.now() + timeout;
+  let last;
+  for (;;) {
+    try {
+      last = await fn();
+      if (last) return last;
+    } catch (err) {
+      last = err;
+    }
+    if (Date.now() > deadline) throw new Error(`gave up waiting for ${what} (last: ${last && last.stack ? last.stack : JSON.stringify(last)})`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+const browser = await chromium.launch({
+  executablePath: env('SLUICE_CHROMIUM'),
+  args: ['--no-sandbox'],
+});
+const context = await browser.newContext({ viewport: { width: 1360, height: 860 } });
+const page = await context.newPage();
+
+// Everything the page logs at error or warning level, page errors, and CSP
+// violations (an init script registers for them before the app runs).
+const problems = [];
+/** Resource failures the test causes on purpose: the sign-in probe (401), refused writes (403). */
+const expectedStatuses = /Failed to load resource: the server responded with a status of (401|403)/;
+page.on('console', (msg) => {
+  if (msg.type() !== 'error' && msg.type() !== 'warning') return;
+  if (expectedStatuses.test(msg.text())) return;
+  problems.push(`console ${msg.type()}: ${msg.text()}`);
+});
+page.on('pageerror', (err) => problems.push(`page error: ${err.message}`));
+await context.addInitScript(() => {
+  window.__cspViolations = [];
+  document.addEventListener('securitypolicyviolation', (e) => {
+    window.__cspViolations.push(`${e.violatedDirective}: ${e.blockedURI} ${e.sourceFile}:${e.lineNumber}`);
+  });
+});
+
+/** fetch from the page: with its cookie, as the app would. */
+async function pageFetch(method, path, { body, csrf, contentType } = {}) {
+  return page.evaluate(async ({ method, path, body, csrf, contentType }) => {
+    const headers = {};
+    if (csrf !== undefined) headers['X-Sluice-CSRF'] = csrf;
+    if (body !== undefined) headers['Content-Type'] = contentType || 'application/json';
+    const r = await fetch(path, {
+      method, headers, credentials: 'same-origin',
+      body: body === undefined ? undefined : (typeof body === 'string' ? body : JSON.stringify(body)),
+    });
+    const text = await r.text();
+    let json = null;
+    try { json = JSON.parse(text); } catch { /* not JSON */ }
+    return { status: r.status, json, text };
+  }, { method, path, body, csrf, contentType });
+}
+
+async function getJson(path) {
+  const r = await pageFetch('GET', path);
+  if (r.status !== 200) throw new Error(`GET ${path}: ${r.status} ${r.text}`);
+  return r.json;
+}
+
+async function shot(name) {
+  await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
+  console.log(`screenshot ${name}.png`);
+}
+
+async function go(hash) {
+  await page.evaluate((h) => { location.hash = h; }, hash);
+}
+
+async function bannerText() {
+  return page.evaluate(() => (document.getElementById('banner').hidden ? '' : document.getElementById('banner-text').textContent));
+}
+
+async function noBanner(where) {
+  const text = await bannerText();
+  check(text === '', `no error banner ${where}${text ? ` (it says: ${text})` : ''}`);
+}
+
+async function signIn(token, role) {
+  await page.waitForSelector(testid('signin-token'));
+  await page.fill(testid('signin-token'), token);
+  await page.click(testid('signin-submit'));
+  await page.waitForSelector(`${testid('role')}:has-text("${role}")`);
+  check(true, `signed in as ${role}`);
+}
+
+async function run() {
+  // ---- 5 (first half): the CSP header on /ui and its assets.
+  const response = await page.goto(`${URL_BASE}/ui/`);
+  check(response.status() === 200, 'GET /ui/ is 200');
+  const csp = response.headers()['content-security-policy'] || '';
+  for (const directive of ["default-src 'none'", "script-src 'self'", "style-src 'self'", "frame-ancestors 'none'"]) {
+    check(csp.includes(directive), `the CSP has ${directive} (${csp})`);
+  }
+  for (const asset of ['/ui/app.js', '/ui/app.css', '/ui']) {
+    const r = await page.request.get(`${URL_BASE}${asset}`);
+    check(r.status() === 200, `GET ${asset} is 200`);
+  }
+
+  // ---- 1: sign in; a wrong token first shows the server's error.
+  await page.waitForSelector(testid('signin-form'));
+  await page.fill(testid('signin-token'), 'not-the-token');
+  await page.click(testid('signin-submit'));
+  const refused = await until(bannerText, 'the sign-in error banner');
+  check(/refused/i.test(refused), `a wrong token is refused in a banner: ${refused}`);
+  await signIn(FULL, 'full');
+  check(await page.isVisible(testid('sign-out')), 'the sign-out button shows');
+
+  // ---- 2: the overview's numbers are those of the /v1/status it drew.
+  await page.waitForSelector(testid(`stage-depth-${PIPELINE}-${STAGE}`));
+  const renders = () => page.evaluate(() => Number(document.querySelector('[data-testid="overview"]').dataset.renders || 0));
+  const shownNumbers = () => page.evaluate(() => {
+    const out = {};
+    for (const el of document.querySelectorAll('[data-testid^="stage-"][data-value]')) out[el.dataset.testid] = el.dataset.value;
+    return out;
+  });
+  let compared = false;
+  for (let attempt = 0; attempt < 4 && !compared; attempt += 1) {
+    const before = await renders();
+    const polled = await page.waitForResponse((r) => new URL(r.url()).pathname === '/v1/status', { timeout: WAIT });
+    const status = await polled.json();
+    await page.waitForFunction((n) => Number(document.querySelector('[data-testid="overview"]').dataset.renders || 0) > n, before, { timeout: WAIT });
+    const shown = await shownNumbers();
+    const mismatches = [];
+    for (const st of status) {
+      const key = `${st.pipeline}-${st.stage}`;
+      for (const [field, id] of [['depth', 'depth'], ['dlq_depth', 'dlq'], ['in_flight', 'inflight'], ['processed_per_sec', 'rate'], ['oldest_age_seconds', 'oldest']]) {
+        const want = st[field] === null || st[field] === undefined ? '' : String(st[field]);
+        if (shown[`stage-${id}-${key}`] !== want) mismatches.push(`${id}-${key}: shown ${shown[`stage-${id}-${key}`]}, status ${want}`);
+      }
+    }
+    if (mismatches.length === 0) compared = true;
+    else console.log(`# overview and the poll differ (a later poll may have drawn it): ${mismatches.join('; ')}`);
+  }
+  check(compared, 'the overview shows the numbers of the /v1/status answer it polled');
+  // And against a fresh /v1/status from the page (quiescent: the same).
+  const fresh = await getJson('/v1/status');
+  const shown = await shownNumbers();
+  for (const st of fresh) {
+    const key = `${st.pipeline}-${st.stage}`;
+    check(shown[`stage-depth-${key}`] === String(st.depth), `overview backlog of ${key} = ${st.depth}`);
+    check(shown[`stage-dlq-${key}`] === String(st.dlq_depth), `overview DLQ of ${key} = ${st.dlq_depth}`);
+    check(shown[`stage-inflight-${key}`] === String(st.in_flight), `overview in-flight of ${key} = ${st.in_flight}`);
+  }
+  check(shown[`stage-dlq-${PIPELINE}-${STAGE}`] === '10', 'work shows 10 dead letters');
+  const text = await page.textContent(testid(`stage-dlq-${PIPELINE}-${STAGE}`));
+  check(text.trim() === '10', 'the DLQ count reads 10');
+  for (const t of ['orders', 'checked', 'done']) check(await page.isVisible(testid(`topic-${t}`)), `topic ${t} is drawn`);
+  check(await page.locator('svg.edges path').count() >= 8, 'the graph has its edges');
+  await noBanner('on the overview');
+  await shot('overview');
+
+  // ---- the stage view: graphs, config, pause and resume.
+  await go(`#/stage/${PIPELINE}/${STAGE}`);
+  await page.waitForSelector(testid('chart-failures'));
+  await until(async () => (await page.textContent(testid('stage-config'))).includes('"publish"'), 'the stage config');
+  const config = await page.textContent(testid('stage-config'));
+  check(config.includes('warehouse is closed'), 'the stage view shows its config as loaded');
+  await until(async () => (await page.textContent(testid('stage-view-state'))) === 'running', 'the stage state');
+  await page.click(testid('stage-pause'));
+  await until(async () => (await page.textContent(testid('stage-view-state'))) === 'paused', 'the stage paused');
+  check((await getJson('/v1/status')).find((s) => s.stage === STAGE).paused === true, 'pause took effect in /v1/status');
+  await page.click(testid('stage-resume'));
+  await until(async () => (await page.textContent(testid('stage-view-state'))) === 'running', 'the stage resumed');
+  check((await getJson('/v1/status')).find((s) => s.stage === STAGE).paused === false, 'resume took effect in /v1/status');
+  await noBanner('on the stage view');
+  await shot('stage');
+
+  // ---- 3: search the DLQ by key, select some, fix the stage, redrive.
+  await go(`#/dlq/${PIPELINE}/${STAGE}`);
+  await until(async () => (await page.locator('tr[data-seq]').count()) === 10, 'ten DLQ rows');
+  await page.fill(testid('dlq-key'), 'red');
+  await page.click(testid('dlq-search-submit'));
+  await until(async () => (await page.locator('tr[data-seq]').count()) === 5, 'five rows keyed red');
+  const seqs = await page.$$eval('tr[data-seq]', (rows) => rows.map((r) => Number(r.dataset.seq)));
+  const viaApi = await getJson(`/v1/dlq/${PIPELINE}/${STAGE}?key=red`);
+  check(JSON.stringify(viaApi.entries.map((e) => e.seq)) === JSON.stringify(seqs), `the search shows what the API lists for key=red: ${seqs}`);
+  const chosen = seqs.slice(0, REDRIVE);
+  const left = seqs.slice(REDRIVE);
+  const payloads = {};
+  for (const seq of seqs) payloads[seq] = (await getJson(`/v1/dlq/${PIPELINE}/${STAGE}/${seq}`)).payload;
+  for (const seq of chosen) await page.check(testid(`dlq-select-${seq}`));
+  check((await page.textContent(testid('dlq-redrive-selected'))).includes(`(${REDRIVE})`), 'the redrive button counts the selection');
+  await shot('dlq');
+
+  // Fix `work` (the fixed pipeline file, then a reload), as an operator would.
+  const { csrf } = await getJson('/ui/session');
+  copyFileSync(env('SLUICE_PIPELINE_FIXED'), env('SLUICE_PIPELINE_FILE'));
+  const reload = await pageFetch('POST', '/v1/reload', { body: {}, csrf });
+  check(reload.status === 200 && reload.json.ok === true, `the reload applied (${reload.status} ${reload.text.slice(0, 300)})`);
+
+  await page.click(testid('dlq-redrive-selected'));
+  await page.waitForSelector(`${testid('confirm')}[open]`);
+  const count = await page.textContent(testid('confirm-count'));
+  check(count === String(REDRIVE), `the dry run counts ${REDRIVE} in the dialog (${count})`);
+  await page.click(testid('confirm-ok'));
+  await until(async () => (await page.textContent(testid('notice'))).includes(`Redriven: ${REDRIVE}`), 'the redrive notice');
+  await until(async () => (await page.locator('tr[data-seq]').count()) === 5 - REDRIVE, 'the redriven rows gone');
+
+  // Exactly the redriven orders come out of `done`; the others stay.
+  const done = await until(async () => {
+    const page_ = await getJson('/v1/topics/done/messages?from=0&max=1000');
+    return page_.messages.length >= REDRIVE ? page_ : null;
+  }, 'the redriven orders in done');
+  await until(async () => {
+    const st = (await getJson('/v1/status')).find((s) => s.stage === STAGE);
+    return st.depth === 0 && st.in_flight === 0;
+  }, 'work quiescent again');
+  const out = (await getJson('/v1/topics/done/messages?from=0&max=1000')).messages.map((m) => m.payload).sort();
+  check(done.messages.length === REDRIVE && out.length === REDRIVE, `done holds ${REDRIVE} messages`);
+  check(JSON.stringify(out) === JSON.stringify(chosen.map((s) => payloads[s]).sort()), 'done holds exactly the selected orders');
+  const after = await getJson(`/v1/dlq/${PIPELINE}/${STAGE}`);
+  const afterSeqs = after.entries.map((e) => e.seq);
+  check(after.entries.length === 10 - REDRIVE, `the DLQ keeps ${10 - REDRIVE} entries`);
+  check(chosen.every((s) => !afterSeqs.includes(s)), 'the redriven entries left the DLQ');
+  check(left.every((s) => afterSeqs.includes(s)), 'the unselected red entries stayed');
+
+  // ---- the message view: payload as text, JSON and hex; headers; provenance.
+  const kept = left[0];
+  await go(`#/dlq/${PIPELINE}/${STAGE}/${kept}`);
+  await page.waitForSelector(testid('payload'));
+  check((await page.textContent(testid('entry-error'))).includes('warehouse is closed'), 'the entry shows its error');
+  check((await page.textContent(testid('entry-key'))) === 'red', 'the entry shows its key');
+  check((await page.textContent(testid('entry-headers'))).includes('region'), 'the entry shows its headers');
+  check((await page.textContent(testid('entry-provenance'))).toLowerCase().includes('sluice-dlq'), 'the entry shows its provenance');
+  await page.click(testid('payload-hex'));
+  check((await page.textContent(testid('payload'))).startsWith('00000000  7b'), 'hex view');
+  await page.click(testid('payload-text'));
+  check((await page.textContent(testid('payload'))) === payloads[kept], 'text view is the payload');
+  await page.click(testid('payload-json'));
+  check((await page.textContent(testid('payload'))) === JSON.stringify(JSON.parse(payloads[kept]), null, 2), 'pretty JSON view');
+  await noBanner('on the message view');
+  await shot('dlq-message');
+
+  // ---- the topic view: a live tail that follows and pauses.
+  await go('#/topic/done');
+  await until(async () => (await page.locator(testid('tail-message')).count()) === REDRIVE, 'the tail shows the stored messages');
+  const publish = async (payload) => {
+    const r = await pageFetch('POST', '/v1/topics/done/messages', { body: payload, csrf, contentType: 'text/plain' });
+    check(r.status === 202, `published ${payload} (${r.status} ${r.text})`);
+  };
+  await publish('live-1');
+  await until(async () => (await page.textContent(testid('topic-tail'))).includes('live-1'), 'the tail following live');
+  await page.click(testid('topic-pause'));
+  check((await page.textContent(testid('topic-state'))) === 'paused', 'the tail pauses');
+  await publish('live-2');
+  await page.click(testid('topic-pause'));
+  await until(async () => (await page.textContent(testid('topic-tail'))).includes('live-2'), 'the tail resumed');
+  await noBanner('on the topic view');
+  await shot('topic');
+
+  // ---- 4: sign out; the read token sees no write button, and the server refuses writes.
+  await page.click(testid('sign-out'));
+  await page.waitForSelector(testid('signin-form'));
+  check((await pageFetch('GET', '/ui/session')).status === 401, 'signed out: the session is gone');
+  check((await pageFetch('GET', '/v1/status')).status === 401, 'signed out: /v1 answers 401');
+  await signIn(READ, 'read');
+  await page.waitForSelector(testid(`stage-depth-${PIPELINE}-${STAGE}`));
+  await go(`#/stage/${PIPELINE}/${STAGE}`);
+  await until(async () => (await page.textContent(testid('stage-view-state'))) === 'running', 'the stage view (read)');
+  check(await page.locator(testid('stage-pause')).count() === 0, 'read: no pause button');
+  check(await page.locator(testid('stage-resume')).count() === 0, 'read: no resume button');
+  await go(`#/dlq/${PIPELINE}/${STAGE}`);
+  await until(async () => (await page.locator('tr[data-seq]').count()) === 10 - REDRIVE, 'the DLQ list (read)');
+  check(await page.locator(testid('dlq-actions')).count() === 0, 'read: no redrive or purge buttons');
+  check(!(await page.isVisible(testid(`dlq-select-${kept}`))), 'read: no selection boxes');
+  await go(`#/dlq/${PIPELINE}/${STAGE}/${kept}`);
+  await page.waitForSelector(testid('payload'));
+  check(await page.locator(testid('entry-redrive')).count() === 0, 'read: no redrive on the message view');
+
+  const readCsrf = (await getJson('/ui/session')).csrf;
+  check((await getJson('/ui/session')).role === 'read', 'the session is read-only');
+  const writes = [
+    ['POST', `/v1/dlq/${PIPELINE}/${STAGE}/redrive`, { body: { dry_run: false, filter: { seq: [kept] } } }],
+    ['POST', `/v1/dlq/${PIPELINE}/${STAGE}/purge`, { body: { all: true } }],
+    ['POST', `/v1/stages/${PIPELINE}/${STAGE}/pause`, {}],
+    ['POST', `/v1/stages/${PIPELINE}/${STAGE}/resume`, {}],
+    ['POST', '/v1/reload', { body: {} }],
+    ['POST', '/v1/topics/orders/messages', { body: 'from a read session', contentType: 'text/plain' }],
+    ['POST', '/v1/topics/orders/batch', { body: '{"payload":"from a read session"}\n', contentType: 'application/x-ndjson' }],
+  ];
+  for (const [method, path, opts] of writes) {
+    const r = await pageFetch(method, path, { ...opts, csrf: readCsrf });
+    check(r.status === 403, `read session: ${method} ${path} is 403 (${r.status} ${r.text.slice(0, 200)})`);
+    check(r.json && typeof r.json.error === 'string', `read session: ${method} ${path} says why in JSON`);
+  }
+  const dlqAfter = await getJson(`/v1/dlq/${PIPELINE}/${STAGE}`);
+  check(dlqAfter.entries.length === 10 - REDRIVE, 'the refused writes changed nothing in the DLQ');
+  check((await getJson('/v1/status')).every((s) => !s.paused), 'the refused writes paused nothing');
+  const ordersBefore = (await getJson('/v1/topics/orders')).last_seq;
+  check(ordersBefore === 10, `nothing was published by the read session (orders last_seq ${ordersBefore})`);
+
+  // DELETE /ui/session is the one write a read session may do.
+  await page.click(testid('sign-out'));
+  await page.waitForSelector(testid('signin-form'));
+  check((await pageFetch('GET', '/ui/session')).status === 401, 'the read session signed out');
+
+  // A full session's write without (or with a wrong) CSRF header: 403.
+  await signIn(FULL, 'full');
+  const noCsrf = await pageFetch('POST', `/v1/stages/${PIPELINE}/${STAGE}/pause`);
+  check(noCsrf.status === 403, `full session without the CSRF header: 403 (${noCsrf.status} ${noCsrf.text})`);
+  const wrongCsrf = await pageFetch('POST', `/v1/stages/${PIPELINE}/${STAGE}/pause`, { csrf: '00'.repeat(16) });
+  check(wrongCsrf.status === 403, `full session with a wrong CSRF header: 403 (${wrongCsrf.status})`);
+  const noCsrfPurge = await pageFetch('POST', `/v1/dlq/${PIPELINE}/${STAGE}/purge`, { body: { all: true } });
+  check(noCsrfPurge.status === 403, `full session purge without the CSRF header: 403 (${noCsrfPurge.status})`);
+  check((await getJson('/v1/status')).every((s) => !s.paused), 'nothing paused without CSRF');
+  check((await getJson(`/v1/dlq/${PIPELINE}/${STAGE}`)).entries.length === 10 - REDRIVE, 'nothing purged without CSRF');
+
+  // ---- 5 (second half): no console errors, no CSP violations.
+  const violations = await page.evaluate(() => window.__cspViolations);
+  check(violations.length === 0, `no CSP violations (${violations.join('; ')})`);
+  check(problems.length === 0, `no console errors or page errors (${problems.join(' | ')})`);
+}
+
+let failed = false;
+try {
+  await run();
+  console.log('console.mjs: every check passed');
+} catch (err) {
+  failed = true;
+  console.error(err && err.stack ? err.stack : err);
+  if (problems.length) console.error(`page problems so far:\n${problems.join('\n')}`);
+  try {
+    console.error(`banner: ${await bannerText()}`);
+    const where = join(tmpdir(), 'sluice-console-failure.png');
+    await page.screenshot({ path: where, fullPage: true });
+    console.error(`screenshot ${where}`);
+  } catch { /* the page may be gone */ }
+} finally {
+  await browser.close();
+}
+process.exit(failed ? 1 : 0);
