@@ -195,8 +195,18 @@ async function run() {
   await noBanner('on the overview');
   await shot('overview');
 
-  // ---- the stage view: graphs, config, pause and resume.
+  // ---- the stage view: graphs, config, pause and resume. The daemon
+  // takes a history point every 10 s: wait for two, so the graphs draw
+  // lines from the daemon's own history.
+  await until(async () => (await getJson(`/v1/stages/${PIPELINE}/${STAGE}`)).history.points.length >= 2,
+    'two history points of the stage', 45000);
   await go(`#/stage/${PIPELINE}/${STAGE}`);
+  await until(async () => (await page.locator(`${testid('chart-latency')} svg[viewBox] path`).count()) > 0, 'the latency graph drawn');
+  const history = (await getJson(`/v1/stages/${PIPELINE}/${STAGE}`)).history.points;
+  const deadLettered = history.reduce((n, p) => n + (p.outcomes['dead-lettered'] || 0), 0);
+  check(deadLettered === 10, `the history counts the 10 dead letters (${deadLettered})`);
+  check(await page.locator(`${testid('chart-failures')} svg[viewBox] rect`).count() > 0, 'the failures graph has bars');
+  check(!(await page.textContent(testid('chart-rate'))).includes('No data yet'), 'the throughput graph has data');
   await page.waitForSelector(testid('chart-failures'));
   await until(async () => (await page.textContent(testid('stage-config'))).includes('"publish"'), 'the stage config');
   const config = await page.textContent(testid('stage-config'));
