@@ -122,6 +122,17 @@ pub struct BuildLabels {
 /// The ingest statuses counted from the first scrape, at zero.
 pub const INGEST_STATUSES: [u16; 5] = [202, 400, 413, 429, 503];
 
+/// `{pipeline, stage, kind}`: a stage's dead letters by failure kind.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The stage.
+    pub stage: String,
+    /// The kind of the last failure (`rejected`, `timeout`, ...).
+    pub kind: String,
+}
+
 /// `{pipeline, stage, topic}`: one priority lane of a stage.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LaneLabels {
@@ -140,6 +151,10 @@ pub struct Metrics {
     pub published: Family<TopicLabels, Counter>,
     /// `sluice_messages_processed_total{pipeline,stage,outcome}`.
     pub processed: Family<OutcomeLabels, Counter>,
+    /// `sluice_dead_letters_total{pipeline,stage,kind}`: what the
+    /// `dead-lettered` outcome does not say, the kind of failure that
+    /// ended each.
+    pub dead_letters: Family<KindLabels, Counter>,
     /// `sluice_queue_depth{pipeline,stage}`.
     pub queue_depth: Family<StageLabels, Gauge>,
     /// `sluice_oldest_message_age_seconds{pipeline,stage}`.
@@ -234,6 +249,7 @@ impl Metrics {
         let mut registry = Registry::default();
         let published = Family::<TopicLabels, Counter>::default();
         let processed = Family::<OutcomeLabels, Counter>::default();
+        let dead_letters = Family::<KindLabels, Counter>::default();
         let queue_depth = Family::<StageLabels, Gauge>::default();
         let oldest_age = Family::<StageLabels, Gauge<f64, AtomicU64>>::default();
         let dlq_depth = Family::<StageLabels, Gauge>::default();
@@ -278,6 +294,11 @@ impl Metrics {
             "sluice_messages_processed",
             "Deliveries a stage settled, by outcome",
             processed.clone(),
+        );
+        registry.register(
+            "sluice_dead_letters",
+            "Messages a stage dead-lettered, by the kind of their last failure",
+            dead_letters.clone(),
         );
         registry.register(
             "sluice_queue_depth",
@@ -446,6 +467,7 @@ impl Metrics {
             registry,
             published,
             processed,
+            dead_letters,
             queue_depth,
             oldest_age,
             dlq_depth,
@@ -790,6 +812,36 @@ impl Metrics {
                 stage: stage.to_owned(),
             })
             .and_then(|window| window.take())
+    }
+
+    /// Counts one message a stage dead-lettered after a failure of `kind`.
+    pub fn count_dead_letter(&self, pipeline: &str, stage: &str, kind: &str) {
+        self.dead_letters
+            .get_or_create(&KindLabels {
+                pipeline: pipeline.to_owned(),
+                stage: stage.to_owned(),
+                kind: kind.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A stage's dead letters so far by the kind of their last failure, in
+    /// the order of [`FailureKind::ALL`].
+    pub fn dead_letters_by_kind(&self, pipeline: &str, stage: &str) -> Vec<(&'static str, u64)> {
+        FailureKind::ALL
+            .iter()
+            .map(|kind| {
+                let labels = KindLabels {
+                    pipeline: pipeline.to_owned(),
+                    stage: stage.to_owned(),
+                    kind: kind.as_str().to_owned(),
+                };
+                (
+                    kind.as_str(),
+                    self.dead_letters.get(&labels).map_or(0, |c| c.get()),
+                )
+            })
+            .collect()
     }
 
     /// A stage's settled and failed deliveries so far, by outcome, in the

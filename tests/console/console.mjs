@@ -205,6 +205,8 @@ async function run() {
   const history = (await getJson(`/v1/stages/${PIPELINE}/${STAGE}`)).history.points;
   const deadLettered = history.reduce((n, p) => n + (p.outcomes['dead-lettered'] || 0), 0);
   check(deadLettered === 10, `the history counts the 10 dead letters (${deadLettered})`);
+  const rejected = history.reduce((n, p) => n + (p.failures.rejected || 0), 0);
+  check(rejected === 10, `the history counts their failures by kind: rejected (${rejected})`);
   check(await page.locator(`${testid('chart-failures')} svg[viewBox] rect`).count() > 0, 'the failures graph has bars');
   check(!(await page.textContent(testid('chart-rate'))).includes('No data yet'), 'the throughput graph has data');
   await page.waitForSelector(testid('chart-failures'));

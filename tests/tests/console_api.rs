@@ -298,6 +298,21 @@ fn the_stage_view_has_its_config_and_history_and_a_selection_redrives_alone() {
                 == 6
         },
     );
+    let points = d.get("/v1/stages/shop/check")["history"]["points"].clone();
+    let rejected: u64 = points
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["failures"]["rejected"].as_u64())
+        .sum();
+    assert_eq!(rejected, 6, "failures by kind: {points}");
+    assert!(
+        d.metrics_text().contains(
+            "sluice_dead_letters_total{pipeline=\"shop\",stage=\"check\",kind=\"rejected\"} 6"
+        ),
+        "{}",
+        d.metrics_text()
+    );
     let unknown = http()
         .get(d.url("/v1/stages/shop/nope"))
         .send()

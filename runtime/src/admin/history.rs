@@ -34,8 +34,14 @@ pub struct HistoryPoint {
     pub p99_seconds: Option<f64>,
     /// Deliveries in the interval by outcome: `ok`, `duplicate`,
     /// `skipped`, `dead-lettered`, and a failure kind (`timeout`, ...) for
-    /// each failed attempt. Outcomes with none are left out.
+    /// each failed attempt that will be retried. Outcomes with none are
+    /// left out.
     pub outcomes: BTreeMap<String, u64>,
+    /// Failed attempts in the interval by failure kind: those retried (or
+    /// held), and the last attempt of each message dead-lettered. Kinds
+    /// with none are left out.
+    #[serde(default)]
+    pub failures: BTreeMap<String, u64>,
 }
 
 /// A stage's recent history.
@@ -51,8 +57,31 @@ pub struct StageHistory {
 #[derive(Default)]
 pub(super) struct Ring {
     points: VecDeque<HistoryPoint>,
-    /// The counters at the last sample, by outcome, and when it was taken.
-    last: Option<(Instant, Vec<u64>)>,
+    /// The counters at the last sample and when it was taken.
+    last: Option<(Instant, Counters)>,
+}
+
+/// A stage's counters at one sample.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Counters {
+    /// By outcome, in [`crate::metrics::outcomes`] order.
+    pub(super) outcomes: Vec<(&'static str, u64)>,
+    /// Dead letters by the kind of their last failure, in
+    /// [`crate::FailureKind::ALL`] order.
+    pub(super) dead_letters: Vec<(&'static str, u64)>,
+}
+
+/// What grew from `before` to `after` (the same names in the same order),
+/// without the names that did not.
+fn growth(after: &[(&'static str, u64)], before: &[(&'static str, u64)]) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .zip(before)
+        .filter_map(|((name, now), (_, then))| {
+            let delta = now.saturating_sub(*then);
+            (delta > 0).then(|| ((*name).to_owned(), delta))
+        })
+        .collect()
 }
 
 /// One ring per stage, indexed as the catalog's stages.
@@ -67,32 +96,29 @@ impl History {
         }
     }
 
-    /// Closes stage `index`'s interval at `now`: its counters by outcome
-    /// now (in [`crate::metrics::outcomes`] order) and the handler
-    /// latency quantiles since the last sample. The first sample only
-    /// starts the clock.
+    /// Closes stage `index`'s interval at `now`: its counters now and the
+    /// handler latency quantiles since the last sample. The first sample
+    /// only starts the clock.
     fn record(
         &self,
         index: usize,
         now: Instant,
         at_ms: u64,
-        totals: Vec<(&'static str, u64)>,
+        counters: Counters,
         latency: Option<(f64, f64)>,
     ) {
         let Some(ring) = self.rings.get(index) else {
             return;
         };
         let mut ring = ring.lock().unwrap_or_else(|e| e.into_inner());
-        let counts: Vec<u64> = totals.iter().map(|(_, n)| *n).collect();
         if let Some((then, before)) = ring.last.take() {
             let elapsed = now.saturating_duration_since(then).as_secs_f64();
-            let mut outcomes = BTreeMap::new();
-            let mut sum = 0;
-            for ((outcome, after), before) in totals.iter().zip(&before) {
-                let delta = after.saturating_sub(*before);
-                if delta > 0 {
-                    outcomes.insert((*outcome).to_owned(), delta);
-                    sum += delta;
+            let outcomes = growth(&counters.outcomes, &before.outcomes);
+            let settled: u64 = outcomes.values().sum();
+            let mut failures = growth(&counters.dead_letters, &before.dead_letters);
+            for (outcome, n) in &outcomes {
+                if !crate::metrics::SETTLED_OUTCOMES.contains(&outcome.as_str()) {
+                    *failures.entry(outcome.clone()).or_default() += n;
                 }
             }
             if ring.points.len() == POINTS {
@@ -101,16 +127,17 @@ impl History {
             ring.points.push_back(HistoryPoint {
                 at_ms,
                 processed_per_sec: if elapsed > 0.0 {
-                    sum as f64 / elapsed
+                    settled as f64 / elapsed
                 } else {
                     0.0
                 },
                 p50_seconds: latency.map(|l| l.0),
                 p99_seconds: latency.map(|l| l.1),
                 outcomes,
+                failures,
             });
         }
-        ring.last = Some((now, counts));
+        ring.last = Some((now, counters));
     }
 
     /// Stage `index`'s points, oldest first.
@@ -138,11 +165,15 @@ pub(super) async fn sample(state: AdminState) {
         let catalog = state.catalog();
         let metrics = state.metrics();
         for (index, stage) in catalog.stages.iter().enumerate() {
+            let counters = Counters {
+                outcomes: metrics.processed_by_outcome(&stage.pipeline, &stage.stage),
+                dead_letters: metrics.dead_letters_by_kind(&stage.pipeline, &stage.stage),
+            };
             catalog.history.record(
                 index,
                 now,
                 at_ms,
-                metrics.processed_by_outcome(&stage.pipeline, &stage.stage),
+                counters,
                 metrics.take_handler_window(&stage.pipeline, &stage.stage),
             );
         }
@@ -155,9 +186,13 @@ mod tests {
 
     #[test]
     fn points_are_deltas_per_interval_and_the_ring_is_bounded() {
+        let counters = |ok, timeout, dead, rejected| Counters {
+            outcomes: vec![("ok", ok), ("dead-lettered", dead), ("timeout", timeout)],
+            dead_letters: vec![("timeout", 0), ("rejected", rejected)],
+        };
         let history = History::new(1);
         let t0 = Instant::now();
-        history.record(0, t0, 0, vec![("ok", 100), ("timeout", 5)], None);
+        history.record(0, t0, 0, counters(100, 5, 0, 0), None);
         assert!(
             history.snapshot(0).points.is_empty(),
             "the first sample starts the clock"
@@ -166,22 +201,28 @@ mod tests {
             0,
             t0 + INTERVAL,
             10_000,
-            vec![("ok", 150), ("timeout", 5)],
+            counters(150, 7, 3, 3),
             Some((0.01, 0.2)),
         );
         let points = history.snapshot(0).points;
         assert_eq!(points.len(), 1);
-        assert_eq!(points[0].outcomes, BTreeMap::from([("ok".to_owned(), 50)]));
-        assert!((points[0].processed_per_sec - 5.0).abs() < 1e-9);
+        assert_eq!(
+            points[0].outcomes,
+            BTreeMap::from([
+                ("ok".to_owned(), 50),
+                ("dead-lettered".to_owned(), 3),
+                ("timeout".to_owned(), 2)
+            ])
+        );
+        assert_eq!(
+            points[0].failures,
+            BTreeMap::from([("rejected".to_owned(), 3), ("timeout".to_owned(), 2)]),
+            "retried attempts and the last attempts of dead letters, by kind"
+        );
+        assert!((points[0].processed_per_sec - 5.5).abs() < 1e-9);
         assert_eq!(points[0].p99_seconds, Some(0.2));
         for i in 2..200u32 {
-            history.record(
-                0,
-                t0 + INTERVAL * i,
-                0,
-                vec![("ok", 150), ("timeout", 5)],
-                None,
-            );
+            history.record(0, t0 + INTERVAL * i, 0, counters(150, 7, 3, 3), None);
         }
         assert_eq!(history.snapshot(0).points.len(), POINTS);
         assert_eq!(

@@ -449,6 +449,8 @@ impl Settler {
         match result {
             Ok(()) => {
                 self.count("dead-lettered");
+                self.metrics
+                    .count_dead_letter(&self.pipeline, &self.stage, failure.kind.as_str());
                 self.metrics.count_published(&self.dlq_topic, 1);
                 self.forget_failure(&delivery.message.id);
                 Next::Done

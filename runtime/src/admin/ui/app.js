@@ -17,8 +17,7 @@ const TAIL_KEEP = 200;
 /** Failure kinds the DLQ search offers (the server's FailureKind names). */
 const KINDS = ['retry', 'rejected', 'trap', 'timeout', 'out-of-memory', 'output-too-large',
   'undeclared-topic', 'claim-missing', 'publish-failed', 'dedup-conflict', 'unavailable'];
-/** Outcome names that are not failures in a stage's history. */
-const NOT_FAILURES = new Set(['ok', 'duplicate', 'skipped', 'dead-lettered']);
+/** Colours of the failure kinds in a stage's graph. */
 const PALETTE = ['#b42318', '#9a6700', '#6f42c1', '#0f7b6c', '#c2410c', '#1d5fa8', '#86198f',
   '#4d7c0f', '#be185d', '#0e7490', '#57534e'];
 
@@ -716,17 +715,13 @@ function stageView(pipeline, stage) {
       config.textContent = JSON.stringify(detail.config, null, 2);
       const points = (detail.history && detail.history.points) || [];
       const now = Date.now();
-      const kinds = [...new Set(points.flatMap((p) => Object.keys(p.outcomes || {})))]
-        .filter((k) => !NOT_FAILURES.has(k)).sort();
-      const dead = points.some((p) => (p.outcomes || {})['dead-lettered']);
+      // Failed attempts by kind: retried ones and the last attempt of each
+      // dead letter (`failures`, kept by the daemon per interval).
+      const kinds = [...new Set(points.flatMap((p) => Object.keys(p.failures || {})))].sort();
       const failureSeries = kinds.map((k, i) => ({
         name: k, color: PALETTE[i % PALETTE.length],
-        values: points.map((p) => [p.at_ms, (p.outcomes || {})[k] || 0]),
+        values: points.map((p) => [p.at_ms, (p.failures || {})[k] || 0]),
       }));
-      if (dead) {
-        failureSeries.push({ name: 'dead-lettered', color: '#1b1f24',
-          values: points.map((p) => [p.at_ms, (p.outcomes || {})['dead-lettered'] || 0]) });
-      }
       charts.replaceChildren(
         lineChart('Throughput', 'chart-rate', [{ name: 'processed/s', color: '#1d5fa8',
           values: points.map((p) => [p.at_ms, p.processed_per_sec]) }], now, 'messages/s', (v) => v.toFixed(v >= 10 ? 0 : 1)),
