@@ -45,6 +45,21 @@ macro_rules! on_both_brokers {
     };
 }
 
+/// A blocking HTTP client for a test's own calls to the daemon: no proxy
+/// from the environment (everything is on loopback), and `timeout` per
+/// request so a hung daemon fails the test instead of stalling it.
+///
+/// # Panics
+///
+/// When the client cannot be built (no TLS backend).
+pub fn http_client(timeout: Duration) -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .no_proxy()
+        .timeout(timeout)
+        .build()
+        .expect("an HTTP client")
+}
+
 /// The `sluice` binary the tests run: `$SLUICE_BIN` when set, else the one
 /// cargo built beside this test executable, `target/<profile>/sluice`.
 ///

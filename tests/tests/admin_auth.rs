@@ -70,11 +70,7 @@ fn try_start_shop(args: &[&str], env: &[(&str, &str)]) -> Result<Daemon, Exited>
 }
 
 fn http() -> Client {
-    Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .expect("client")
+    sluice_tests::http_client(Duration::from_secs(30))
 }
 
 fn with_tokens() -> Daemon {

@@ -65,11 +65,7 @@ stages:
 }
 
 fn http() -> Client {
-    Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .expect("client")
+    sluice_tests::http_client(Duration::from_secs(60))
 }
 
 fn get(d: &Daemon, path: &str) -> Value {

@@ -21,11 +21,7 @@ const FULL: &str = "full-token-c0ns01e";
 const READ: &str = "read-token-c0ns01e";
 
 fn http() -> Client {
-    Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .expect("client")
+    sluice_tests::http_client(Duration::from_secs(30))
 }
 
 /// `shop`: `in` -> `work` (uppercase) -> `out`, and `out` -> `check`

@@ -54,11 +54,7 @@ fn start() -> Daemon {
 }
 
 fn http() -> Client {
-    Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .expect("client")
+    sluice_tests::http_client(Duration::from_secs(60))
 }
 
 fn document(d: &Daemon, token: &str) -> reqwest::blocking::Response {
