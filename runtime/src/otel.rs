@@ -18,31 +18,37 @@
 //! - **Off costs nothing.** Without an endpoint no span is made: every
 //!   helper here first reads one flag.
 //!
-//! The spans are `tracing` spans on the [`TARGET`] target, which only the
-//! OpenTelemetry layer takes (the log layer leaves them out).
+//! Stage attempts, one or more per message, are made with the SDK's tracer
+//! directly ([`Span`]): through a `tracing` span and the
+//! `tracing-opentelemetry` bridge they cost about four times the CPU (see
+//! BENCHMARKS.md). The daemon's rare operations (a reload) are `tracing`
+//! spans on the [`TARGET`] target, which the bridge layer ([`Export::layer`])
+//! exports and the log layer leaves out.
 
+use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use futures_util::future::Either;
+use opentelemetry::context::{FutureExt as _, WithContext};
 use opentelemetry::propagation::{Extractor, TextMapPropagator as _};
-use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
+use opentelemetry::trace::{
+    Link, Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _, TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::SdkTracerProvider;
-use tracing::Span;
-use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 
 use crate::trace::{TRACEPARENT, TRACESTATE};
 
 /// The `tracing` target of the spans that are exported.
 pub const TARGET: &str = "sluice::otel";
 
-/// The name of a stage attempt's `tracing` span.
-const ATTEMPT: &str = "stage attempt";
-/// The name of a batch call's `tracing` span.
-const BATCH: &str = "stage batch";
-
 /// Set once an exporter is installed: spans are made only then.
 static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// The tracer stage spans are made with, while an exporter is installed.
+static TRACER: RwLock<Option<SdkTracer>> = RwLock::new(None);
 
 /// Whether spans are exported (and so made at all).
 #[inline]
@@ -133,6 +139,9 @@ impl Export {
             .with_batch_exporter(exporter)
             .with_resource(resource.build())
             .build();
+        *TRACER
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(provider.tracer("sluice"));
         ENABLED.store(true, Ordering::Relaxed);
         Ok(Some(Export {
             provider,
@@ -160,8 +169,8 @@ impl Export {
             .with_threads(false)
             .with_target(false)
             .with_tracked_inactivity(false)
-            // Nothing else here reads the OpenTelemetry context of the
-            // current thread: entering a span need not set it.
+            // Entering a span need not set the thread's OpenTelemetry
+            // context: only a stage attempt's is read (see `current`).
             .with_context_activation(false)
             .with_filter(
                 tracing_subscriber::filter::Targets::new()
@@ -173,6 +182,9 @@ impl Export {
     /// the exporter's timeout): call it outside the async runtime.
     pub fn shutdown(self) {
         ENABLED.store(false, Ordering::Relaxed);
+        *TRACER
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         if let Err(err) = self.provider.shutdown() {
             tracing::warn!(error = %err, "the trace exporter did not shut down cleanly; queued spans may be lost");
         }
@@ -221,117 +233,133 @@ impl Extractor for Headers<'_> {
 }
 
 /// The trace context in `headers`, if they carry a valid one.
-fn parent(headers: &[(String, String)]) -> Option<opentelemetry::Context> {
+fn parent(headers: &[(String, String)]) -> Option<Context> {
     let cx = TraceContextPropagator::new().extract(&Headers(headers));
     cx.span().span_context().is_valid().then_some(cx)
 }
 
-/// What one attempt is: for its span's attributes.
-pub struct Attempt<'a> {
-    /// The pipeline.
-    pub pipeline: &'a str,
-    /// The stage.
-    pub stage: &'a str,
-    /// The plugin's sha256 (None for a sink).
-    pub plugin: Option<&'a str>,
-    /// The message's id.
-    pub message_id: &'a str,
-    /// The topic it was read from.
-    pub topic: &'a str,
-    /// Which attempt (1-based).
-    pub attempt: u32,
+/// What every span of one stage carries, made once per stage: its name
+/// and the attributes that do not change from message to message (their
+/// strings shared, not copied, by each span).
+pub struct StageSpans {
+    /// `process <pipeline>/<stage>`.
+    name: String,
+    /// Pipeline, stage, plugin and the constant `messaging.*` attributes.
+    attributes: Vec<KeyValue>,
 }
 
-/// The span of one stage attempt, a child of the message's trace context
-/// (`headers`) when it has one; `Span::none()` when export is off.
-/// Instrument the attempt and its settle with it: the settle reads it back
+impl StageSpans {
+    /// The spans of `stage` of `pipeline`, whose plugin's sha256 is
+    /// `plugin` (None for a sink).
+    pub fn new(pipeline: &str, stage: &str, plugin: Option<&str>) -> StageSpans {
+        let shared = |s: &str| opentelemetry::Value::from(std::sync::Arc::<str>::from(s));
+        let mut attributes = vec![
+            KeyValue::new("sluice.pipeline", shared(pipeline)),
+            KeyValue::new("sluice.stage", shared(stage)),
+            KeyValue::new("messaging.system", "sluice"),
+            KeyValue::new("messaging.operation.type", "process"),
+        ];
+        if let Some(plugin) = plugin {
+            attributes.push(KeyValue::new("sluice.plugin.sha256", shared(plugin)));
+        }
+        StageSpans {
+            name: format!("process {pipeline}/{stage}"),
+            attributes,
+        }
+    }
+
+    /// The attributes of one span: the stage's, then room for `more`.
+    fn attributes(&self, more: usize) -> Vec<KeyValue> {
+        let mut attributes = Vec::with_capacity(self.attributes.len() + more);
+        attributes.extend_from_slice(&self.attributes);
+        attributes
+    }
+}
+
+/// The trace context headers of an attempt, worked out once when its span
+/// starts: the attempt's outputs, its dead letter and its handler's view
+/// each take a copy.
+struct ContextHeaders(Vec<(String, String)>);
+
+/// A stage attempt's or a batch call's span: an OpenTelemetry span made
+/// with the SDK's tracer directly (not through a `tracing` span and the
+/// bridge layer, which cost several times as much per message), in the
+/// context it runs in. Inert when export is off. The span ends when the
+/// last clone is dropped.
+#[derive(Clone, Default)]
+pub struct Span(Option<Context>);
+
+impl Span {
+    /// The inert span: export is off.
+    pub fn none() -> Span {
+        Span(None)
+    }
+
+    /// Whether this is the inert span.
+    pub fn is_none(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// `future` with this span current while it is polled, so that
+    /// [`current`], [`reparent`] and [`outcome`] inside it see the attempt;
+    /// `future` itself when the span is inert.
+    pub fn scope<F: Future>(&self, future: F) -> Either<WithContext<F>, F> {
+        match &self.0 {
+            Some(cx) => Either::Left(future.with_context(cx.clone())),
+            None => Either::Right(future),
+        }
+    }
+
+    /// Records how the attempt ended, as [`outcome`] does for the current
+    /// one.
+    pub fn outcome(&self, outcome: &'static str, error: Option<&crate::Failure>) {
+        if let Some(cx) = &self.0 {
+            record(cx, outcome, error);
+        }
+    }
+}
+
+/// The tracer, once export is set up.
+fn tracer() -> Option<SdkTracer> {
+    TRACER
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
+
+/// The span of one stage attempt (the `attempt`th, 1-based) of the
+/// message `message_id` read from `topic`, a child of the message's trace
+/// context (`headers`) when it has one; inert when export is off. Run the
+/// attempt and its settle in its [`Span::scope`]: the settle reads it back
 /// ([`current`]) to give the outputs their parent.
-pub fn attempt_span(attempt: &Attempt<'_>, headers: &[(String, String)]) -> Span {
-    if !enabled() {
-        return Span::none();
-    }
-    let span = tracing::info_span!(
-        target: TARGET,
-        ATTEMPT,
-        otel.name = %format_args!("process {}/{}", attempt.pipeline, attempt.stage),
-        otel.kind = "consumer",
-        otel.status_code = tracing::field::Empty,
-        otel.status_description = tracing::field::Empty,
-        "sluice.pipeline" = attempt.pipeline,
-        "sluice.stage" = attempt.stage,
-        "sluice.attempt" = i64::from(attempt.attempt),
-        "sluice.outcome" = tracing::field::Empty,
-        "sluice.plugin.sha256" = attempt.plugin,
-        "messaging.system" = "sluice",
-        "messaging.operation.type" = "process",
-        "messaging.destination.name" = attempt.topic,
-        "messaging.message.id" = attempt.message_id,
-    );
-    if let Some(cx) = parent(headers) {
-        // Before the span is entered or read: the layer takes the parent
-        // only then. It fails only when the span is disabled.
-        let _ = span.set_parent(cx);
-    }
-    span
-}
-
-/// The span of one batch call: a new trace linked to each item's context
-/// (`items`, their headers). `Span::none()` when export is off.
-pub fn batch_span<'h>(
-    pipeline: &str,
-    stage: &str,
-    plugin: Option<&str>,
-    items: impl Iterator<Item = &'h [(String, String)]>,
+pub fn attempt_span(
+    stage: &StageSpans,
+    message_id: &str,
+    topic: &str,
+    attempt: u32,
+    headers: &[(String, String)],
 ) -> Span {
     if !enabled() {
         return Span::none();
     }
-    let span = tracing::info_span!(
-        target: TARGET,
-        BATCH,
-        otel.name = %format_args!("process {pipeline}/{stage}"),
-        otel.kind = "consumer",
-        otel.status_code = tracing::field::Empty,
-        "sluice.pipeline" = pipeline,
-        "sluice.stage" = stage,
-        "sluice.plugin.sha256" = plugin,
-        "messaging.system" = "sluice",
-        "messaging.operation.type" = "process",
-        "messaging.batch.message_count" = tracing::field::Empty,
-    );
-    let mut count = 0_i64;
-    for headers in items {
-        count += 1;
-        if let Some(cx) = parent(headers) {
-            span.add_link(cx.span().span_context().clone());
-        }
-    }
-    span.record("messaging.batch.message_count", count);
-    span
-}
-
-/// Whether the current span is a stage attempt's.
-fn in_attempt() -> Option<Span> {
-    let span = Span::current();
-    span.metadata()
-        .is_some_and(|m| m.target() == TARGET && m.name() == ATTEMPT)
-        .then_some(span)
-}
-
-/// The current attempt's context as message headers (`traceparent`, and
-/// `tracestate` when there is one), for its outputs and dead-letter copy;
-/// None when export is off or no attempt span is current.
-pub fn current() -> Option<Vec<(String, String)>> {
-    if !enabled() {
-        return None;
-    }
-    let cx = in_attempt()?.context();
-    let span = cx.span();
+    let Some(tracer) = tracer() else {
+        return Span::none();
+    };
+    let parent = parent(headers).unwrap_or_default();
+    // Three here, and the outcome when it is known.
+    let mut attributes = stage.attributes(4);
+    attributes.extend([
+        KeyValue::new("sluice.attempt", i64::from(attempt)),
+        KeyValue::new("messaging.destination.name", topic.to_owned()),
+        KeyValue::new("messaging.message.id", message_id.to_owned()),
+    ]);
+    let span = tracer
+        .span_builder(stage.name.clone())
+        .with_kind(SpanKind::Consumer)
+        .with_attributes(attributes)
+        .start_with_context(&tracer, &parent);
     let sc = span.span_context();
-    if !sc.is_valid() {
-        return None;
-    }
-    let mut headers = vec![(
+    let mut context = vec![(
         TRACEPARENT.to_owned(),
         format!(
             "00-{}-{}-{:02x}",
@@ -342,9 +370,54 @@ pub fn current() -> Option<Vec<(String, String)>> {
     )];
     let state = sc.trace_state().header();
     if !state.is_empty() {
-        headers.push((TRACESTATE.to_owned(), state));
+        context.push((TRACESTATE.to_owned(), state));
     }
-    Some(headers)
+    Span(Some(
+        parent.with_span(span).with_value(ContextHeaders(context)),
+    ))
+}
+
+/// The span of one batch call: a new trace linked to each item's context
+/// (`items`, their headers); inert when export is off. Hold it for the
+/// call; it is not made current (the items' outputs go on in their own
+/// traces).
+pub fn batch_span<'h>(
+    stage: &StageSpans,
+    items: impl Iterator<Item = &'h [(String, String)]>,
+) -> Span {
+    if !enabled() {
+        return Span::none();
+    }
+    let Some(tracer) = tracer() else {
+        return Span::none();
+    };
+    let mut count = 0_i64;
+    let mut links = Vec::new();
+    for headers in items {
+        count += 1;
+        if let Some(cx) = parent(headers) {
+            links.push(Link::with_context(cx.span().span_context().clone()));
+        }
+    }
+    let mut attributes = stage.attributes(1);
+    attributes.push(KeyValue::new("messaging.batch.message_count", count));
+    let span = tracer
+        .span_builder(stage.name.clone())
+        .with_kind(SpanKind::Consumer)
+        .with_attributes(attributes)
+        .with_links(links)
+        .start_with_context(&tracer, &Context::new());
+    Span(Some(Context::new().with_span(span)))
+}
+
+/// The current attempt's context as message headers (`traceparent`, and
+/// `tracestate` when there is one), for its outputs and dead-letter copy;
+/// None when export is off or no attempt is current.
+pub fn current() -> Option<Vec<(String, String)>> {
+    if !enabled() {
+        return None;
+    }
+    Context::map_current(|cx| cx.get::<ContextHeaders>().map(|headers| headers.0.clone()))
 }
 
 /// Replaces the trace context in `headers` with the current attempt's (no
@@ -361,21 +434,25 @@ pub fn reparent(headers: &mut Vec<(String, String)>) {
 
 /// Records how the current attempt ended (`ok`, `retry`, `dead-lettered`,
 /// `held`, `duplicate`), and an error status for a failure.
-pub fn outcome(outcome: &str, error: Option<&crate::Failure>) {
+pub fn outcome(outcome: &'static str, error: Option<&crate::Failure>) {
     if !enabled() {
         return;
     }
-    let Some(span) = in_attempt() else {
-        return;
-    };
-    span.record("sluice.outcome", outcome);
+    Context::map_current(|cx| {
+        if cx.has_active_span() {
+            record(cx, outcome, error);
+        }
+    });
+}
+
+/// Sets the outcome attribute (and, for a failure, the error status) of
+/// the span in `cx`.
+fn record(cx: &Context, outcome: &'static str, error: Option<&crate::Failure>) {
+    let span = cx.span();
+    span.set_attribute(KeyValue::new("sluice.outcome", outcome));
     if let Some(failure) = error {
-        span.record("otel.status_code", "ERROR");
         let text: String = failure.message.chars().take(256).collect();
-        span.record(
-            "otel.status_description",
-            format!("{}: {text}", failure.kind).as_str(),
-        );
+        span.set_status(Status::error(format!("{}: {text}", failure.kind)));
     }
 }
 
@@ -406,15 +483,9 @@ mod tests {
 
     #[test]
     fn without_export_no_span_is_made() {
-        let attempt = Attempt {
-            pipeline: "p",
-            stage: "s",
-            plugin: None,
-            message_id: "m",
-            topic: "t",
-            attempt: 1,
-        };
-        assert!(attempt_span(&attempt, &[]).is_none());
+        let stage = StageSpans::new("p", "s", None);
+        assert!(attempt_span(&stage, "m", "t", 1, &[]).is_none());
+        assert!(batch_span(&stage, std::iter::empty()).is_none());
         assert!(current().is_none());
     }
 

@@ -24,6 +24,17 @@ pub enum Trigger {
     Api,
 }
 
+impl Trigger {
+    /// Its name in JSON (`signal`, `watch`, `api`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Trigger::Signal => "signal",
+            Trigger::Watch => "watch",
+            Trigger::Api => "api",
+        }
+    }
+}
+
 impl std::fmt::Display for Trigger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

@@ -10,6 +10,7 @@
 //! - a message that came without a context starts a trace of its own,
 //!   which its dead letter keeps all the same;
 //! - a batch call is one span, linked to each of its messages' contexts;
+//! - a reload is a span of its own (made through the `tracing` bridge);
 //! - a collector that is down loses spans, never messages;
 //! - a setting export cannot honour is refused before anything starts.
 
@@ -270,6 +271,30 @@ stages:
         .collect();
     carried.sort();
     assert_eq!(carried, parents);
+}
+
+#[test]
+fn a_reload_is_a_span_of_its_own() {
+    let yaml = format!(
+        "name: live\ntopics: [in, out]\nstages:\n  - name: s\n    subscribe: in\n    plugin: {}\n    publish: [out]\n",
+        plugin("uppercase")
+    );
+    let receiver = OtlpReceiver::start();
+    let daemon = Daemon::with_yaml(&yaml).envs(receiver.env()).start();
+    let report = daemon.post("/v1/reload", json!({}));
+    assert_eq!(report["ok"], true, "{report}");
+    let spans = receiver.wait_for("the reload's span", |spans| {
+        spans.iter().any(|s| s["name"] == "sluice reload")
+    });
+    let span = spans
+        .iter()
+        .find(|s| s["name"] == "sluice reload")
+        .expect("waited for");
+    assert_eq!(attr(span, "sluice.reload.trigger"), "api", "{span}");
+    assert_eq!(attr(span, "sluice.reload.ok"), true, "{span}");
+    assert_eq!(attr(span, "sluice.config.version"), &report["version"], "{span}");
+    assert_eq!(span["service"], "sluice", "{span}");
+    assert_ne!(span["status"]["code"], ERROR, "{span}");
 }
 
 #[test]

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::{mpsc, watch};
+use tracing::Instrument as _;
 
 use super::sources::{self, SourcePlan, Sources};
 use super::{DaemonError, StageKey, Started, instance_capacity, stage_setup, topic_specs};
@@ -100,7 +101,28 @@ impl Live {
     pub(super) async fn serve(&mut self, request: ReloadRequest, started: &Started) {
         crate::service::reloading();
         let began = Instant::now();
-        let (changes, warnings, errors) = match self.reload(request.force).await {
+        // With trace export on, a reload is a span of its own, so that a
+        // change in a trace's timings can be laid beside the reload that
+        // caused it. Reloads are rare: a `tracing` span through the bridge
+        // layer serves (stage attempts make their spans directly; see
+        // `crate::otel`).
+        let span = tracing::info_span!(
+            target: crate::otel::TARGET,
+            "reload",
+            otel.name = "sluice reload",
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+            "sluice.reload.trigger" = request.trigger.name(),
+            "sluice.reload.forced" = request.force,
+            "sluice.reload.ok" = tracing::field::Empty,
+            "sluice.reload.changes" = tracing::field::Empty,
+            "sluice.config.version" = tracing::field::Empty,
+        );
+        let (changes, warnings, errors) = match self
+            .reload(request.force)
+            .instrument(span.clone())
+            .await
+        {
             Ok((changes, warnings)) => (changes, warnings, Vec::new()),
             Err(errors) => (Changes::default(), Vec::new(), errors),
         };
@@ -117,6 +139,16 @@ impl Live {
         };
         self.state.reloads().record(&report);
         self.metrics.count_reload(report.ok);
+        span.record("sluice.reload.ok", report.ok);
+        span.record("sluice.config.version", report.version.as_str());
+        span.record("sluice.reload.changes", report.changes.summary().as_str());
+        if !report.ok {
+            span.record("otel.status_code", "ERROR");
+            span.record(
+                "otel.status_description",
+                format!("refused: {} problem(s)", report.errors.len()).as_str(),
+            );
+        }
         if report.ok {
             tracing::info!(
                 trigger = %report.trigger,

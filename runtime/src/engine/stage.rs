@@ -214,11 +214,9 @@ pub(super) struct StageRunner {
     slots: usize,
     /// An adaptive stage's limit keeper.
     adaptive: Option<Aimd>,
-    /// The pipeline, the stage and its plugin's sha256: what each
-    /// attempt's span names (see [`crate::otel`]).
-    pipeline: String,
-    stage: String,
-    plugin_sha256: Option<String>,
+    /// What each attempt's span names: the pipeline, the stage and its
+    /// plugin's sha256 (see [`crate::otel`]).
+    spans: crate::otel::StageSpans,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -326,9 +324,11 @@ impl StageRunner {
             pace,
             slots: concurrency,
             adaptive,
-            pipeline: setup.pipeline.clone(),
-            stage: stage.name.clone(),
-            plugin_sha256: setup.plugin_sha256.clone(),
+            spans: crate::otel::StageSpans::new(
+                &setup.pipeline,
+                &stage.name,
+                setup.plugin_sha256.as_deref(),
+            ),
         }
     }
 

@@ -7,7 +7,6 @@ use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt as _;
-use tracing::Instrument as _;
 
 use super::{CALLS, DEDUP_POLL_MAX, DEDUP_POLL_MIN, Job, Slot, StageRunner, lock};
 use crate::broker::Delivery;
@@ -53,17 +52,16 @@ impl StageRunner {
             // the handler call and the settle, which reads it back for the
             // outputs' parent.
             let span = self.attempt_span(delivery, attempt);
-            let next = match self
-                .attempt(delivery, attempt, retry_in_place, slot.take())
-                .instrument(span.clone())
+            let next = match span
+                .scope(self.attempt(delivery, attempt, retry_in_place, slot.take()))
                 .await
             {
                 Tried::Left => {
-                    span.in_scope(|| crate::otel::outcome("left", None));
+                    span.outcome("left", None);
                     return;
                 }
                 Tried::Busy(pause) => {
-                    span.in_scope(|| crate::otel::outcome("dedup-wait", None));
+                    span.outcome("dedup-wait", None);
                     self.pause(pause.min(busy_pause)).await;
                     busy_pause = (busy_pause * 2).min(DEDUP_POLL_MAX);
                     continue;
@@ -71,10 +69,14 @@ impl StageRunner {
                 Tried::Settled(next) => next,
                 Tried::Ran(outcome, ticket) => {
                     self.pace.observe(&outcome);
-                    self.settler
-                        .settle(delivery, attempt, outcome, retry_in_place, ticket.as_ref())
-                        .instrument(span)
-                        .await
+                    span.scope(self.settler.settle(
+                        delivery,
+                        attempt,
+                        outcome,
+                        retry_in_place,
+                        ticket.as_ref(),
+                    ))
+                    .await
                 }
             };
             match next {
@@ -92,16 +94,12 @@ impl StageRunner {
     }
 
     /// The span of one attempt of `delivery` ([`crate::otel`]).
-    pub(super) fn attempt_span(&self, delivery: &Delivery, attempt: u32) -> tracing::Span {
+    pub(super) fn attempt_span(&self, delivery: &Delivery, attempt: u32) -> crate::otel::Span {
         crate::otel::attempt_span(
-            &crate::otel::Attempt {
-                pipeline: &self.pipeline,
-                stage: &self.stage,
-                plugin: self.plugin_sha256.as_deref(),
-                message_id: &delivery.message.id,
-                topic: &delivery.message.topic,
-                attempt,
-            },
+            &self.spans,
+            &delivery.message.id,
+            &delivery.message.topic,
+            attempt,
             &delivery.message.headers,
         )
     }
@@ -216,16 +214,16 @@ impl StageRunner {
         let mut hold = Hold::new(self.settler.hold_max());
         loop {
             let span = crate::otel::batch_span(
-                &self.pipeline,
-                &self.stage,
-                self.plugin_sha256.as_deref(),
+                &self.spans,
                 jobs.iter()
                     .map(|job| job.delivery.message.headers.as_slice()),
             );
-            let Some(outcomes) = self.call_batch(&jobs).instrument(span).await else {
+            let Some(outcomes) = self.call_batch(&jobs).await else {
                 // Shutdown began: no call starts; `drain` hands them back.
                 return;
             };
+            // The span is the call's.
+            drop(span);
             let mut held = Vec::new();
             let mut settled = Vec::with_capacity(jobs.len());
             let mut wait = Duration::ZERO;

@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
-use tracing::Instrument as _;
 
 use super::attempt::Tried;
 use super::{Job, StageRunner};
@@ -47,12 +46,11 @@ impl StageRunner {
             let span = self.attempt_span(&job.delivery, attempt);
             let tried = beside(
                 &mut settling,
-                self.attempt(&job.delivery, attempt, false, Some(slot))
-                    .instrument(span.clone()),
+                span.scope(self.attempt(&job.delivery, attempt, false, Some(slot))),
             )
             .await;
             if matches!(tried, Tried::Left) {
-                span.in_scope(|| crate::otel::outcome("left", None));
+                span.outcome("left", None);
                 break;
             }
             settling.push(self.clone().finish(job, attempt, tried, span));
@@ -63,16 +61,26 @@ impl StageRunner {
     /// Settles a worker's try of `job`; a delivery that is not done (held
     /// while its target is unavailable) goes on through
     /// [`StageRunner::process`] after its pause.
-    async fn finish(self: Arc<Self>, job: Job, attempt: u32, tried: Tried, span: tracing::Span) {
+    async fn finish(
+        self: Arc<Self>,
+        job: Job,
+        attempt: u32,
+        tried: Tried,
+        span: crate::otel::Span,
+    ) {
         let next = match tried {
             Tried::Left => return,
             Tried::Settled(next) => next,
             Tried::Ran(outcome, ticket) => {
                 self.pace.observe(&outcome);
-                self.settler
-                    .settle(&job.delivery, attempt, outcome, false, ticket.as_ref())
-                    .instrument(span)
-                    .await
+                span.scope(self.settler.settle(
+                    &job.delivery,
+                    attempt,
+                    outcome,
+                    false,
+                    ticket.as_ref(),
+                ))
+                .await
             }
             // A plain stage has no dedup gate, so no key is ever busy;
             // were one, the per-delivery path asks again.
