@@ -292,7 +292,11 @@ fn a_reload_is_a_span_of_its_own() {
         .expect("waited for");
     assert_eq!(attr(span, "sluice.reload.trigger"), "api", "{span}");
     assert_eq!(attr(span, "sluice.reload.ok"), true, "{span}");
-    assert_eq!(attr(span, "sluice.config.version"), &report["version"], "{span}");
+    assert_eq!(
+        attr(span, "sluice.config.version"),
+        &report["version"],
+        "{span}"
+    );
     assert_eq!(span["service"], "sluice", "{span}");
     assert_ne!(span["status"]["code"], ERROR, "{span}");
 }

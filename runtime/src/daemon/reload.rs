@@ -118,14 +118,11 @@ impl Live {
             "sluice.reload.changes" = tracing::field::Empty,
             "sluice.config.version" = tracing::field::Empty,
         );
-        let (changes, warnings, errors) = match self
-            .reload(request.force)
-            .instrument(span.clone())
-            .await
-        {
-            Ok((changes, warnings)) => (changes, warnings, Vec::new()),
-            Err(errors) => (Changes::default(), Vec::new(), errors),
-        };
+        let (changes, warnings, errors) =
+            match self.reload(request.force).instrument(span.clone()).await {
+                Ok((changes, warnings)) => (changes, warnings, Vec::new()),
+                Err(errors) => (Changes::default(), Vec::new(), errors),
+            };
         let report = ReloadReport {
             ok: errors.is_empty(),
             trigger: request.trigger,
