@@ -302,10 +302,11 @@ impl Span {
 
     /// `future` with this span current while it is polled, so that
     /// [`current`], [`reparent`] and [`outcome`] inside it see the attempt;
-    /// `future` itself when the span is inert.
-    pub fn scope<F: Future>(&self, future: F) -> Either<WithContext<F>, F> {
-        match &self.0 {
-            Some(cx) => Either::Left(future.with_context(cx.clone())),
+    /// `future` itself when the span is inert. The future holds the span:
+    /// when it is the last holder, the span ends as the future is dropped.
+    pub fn scope<F: Future>(self, future: F) -> Either<WithContext<F>, F> {
+        match self.0 {
+            Some(cx) => Either::Left(future.with_context(cx)),
             None => Either::Right(future),
         }
     }

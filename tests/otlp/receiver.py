@@ -6,7 +6,7 @@ HTTP port does, decodes each request with the official protobuf types
 (`opentelemetry-proto` from PyPI), and keeps the spans for `GET /spans`,
 which answers them as JSON, one object per span:
 
-    {"trace_id", "span_id", "parent_span_id", "name", "kind",
+    {"trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns", "end_ns",
      "attributes": {...}, "status": {"code", "message"},
      "links": [{"trace_id", "span_id"}], "service": "..."}
 
@@ -59,6 +59,8 @@ def spans_of(request):
                     "parent_span_id": span.parent_span_id.hex(),
                     "name": span.name,
                     "kind": span.kind,
+                    "start_ns": span.start_time_unix_nano,
+                    "end_ns": span.end_time_unix_nano,
                     "attributes": {kv.key: value(kv.value) for kv in span.attributes},
                     "status": {"code": span.status.code, "message": span.status.message},
                     "links": [

@@ -10,6 +10,7 @@
 //! - a message that came without a context starts a trace of its own,
 //!   which its dead letter keeps all the same;
 //! - a batch call is one span, linked to each of its messages' contexts;
+//! - an attempt's span ends with its settle, not after the retry's pause;
 //! - a reload is a span of its own (made through the `tracing` bridge);
 //! - a collector that is down loses spans, never messages;
 //! - a setting export cannot honour is refused before anything starts.
@@ -271,6 +272,51 @@ stages:
         .collect();
     carried.sort();
     assert_eq!(carried, parents);
+}
+
+#[test]
+fn an_attempt_span_ends_with_its_settle_not_after_the_retry_pause() {
+    // An ordered stage retries in place: the pause before the next attempt
+    // is spent in the same task, after the settle.
+    let yaml = format!(
+        r#"
+name: paced
+topics: [in, out]
+stages:
+  - name: s
+    subscribe: in
+    plugin: {}
+    publish: [out]
+    ordering: {{key: key}}
+    retry: {{max_attempts: 2, backoff: {{initial: 1s, jitter: 0}}}}
+"#,
+        plugin("fail")
+    );
+    let receiver = OtlpReceiver::start();
+    let daemon = Daemon::with_yaml(&yaml).envs(receiver.env()).start();
+    daemon.publish("in", &[Msg::new("r1", "retried").key("k")]);
+    let spans = receiver.wait_for("both attempts' spans", |spans| spans.len() == 2);
+    let attempt = |n: i64| {
+        spans
+            .iter()
+            .find(|s| attr(s, "sluice.attempt") == n)
+            .unwrap_or_else(|| panic!("no span of attempt {n}: {spans:#?}"))
+    };
+    let (first, second) = (attempt(1), attempt(2));
+    assert_eq!(attr(first, "sluice.outcome"), "retry", "{first}");
+    let nanos = |span: &Value, field: &str| {
+        span[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{field}: {span}"))
+    };
+    // The pause (1 s, no jitter) lies between the two spans, whatever the
+    // load (a pause is never short): a span that lasted through it would
+    // end as the next one starts.
+    let gap = nanos(second, "start_ns").saturating_sub(nanos(first, "end_ns"));
+    assert!(
+        gap >= 900_000_000,
+        "the first attempt's span ended {gap} ns before the second began: {spans:#?}"
+    );
 }
 
 #[test]

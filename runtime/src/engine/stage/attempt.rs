@@ -52,21 +52,27 @@ impl StageRunner {
             // the handler call and the settle, which reads it back for the
             // outputs' parent.
             let span = self.attempt_span(delivery, attempt);
-            let next = match span
+            let tried = span
+                .clone()
                 .scope(self.attempt(delivery, attempt, retry_in_place, slot.take()))
-                .await
-            {
+                .await;
+            // The span ends with the settle (or here), never after a pause.
+            let next = match tried {
                 Tried::Left => {
                     span.outcome("left", None);
                     return;
                 }
                 Tried::Busy(pause) => {
                     span.outcome("dedup-wait", None);
+                    drop(span);
                     self.pause(pause.min(busy_pause)).await;
                     busy_pause = (busy_pause * 2).min(DEDUP_POLL_MAX);
                     continue;
                 }
-                Tried::Settled(next) => next,
+                Tried::Settled(next) => {
+                    drop(span);
+                    next
+                }
                 Tried::Ran(outcome, ticket) => {
                     self.pace.observe(&outcome);
                     span.scope(self.settler.settle(

@@ -46,7 +46,8 @@ impl StageRunner {
             let span = self.attempt_span(&job.delivery, attempt);
             let tried = beside(
                 &mut settling,
-                span.scope(self.attempt(&job.delivery, attempt, false, Some(slot))),
+                span.clone()
+                    .scope(self.attempt(&job.delivery, attempt, false, Some(slot))),
             )
             .await;
             if matches!(tried, Tried::Left) {
@@ -68,9 +69,13 @@ impl StageRunner {
         tried: Tried,
         span: crate::otel::Span,
     ) {
+        // The span ends with the settle (or here), never after a pause.
         let next = match tried {
             Tried::Left => return,
-            Tried::Settled(next) => next,
+            Tried::Settled(next) => {
+                drop(span);
+                next
+            }
             Tried::Ran(outcome, ticket) => {
                 self.pace.observe(&outcome);
                 span.scope(self.settler.settle(
@@ -84,7 +89,10 @@ impl StageRunner {
             }
             // A plain stage has no dedup gate, so no key is ever busy;
             // were one, the per-delivery path asks again.
-            Tried::Busy(pause) => Next::Hold(pause),
+            Tried::Busy(pause) => {
+                drop(span);
+                Next::Hold(pause)
+            }
         };
         match next {
             Next::Done => self.forget(&job.delivery),
