@@ -36,13 +36,15 @@ use opentelemetry::trace::{
 };
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::WithExportConfig as _;
+use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanData, SpanExporter};
 
 use crate::trace::{TRACEPARENT, TRACESTATE};
 
-/// The `tracing` target of the spans that are exported.
-pub const TARGET: &str = "sluice::otel";
+/// The `tracing` target of the spans that are exported (not this module's
+/// path: the log leaves this target out, and keeps this module's events).
+pub const TARGET: &str = "sluice::otel::spans";
 
 /// Set once an exporter is installed: spans are made only then.
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -128,7 +130,7 @@ impl Export {
             }
             None => from_env.unwrap_or_default(),
         };
-        let exporter = builder.build()?;
+        let exporter = Reported::new(builder.build()?, &endpoint);
         let mut resource = opentelemetry_sdk::Resource::builder();
         if var("OTEL_SERVICE_NAME").is_none()
             && !var("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| a.contains("service.name="))
@@ -188,6 +190,108 @@ impl Export {
         if let Err(err) = self.provider.shutdown() {
             tracing::warn!(error = %err, "the trace exporter did not shut down cleanly; queued spans may be lost");
         }
+    }
+}
+
+/// The OTLP exporter, with the collector's outages told in the log once
+/// each: when export starts failing (with the endpoint and why) and when it
+/// works again (with how many spans were lost meanwhile), where the SDK
+/// would log an error at every batch, every few seconds, without saying
+/// where to.
+#[derive(Debug)]
+struct Reported {
+    inner: opentelemetry_otlp::SpanExporter,
+    /// The endpoint as configured: taken out of error texts.
+    raw: String,
+    /// The endpoint for the log (without credentials).
+    shown: String,
+    /// The outage under way, if export is failing.
+    outage: std::sync::Mutex<Option<Outage>>,
+}
+
+/// An outage of the collector, as the exporter saw it.
+#[derive(Debug)]
+struct Outage {
+    since: std::time::Instant,
+    /// Spans in the exports that failed.
+    lost: u64,
+}
+
+impl Reported {
+    fn new(inner: opentelemetry_otlp::SpanExporter, endpoint: &str) -> Reported {
+        Reported {
+            inner,
+            raw: endpoint.to_owned(),
+            shown: shown(endpoint),
+            outage: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn outage(&self) -> std::sync::MutexGuard<'_, Option<Outage>> {
+        self.outage
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl SpanExporter for Reported {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let spans = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+        let result = self.inner.export(batch).await;
+        let mut outage = self.outage();
+        match (result, outage.as_mut()) {
+            (Ok(()), None) => {}
+            (Ok(()), Some(was)) => {
+                tracing::info!(
+                    endpoint = %self.shown,
+                    lost = was.lost,
+                    down_for = ?was.since.elapsed(),
+                    "trace export works again; the spans of the failed exports are lost"
+                );
+                *outage = None;
+            }
+            (Err(err), None) => {
+                let error = if self.raw.is_empty() {
+                    err.to_string()
+                } else {
+                    err.to_string().replace(&self.raw, &self.shown)
+                };
+                tracing::warn!(
+                    endpoint = %self.shown,
+                    %error,
+                    "trace export failed; spans are dropped until the collector answers \
+                     (messages are not affected; logged once until it recovers)"
+                );
+                *outage = Some(Outage {
+                    since: std::time::Instant::now(),
+                    lost: spans,
+                });
+            }
+            (Err(_), Some(was)) => was.lost = was.lost.saturating_add(spans),
+        }
+        // Told above: the batch processor would log it again, at every
+        // batch. It does nothing else with the error (no retry).
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, timeout: std::time::Duration) -> OTelSdkResult {
+        if let Some(outage) = self.outage().as_ref() {
+            tracing::warn!(
+                endpoint = %self.shown,
+                lost = outage.lost,
+                down_for = ?outage.since.elapsed(),
+                "trace export was failing at shutdown; the spans of the failed exports are lost"
+            );
+        }
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
     }
 }
 

@@ -17,21 +17,30 @@ pub struct OtlpReceiver {
 impl OtlpReceiver {
     /// Starts one that keeps every span for [`OtlpReceiver::spans`].
     pub fn start() -> OtlpReceiver {
-        Self::spawn(false)
+        Self::spawn(false, None)
+    }
+
+    /// Starts one like [`OtlpReceiver::start`] on `port` (one a daemon was
+    /// told of before anything listened there).
+    pub fn start_on(port: u16) -> OtlpReceiver {
+        Self::spawn(false, Some(port))
     }
 
     /// Starts one that answers every export and keeps nothing (decodes
     /// nothing), for benchmarks.
     pub fn discarding() -> OtlpReceiver {
-        Self::spawn(true)
+        Self::spawn(true, None)
     }
 
-    fn spawn(discard: bool) -> OtlpReceiver {
+    fn spawn(discard: bool, port: Option<u16>) -> OtlpReceiver {
         let script = sluice_harness::repo_root().join("tests/otlp/receiver.py");
         let mut command = Command::new("python3");
         command.arg(&script);
         if discard {
             command.arg("--discard");
+        }
+        if let Some(port) = port {
+            command.arg("--port").arg(port.to_string());
         }
         let mut child = command
             .stdin(Stdio::null())

@@ -12,7 +12,8 @@
 //! - a batch call is one span, linked to each of its messages' contexts;
 //! - an attempt's span ends with its settle, not after the retry's pause;
 //! - a reload is a span of its own (made through the `tracing` bridge);
-//! - a collector that is down loses spans, never messages;
+//! - a collector that is down loses spans, never messages; its outage is
+//!   logged once (not at every export), and so is its recovery;
 //! - a setting export cannot honour is refused before anything starts.
 
 use std::time::Duration;
@@ -349,7 +350,7 @@ fn a_reload_is_a_span_of_its_own() {
 
 #[test]
 fn a_collector_that_is_down_loses_spans_never_messages() {
-    // A port nothing listens on: bound, then let go.
+    // A port nothing listens on yet: bound, then let go.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
@@ -368,14 +369,39 @@ fn a_collector_that_is_down_loses_spans_never_messages() {
             ("OTEL_EXPORTER_OTLP_TIMEOUT", "500".into()),
         ])
         .start();
-    let messages: Vec<Msg> = (0..200)
-        .map(|i| Msg::new(format!("m{i}"), format!("payload {i}")))
-        .collect();
-    daemon.publish("in", &messages);
-    daemon.wait_until("all 200 out", Duration::from_secs(120), |d| {
-        d.depth("out") == 200
-    });
+    // In rounds, so that many exports fail, each after its batch.
+    for round in 0..4 {
+        let messages: Vec<Msg> = (0..50)
+            .map(|i| Msg::new(format!("m{round}-{i}"), format!("payload {i}")))
+            .collect();
+        daemon.publish("in", &messages);
+        daemon.wait_until("the round out", Duration::from_secs(120), |d| {
+            d.depth("out") == 50 * (round + 1)
+        });
+        std::thread::sleep(Duration::from_millis(200));
+    }
     assert_eq!(daemon.readiness().0, "ready");
+    // The outage is told once, with where to, not at every export.
+    let log = daemon.log();
+    let failed = log.matches("trace export failed").count();
+    assert_eq!(failed, 1, "one warning for the outage: {log}");
+    assert!(log.contains(&format!("127.0.0.1:{port}")), "{log}");
+    assert!(
+        !log.contains("ExportError"),
+        "the SDK's own, at every batch: {log}"
+    );
+
+    // The collector comes up: spans arrive, and the recovery is told.
+    let receiver = OtlpReceiver::start_on(port);
+    daemon.publish("in", &[Msg::new("after", "after the outage")]);
+    receiver.wait_for("a span after the outage", |spans| {
+        spans
+            .iter()
+            .any(|s| attr(s, "messaging.message.id") == "after")
+    });
+    daemon.wait_until("the recovery logged", Duration::from_secs(30), |d| {
+        d.log().contains("trace export works again")
+    });
 }
 
 #[test]
