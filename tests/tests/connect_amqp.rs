@@ -241,6 +241,30 @@ fn pipeline(dir: &std::path::Path, url: &str, routing_key: &str) -> PathBuf {
     )
 }
 
+/// A producer's W3C trace context (the example of the recommendation).
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+const TRACESTATE: &str = "congo=t61rcWkgMzE";
+
+#[test]
+fn the_trace_context_goes_from_the_source_through_a_stage_to_the_sink() {
+    let node = node();
+    client(&["setup", &node.url()]);
+    let headers = serde_json::json!({"traceparent": TRACEPARENT, "tracestate": TRACESTATE});
+    client(&["raw", &node.url(), "in", &headers.to_string(), "traced"]);
+    let dir = tempfile::tempdir().expect("dir");
+    let file = pipeline(dir.path(), &node.url(), "out");
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    let mut out = Vec::new();
+    daemon.wait_until("the message in `out`", LONG, |_| {
+        out.extend(drain(&node.url(), "out"));
+        !out.is_empty()
+    });
+    let m = &out[0];
+    assert_eq!(m["payload"], "TRACED", "{m}");
+    assert_eq!(m["headers"]["traceparent"], TRACEPARENT, "{m}");
+    assert_eq!(m["headers"]["tracestate"], TRACESTATE, "{m}");
+}
+
 #[test]
 fn unroutable_and_poison_messages_are_dead_lettered_and_an_outage_is_held() {
     let mut node = node();

@@ -10,9 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use sluice_harness::tansu::TansuServer;
-use sluice_tests::edges::{Delivered, Duplicates, Upstream, round_trip_under_faults};
+use sluice_tests::edges::{
+    Delivered, Duplicates, Upstream, edge_pipeline, round_trip_under_faults,
+};
 use sluice_tests::{Daemon, Msg, header, plugin, sluice_bin, write_pipeline};
 
 const LONG: Duration = Duration::from_secs(240);
@@ -389,6 +391,36 @@ fn wait_or_say(
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// A producer's W3C trace context (the example of the recommendation).
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+const TRACESTATE: &str = "congo=t61rcWkgMzE";
+
+#[test]
+fn the_trace_context_goes_from_the_source_through_a_stage_to_the_sink() {
+    let server = tansu();
+    let brokers = server.brokers();
+    create(&brokers, "in", 1);
+    create(&brokers, "out", 1);
+    let headers = json!({"traceparent": TRACEPARENT, "tracestate": TRACESTATE}).to_string();
+    client(&["produce-with-headers", &brokers, "in", &headers, "traced"]);
+    let dir = tempfile::tempdir().expect("dir");
+    let file = edge_pipeline(
+        dir.path(),
+        &format!("kafka: {{brokers: \"{brokers}\", topic: in, group: g, start: earliest}}\n"),
+        &format!("kafka: {{brokers: \"{brokers}\", topic: out}}\n"),
+    );
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    let mut out = Vec::new();
+    daemon.wait_until("the message in `out`", LONG, |_| {
+        out = dump(&brokers, "out");
+        !out.is_empty()
+    });
+    let m = &out[0];
+    assert_eq!(m["payload"], "TRACED", "{m}");
+    assert_eq!(m["headers"]["traceparent"], TRACEPARENT, "{m}");
+    assert_eq!(m["headers"]["tracestate"], TRACESTATE, "{m}");
 }
 
 #[test]
