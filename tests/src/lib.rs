@@ -304,6 +304,14 @@ impl Msg {
     }
 }
 
+/// A producer's W3C trace context: the example of the Trace Context
+/// recommendation (trace [`TRACE_ID`], parent span `00f067aa0ba902b7`).
+pub const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+/// The trace id of [`TRACEPARENT`].
+pub const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+/// A `tracestate` to go with [`TRACEPARENT`].
+pub const TRACESTATE: &str = "congo=t61rcWkgMzE";
+
 /// The value of header `name` of a message as the admin API returns it.
 pub fn header<'a>(message: &'a Value, name: &str) -> Option<&'a str> {
     message["headers"].as_array()?.iter().find_map(|pair| {

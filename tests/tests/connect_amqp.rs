@@ -21,7 +21,7 @@ use sluice_harness::rabbitmq::RabbitNode;
 use sluice_tests::edges::{
     Delivered, Duplicates, Upstream, edge_pipeline, round_trip_over_tls, round_trip_under_faults,
 };
-use sluice_tests::{Daemon, header};
+use sluice_tests::{Daemon, TRACEPARENT, TRACESTATE, header};
 
 const LONG: Duration = Duration::from_secs(240);
 /// The source's prefetch in these tests.
@@ -240,10 +240,6 @@ fn pipeline(dir: &std::path::Path, url: &str, routing_key: &str) -> PathBuf {
         ),
     )
 }
-
-/// A producer's W3C trace context (the example of the recommendation).
-const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-const TRACESTATE: &str = "congo=t61rcWkgMzE";
 
 #[test]
 fn the_trace_context_goes_from_the_source_through_a_stage_to_the_sink() {

@@ -748,7 +748,7 @@ fn the_request_carries_method_content_type_key_headers_and_configured_headers() 
 /// every header (the engine carries the context on).
 #[test]
 fn the_trace_context_arrives_as_the_requests_traceparent() {
-    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const PARENT: &str = sluice_tests::TRACEPARENT;
     let receiver = Receiver::start(always(204));
     let dir = tempfile::tempdir().expect("tempdir");
     let pipeline = write_pipeline(
@@ -779,7 +779,7 @@ fn the_trace_context_arrives_as_the_requests_traceparent() {
             .post(format!("{}/v1/topics/in/messages", daemon.base))
             .header("idempotency-key", id)
             .header("traceparent", parent)
-            .header("tracestate", "congo=t61rcWkgMzE")
+            .header("tracestate", sluice_tests::TRACESTATE)
             .body(id)
             .send()
             .expect("publish");
@@ -792,7 +792,7 @@ fn the_trace_context_arrives_as_the_requests_traceparent() {
     let by_body = |body: &str| hits.iter().find(|h| h.text() == body).expect(body);
     let traced = by_body("traced");
     assert_eq!(traced.header("traceparent"), Some(PARENT));
-    assert_eq!(traced.header("tracestate"), Some("congo=t61rcWkgMzE"));
+    assert_eq!(traced.header("tracestate"), Some(sluice_tests::TRACESTATE));
     assert_eq!(traced.header("sluice-header-traceparent"), Some(PARENT));
     let broken = by_body("broken");
     assert_eq!(broken.header("traceparent"), None, "{broken:?}");

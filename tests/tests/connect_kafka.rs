@@ -15,7 +15,9 @@ use sluice_harness::tansu::TansuServer;
 use sluice_tests::edges::{
     Delivered, Duplicates, Upstream, edge_pipeline, round_trip_under_faults,
 };
-use sluice_tests::{Daemon, Msg, header, plugin, sluice_bin, write_pipeline};
+use sluice_tests::{
+    Daemon, Msg, TRACEPARENT, TRACESTATE, header, plugin, sluice_bin, write_pipeline,
+};
 
 const LONG: Duration = Duration::from_secs(240);
 
@@ -392,10 +394,6 @@ fn wait_or_say(
         std::thread::sleep(Duration::from_millis(200));
     }
 }
-
-/// A producer's W3C trace context (the example of the recommendation).
-const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-const TRACESTATE: &str = "congo=t61rcWkgMzE";
 
 #[test]
 fn the_trace_context_goes_from_the_source_through_a_stage_to_the_sink() {

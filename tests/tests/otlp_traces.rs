@@ -21,13 +21,12 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sha2::Digest as _;
 use sluice_tests::otlp::OtlpReceiver;
-use sluice_tests::{Daemon, Msg, header, plugin};
+use sluice_tests::{Daemon, Msg, TRACE_ID, header, plugin};
 
-/// The example of the W3C recommendation: the producer's span.
-const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+/// The producer's span: the example of the W3C recommendation.
+const PARENT: &str = sluice_tests::TRACEPARENT;
 const PARENT_SPAN: &str = "00f067aa0ba902b7";
-const STATE: &str = "congo=t61rcWkgMzE";
+const STATE: &str = sluice_tests::TRACESTATE;
 
 /// OTLP's `SPAN_KIND_CONSUMER` and `STATUS_CODE_ERROR`.
 const CONSUMER: u64 = 5;

@@ -12,11 +12,10 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sluice_tests::{Backend, Daemon, header, on_both_brokers, plugin};
+use sluice_tests::{Backend, Daemon, TRACE_ID, header, on_both_brokers, plugin};
 
 /// The example of the W3C recommendation.
-const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PARENT: &str = sluice_tests::TRACEPARENT;
 const STATE: &str = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
 
 /// `traced`: `in` -> first (uppercase, copies headers) -> `mid` -> second
