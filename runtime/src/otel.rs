@@ -130,7 +130,7 @@ impl Export {
             }
             None => from_env.unwrap_or_default(),
         };
-        let exporter = Reported::new(builder.build()?, &endpoint);
+        let exporter = ReportingExporter::new(builder.build()?, &endpoint);
         let mut resource = opentelemetry_sdk::Resource::builder();
         if var("OTEL_SERVICE_NAME").is_none()
             && !var("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| a.contains("service.name="))
@@ -199,7 +199,7 @@ impl Export {
 /// would log an error at every batch, every few seconds, without saying
 /// where to.
 #[derive(Debug)]
-struct Reported {
+struct ReportingExporter {
     inner: opentelemetry_otlp::SpanExporter,
     /// The endpoint as configured: taken out of error texts.
     raw: String,
@@ -217,9 +217,9 @@ struct Outage {
     lost: u64,
 }
 
-impl Reported {
-    fn new(inner: opentelemetry_otlp::SpanExporter, endpoint: &str) -> Reported {
-        Reported {
+impl ReportingExporter {
+    fn new(inner: opentelemetry_otlp::SpanExporter, endpoint: &str) -> ReportingExporter {
+        ReportingExporter {
             inner,
             raw: endpoint.to_owned(),
             shown: shown(endpoint),
@@ -234,7 +234,7 @@ impl Reported {
     }
 }
 
-impl SpanExporter for Reported {
+impl SpanExporter for ReportingExporter {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let spans = u64::try_from(batch.len()).unwrap_or(u64::MAX);
         let result = self.inner.export(batch).await;
