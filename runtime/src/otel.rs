@@ -25,22 +25,24 @@
 //! spans on the [`TARGET`] target, which the bridge layer ([`Export::layer`])
 //! exports and the log layer leaves out.
 
-use std::sync::RwLock;
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::str::FromStr as _;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, RwLock};
 
 use futures_util::future::Either;
 use opentelemetry::context::{FutureExt as _, WithContext};
-use opentelemetry::propagation::{Extractor, TextMapPropagator as _};
 use opentelemetry::trace::{
-    Link, Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _, TracerProvider as _,
+    Link, Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt as _, TraceFlags,
+    TraceId, TraceState, Tracer as _, TracerProvider as _,
 };
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::{Context, KeyValue, Value};
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanData, SpanExporter};
 
-use crate::trace::{TRACEPARENT, TRACESTATE};
+use crate::trace::{TRACEPARENT, TRACESTATE, TraceParent};
 
 /// The `tracing` target of the spans that are exported (not this module's
 /// path: the log leaves this target out, and keeps this module's events).
@@ -320,43 +322,101 @@ fn shown(endpoint: &str) -> String {
     }
 }
 
-/// A message's headers as the W3C propagator reads them.
-struct Headers<'a>(&'a [(String, String)]);
-
-impl Extractor for Headers<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(key))
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0.iter().map(|(n, _)| n.as_str()).collect()
-    }
-}
-
-/// The trace context in `headers`, if they carry a valid one.
+/// The trace context in `headers`, if they carry a valid `traceparent`
+/// (read by the W3C rules, as the SDK's propagator reads it, without its
+/// allocations): the parent of an attempt's span.
 fn parent(headers: &[(String, String)]) -> Option<Context> {
-    let cx = TraceContextPropagator::new().extract(&Headers(headers));
-    cx.span().span_context().is_valid().then_some(cx)
+    let traceparent = TraceParent::parse(crate::trace::header(headers, TRACEPARENT)?)?;
+    // An invalid `tracestate` is left out, the parent kept (W3C).
+    let state = crate::trace::header(headers, TRACESTATE)
+        .and_then(|state| TraceState::from_str(state).ok())
+        .unwrap_or_default();
+    let context = SpanContext::new(
+        TraceId::from(traceparent.trace_id_bits()),
+        SpanId::from(traceparent.parent_id_bits()),
+        // Only the sampled flag is defined; others are zeroed (W3C).
+        TraceFlags::new(traceparent.flags()) & TraceFlags::SAMPLED,
+        true,
+        state,
+    );
+    Some(Context::new().with_remote_span_context(context))
 }
 
-/// What every span of one stage carries, made once per stage: its name
-/// and the attributes that do not change from message to message (their
-/// strings shared, not copied, by each span).
+/// The `traceparent` value (version `00`) of `context`, hex-encoded by
+/// hand: `format!` costs several times as much, once per attempt.
+fn traceparent(context: &SpanContext) -> String {
+    fn push_hex(out: &mut String, bytes: &[u8]) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        for byte in bytes {
+            out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+            out.push(char::from(DIGITS[usize::from(byte & 0xf)]));
+        }
+    }
+    let mut out = String::with_capacity(55);
+    out.push_str("00-");
+    push_hex(&mut out, &context.trace_id().to_bytes());
+    out.push('-');
+    push_hex(&mut out, &context.span_id().to_bytes());
+    out.push('-');
+    push_hex(&mut out, &[context.trace_flags().to_u8()]);
+    out
+}
+
+/// The most distinct strings [`intern`] keeps for the daemon's life
+/// (past it, strings are shared by reference count instead).
+const INTERNED_MAX: usize = 4096;
+
+/// The strings [`intern`] keeps.
+static INTERNED: LazyLock<Mutex<HashSet<&'static str>>> = LazyLock::new(Default::default);
+
+/// `text`, kept once for the daemon's life, or None once [`INTERNED_MAX`]
+/// strings are kept. A stage's constant span strings (pipeline, stage,
+/// topic, plugin hash, span name) are interned when the stage starts, so
+/// that putting them in each span, and freeing the span on the exporter's
+/// thread, touches no reference count that the stage threads share.
+fn intern(text: &str) -> Option<&'static str> {
+    let mut kept = INTERNED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(text) = kept.get(text) {
+        return Some(text);
+    }
+    if kept.len() >= INTERNED_MAX {
+        return None;
+    }
+    let text: &'static str = Box::leak(text.into());
+    kept.insert(text);
+    Some(text)
+}
+
+/// `text` as a span attribute value that every span of a stage shares.
+fn shared(text: &str) -> Value {
+    match intern(text) {
+        Some(text) => Value::from(text),
+        None => Value::from(Arc::<str>::from(text)),
+    }
+}
+
+/// What every span of one stage carries, made once per stage: the
+/// tracer, its name and the attributes that do not change from message to
+/// message. Empty, and inert, when export is off.
+#[derive(Default)]
 pub struct StageSpans {
+    /// The tracer, while export is on.
+    tracer: Option<SdkTracer>,
     /// `process <pipeline>/<stage>`.
-    name: String,
+    name: Cow<'static, str>,
     /// Pipeline, stage, plugin and the constant `messaging.*` attributes.
     attributes: Vec<KeyValue>,
+    /// The stage's topics, each with its attribute value.
+    topics: Vec<(String, Value)>,
 }
 
 impl StageSpans {
-    /// The spans of `stage` of `pipeline`, whose plugin's sha256 is
-    /// `plugin` (None for a sink).
-    pub fn new(pipeline: &str, stage: &str, plugin: Option<&str>) -> StageSpans {
-        let shared = |s: &str| opentelemetry::Value::from(std::sync::Arc::<str>::from(s));
+    /// The spans of `stage` of `pipeline`, which reads `topics` and whose
+    /// plugin's sha256 is `plugin` (None for a sink).
+    pub fn new(pipeline: &str, stage: &str, topics: &[String], plugin: Option<&str>) -> StageSpans {
+        let Some(tracer) = enabled().then(tracer).flatten() else {
+            return StageSpans::default();
+        };
         let mut attributes = vec![
             KeyValue::new("sluice.pipeline", shared(pipeline)),
             KeyValue::new("sluice.stage", shared(stage)),
@@ -366,9 +426,15 @@ impl StageSpans {
         if let Some(plugin) = plugin {
             attributes.push(KeyValue::new("sluice.plugin.sha256", shared(plugin)));
         }
+        let name = format!("process {pipeline}/{stage}");
         StageSpans {
-            name: format!("process {pipeline}/{stage}"),
+            tracer: Some(tracer),
+            name: intern(&name).map_or(Cow::Owned(name), Cow::Borrowed),
             attributes,
+            topics: topics
+                .iter()
+                .map(|topic| (topic.clone(), shared(topic)))
+                .collect(),
         }
     }
 
@@ -377,6 +443,19 @@ impl StageSpans {
         let mut attributes = Vec::with_capacity(self.attributes.len() + more);
         attributes.extend_from_slice(&self.attributes);
         attributes
+    }
+
+    /// `topic` as an attribute value: the stage's own, shared, or a copy.
+    fn topic(&self, topic: &str) -> Value {
+        self.topics
+            .iter()
+            .find(|(name, _)| name == topic)
+            .map_or_else(|| Value::from(topic.to_owned()), |(_, value)| value.clone())
+    }
+
+    /// The tracer, while export is on.
+    fn tracer(&self) -> Option<&SdkTracer> {
+        self.tracer.as_ref().filter(|_| enabled())
     }
 }
 
@@ -444,35 +523,35 @@ pub fn attempt_span(
     attempt: u32,
     headers: &[(String, String)],
 ) -> Span {
-    if !enabled() {
-        return Span::none();
-    }
-    let Some(tracer) = tracer() else {
+    let Some(tracer) = stage.tracer() else {
         return Span::none();
     };
-    let parent = parent(headers).unwrap_or_default();
+    let parent = parent(headers);
+    let has_parent = parent.is_some();
+    let parent = parent.unwrap_or_default();
     // Three here, and the outcome when it is known.
     let mut attributes = stage.attributes(4);
     attributes.extend([
         KeyValue::new("sluice.attempt", i64::from(attempt)),
-        KeyValue::new("messaging.destination.name", topic.to_owned()),
+        KeyValue::new("messaging.destination.name", stage.topic(topic)),
         KeyValue::new("messaging.message.id", message_id.to_owned()),
     ]);
     let span = tracer
         .span_builder(stage.name.clone())
         .with_kind(SpanKind::Consumer)
         .with_attributes(attributes)
-        .start_with_context(&tracer, &parent);
+        .start_with_context(tracer, &parent);
+    if !span.is_recording() && has_parent {
+        // Not sampled (by default because the producer did not sample):
+        // nothing is recorded, and the message's own context goes on
+        // unchanged, to the handler and the outputs, without the cost of
+        // a context per attempt. A new trace that is not sampled still
+        // gets one, so that the stages after this one follow the decision.
+        return Span::none();
+    }
     let sc = span.span_context();
-    let mut context = vec![(
-        TRACEPARENT.to_owned(),
-        format!(
-            "00-{}-{}-{:02x}",
-            sc.trace_id(),
-            sc.span_id(),
-            sc.trace_flags().to_u8()
-        ),
-    )];
+    let mut context = Vec::with_capacity(2);
+    context.push((TRACEPARENT.to_owned(), traceparent(sc)));
     let state = sc.trace_state().header();
     if !state.is_empty() {
         context.push((TRACESTATE.to_owned(), state));
@@ -490,10 +569,7 @@ pub fn batch_span<'h>(
     stage: &StageSpans,
     items: impl Iterator<Item = &'h [(String, String)]>,
 ) -> Span {
-    if !enabled() {
-        return Span::none();
-    }
-    let Some(tracer) = tracer() else {
+    let Some(tracer) = stage.tracer() else {
         return Span::none();
     };
     let mut count = 0_i64;
@@ -511,30 +587,36 @@ pub fn batch_span<'h>(
         .with_kind(SpanKind::Consumer)
         .with_attributes(attributes)
         .with_links(links)
-        .start_with_context(&tracer, &Context::new());
+        .start_with_context(tracer, &Context::new());
     Span(Some(Context::new().with_span(span)))
 }
 
-/// The current attempt's context as message headers (`traceparent`, and
-/// `tracestate` when there is one), for its outputs and dead-letter copy;
-/// None when export is off or no attempt is current.
-pub fn current() -> Option<Vec<(String, String)>> {
+/// Calls `f` with the current attempt's context as message headers
+/// (`traceparent`, and `tracestate` when there is one), for its outputs
+/// and dead-letter copy; with None when export is off or no attempt is
+/// current. Borrowed: each output copies what it keeps.
+pub fn with_current<R>(f: impl FnOnce(Option<&[(String, String)]>) -> R) -> R {
     if !enabled() {
-        return None;
+        return f(None);
     }
-    Context::map_current(|cx| cx.get::<ContextHeaders>().map(|headers| headers.0.clone()))
+    Context::map_current(|cx| {
+        f(cx.get::<ContextHeaders>()
+            .map(|headers| headers.0.as_slice()))
+    })
 }
 
 /// Replaces the trace context in `headers` with the current attempt's (no
 /// change when there is none): the handler then sees, and passes on, its
 /// own attempt as the parent.
 pub fn reparent(headers: &mut Vec<(String, String)>) {
-    if let Some(context) = current() {
-        headers.retain(|(n, _)| {
-            !n.eq_ignore_ascii_case(TRACEPARENT) && !n.eq_ignore_ascii_case(TRACESTATE)
-        });
-        headers.extend(context);
-    }
+    with_current(|context| {
+        if let Some(context) = context {
+            headers.retain(|(n, _)| {
+                !n.eq_ignore_ascii_case(TRACEPARENT) && !n.eq_ignore_ascii_case(TRACESTATE)
+            });
+            headers.extend_from_slice(context);
+        }
+    });
 }
 
 /// Records how the current attempt ended (`ok`, `retry`, `dead-lettered`,
@@ -588,10 +670,44 @@ mod tests {
 
     #[test]
     fn without_export_no_span_is_made() {
-        let stage = StageSpans::new("p", "s", None);
+        let stage = StageSpans::new("p", "s", &["t".to_owned()], None);
+        assert!(stage.tracer.is_none() && stage.attributes.is_empty());
         assert!(attempt_span(&stage, "m", "t", 1, &[]).is_none());
         assert!(batch_span(&stage, std::iter::empty()).is_none());
-        assert!(current().is_none());
+        assert!(with_current(|context| context.is_none()));
+    }
+
+    #[test]
+    fn a_traceparent_is_written_as_the_w3c_form() {
+        let context = SpanContext::new(
+            TraceId::from(0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736),
+            SpanId::from(0x00f0_67aa_0ba9_02b7),
+            TraceFlags::SAMPLED,
+            false,
+            TraceState::default(),
+        );
+        assert_eq!(
+            traceparent(&context),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        );
+        let unsampled = SpanContext::new(
+            TraceId::from(1),
+            SpanId::from(u64::MAX),
+            TraceFlags::default(),
+            false,
+            TraceState::default(),
+        );
+        assert_eq!(
+            traceparent(&unsampled),
+            "00-00000000000000000000000000000001-ffffffffffffffff-00"
+        );
+    }
+
+    #[test]
+    fn interned_strings_are_kept_once() {
+        let first = intern("pipeline-under-test").expect("room");
+        let again = intern(&String::from("pipeline-under-test")).expect("room");
+        assert!(std::ptr::eq(first, again));
     }
 
     #[test]
@@ -601,10 +717,47 @@ mod tests {
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
         )];
         let cx = parent(&headers).expect("valid");
+        let sc = cx.span().span_context().clone();
         assert_eq!(
-            cx.span().span_context().trace_id().to_string(),
+            sc.trace_id().to_string(),
             "4bf92f3577b34da6a3ce929d0e0e4736"
         );
+        assert_eq!(sc.span_id().to_string(), "00f067aa0ba902b7");
+        assert!(sc.is_sampled() && sc.is_remote());
         assert!(parent(&[]).is_none());
+
+        // The state comes along; flags other than sampled are zeroed; an
+        // invalid state is left out, the parent kept.
+        let mut with_state = vec![
+            (
+                "TraceParent".to_owned(),
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-03".to_owned(),
+            ),
+            ("tracestate".to_owned(), "vendor=a,other=b".to_owned()),
+        ];
+        let sc = parent(&with_state)
+            .expect("valid")
+            .span()
+            .span_context()
+            .clone();
+        assert_eq!(sc.trace_state().header(), "vendor=a,other=b");
+        assert_eq!(sc.trace_flags(), TraceFlags::SAMPLED);
+        with_state[1].1 = "not a state".to_owned();
+        let sc = parent(&with_state)
+            .expect("valid")
+            .span()
+            .span_context()
+            .clone();
+        assert_eq!(sc.trace_state().header(), "");
+
+        for bad in [
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "garbage",
+        ] {
+            let headers = vec![("traceparent".to_owned(), bad.to_owned())];
+            assert!(parent(&headers).is_none(), "{bad}");
+        }
     }
 }

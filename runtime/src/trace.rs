@@ -80,6 +80,16 @@ impl TraceParent {
         format!("{:016x}", self.parent_id)
     }
 
+    /// The trace id as a number.
+    pub fn trace_id_bits(&self) -> u128 {
+        self.trace_id
+    }
+
+    /// The parent (span) id as a number.
+    pub fn parent_id_bits(&self) -> u64 {
+        self.parent_id
+    }
+
     /// The version.
     pub fn version(&self) -> u8 {
         self.version
@@ -121,7 +131,7 @@ fn lower_hex(text: &str) -> Option<&str> {
 }
 
 /// The value of header `name` in `headers`, whatever its case.
-fn find<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+pub(crate) fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
     headers
         .iter()
         .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -130,7 +140,7 @@ fn find<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
 
 /// The trace id of a message's valid `traceparent`, if it has one.
 pub fn trace_id(headers: &[(String, String)]) -> Option<String> {
-    find(headers, TRACEPARENT)
+    header(headers, TRACEPARENT)
         .and_then(TraceParent::parse)
         .map(|t| t.trace_id())
 }
@@ -219,15 +229,15 @@ pub fn sanitize(headers: &mut Vec<(String, String)>) {
 /// belongs to the input's trace). Nothing is carried from an input without
 /// a valid `traceparent`.
 pub fn carry(from: &[(String, String)], to: &mut Vec<(String, String)>) {
-    if find(to, TRACEPARENT).is_some() {
+    if header(to, TRACEPARENT).is_some() {
         return;
     }
-    let Some(parent) = find(from, TRACEPARENT).filter(|v| TraceParent::parse(v).is_some()) else {
+    let Some(parent) = header(from, TRACEPARENT).filter(|v| TraceParent::parse(v).is_some()) else {
         return;
     };
     to.push((TRACEPARENT.to_owned(), parent.to_owned()));
-    if find(to, TRACESTATE).is_none()
-        && let Some(state) = find(from, TRACESTATE)
+    if header(to, TRACESTATE).is_none()
+        && let Some(state) = header(from, TRACESTATE)
     {
         to.push((TRACESTATE.to_owned(), state.to_owned()));
     }

@@ -275,6 +275,66 @@ stages:
 }
 
 #[test]
+fn a_message_its_producer_did_not_sample_is_not_traced_and_keeps_its_context() {
+    let yaml = format!(
+        r#"
+name: sampled
+topics: [in, mid, out]
+stages:
+  - {{name: one, subscribe: in, plugin: {identity}, publish: [mid]}}
+  - {{name: two, subscribe: mid, plugin: {identity}, publish: [out]}}
+"#,
+        identity = plugin("identity")
+    );
+    let receiver = OtlpReceiver::start();
+    // The SDK's default sampler: the parent's decision stands.
+    let daemon = Daemon::with_yaml(&yaml).envs(receiver.env()).start();
+    let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
+    let sampled = "00-0af7651916cd43dd8448eb211c80319d-b7ad6b7169203332-01";
+    for (id, parent) in [("not-sampled", unsampled), ("sampled", sampled)] {
+        let response = reqwest::blocking::Client::new()
+            .post(daemon.url("/v1/topics/in/messages"))
+            .header("idempotency-key", id)
+            .header("traceparent", parent)
+            .body(id)
+            .send()
+            .expect("publish");
+        assert_eq!(response.status(), 202);
+    }
+    daemon.wait_until("both out", Duration::from_secs(60), |d| d.depth("out") == 2);
+    receiver.wait_for("the sampled message's two spans", |spans| spans.len() >= 2);
+    // Export runs every 100 ms; a span of the other message would be in
+    // by the time the sampled one's second span came, or soon after.
+    std::thread::sleep(Duration::from_millis(500));
+    let spans = receiver.spans();
+    let traces: Vec<&str> = spans
+        .iter()
+        .map(|s| s["trace_id"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        traces, ["0af7651916cd43dd8448eb211c80319d"; 2],
+        "only the sampled message is traced: {spans:#?}"
+    );
+    for message in daemon.read_all("out") {
+        let carried = header(&message, "traceparent").expect("a traceparent");
+        if message["payload"] == "not-sampled" {
+            // Passed on as the producer sent it: no span of ours is in it.
+            assert_eq!(carried, unsampled, "{message}");
+        } else {
+            assert!(
+                carried.starts_with("00-0af7651916cd43dd8448eb211c80319d-"),
+                "{message}"
+            );
+            assert_ne!(
+                carried, sampled,
+                "the stage's span is the parent: {message}"
+            );
+            assert!(carried.ends_with("-01"), "{message}");
+        }
+    }
+}
+
+#[test]
 fn an_attempt_span_ends_with_its_settle_not_after_the_retry_pause() {
     // An ordered stage retries in place: the pause before the next attempt
     // is spent in the same task, after the settle.

@@ -281,33 +281,32 @@ impl Settler {
         let basis = ticket.map_or(delivery.message.id.as_str(), |t| t.key.as_str());
         // With trace export on, the outputs' parent is this attempt's span
         // (the next stage's span is its child); else the input's context.
-        let attempt_context = crate::otel::current();
-        let context = attempt_context
-            .as_deref()
-            .unwrap_or(&delivery.message.headers);
-        let outputs: Vec<Message> = emits
-            .into_iter()
-            .enumerate()
-            .map(|(index, mut emit)| {
-                // A redrive target addresses this stage only; an output
-                // that copied its input's headers must not carry it on, or
-                // the next stage would skip the output as not its own.
-                emit.headers.retain(|(name, _)| name != dlq::REDRIVE_TO);
-                // The output goes on in its input's trace, whether or not
-                // the handler copied the headers; a batch item's outputs
-                // in their own input's.
-                trace::carry(context, &mut emit.headers);
-                (index, emit)
-            })
-            .map(|(index, emit)| Message {
-                id: ids::emit_id(&self.pipeline, &self.stage, basis, index),
-                topic: emit.topic,
-                key: emit.key,
-                headers: emit.headers,
-                payload: Bytes::from(emit.payload),
-                published_at: 0,
-            })
-            .collect();
+        let outputs: Vec<Message> = crate::otel::with_current(|attempt| {
+            let context = attempt.unwrap_or(&delivery.message.headers);
+            emits
+                .into_iter()
+                .enumerate()
+                .map(|(index, mut emit)| {
+                    // A redrive target addresses this stage only; an output
+                    // that copied its input's headers must not carry it on, or
+                    // the next stage would skip the output as not its own.
+                    emit.headers.retain(|(name, _)| name != dlq::REDRIVE_TO);
+                    // The output goes on in its input's trace, whether or not
+                    // the handler copied the headers; a batch item's outputs
+                    // in their own input's.
+                    trace::carry(context, &mut emit.headers);
+                    (index, emit)
+                })
+                .map(|(index, emit)| Message {
+                    id: ids::emit_id(&self.pipeline, &self.stage, basis, index),
+                    topic: emit.topic,
+                    key: emit.key,
+                    headers: emit.headers,
+                    payload: Bytes::from(emit.payload),
+                    published_at: 0,
+                })
+                .collect()
+        });
         Completion {
             receipt: delivery.receipt.clone(),
             outputs,

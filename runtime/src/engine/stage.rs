@@ -327,6 +327,7 @@ impl StageRunner {
             spans: crate::otel::StageSpans::new(
                 &setup.pipeline,
                 &stage.name,
+                &stage.subscribe.topics,
                 setup.plugin_sha256.as_deref(),
             ),
         }
