@@ -5,6 +5,11 @@
 //! samples alternating. The target is at least 0.9x. Figures are printed,
 //! never asserted.
 //!
+//! Two more sides split the cost: export off with every message carrying
+//! a `traceparent` (the context carried through each hop, no OpenTelemetry
+//! at all), and export on with the `always_off` sampler (the SDK's context
+//! for every attempt, nothing recorded or exported).
+//!
 //! `cargo bench -p sluice-tests --bench otlp`; in the debug test profile
 //! (`cargo test -p sluice-tests --bench otlp`) a short run checks that it
 //! works. `SLUICE_BENCH_N` and `SLUICE_BENCH_SAMPLES` set the size.
@@ -20,38 +25,67 @@ use std::time::Duration;
 use serde_json::json;
 use sluice_tests::bench::{self, Sample, Window};
 use sluice_tests::otlp::OtlpReceiver;
-use sluice_tests::{Daemon, Msg, plugin};
+use sluice_tests::{Daemon, Msg, TRACEPARENT, plugin};
+
+/// What one side of the comparison runs.
+#[derive(Clone, Copy)]
+enum Side {
+    /// Export off, messages without a trace context.
+    Off,
+    /// Export off, every message published with a `traceparent`.
+    OffCarrying,
+    /// Export on, the `always_off` sampler: contexts made, nothing sent.
+    NothingSampled,
+    /// Export on, every attempt a span, all sent.
+    On,
+}
+
+const SIDES: [Side; 4] = [Side::Off, Side::OffCarrying, Side::NothingSampled, Side::On];
 
 fn main() {
     let (n, samples) = bench::size(300, 30_000, 3);
     let receiver = OtlpReceiver::discarding();
-    let (mut off, mut on) = (Vec::new(), Vec::new());
+    let mut results: Vec<Vec<Sample>> = vec![Vec::new(); SIDES.len()];
     for _ in 0..samples {
-        off.push(sample(n, None));
-        on.push(sample(n, Some(&receiver)));
+        for (side, results) in SIDES.iter().zip(&mut results) {
+            results.push(sample(n, *side, &receiver));
+        }
     }
     println!(
         "\nthree identity stages, {n} messages, {samples} samples each; \
          {} export requests received",
         receiver.requests()
     );
-    println!("| benchmark | A | B | ratio B/A | daemon CPU µs/msg (A, B) |");
-    println!("|---|---|---|---|---|");
     let rate = |s: &[Sample]| bench::median(&s.iter().map(|s| s.rate).collect::<Vec<_>>());
     let cpu = |s: &[Sample]| bench::median(&s.iter().map(|s| s.cpu_us).collect::<Vec<_>>());
-    println!(
-        "| export off (A) vs OTLP on, 100 % sampled (B) | {:.0} | {:.0} | {:.2} | {:.1}, {:.1} |",
-        rate(&off),
-        rate(&on),
-        rate(&on) / rate(&off),
-        cpu(&off),
-        cpu(&on)
-    );
+    println!("| benchmark | A | B | ratio B/A | daemon CPU µs/msg (A, B) |");
+    println!("|---|---|---|---|---|");
+    let off = &results[0];
+    for (label, b) in [
+        ("export off (A) vs OTLP on, 100 % sampled (B)", &results[3]),
+        (
+            "export off (A) vs export off, each message carrying a traceparent (B)",
+            &results[1],
+        ),
+        (
+            "export off (A) vs OTLP on, sampler always_off (B)",
+            &results[2],
+        ),
+    ] {
+        println!(
+            "| {label} | {:.0} | {:.0} | {:.2} | {:.1}, {:.1} |",
+            rate(off),
+            rate(b),
+            rate(b) / rate(off),
+            cpu(off),
+            cpu(b)
+        );
+    }
 }
 
-/// One sample: `n` messages through three stages, exporting to
-/// `receiver` when given.
-fn sample(n: usize, receiver: Option<&OtlpReceiver>) -> Sample {
+/// One sample: `n` messages through three stages, run as `side` asks
+/// (exporting to `receiver` when it is on).
+fn sample(n: usize, side: Side, receiver: &OtlpReceiver) -> Sample {
     let identity = plugin("identity");
     let yaml = format!(
         r#"
@@ -64,13 +98,25 @@ stages:
 "#
     );
     let mut builder = Daemon::with_yaml(&yaml);
-    if let Some(receiver) = receiver {
-        builder = builder.envs(receiver.env());
+    match side {
+        Side::Off | Side::OffCarrying => {}
+        Side::NothingSampled => {
+            builder = builder
+                .envs(receiver.env())
+                .envs([("OTEL_TRACES_SAMPLER", "always_off")]);
+        }
+        Side::On => builder = builder.envs(receiver.env()),
     }
     let daemon = builder.start();
     daemon.post("/v1/stages/bench/one/pause", json!({}));
     let messages: Vec<Msg> = (0..n)
-        .map(|i| Msg::new(format!("m{i}"), format!("{{\"n\": {i}}}")))
+        .map(|i| {
+            let message = Msg::new(format!("m{i}"), format!("{{\"n\": {i}}}"));
+            match side {
+                Side::OffCarrying => message.header("traceparent", TRACEPARENT),
+                _ => message,
+            }
+        })
         .collect();
     for chunk in messages.chunks(1000) {
         daemon.publish("in", chunk);

@@ -450,6 +450,9 @@ impl Daemon {
                 if let Some(at) = &m.deliver_at {
                     line["deliver_at"] = json!(at);
                 }
+                if !m.headers.is_empty() {
+                    line["headers"] = json!(m.headers);
+                }
                 line.to_string() + "\n"
             })
             .collect();

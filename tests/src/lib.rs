@@ -278,6 +278,8 @@ pub struct Msg {
     pub key: Option<String>,
     /// When it is to be delivered (RFC 3339), if delayed.
     pub deliver_at: Option<String>,
+    /// Its headers, in order.
+    pub headers: Vec<(String, String)>,
 }
 
 impl Msg {
@@ -288,7 +290,14 @@ impl Msg {
             payload: payload.into(),
             key: None,
             deliver_at: None,
+            headers: Vec::new(),
         }
+    }
+
+    /// With header `name` set to `value`.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Msg {
+        self.headers.push((name.into(), value.into()));
+        self
     }
 
     /// Delayed until `at_ms` (ms since the epoch).
