@@ -8,6 +8,8 @@
 //!   (`Origin`), ingest included;
 //! - a non-loopback `--admin` without a token exits 2 unless
 //!   `--admin-insecure`;
+//! - an address that guesses 10 wrong tokens in a minute is refused (429,
+//!   a valid token too) while loopback goes on;
 //! - the CLI sends the token from the environment or a file, and says
 //!   which variable to set when it has none or only the read one;
 //! - TLS: the daemon serves HTTPS with a certificate made here, and the CLI
@@ -295,6 +297,94 @@ fn a_non_loopback_bind_needs_a_token_or_admin_insecure() {
     assert_eq!(status.status(), 200);
     let with_token = start_shop(&["--admin", "0.0.0.0:0"], &[("SLUICE_ADMIN_TOKEN", FULL)]);
     assert!(with_token.addr.starts_with("0.0.0.0:"));
+}
+
+/// An address of this machine other than loopback, if it has one (the
+/// source address of a route out; a UDP "connect" sends nothing).
+fn non_loopback_ip() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+#[test]
+fn an_address_that_guesses_tokens_is_refused_for_a_while() {
+    let Some(ip) = non_loopback_ip() else {
+        eprintln!("SKIP: this machine has no address but loopback to send from");
+        return;
+    };
+    let d = start_shop(&["--admin", "0.0.0.0:0"], &[("SLUICE_ADMIN_TOKEN", FULL)]);
+    let port = d.addr.rsplit(':').next().expect("port");
+    let outside = format!("http://{ip}:{port}");
+    let http = http();
+    let status = |token: &str| {
+        http.get(format!("{outside}/v1/status"))
+            .bearer_auth(token)
+            .send()
+            .expect("GET")
+    };
+    assert_eq!(status(FULL).status(), 200, "reachable from {ip}");
+    // Nine wrong guesses, bearer and console sign-in alike: still let in.
+    for i in 0..9 {
+        let wrong = if i % 2 == 0 {
+            status(&format!("guess-{i}")).status()
+        } else {
+            http.post(format!("{outside}/ui/session"))
+                .header("content-type", "application/json")
+                .body(format!(r#"{{"token": "guess-{i}"}}"#))
+                .send()
+                .expect("sign in")
+                .status()
+        };
+        assert_eq!(wrong, 401, "guess {i}");
+    }
+    // No token at all is not a guess.
+    let bare = http
+        .get(format!("{outside}/v1/status"))
+        .send()
+        .expect("GET");
+    assert_eq!(bare.status(), 401);
+    assert_eq!(status(FULL).status(), 200, "nine guesses do not block");
+    assert_eq!(status("guess-10").status(), 401);
+    // The tenth blocked the address: the right token is refused too.
+    let refused = status(FULL);
+    assert_eq!(refused.status(), 429);
+    let after: u64 = refused
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("a Retry-After in seconds");
+    assert!((290..=300).contains(&after), "Retry-After {after}");
+    let body: Value = refused.json().expect("JSON");
+    assert_eq!(body["code"], "too_many_auth_failures", "{body}");
+    let sign_in = http
+        .post(format!("{outside}/ui/session"))
+        .header("content-type", "application/json")
+        .body(format!(r#"{{"token": "{FULL}"}}"#))
+        .send()
+        .expect("sign in");
+    assert_eq!(sign_in.status(), 429);
+    // Loopback is not refused, and the probes stay open to everyone.
+    let local = http
+        .get(format!("http://127.0.0.1:{port}/v1/status"))
+        .bearer_auth(FULL)
+        .send()
+        .expect("GET");
+    assert_eq!(local.status(), 200);
+    let live = http
+        .get(format!("{outside}/health/live"))
+        .send()
+        .expect("GET");
+    assert_eq!(live.status(), 200);
+    // The log is written as it goes: wait for the line.
+    d.wait_until("the refusal in the log", Duration::from_secs(10), |d| {
+        d.log().contains("failed authentications")
+    });
+    let log = d.log();
+    assert!(log.contains(&ip.to_string()), "{log}");
+    assert!(!log.contains(FULL), "a token reached the log");
 }
 
 #[test]

@@ -24,6 +24,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{Method, header};
@@ -34,6 +35,7 @@ use subtle::ConstantTimeEq;
 
 use super::ApiError;
 use super::session::{self, Sessions};
+use super::throttle::Throttle;
 
 /// A bearer token, kept only as its SHA-256 digest so the secret itself is
 /// not held (or printed) anywhere past start-up.
@@ -110,6 +112,8 @@ pub(super) struct Guard {
     bound: SocketAddr,
     /// The console's sign-in sessions.
     sessions: Arc<Sessions>,
+    /// Failed authentications by address.
+    throttle: Arc<Throttle>,
 }
 
 impl Guard {
@@ -117,11 +121,13 @@ impl Guard {
         access: Arc<AccessConfig>,
         bound: SocketAddr,
         sessions: Arc<Sessions>,
+        throttle: Arc<Throttle>,
     ) -> Self {
         Guard {
             access,
             bound,
             sessions,
+            throttle,
         }
     }
 }
@@ -132,9 +138,30 @@ fn mutating(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
-/// The middleware: Host, Origin, token, audit; then the route.
+/// The middleware: an address refused for guessing tokens, Host, Origin,
+/// token, audit; then the route.
 pub(super) async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Response {
-    match check(&guard, &request) {
+    let path = request.uri().path();
+    let authenticates = guard.access.has_token()
+        && (path == "/v1" || path.starts_with("/v1/") || path == "/ui/session");
+    let ip = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip());
+    if authenticates
+        && let Some(ip) = ip
+        && let Some(left) = guard.throttle.blocked(ip, Instant::now())
+    {
+        return ApiError::Throttled(left).into_response();
+    }
+    let result = check(&guard, &request);
+    // A wrong bearer token is a guess (no token, or an ended session, is not).
+    if let (Err(ApiError::Unauthorized(_)), Some(ip)) = (&result, ip)
+        && request.headers().contains_key(header::AUTHORIZATION)
+    {
+        guard.throttle.failed(ip, Instant::now());
+    }
+    match result {
         Ok(role) => {
             if mutating(request.method()) {
                 let client = request
@@ -358,6 +385,7 @@ mod tests {
                 ..AccessConfig::default()
             }),
             bound.parse().expect("addr"),
+            Arc::default(),
             Arc::default(),
         )
     }

@@ -155,9 +155,8 @@ async fn sign_in(
     extensions: axum::http::Extensions,
     body: Bytes,
 ) -> Response {
-    let client = extensions
-        .get::<ConnectInfo<SocketAddr>>()
-        .map_or_else(|| "unknown".to_owned(), |c| c.0.to_string());
+    let peer = extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
+    let client = peer.map_or_else(|| "unknown".to_owned(), |p| p.to_string());
     if !state.access.has_token() {
         return hardened(Json(SessionView::open()).into_response());
     }
@@ -172,6 +171,9 @@ async fn sign_in(
     };
     let Some(role) = role_of(&state.access, &request.token) else {
         tracing::warn!(client = %client, "console sign-in refused: the token is not valid");
+        if let Some(peer) = peer {
+            state.throttle.failed(peer.ip(), std::time::Instant::now());
+        }
         return hardened(
             ApiError::Unauthorized("the token is not valid for this admin API".into())
                 .into_response(),

@@ -93,6 +93,13 @@ pub enum ApiError {
     /// The `Host` header names another server (DNS rebinding).
     #[error("{0}")]
     MisdirectedHost(String),
+    /// The client's address failed authentication too often lately
+    /// (`throttle.rs`); refused for this long.
+    #[error(
+        "too many failed authentications from this address; it is refused for another {}s",
+        .0.as_secs().max(1)
+    )]
+    Throttled(std::time::Duration),
     /// The daemon is shutting down and takes no more messages.
     #[error(
         "the daemon is shutting down and takes no new messages; retry against it after it restarts"
@@ -134,6 +141,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) | ApiError::CrossOrigin(_) => StatusCode::FORBIDDEN,
             ApiError::MisdirectedHost(_) => StatusCode::MISDIRECTED_REQUEST,
+            ApiError::Throttled(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Draining | ApiError::Busy { .. } | ApiError::Unavailable(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -169,6 +177,7 @@ impl ApiError {
             ApiError::Forbidden(_) => "forbidden",
             ApiError::CrossOrigin(_) => "cross_origin",
             ApiError::MisdirectedHost(_) => "host_not_allowed",
+            ApiError::Throttled(_) => "too_many_auth_failures",
             ApiError::Draining => "draining",
             ApiError::Busy { .. } | ApiError::Unavailable(_) => "busy",
             ApiError::Broker(err) => match err {
@@ -221,14 +230,12 @@ impl IntoResponse for ApiError {
         // Both are "come back shortly"; say when, as HTTP intends. A
         // draining daemon will not come back as itself: give a restart time.
         if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
-            let after = if matches!(self, ApiError::Draining) {
-                "5"
-            } else {
-                "1"
+            let after = match &self {
+                ApiError::Draining => HeaderValue::from_static("5"),
+                ApiError::Throttled(left) => HeaderValue::from(left.as_secs().max(1)),
+                _ => HeaderValue::from_static("1"),
             };
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static(after));
+            response.headers_mut().insert(header::RETRY_AFTER, after);
         }
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(

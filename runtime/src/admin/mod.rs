@@ -22,7 +22,8 @@
 //! - `health.rs`: `GET /health`, `/health/live`, `/health/ready`;
 //! - `openapi.rs`: `GET /v1/openapi.json`, the document of all of the above;
 //! - `console.rs`: the web console at `/ui` (embedded page, sign-in) and
-//!   `session.rs`, its cookie sessions with CSRF tokens;
+//!   `session.rs`, its cookie sessions with CSRF tokens; `throttle.rs`, the
+//!   addresses refused for guessing tokens;
 //! - `history.rs`: each stage's last 15 minutes, for the console's graphs.
 //!
 //! Without a token the API is open to whoever reaches it: the daemon
@@ -49,6 +50,7 @@ mod server;
 mod session;
 mod stages;
 mod status;
+mod throttle;
 mod topics;
 
 use std::collections::HashMap;
@@ -116,6 +118,8 @@ pub struct AdminState {
     connectors: Arc<crate::connect::Health>,
     /// The web console's sign-in sessions.
     sessions: Arc<session::Sessions>,
+    /// Failed authentications by address (token guessing).
+    throttle: Arc<throttle::Throttle>,
 }
 
 struct Inner {
@@ -311,6 +315,7 @@ impl AdminState {
             redrive_time_limit: REDRIVE_TIME_LIMIT,
             connectors: Arc::default(),
             sessions: Arc::default(),
+            throttle: Arc::default(),
         }
         .with_limits(ServerLimits::default())
     }
@@ -687,7 +692,12 @@ pub async fn serve(
     let signal = state.clone();
     let tls = state.tls.clone();
     let limits = state.limits;
-    let guard = access::Guard::new(state.access.clone(), bound, state.sessions.clone());
+    let guard = access::Guard::new(
+        state.access.clone(),
+        bound,
+        state.sessions.clone(),
+        state.throttle.clone(),
+    );
     let app = router(state).layer(axum::middleware::from_fn_with_state(guard, access::guard));
     server::run(listener, app, tls, limits, async move {
         shutdown.await;

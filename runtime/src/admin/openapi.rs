@@ -105,7 +105,9 @@ impl Modify for Guarded {
                     .scheme(HttpAuthScheme::Bearer)
                     .description(Some(
                         "SLUICE_ADMIN_TOKEN (full access) or SLUICE_ADMIN_READ_TOKEN (GET only). \
-                         Without either configured the API is open.",
+                         Without either configured the API is open. An address (other than \
+                         loopback) that presents 10 wrong tokens within 60 s is refused with \
+                         429 `too_many_auth_failures` and a Retry-After for 300 s, whatever it sends.",
                     ))
                     .build(),
             ),
