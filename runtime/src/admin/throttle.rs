@@ -10,11 +10,13 @@
 //! - **Loopback is exempt**, as in fail2ban's defaults. A local caller
 //!   shares the daemon's machine, and tests and local tools are not locked
 //!   out by their own mistakes.
+//! - **IPv6 by /64:** one host usually holds a whole /64, so its
+//!   addresses share one count.
 //! - **Bounded:** at most [`MAX_TRACKED`] addresses are tracked. When full,
 //!   the address whose last failure is oldest is forgotten.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -49,25 +51,26 @@ struct Failures {
 impl Throttle {
     /// How long `ip` is still refused for, if it is blocked.
     pub fn blocked(&self, ip: IpAddr, now: Instant) -> Option<Duration> {
-        if ip.is_loopback() {
+        if ip.to_canonical().is_loopback() {
             return None;
         }
         let addresses = self.lock();
-        let until = addresses.get(&ip)?.blocked_until?;
+        let until = addresses.get(&counted_as(ip))?.blocked_until?;
         (until > now).then(|| until - now)
     }
 
     /// Counts a failed authentication from `ip`; true when it makes the
     /// address blocked (logged once, here).
     pub fn failed(&self, ip: IpAddr, now: Instant) -> bool {
-        if ip.is_loopback() {
+        if ip.to_canonical().is_loopback() {
             return false;
         }
+        let key = counted_as(ip);
         let mut addresses = self.lock();
-        if addresses.len() >= MAX_TRACKED && !addresses.contains_key(&ip) {
+        if addresses.len() >= MAX_TRACKED && !addresses.contains_key(&key) {
             forget_oldest(&mut addresses, now);
         }
-        let entry = addresses.entry(ip).or_insert(Failures {
+        let entry = addresses.entry(key).or_insert(Failures {
             since: now,
             count: 0,
             last: now,
@@ -104,6 +107,15 @@ impl Throttle {
     }
 }
 
+/// What `ip`'s failures are counted under: an IPv4 address (also when
+/// mapped into IPv6) itself, an IPv6 address its /64.
+fn counted_as(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(v6.to_bits() & !u128::from(u64::MAX))),
+        v4 => v4,
+    }
+}
+
 /// Makes room for one more address: drops those that are neither blocked
 /// nor in a current window, and if none is, the one whose last failure is
 /// oldest (an address that is not blocked first).
@@ -128,6 +140,8 @@ fn forget_oldest(addresses: &mut HashMap<IpAddr, Failures>, now: Instant) {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     const GUESSER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 7));
@@ -173,12 +187,32 @@ mod tests {
     }
 
     #[test]
+    fn the_addresses_of_one_ipv6_64_share_a_count() {
+        let throttle = Throttle::default();
+        let start = Instant::now();
+        let host = |last: u16| IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, last));
+        for i in 0..MAX_FAILURES {
+            throttle.failed(host(u16::try_from(i).expect("small")), start);
+        }
+        assert!(throttle.blocked(host(999), start).is_some());
+        let next_64 = IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 2, 0, 0, 0, 1));
+        assert_eq!(throttle.blocked(next_64, start), None);
+        // IPv4 mapped into IPv6 is the IPv4 address.
+        for _ in 0..MAX_FAILURES {
+            throttle.failed(GUESSER, start);
+        }
+        let mapped = IpAddr::V6(Ipv4Addr::new(192, 0, 2, 7).to_ipv6_mapped());
+        assert!(throttle.blocked(mapped, start).is_some());
+    }
+
+    #[test]
     fn loopback_is_never_blocked() {
         let throttle = Throttle::default();
         let start = Instant::now();
         for ip in [
-            IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
-            IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(Ipv6Addr::LOCALHOST),
+            IpAddr::V6(Ipv4Addr::new(127, 0, 0, 9).to_ipv6_mapped()),
         ] {
             for _ in 0..3 * MAX_FAILURES {
                 assert!(!throttle.failed(ip, start));
