@@ -19,7 +19,7 @@
 use std::net::SocketAddr;
 
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
+use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::access::{Role, role_of};
 use super::session::{self, SESSION_TTL};
-use super::{AdminState, ApiError};
+use super::{AdminState, ApiError, ErrorBody};
 
 /// The console's policy: its own script and style only, no inline code,
 /// no framing, no form posts, no other origin.
@@ -38,25 +38,33 @@ const INDEX_HTML: &str = include_str!("ui/index.html");
 const APP_JS: &str = include_str!("ui/app.js");
 const APP_CSS: &str = include_str!("ui/app.css");
 
-/// The console's routes (not in the OpenAPI document: they serve the
-/// page, not API clients).
+/// The console's page and assets (not in the OpenAPI document: they serve
+/// the page, not API clients). Its session routes are in the document, and
+/// registered with the API's ([`super::routes`]).
 pub(super) fn routes() -> Router<AdminState> {
     Router::new()
         .route("/ui", get(index))
         .route("/ui/", get(index))
         .route("/ui/app.js", get(script))
         .route("/ui/app.css", get(style))
-        .route(
-            "/ui/session",
-            get(current)
-                .post(sign_in)
-                .delete(sign_out)
-                .layer(DefaultBodyLimit::max(SIGN_IN_LIMIT)),
-        )
 }
 
 /// The largest sign-in body read: a token is a few dozen bytes.
-const SIGN_IN_LIMIT: usize = 4096;
+pub(super) const SIGN_IN_LIMIT: usize = 4096;
+
+/// How the console's session routes can be refused besides their own
+/// cases (the guard's `Host` check).
+#[derive(utoipa::IntoResponses)]
+#[expect(
+    dead_code,
+    reason = "a description of responses; the handlers answer with ApiError"
+)]
+pub(super) enum SessionErrors {
+    /// `Host` names neither this server, `localhost`, nor an
+    /// `--admin-allowed-host` (DNS rebinding).
+    #[response(status = 421)]
+    MisdirectedHost(ErrorBody),
+}
 
 /// The headers every console response carries.
 fn hardened(mut response: Response) -> Response {
@@ -108,15 +116,16 @@ async fn style() -> Response {
 }
 
 /// A sign-in request.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct SignIn {
+pub(super) struct SignIn {
+    /// An admin token: `SLUICE_ADMIN_TOKEN` or `SLUICE_ADMIN_READ_TOKEN`.
     token: String,
 }
 
 /// Who the page is signed in as.
-#[derive(Debug, Serialize)]
-struct SessionView {
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(super) struct SessionView {
     /// `full`, `read`, or `open` (no token is configured).
     role: &'static str,
     /// What state-changing calls send in `X-Sluice-CSRF` (empty when
@@ -134,7 +143,14 @@ impl SessionView {
 }
 
 /// `GET /ui/session`.
-async fn current(State(state): State<AdminState>, headers: HeaderMap) -> Response {
+#[utoipa::path(get, path = "/ui/session", operation_id = "get_console_session", tag = "console",
+    description = "The role and CSRF token of the console session the `sluice_session` cookie names. With no token configured, the API is open: role `open`, no CSRF token.",
+    responses(
+        (status = 200, description = "The session.", body = SessionView),
+        (status = 401, description = "No session: no cookie, or it has ended (signed out, expired, or the daemon restarted).", body = ErrorBody),
+        SessionErrors,
+    ))]
+pub(super) async fn current(State(state): State<AdminState>, headers: HeaderMap) -> Response {
     if !state.access.has_token() {
         return hardened(Json(SessionView::open()).into_response());
     }
@@ -150,7 +166,21 @@ async fn current(State(state): State<AdminState>, headers: HeaderMap) -> Respons
 }
 
 /// `POST /ui/session`.
-async fn sign_in(
+#[utoipa::path(post, path = "/ui/session", operation_id = "sign_in_console", tag = "console",
+    description = "Signs the console in with an admin token (full or read-only): sets the `sluice_session` cookie (HttpOnly, SameSite=Strict, Secure under TLS, 12 hours), which then stands for the token on `/v1` calls; changes made with it need the answered CSRF token in `X-Sluice-CSRF`. Wrong tokens count towards the address's refusal (see the security scheme).",
+    request_body(content = SignIn, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Signed in.", body = SessionView,
+            headers(("Set-Cookie" = String, description = "The session cookie."))),
+        (status = 400, description = "The body is not a JSON object with `token`.", body = ErrorBody),
+        (status = 401, description = "The token is not valid for this admin API.", body = ErrorBody),
+        (status = 403, description = "The request came from a web page of another site (`Origin`).", body = ErrorBody),
+        (status = 413, description = "The body is over 4 KiB.", body = ErrorBody),
+        (status = 503, description = "No session can be opened now; retry after `Retry-After` seconds.", body = ErrorBody,
+            headers(("Retry-After" = u32))),
+        SessionErrors,
+    ))]
+pub(super) async fn sign_in(
     State(state): State<AdminState>,
     extensions: axum::http::Extensions,
     body: Bytes,
@@ -206,7 +236,16 @@ async fn sign_in(
 }
 
 /// `DELETE /ui/session`.
-async fn sign_out(State(state): State<AdminState>, headers: HeaderMap) -> Response {
+#[utoipa::path(delete, path = "/ui/session", operation_id = "sign_out_console", tag = "console",
+    description = "Ends the cookie's console session and expires the cookie. Without a session there is nothing to end: 204 all the same.",
+    params(("X-Sluice-CSRF" = Option<String>, Header, description = "The session's CSRF token, required when the cookie names a session.")),
+    responses(
+        (status = 204, description = "Signed out.",
+            headers(("Set-Cookie" = String, description = "The cookie, expired."))),
+        (status = 403, description = "The CSRF token is missing or wrong, or the request came from a web page of another site (`Origin`).", body = ErrorBody),
+        SessionErrors,
+    ))]
+pub(super) async fn sign_out(State(state): State<AdminState>, headers: HeaderMap) -> Response {
     let Some(id) = session::cookie(&headers) else {
         return hardened(StatusCode::NO_CONTENT.into_response());
     };

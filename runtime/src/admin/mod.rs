@@ -662,6 +662,10 @@ fn routes() -> OpenApiRouter<AdminState> {
         .routes(routes!(stages::pause))
         .routes(routes!(stages::resume))
         .routes(routes!(reload::reload, reload::summary).layer(small_body()))
+        .routes(
+            routes!(console::current, console::sign_in, console::sign_out)
+                .layer(DefaultBodyLimit::max(console::SIGN_IN_LIMIT)),
+        )
 }
 
 /// Serves the admin API on `listener` until `shutdown` resolves, then stops

@@ -41,6 +41,7 @@ const TOKEN: &str = "token";
         (name = "dlq", description = "Dead letters: list, show, redrive, purge."),
         (name = "stages", description = "The operator's hold on a stage."),
         (name = "reload", description = "Hot reload of the pipeline files and plugins."),
+        (name = "console", description = "The web console's sign-in: a token for a session cookie."),
     ),
     modifiers(&Guarded)
 )]
@@ -234,6 +235,7 @@ mod tests {
             "/v1/stages/{pipeline}/{stage}/pause",
             "/v1/reload",
             "/v1/openapi.json",
+            "/ui/session",
         ] {
             assert!(paths.contains_key(path), "{path} is not in the document");
         }
@@ -246,6 +248,10 @@ mod tests {
         assert!(redrive["security"].is_array());
         assert!(paths["/v1/status"]["get"]["responses"]["403"].is_null());
         assert!(paths["/health"]["get"]["security"].is_null());
+        // The console's sign-in takes no bearer token: it is how one is used.
+        let session = &paths["/ui/session"];
+        assert!(session["get"].is_object() && session["delete"].is_object());
+        assert!(session["post"]["security"].is_null());
         // Operation ids name the methods of generated clients: one each,
         // none twice.
         let mut ids: Vec<&str> = paths
