@@ -3,7 +3,8 @@
 //! the daemon takes writes again by itself, without a restart; every
 //! message answered 202 is processed.
 //!
-//! Needs root (mount); without it the test prints why and passes.
+//! Needs root (mount); without it the test skips with the reason "not
+//! root", which `cargo xtask test` refuses when it runs as root.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,13 +42,6 @@ impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
 /// `POST /v1/topics/in/messages` with id `id`; the status code. Every
@@ -88,10 +82,11 @@ fn body(i: usize) -> String {
 
 #[test]
 fn a_full_disk_answers_503_and_recovers_without_a_restart() {
-    if !is_root() {
+    if !sluice_harness::skip::is_root() {
         sluice_harness::skip::skip(
             "a_full_disk_answers_503_and_recovers_without_a_restart",
-            "needs root to mount a tmpfs",
+            sluice_harness::skip::Reason::NotRoot,
+            "mounting a tmpfs needs root",
         );
         return;
     }

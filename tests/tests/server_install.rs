@@ -19,6 +19,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use sluice_harness::skip::{KernelFeature, Reason};
 use sluice_tests::{Daemon, Msg};
 
 /// A generous bound for what takes milliseconds: a 2-core machine running
@@ -158,6 +159,7 @@ fn the_daemon_keeps_its_heap_out_of_huge_pages_unless_told_otherwise() {
     let Some(enabled) = thp_enabled(daemon.pid().expect("running")) else {
         sluice_harness::skip::skip(
             "the_daemon_keeps_its_heap_out_of_huge_pages_unless_told_otherwise",
+            Reason::KernelFeature(KernelFeature::ThpStatusLine),
             "this kernel's /proc/PID/status has no THP_enabled line",
         );
         return;

@@ -13,20 +13,31 @@ use anyhow::{Context, bail};
 /// Where the unit expects the binary; the check points it at `binary`.
 const INSTALLED_BINARY: &str = "/usr/local/bin/sluice";
 
-/// Installs `promtool` (Debian's `prometheus` package) when it is missing.
+/// Installs the checks' tools when they are missing: `promtool` (Debian's
+/// `prometheus` package) and `systemd-analyze` (Debian's `systemd`, which
+/// installs in a container without an init too: `verify` needs no running
+/// systemd).
 pub(crate) fn ensure_tools() -> anyhow::Result<()> {
-    let has_promtool = Command::new("promtool")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if has_promtool {
+    let runs = |tool: &str| {
+        Command::new(tool)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let missing: Vec<&str> = [("promtool", "prometheus"), ("systemd-analyze", "systemd")]
+        .into_iter()
+        .filter(|(tool, _)| !runs(tool))
+        .map(|(_, package)| package)
+        .collect();
+    if missing.is_empty() {
         return Ok(());
     }
     super::apt_install(
-        &["prometheus"],
-        "the alerting rules in deploy/prometheus are checked with its promtool",
+        &missing,
+        "the files in deploy/ are checked with promtool (the alerting rules) \
+         and systemd-analyze (the unit)",
     )
 }
 
@@ -66,8 +77,10 @@ fn verify_unit(unit: &Path, binary: &Path) -> anyhow::Result<()> {
     {
         Ok(out) => out,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            println!("   systemd-analyze not found (Debian: systemd); the unit is not verified");
-            return Ok(());
+            bail!(
+                "systemd-analyze not found: `cargo xtask setup` installs it (Debian: \
+                 `apt-get install systemd`)"
+            );
         }
         Err(err) => return Err(err).context("running systemd-analyze verify"),
     };
