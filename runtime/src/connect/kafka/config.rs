@@ -131,6 +131,31 @@ pub enum StartFrom {
     Earliest,
 }
 
+/// The consumer group protocol (`group.protocol`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupProtocol {
+    /// The classic protocol, with the cooperative-sticky assignor: a
+    /// rebalance moves only the partitions that change owner, and the
+    /// others are read on throughout.
+    #[default]
+    Classic,
+    /// Kafka 4's own protocol (KIP-848): the brokers assign, and the
+    /// session timeout and heartbeat are the brokers'
+    /// (`group.consumer.session.timeout.ms`), not `session_timeout`.
+    Consumer,
+}
+
+impl GroupProtocol {
+    /// librdkafka's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupProtocol::Classic => "classic",
+            GroupProtocol::Consumer => "consumer",
+        }
+    }
+}
+
 /// A Kafka topic (or several) read through a consumer group.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -159,8 +184,14 @@ pub struct KafkaSourceConfig {
     /// client, not yet read): fetching pauses at this bound.
     #[serde(default = "default_buffer")]
     pub buffer: NonZeroU32,
+    /// The group protocol: `classic` (default, with the cooperative-sticky
+    /// assignor) or `consumer` (Kafka 4's KIP-848 protocol; brokers 4.0 or
+    /// later).
+    #[serde(default)]
+    pub group_protocol: GroupProtocol,
     /// The group's session timeout (`session.timeout.ms`): a daemon that
     /// stops heartbeating for this long loses its partitions to the others.
+    /// With `group_protocol: consumer` the brokers set it instead.
     #[serde(default = "default_session_timeout")]
     pub session_timeout: HumanDuration,
     /// This client's id (`client.id`), for the brokers' logs and quotas.

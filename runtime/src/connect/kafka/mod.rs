@@ -12,6 +12,7 @@
 //! handed to librdkafka), and are scrubbed of it all the same.
 
 mod config;
+mod diagnosis;
 mod sink;
 mod source;
 
@@ -19,7 +20,8 @@ use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 pub use config::{
-    Brokers, KafkaSinkConfig, KafkaSourceConfig, Sasl, SaslMechanism, Security, StartFrom,
+    Brokers, GroupProtocol, KafkaSinkConfig, KafkaSourceConfig, Sasl, SaslMechanism, Security,
+    StartFrom,
 };
 pub use sink::KafkaSink;
 pub use source::KafkaSource;

@@ -32,6 +32,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 
 use super::config::{KafkaSinkConfig, Sasl};
+use super::diagnosis::{Diagnosis, Role};
 use super::{client_config, is_outage, scrub};
 use crate::connect::{Sink, SinkError};
 use crate::plugin::Message;
@@ -39,9 +40,11 @@ use crate::plugin::Message;
 /// The header that carries the Sluice message id.
 pub const ID_HEADER: &str = "sluice-id";
 
-/// The producer's context: librdkafka's log lines go to `tracing`.
+/// The producer's context: librdkafka's log lines go to `tracing`, and
+/// its connection troubles to the sink's [`Diagnosis`].
 struct ProducerContext {
     sasl: Option<Sasl>,
+    diagnosis: Arc<Diagnosis>,
 }
 
 impl ClientContext for ProducerContext {
@@ -59,6 +62,7 @@ impl ClientContext for ProducerContext {
     fn error(&self, error: KafkaError, reason: &str) {
         let text = scrub(self.sasl.as_ref(), &format!("{error}: {reason}"));
         tracing::debug!("librdkafka producer error: {text}");
+        self.diagnosis.note(&error, reason);
     }
 }
 
@@ -71,6 +75,9 @@ pub struct KafkaSink {
     topic: String,
     sasl: Option<Sasl>,
     describe: String,
+    /// Why the brokers refuse the producer (TLS, password, ACLs): a
+    /// delivery that times out says this rather than "timed out".
+    diagnosis: Arc<Diagnosis>,
 }
 
 impl KafkaSink {
@@ -88,13 +95,20 @@ impl KafkaSink {
             .set("linger.ms", config.linger.get().as_millis().to_string())
             .set("message.max.bytes", config.max_message_bytes.to_string())
             .set("queue.buffering.max.messages", "100000");
-        let producer = make(&client, config.sasl.as_ref())?;
+        let describe = format!("kafka topic `{}`", config.topic);
+        let diagnosis = Arc::new(Diagnosis::new(
+            Role::Producer,
+            describe.clone(),
+            config.sasl.clone(),
+        ));
+        let producer = make(&client, config.sasl.as_ref(), &diagnosis)?;
         Ok(KafkaSink {
             config: client,
             producer: RwLock::new(Arc::new(producer)),
             topic: config.topic.clone(),
             sasl: config.sasl.clone(),
-            describe: format!("kafka topic `{}`", config.topic),
+            describe,
+            diagnosis,
         })
     }
 
@@ -152,7 +166,7 @@ impl KafkaSink {
         if let Some((_, reason)) = producer.client().fatal_error() {
             let reason = scrub(self.sasl.as_ref(), &reason);
             tracing::warn!(sink = %self.describe, reason = %reason, "the producer hit a fatal error; making a new one");
-            if let Ok(fresh) = make(&self.config, self.sasl.as_ref()) {
+            if let Ok(fresh) = make(&self.config, self.sasl.as_ref(), &self.diagnosis) {
                 let mut slot = self
                     .producer
                     .write()
@@ -169,7 +183,16 @@ impl KafkaSink {
                 after: None,
             };
         };
-        outcome(code, text)
+        // A refusal (TLS, password, ACL) is said as what to fix, also
+        // when it shows only as a delivery that timed out.
+        let said = match self.diagnosis.note_code(code, &err.to_string()) {
+            Some(_) => self.diagnosis.specific(),
+            None => None,
+        };
+        match said {
+            Some(said) => SinkError::Unavailable(format!("{}: {said}", self.describe)),
+            None => outcome(code, text),
+        }
     }
 }
 
@@ -196,10 +219,15 @@ fn outcome(code: RDKafkaErrorCode, text: String) -> SinkError {
     }
 }
 
-fn make(config: &ClientConfig, sasl: Option<&Sasl>) -> Result<Producer_, String> {
+fn make(
+    config: &ClientConfig,
+    sasl: Option<&Sasl>,
+    diagnosis: &Arc<Diagnosis>,
+) -> Result<Producer_, String> {
     config
         .create_with_context(ProducerContext {
             sasl: sasl.cloned(),
+            diagnosis: diagnosis.clone(),
         })
         .map_err(|e| scrub(sasl, &format!("cannot make the producer: {e}")))
 }
@@ -209,7 +237,9 @@ impl Sink for KafkaSink {
     async fn write(&self, message: &Message) -> Result<(), SinkError> {
         let producer = self.producer();
         let future = self.send(&producer, message)?;
-        self.delivered(future).await
+        self.delivered(future).await?;
+        self.diagnosis.clear();
+        Ok(())
     }
 
     async fn write_batch(&self, messages: &[Message]) -> Vec<Result<(), SinkError>> {
@@ -217,13 +247,17 @@ impl Sink for KafkaSink {
         // Send all, then await all: one linger fills the brokers' batches.
         let sent: Vec<Result<DeliveryFuture, SinkError>> =
             messages.iter().map(|m| self.send(&producer, m)).collect();
-        join_all(sent.into_iter().map(|s| async move {
+        let results = join_all(sent.into_iter().map(|s| async move {
             match s {
                 Ok(future) => self.delivered(future).await,
                 Err(e) => Err(e),
             }
         }))
-        .await
+        .await;
+        if results.iter().any(Result::is_ok) {
+            self.diagnosis.clear();
+        }
+        results
     }
 }
 

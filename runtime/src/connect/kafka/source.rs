@@ -16,7 +16,10 @@
 //!   Within one assignment a partition's messages arrive in offset order
 //!   and reads are acked in read order, so that offset and every earlier
 //!   one are durable: commits are contiguous per partition, whatever the
-//!   number of reads in flight.
+//!   number of reads in flight. A commit the brokers do not take (a
+//!   cooperative rebalance under way, the coordinator moving) is sent
+//!   again each second until they do: with no later read to carry it, the
+//!   group's position would otherwise stay behind.
 //! - **A rebalance**: before a partition is revoked, the poll thread
 //!   commits its durable offset synchronously, under the same lock `ack`
 //!   takes, and forgets the partition. Each assignment has an epoch;
@@ -43,7 +46,8 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
-use super::config::{KafkaSourceConfig, Sasl, StartFrom};
+use super::config::{GroupProtocol, KafkaSourceConfig, Sasl, StartFrom};
+use super::diagnosis::{Diagnosis, Role};
 use super::{client_config, code, is_outage, scrub};
 use crate::connect::{Capabilities, Context, Source, SourceError, SourceMessage};
 
@@ -54,6 +58,11 @@ const READS_IN_FLIGHT: usize = 4;
 const POLL: Duration = Duration::from_millis(100);
 /// How often an outage is probed (a metadata request) to see it end.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How often durable offsets the brokers have not taken yet are
+/// committed again: an asynchronous commit can fail (a cooperative
+/// rebalance under way, a coordinator moving) with no later read to carry
+/// it, which would leave the group's position behind for good.
+const RECOMMIT_EVERY: Duration = Duration::from_secs(1);
 /// How long dropping the source waits for the consumer to close.
 const CLOSE_WAIT: Duration = Duration::from_secs(10);
 /// How long a lag or probe request may take.
@@ -88,15 +97,45 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
+    /// Per partition, the offset the brokers last took in a commit. Its
+    /// own lock: the commit callback takes only this one.
+    committed: Mutex<HashMap<Tp, i64>>,
     /// The source was dropped: the poll thread commits and leaves.
     stop: AtomicBool,
     label: String,
     sasl: Option<Sasl>,
+    /// Why the brokers refuse this client (TLS, password, ACLs), said
+    /// plainly.
+    diagnosis: Diagnosis,
 }
 
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn committed(&self) -> std::sync::MutexGuard<'_, HashMap<Tp, i64>> {
+        self.committed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Notes a client error: a connection trouble takes the source down
+    /// with the reason said plainly. True when it was one.
+    fn trouble(&self, err: &rdkafka::error::KafkaError, reason: &str) -> bool {
+        match self.diagnosis.note(err, reason) {
+            Some(said) => {
+                self.lock().down = Some(format!("kafka: {said}"));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The brokers served this client: whatever kept it out is over.
+    fn served(&self) {
+        self.lock().down = None;
+        self.diagnosis.clear();
     }
 }
 
@@ -121,9 +160,11 @@ impl ClientContext for GroupContext {
     }
 
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
-        // Errors also come back through `poll`, where they are handled.
+        // A refused handshake or password is said here first (and only
+        // here, for some); other errors come back through `poll`.
         let text = scrub(self.shared.sasl.as_ref(), &format!("{error}: {reason}"));
         tracing::debug!(source = %self.shared.label, "librdkafka error: {text}");
+        self.shared.trouble(&error, reason);
     }
 }
 
@@ -144,6 +185,7 @@ impl ConsumerContext for GroupContext {
                 let _ = commit.add_partition_offset(&tp.0, tp.1, Offset::Offset(next));
             }
             state.owned.remove(&tp);
+            self.shared.committed().remove(&tp);
         }
         if commit.count() > 0 {
             let lost = consumer.assignment_lost();
@@ -175,7 +217,8 @@ impl ConsumerContext for GroupContext {
                     names.push(format!("{}:{}", tp.0, tp.1));
                     state.owned.insert(tp, epoch);
                 }
-                state.down = None;
+                drop(state);
+                self.shared.served();
                 tracing::info!(source = %self.shared.label, partitions = %names.join(","), epoch, "partitions assigned");
             }
             Rebalance::Revoke(_) => {}
@@ -186,10 +229,25 @@ impl ConsumerContext for GroupContext {
         }
     }
 
-    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
-        if let Err(err) = result {
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        if let Err(err) = &result {
             let text = scrub(self.shared.sasl.as_ref(), &err.to_string());
-            tracing::debug!(source = %self.shared.label, error = %text, "an offset commit failed (a later one carries it)");
+            tracing::debug!(source = %self.shared.label, error = %text, "an offset commit failed (it is sent again)");
+        }
+        let mut committed = self.shared.committed();
+        for el in offsets.elements() {
+            match (el.error(), el.offset()) {
+                (Ok(()), Offset::Offset(next)) if result.is_ok() => {
+                    let slot = committed
+                        .entry((el.topic().to_owned(), el.partition()))
+                        .or_insert(next);
+                    *slot = (*slot).max(next);
+                }
+                (Err(err), _) => {
+                    tracing::debug!(source = %self.shared.label, partition = %format!("{}:{}", el.topic(), el.partition()), error = %err, "a partition's offset commit failed (it is sent again)");
+                }
+                _ => {}
+            }
         }
     }
 }
@@ -222,9 +280,11 @@ impl KafkaSource {
         let topics = config.topic_list();
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
+            committed: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
             label: ctx.label(),
             sasl: config.sasl.clone(),
+            diagnosis: Diagnosis::new(Role::Consumer, ctx.label(), config.sasl.clone()),
         });
         let mut client = client_config(&config.connection())?;
         let session_ms = config.session_timeout.get().as_millis().max(1000);
@@ -240,13 +300,20 @@ impl KafkaSource {
                     StartFrom::Earliest => "earliest",
                 },
             )
-            .set("session.timeout.ms", session_ms.to_string())
-            .set("heartbeat.interval.ms", (session_ms / 3).to_string())
+            .set("group.protocol", config.group_protocol.name())
             // What librdkafka fetches ahead, per partition, is bounded
             // too: at most this many messages or KiB.
             .set("queued.min.messages", buffer.min(10_000).to_string())
             .set("queued.max.messages.kbytes", "16384")
             .set("enable.partition.eof", "false");
+        if config.group_protocol == GroupProtocol::Classic {
+            // Under KIP-848 the brokers own these, and librdkafka refuses
+            // them.
+            client
+                .set("partition.assignment.strategy", "cooperative-sticky")
+                .set("session.timeout.ms", session_ms.to_string())
+                .set("heartbeat.interval.ms", (session_ms / 3).to_string());
+        }
         if let Some(id) = &config.instance_id {
             client.set("group.instance.id", id);
         }
@@ -526,6 +593,7 @@ impl Poller {
         // The epoch whose assignment is paused, while the channel is full.
         let mut paused: Option<u64> = None;
         let mut probed = Instant::now();
+        let mut recommitted = Instant::now();
         while !self.shared.stop.load(Ordering::SeqCst) {
             while let Some(f) = overflow.pop_front() {
                 match self.out.try_send(f) {
@@ -546,6 +614,7 @@ impl Poller {
                     && let Ok(assignment) = self.consumer.assignment()
                 {
                     let _ = self.consumer.resume(&assignment);
+                    tracing::debug!(source = %self.shared.label, partitions = assignment.count(), "fetching resumed");
                 }
             } else if paused != Some(epoch)
                 && let Ok(assignment) = self.consumer.assignment()
@@ -554,16 +623,19 @@ impl Poller {
                 // assignment made since is paused anew).
                 let _ = self.consumer.pause(&assignment);
                 paused = Some(epoch);
+                tracing::debug!(source = %self.shared.label, partitions = assignment.count(), epoch, "the read channel is full: fetching paused");
             }
             match self.consumer.poll(POLL) {
                 None => {}
                 Some(Ok(m)) => {
                     let tp = (m.topic().to_owned(), m.partition());
-                    let epoch = {
+                    let (epoch, was_down) = {
                         let mut state = self.shared.lock();
-                        state.down = None;
-                        state.owned.get(&tp).copied()
+                        (state.owned.get(&tp).copied(), state.down.take().is_some())
                     };
+                    if was_down {
+                        self.shared.diagnosis.clear();
+                    }
                     // A message of a partition not owned (revoked
                     // meanwhile) is dropped: its new owner reads it.
                     if let Some(epoch) = epoch {
@@ -572,18 +644,25 @@ impl Poller {
                 }
                 Some(Err(err)) => {
                     let text = scrub(self.shared.sasl.as_ref(), &err.to_string());
-                    if code(&err).is_some_and(is_outage) {
-                        let mut state = self.shared.lock();
-                        if state.down.is_none() {
-                            tracing::debug!(source = %self.shared.label, error = %text, "kafka unreachable");
-                        }
-                        state.down = Some(format!("kafka: {text}"));
+                    if self.shared.trouble(&err, "") {
+                        tracing::debug!(source = %self.shared.label, error = %text, "kafka unreachable");
+                    } else if code(&err).is_some_and(is_outage) {
+                        self.shared.lock().down = Some(format!("kafka: {text}"));
                     } else {
                         tracing::warn!(source = %self.shared.label, error = %text, "kafka consumer error");
                     }
                 }
             }
-            if probed.elapsed() >= PROBE_EVERY && self.shared.lock().down.is_some() {
+            if recommitted.elapsed() >= RECOMMIT_EVERY {
+                recommitted = Instant::now();
+                self.recommit();
+            }
+            // A refusal (TLS, password, ACL) ends with an assignment or
+            // a message, not with a metadata answer.
+            if probed.elapsed() >= PROBE_EVERY
+                && self.shared.lock().down.is_some()
+                && self.shared.diagnosis.specific().is_none()
+            {
                 probed = Instant::now();
                 if self
                     .consumer
@@ -599,6 +678,25 @@ impl Poller {
             }
         }
         self.close();
+    }
+
+    /// Commits again, for each owned partition, the durable offset the
+    /// brokers have not taken (under the lock `ack` commits under, so
+    /// commits stay in order).
+    fn recommit(&self) {
+        let state = self.shared.lock();
+        let mut commit = TopicPartitionList::new();
+        {
+            let committed = self.shared.committed();
+            for (tp, next) in &state.durable {
+                if state.owned.contains_key(tp) && committed.get(tp).is_none_or(|c| c < next) {
+                    let _ = commit.add_partition_offset(&tp.0, tp.1, Offset::Offset(*next));
+                }
+            }
+        }
+        if commit.count() > 0 {
+            let _ = self.consumer.commit(&commit, CommitMode::Async);
+        }
     }
 
     /// Turns a fetched message into a source message.
