@@ -3,7 +3,9 @@
 //! in [`nats`], real nats-server processes for end-to-end tests, in
 //! [`moto`], a real S3 API (moto's server), in [`postgres`], a real
 //! Postgres server of the test's own, in [`redis`], real redis-servers,
-//! and in [`mosquitto`], real MQTT brokers.
+//! in [`mosquitto`], real MQTT brokers, in [`rabbitmq`], a private
+//! RabbitMQ node, and in [`kafka`], Apache Kafka (one node or a cluster of
+//! three) from its Maven Central jars.
 //!
 //! The plugins live in their own cargo workspace (`plugins/Cargo.toml`) and are
 //! compiled for `wasm32-wasip2`, so a plain `cargo test` never builds them.
@@ -29,6 +31,7 @@ use anyhow::{Context, bail};
 // The Rust target every plugin is compiled for.
 use sluice_author::build::RUST_TARGET as TARGET;
 
+pub mod kafka;
 mod lang;
 pub mod mosquitto;
 pub mod moto;
@@ -38,7 +41,6 @@ pub mod process;
 pub mod rabbitmq;
 pub mod redis;
 pub mod skip;
-pub mod tansu;
 
 pub use lang::{LANG_PLUGINS, build_lang_plugin, build_lang_plugins};
 

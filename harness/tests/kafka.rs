@@ -1,5 +1,6 @@
-//! The Kafka fixture itself: a node starts, restarts on its ports with
-//! its data, and a three-node cluster survives one node's kill -9.
+//! The Kafka fixture itself: a node starts, stops and starts again on its
+//! port. (Its data surviving the restart, and the three-node cluster
+//! with a node killed, are shown by the Kafka connector's tests.)
 
 use std::net::TcpStream;
 
@@ -19,17 +20,4 @@ fn one_node_starts_stops_and_restarts_on_its_port() {
     kafka.start_again().expect("Kafka starts again");
     assert_eq!(kafka.brokers(), brokers);
     assert!(reachable(&brokers));
-}
-
-#[test]
-fn a_cluster_of_three_takes_a_node_killed_and_started_again() {
-    let mut cluster = KafkaServer::start_cluster().expect("three nodes start");
-    let brokers = cluster.brokers();
-    let addrs: Vec<&str> = brokers.split(',').collect();
-    assert_eq!(addrs.len(), 3);
-    cluster.kill_node(1);
-    assert!(!reachable(addrs[1]));
-    assert!(reachable(addrs[0]) && reachable(addrs[2]));
-    cluster.start_node(1).expect("node 2 starts again");
-    assert!(reachable(addrs[1]));
 }

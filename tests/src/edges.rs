@@ -226,7 +226,7 @@ pub fn round_trip_under_faults(up: &mut dyn Upstream, n: usize, dupes: Duplicate
 /// # Panics
 ///
 /// On a stall, quoting the daemon's log.
-fn wait_for_deliveries(daemon: &Daemon, up: &mut dyn Upstream, want: usize, what: &str) {
+pub fn wait_for_deliveries(daemon: &Daemon, up: &mut dyn Upstream, want: usize, what: &str) {
     let mut best = 0;
     let mut progressed = Instant::now();
     loop {

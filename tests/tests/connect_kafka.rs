@@ -1,7 +1,9 @@
-//! The Kafka source and sink end to end: a real Kafka-compatible broker
-//! per test (`tansu`, `sluice_harness::tansu`), the real `sluice` binary,
-//! real plugins, and an outside client (confluent-kafka, driven by
-//! `tests/fixtures/kafka_client.py`). Every delivery check is set-based.
+//! The Kafka source and sink end to end: Apache Kafka itself per test
+//! (`sluice_harness::kafka`: a KRaft node, or a cluster of three), the
+//! real `sluice` binary, real plugins, and an outside client
+//! (confluent-kafka, driven by `tests/fixtures/kafka_client.py`). Every
+//! delivery check is set-based. TLS, SASL and ACLs are in
+//! `connect_kafka_security.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -11,9 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sluice_harness::tansu::TansuServer;
+use sluice_harness::kafka::KafkaServer;
 use sluice_tests::edges::{
-    Delivered, Duplicates, Upstream, edge_pipeline, round_trip_under_faults,
+    Delivered, Duplicates, Upstream, check_exact_set, edge_pipeline, round_trip_under_faults,
+    wait_for_deliveries,
 };
 use sluice_tests::{
     Daemon, Msg, TRACEPARENT, TRACESTATE, header, plugin, sluice_bin, write_pipeline,
@@ -21,8 +24,8 @@ use sluice_tests::{
 
 const LONG: Duration = Duration::from_secs(240);
 
-fn tansu() -> TansuServer {
-    TansuServer::start().unwrap_or_else(|e| panic!("starting tansu: {e:#}"))
+fn kafka() -> KafkaServer {
+    KafkaServer::start().unwrap_or_else(|e| panic!("starting Kafka: {e:#}"))
 }
 
 /// Runs the outside client with `args`; its JSON answer, or why not.
@@ -69,6 +72,11 @@ fn create(brokers: &str, topic: &str, partitions: usize) {
     client(&["create", brokers, topic, &partitions.to_string()]);
 }
 
+/// [`create`] with three replicas, on a cluster of three.
+fn create_replicated(brokers: &str, topic: &str, partitions: usize) {
+    client(&["create", brokers, topic, &partitions.to_string(), "3"]);
+}
+
 fn produce(brokers: &str, topic: &str, from: usize, n: usize) {
     client(&["produce", brokers, topic, &from.to_string(), &n.to_string()]);
 }
@@ -106,16 +114,26 @@ fn watermarks(brokers: &str, topic: &str) -> BTreeMap<i32, i64> {
 /// The suite's upstream: topic `in` (4 partitions) read by the source,
 /// topic `out` written by the sink.
 struct Kafka {
-    server: TansuServer,
+    server: KafkaServer,
     brokers: String,
 }
 
 impl Kafka {
     fn new() -> Kafka {
-        let server = tansu();
+        let server = kafka();
         let brokers = server.brokers();
         create(&brokers, "in", 4);
         create(&brokers, "out", 4);
+        Kafka { server, brokers }
+    }
+
+    /// On a cluster of three nodes, topics with three replicas.
+    fn cluster() -> Kafka {
+        let server =
+            KafkaServer::start_cluster().unwrap_or_else(|e| panic!("starting Kafka: {e:#}"));
+        let brokers = server.brokers();
+        create_replicated(&brokers, "in", 4);
+        create_replicated(&brokers, "out", 4);
         Kafka { server, brokers }
     }
 }
@@ -141,7 +159,7 @@ impl Upstream for Kafka {
 
     fn delivered(&mut self) -> Vec<Delivered> {
         // The broker may be restarting: nothing read this time (the suite
-        // asks again, and prints tansu's log if it never comes back).
+        // asks again, and prints Kafka's log if it never comes back).
         let all = match try_client(&["dump", &self.brokers, "out"]) {
             Ok(all) => all.as_array().cloned().unwrap_or_default(),
             Err(why) => {
@@ -158,22 +176,18 @@ impl Upstream for Kafka {
     }
 
     fn restart(&mut self) {
-        self.server.restart().expect("tansu restarts");
+        self.server.restart().expect("Kafka restarts");
     }
 
     fn log(&self) -> String {
-        format!("tansu log:\n{}", self.server.log())
+        self.server.log()
     }
 }
 
-/// Ignored: on tansu 0.6 (the only Kafka-compatible broker this machine
-/// can run) the group stalls after a member is killed with SIGKILL: the
-/// dead member keeps its partitions and the restarted one is given none,
-/// with no rebalance after its session times out (docs/connectors/kafka.md,
-/// "Testing on tansu"). Run it with `--ignored` against a real Kafka
-/// (`SLUICE_KAFKA_BROKERS` is not wired yet: it starts tansu).
+/// 20,000 messages through the uppercase stage while the daemon is
+/// killed with SIGKILL twice and the broker restarted once: 0 lost, and
+/// every duplicate carries the same `sluice-id`.
 #[test]
-#[ignore = "tansu 0.6 stalls the consumer group after a kill -9 (docs/connectors/kafka.md)"]
 fn twenty_thousand_round_trip_under_kill9_and_a_broker_restart() {
     let mut up = Kafka::new();
     let report = round_trip_under_faults(&mut up, 20_000, Duplicates::SameId);
@@ -186,22 +200,22 @@ fn twenty_thousand_round_trip_under_kill9_and_a_broker_restart() {
         .expect("MSG-7 delivered");
     assert_eq!(m["key"], "k7", "{m}");
     assert_eq!(m["headers"]["n"], "7", "{m}");
+    // The output's id: deterministic (a hash of the input's id, the stage
+    // and the output's index), so a repeat carries the same one.
     assert!(
         m["headers"]["sluice-id"]
             .as_str()
-            .is_some_and(|id| id.starts_with("edge.upper:") || id.contains("src:")),
+            .is_some_and(|id| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())),
         "{m}"
     );
 }
 
-/// A pipeline of one Kafka source (group `g`) into the Sluice topic `in`,
-/// nothing reading it: what the source made durable stays there to be
-/// checked. Daemons here stop with SIGTERM, leaving the group at once, so
-/// the session timeout only decides when a *live* member is taken for
-/// dead: a long one, because tansu 0.6 mishandles that eviction (a member
-/// that misses its heartbeats under load keeps its old, stale assignment;
-/// docs/connectors/kafka.md), which a 6 s timeout met in one CI run.
-fn group_pipeline(dir: &Path, brokers: &str) -> PathBuf {
+/// A pipeline of one Kafka source (group `g`, on `protocol`) into the
+/// Sluice topic `in`, nothing reading it: what the source made durable
+/// stays there to be checked. Daemons here stop with SIGTERM, leaving the
+/// group at once; the session timeout decides when a member that stopped
+/// heartbeating is taken for dead.
+fn group_pipeline(dir: &Path, brokers: &str, protocol: &str) -> PathBuf {
     let yaml = format!(
         r#"
 name: grp
@@ -213,10 +227,11 @@ sources:
       brokers: "{brokers}"
       topic: in
       group: g
+      group_protocol: {protocol}
       start: earliest
       batch: 100
       buffer: 300
-      session_timeout: 30s
+      session_timeout: 10s
 "#
     );
     write_pipeline(dir, "grp", &yaml)
@@ -239,42 +254,58 @@ fn durable(daemons: &[&Daemon]) -> BTreeSet<(i32, i64)> {
     out
 }
 
+/// The offsets below `commits` (per partition) that are in no Sluice
+/// topic: what was committed past a message not made durable.
+fn uncovered(commits: &BTreeMap<i32, i64>, held: &BTreeSet<(i32, i64)>) -> Vec<(i32, i64)> {
+    let mut out = Vec::new();
+    for (p, c) in commits {
+        out.extend(
+            (0..*c)
+                .filter(|o| !held.contains(&(*p, *o)))
+                .take(5)
+                .map(|o| (*p, o)),
+        );
+    }
+    out
+}
+
 /// Asserts that for each partition every offset below `commits` is in
 /// `held`: nothing was committed past a message not in a Sluice topic.
 fn assert_commits_covered(commits: &BTreeMap<i32, i64>, held: &BTreeSet<(i32, i64)>, when: &str) {
-    for (p, c) in commits {
-        let missing: Vec<i64> = (0..*c)
-            .filter(|o| !held.contains(&(*p, *o)))
-            .take(5)
-            .collect();
-        assert!(
-            missing.is_empty(),
-            "{when}: partition {p} committed at {c}, yet offsets {missing:?} are in no Sluice topic"
-        );
-    }
+    let missing = uncovered(commits, held);
+    assert!(
+        missing.is_empty(),
+        "{when}: committed {commits:?}, yet (partition, offset) {missing:?} are in no Sluice topic"
+    );
 }
 
-/// Ignored in CI: on tansu 0.6 a rebalance sometimes leaves partitions
-/// with nobody reading them, under load (it failed 1 run in 3 of this
-/// file on a loaded 2-core machine in session 15, in a fresh-clone CI
-/// run and locally; alone it passed every time). Its coordinator hands a
-/// rejoining member its old assignment (docs/connectors/kafka.md). Run
-/// it with `--ignored`; on a Kafka that evicts and reassigns properly it
-/// is expected to pass every time.
-#[test]
-#[ignore = "tansu 0.6's group coordinator sometimes leaves partitions unread after a rebalance under load (docs/connectors/kafka.md)"]
-fn two_daemons_in_one_group_hand_partitions_over_losing_and_committing_nothing_early() {
-    let server = tansu();
+/// Two daemons in one group on `protocol`. B joins while A reads, B stops
+/// and starts again, then A does, while more is produced: partitions move
+/// each time, with reads in flight. After each move the group's commits
+/// are read, then the daemons' topics, and every committed offset must
+/// already be durable (a partition revoked mid-read is committed only up
+/// to what reached the topic). At the end: 0 lost, and the commits reach
+/// the end.
+fn two_daemons_hand_partitions_over(protocol: &str) {
+    let server = kafka();
     let brokers = server.brokers();
     create(&brokers, "in", 4);
     let first = 4_000;
     let more = 4_000;
     produce(&brokers, "in", 0, first);
     let dir = tempfile::tempdir().expect("dir");
-    let file = group_pipeline(dir.path(), &brokers);
-    let mut a = Daemon::start(&[&file], &dir.path().join("a"));
+    let file = group_pipeline(dir.path(), &brokers, protocol);
+    let debug = [(
+        "SLUICE_LOG",
+        "warn,sluice=info,sluice::connect::kafka=debug",
+    )];
+    let mut a = Daemon::builder(&[&file], &dir.path().join("a"))
+        .envs(debug)
+        .start();
     a.wait_until("A reads", LONG, |d| d.depth("in") >= 300);
-    let mut b = Daemon::start(&[&file], &dir.path().join("b"));
+    let mut b = Daemon::builder(&[&file], &dir.path().join("b"))
+        .envs(debug)
+        .start();
     // More arrives while partitions move.
     let stop = Arc::new(AtomicBool::new(false));
     let producer = {
@@ -303,6 +334,8 @@ fn two_daemons_in_one_group_hand_partitions_over_losing_and_committing_nothing_e
     assert_commits_covered(&commits_b_down, &durable(&[&a, &b]), "after B stopped");
     let b_before = b.depth("in");
     b.wait_until("B reads again", LONG, |d| d.depth("in") > b_before);
+    let commits = committed(&brokers, "g", "in");
+    assert_commits_covered(&commits, &durable(&[&a, &b]), "after B came back");
 
     // Then A stops and starts again.
     let (status, took) = a.sigterm();
@@ -352,8 +385,7 @@ fn two_daemons_in_one_group_hand_partitions_over_losing_and_committing_nothing_e
     );
     // Both daemons read (the group shared the partitions).
     assert!(a.depth("in") > 0 && b.depth("in") > 0);
-    // Per-partition lag is reported, by the daemon that holds partitions
-    // now (tansu may have given the one that rejoined last none).
+    // Per-partition lag is reported by a daemon that holds partitions.
     let sources: Vec<String> = [&a, &b]
         .iter()
         .map(|d| d.get("/v1/sources").to_string())
@@ -364,14 +396,26 @@ fn two_daemons_in_one_group_hand_partitions_over_losing_and_committing_nothing_e
     );
 }
 
+#[test]
+fn two_daemons_in_one_group_hand_partitions_over_losing_and_committing_nothing_early() {
+    two_daemons_hand_partitions_over("classic");
+}
+
+/// The same on Kafka 4's own group protocol (KIP-848), where the
+/// brokers assign the partitions.
+#[test]
+fn two_daemons_in_one_group_on_the_consumer_protocol_lose_and_commit_nothing_early() {
+    two_daemons_hand_partitions_over("consumer");
+}
+
 /// Waits until `check` says done; on a timeout, panics with what it
 /// last said (how far each partition got), the group's commits, and both
-/// daemons' and tansu's logs: a partition nobody reads after a rebalance
+/// daemons' and Kafka's logs: a partition nobody reads after a rebalance
 /// shows across them, not in one log.
 fn wait_or_say(
     a: &Daemon,
     b: &Daemon,
-    server: &TansuServer,
+    server: &KafkaServer,
     what: &str,
     check: impl Fn() -> (bool, String),
 ) {
@@ -384,7 +428,7 @@ fn wait_or_say(
         if std::time::Instant::now() > deadline {
             panic!(
                 "timed out after {LONG:?} waiting for {what}: {state}; committed {:?}\n\
-                 --- daemon A ---\n{}\n--- daemon B ---\n{}\n--- tansu ---\n{}",
+                 --- daemon A ---\n{}\n--- daemon B ---\n{}\n{}",
                 committed(&server.brokers(), "g", "in"),
                 a.log(),
                 b.log(),
@@ -395,9 +439,40 @@ fn wait_or_say(
     }
 }
 
+/// On a cluster of three, one broker is killed with SIGKILL mid-run and
+/// started again, while messages flow in and out: the sink produces
+/// with `acks=all` and the idempotent producer, topics keep two replicas
+/// in sync, and the source's group moves to another coordinator if it
+/// must. 0 lost; duplicates carry one `sluice-id`.
+#[test]
+fn a_broker_killed_in_a_three_node_cluster_loses_nothing() {
+    let mut up = Kafka::cluster();
+    let n = 10_000;
+    let half = n / 2;
+    up.produce(0, half);
+    let dir = tempfile::tempdir().expect("dir");
+    let file = edge_pipeline(dir.path(), &up.source_block(), &up.sink_block());
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    wait_for_deliveries(&daemon, &mut up, n / 10, "before the broker is killed");
+    up.server.kill_node(1);
+    up.produce(half, n - half);
+    wait_for_deliveries(&daemon, &mut up, n * 7 / 10, "while a broker is down");
+    up.server
+        .start_node(1)
+        .expect("the killed broker starts again");
+    wait_for_deliveries(&daemon, &mut up, n, "at the end");
+    std::thread::sleep(Duration::from_secs(3));
+    let got = up.delivered();
+    let report = check_exact_set(&got, n, Duplicates::SameId, &|| {
+        format!("{}\n{}", daemon.log(), up.log())
+    });
+    assert_eq!(report.distinct, n);
+    daemon.term();
+}
+
 #[test]
 fn the_trace_context_goes_from_the_source_through_a_stage_to_the_sink() {
-    let server = tansu();
+    let server = kafka();
     let brokers = server.brokers();
     create(&brokers, "in", 1);
     create(&brokers, "out", 1);
@@ -423,7 +498,7 @@ fn the_trace_context_goes_from_the_source_through_a_stage_to_the_sink() {
 
 #[test]
 fn poison_messages_are_dead_lettered_with_the_reason() {
-    let server = tansu();
+    let server = kafka();
     let brokers = server.brokers();
     create(&brokers, "in", 1);
     create(&brokers, "out", 1);

@@ -437,7 +437,13 @@ fn ensure_test_servers() -> anyhow::Result<()> {
         std::env::var_os("SLUICE_MOSQUITTO").is_some() || Path::new("/usr/sbin/mosquitto").exists();
     let has_rabbitmq = std::env::var_os("SLUICE_RABBITMQ_BIN").is_some()
         || Path::new("/usr/lib/rabbitmq/bin/rabbitmq-server").exists();
+    // The admin throttle test gives loopback a second address with `ip`
+    // on a machine that has no other.
+    let has_ip = Path::new("/usr/sbin/ip").exists() || Path::new("/sbin/ip").exists();
     let mut missing = Vec::new();
+    if !has_ip {
+        missing.push("iproute2");
+    }
     if !has_rabbitmq {
         missing.push("rabbitmq-server");
     }
@@ -460,15 +466,12 @@ fn ensure_test_servers() -> anyhow::Result<()> {
     )
 }
 
-/// The tansu release the Kafka tests run (a Kafka-compatible broker;
-/// Apache Kafka's jars cannot be had here), with its SQLite storage.
-const TANSU_VERSION: &str = "0.6.0";
-
 /// The Kafka connector builds librdkafka from source with OpenSSL (its
 /// `ssl` feature): the OpenSSL headers and pkg-config must be there. Its
-/// tests run `tansu`, installed once (about 8 minutes cold) into
-/// `$HOME/.cache/sluice/tansu`, outside the clone, unless `$SLUICE_TANSU`
-/// names one.
+/// tests run Apache Kafka itself (`sluice_harness::kafka`), from its
+/// jars on Maven Central, fetched once with `mvn` into
+/// `$HOME/.cache/sluice/kafka/<version>`, outside the clone, and run
+/// with the machine's Java (both installed from Debian when missing).
 fn ensure_kafka() -> anyhow::Result<()> {
     let has_openssl = Command::new("pkg-config")
         .args(["--exists", "openssl"])
@@ -480,40 +483,29 @@ fn ensure_kafka() -> anyhow::Result<()> {
             "the Kafka connector builds librdkafka with OpenSSL",
         )?;
     }
-    if std::env::var_os("SLUICE_TANSU").is_some_and(|p| Path::new(&p).is_file()) {
+    if std::env::var_os("SLUICE_KAFKA_LIBS").is_some_and(|p| Path::new(&p).is_dir()) {
         return Ok(());
     }
-    let home = std::env::var_os("HOME").context("$HOME is not set")?;
-    let root = Path::new(&home).join(".cache/sluice/tansu");
-    let bin = root.join("bin/tansu");
-    let stamp = root.join("version");
-    if bin.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|v| v.trim() == TANSU_VERSION) {
-        return Ok(());
+    let has = |tool: &str| {
+        Command::new(tool)
+            .arg("-version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !has("java") || !has("mvn") {
+        apt_install(
+            &["openjdk-17-jre-headless", "maven"],
+            "the Kafka tests run Apache Kafka's broker, fetched with Maven",
+        )?;
     }
     println!(
-        "== cargo install tansu {TANSU_VERSION} (the Kafka tests' broker; once, cached in {})",
-        root.display()
+        "== Apache Kafka {} (the Kafka tests' broker; from Maven Central once, cached in {})",
+        sluice_harness::kafka::KAFKA_VERSION,
+        sluice_harness::kafka::cache_dir()?.display()
     );
-    let root_arg = root.to_str().context("non-UTF-8 $HOME")?;
-    run(Command::new(
-        std::env::var_os("CARGO")
-            .filter(|c| !c.is_empty())
-            .unwrap_or_else(|| "cargo".into()),
-    )
-    .args(["install", "tansu", "--version", TANSU_VERSION])
-    .args([
-        "--features",
-        "libsql",
-        "--locked",
-        "--quiet",
-        "--root",
-        root_arg,
-    ])
-    // A build directory of its own (a temporary one), not the workspace's.
-    .env_remove("CARGO_TARGET_DIR")
-    .stdin(Stdio::null()))?;
-    std::fs::write(&stamp, TANSU_VERSION).context("writing tansu's version stamp")?;
-    Ok(())
+    sluice_harness::kafka::install()
 }
 
 /// Installs Debian `packages` when this runs as root; otherwise fails
@@ -607,8 +599,9 @@ fn test(extra: &[&str]) -> anyhow::Result<()> {
         .args(["test", "--workspace"])
         .args(extra)
         .env(sluice_harness::skip::SKIP_LOG_ENV, &skip_log));
-    report_skips(&skip_log);
+    let skips = report_skips(&skip_log);
     tested?;
+    skips?;
     // Two minutes of steady ingest through three stages: exact sets, open
     // files flat (RSS is reported; its target needs a 30-minute run).
     println!("== soak (2 minutes)");
@@ -667,8 +660,11 @@ fn report_disk() {
 }
 
 /// Prints how many tests skipped themselves, and why: `cargo test` counts
-/// them as passed and hides what they printed.
-fn report_skips(log: &std::path::Path) {
+/// them as passed and hides what they printed. Fails when a skip's reason
+/// does not hold on this machine (a "not root" skip while running as root,
+/// a kernel feature this kernel has) or is not on the list
+/// (`sluice_harness::skip::Reason`).
+fn report_skips(log: &std::path::Path) -> anyhow::Result<()> {
     let skipped = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = skipped.lines().collect();
     println!(
@@ -679,6 +675,11 @@ fn report_skips(log: &std::path::Path) {
     for line in lines {
         println!("   {line}");
     }
+    if let Err(refused) = sluice_harness::skip::check_log(&skipped) {
+        println!("   {refused}");
+        bail!("tests skipped for reasons that do not hold on this machine (listed above)");
+    }
+    Ok(())
 }
 
 /// `cargo xtask bench`: the plugin benchmarks.
