@@ -153,6 +153,13 @@ fn every_malformed_file_is_rejected_at_its_line_and_column() {
         let line_col = format!("{line}:{col}");
         let (out, took) = sluice(&["validate", &path]);
         assert_rejected(&path, &out, took, &line_col, fragment.trim());
+        // The corpus's passwords are `hunter2`: never echoed.
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!said.contains("hunter2"), "{path}: a password shows: {said}");
 
         // `sluice run` refuses it the same way, before it opens the data
         // directory or binds the admin port: no partial daemon.
