@@ -159,7 +159,10 @@ fn every_malformed_file_is_rejected_at_its_line_and_column() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(!said.contains("hunter2"), "{path}: a password shows: {said}");
+        assert!(
+            !said.contains("hunter2"),
+            "{path}: a password shows: {said}"
+        );
 
         // `sluice run` refuses it the same way, before it opens the data
         // directory or binds the admin port: no partial daemon.
