@@ -35,42 +35,48 @@
 //!     wait: 5ms}`); until N are in the output topic (the sum of its high
 //!     watermarks, polled every 10 ms).
 //! - **Source alone.** N messages are in the input topic before the
-//!   reader starts; timing starts when the first of them is read and ends
-//!   when the last is.
+//!   reader starts (so the group's assignment is not timed); timing starts
+//!   when the first of them is read and ends when the last is.
 //!   - A: the round trip's consumer without the produce: take up to b,
-//!     commit their offsets, until N are taken.
+//!     commit their offsets (asynchronously), until N are taken; from the
+//!     first message's arrival, over N - 1.
 //!   - B: a daemon whose pipeline is a Kafka source (`batch: b`) into a
 //!     Sluice topic and nothing else; from the first time the topic's depth
-//!     (`GET /v1/topics/in`, polled every 5 ms) is not zero, until it is N.
-//!     The rate counts the messages after that first poll.
+//!     (`GET /v1/topics/in`, polled every 5 ms) is not zero, until it is N,
+//!     over the messages after that first poll.
 //! - **Sink alone.** N messages wait to be written; timing starts when the
 //!   writing starts and ends when the last delivery is known. Both
 //!   producers have written one message before (connected, producer id
 //!   known).
 //!   - A: one rdkafka producer: b messages sent (key, `sluice-id` header),
 //!     every report awaited, then the next b; until N are delivered.
-//!   - B: a daemon whose pipeline is a Sluice topic -> Kafka sink
-//!     (concurrency 2, `batch: {max: b, wait: 5ms}`); the N messages are
-//!     published into the topic (the ingest API) while the sink is paused
-//!     (`POST /v1/stages/bench/out/pause`); timing starts at the resume and
-//!     ends when the output topic's high watermarks sum to N (polled every
-//!     5 ms).
+//!   - B: a daemon whose pipeline is a Sluice topic -> Kafka sink, as in
+//!     the round trip (concurrency 2, so two batches may be in flight,
+//!     `batch: {max: b, wait: 5ms}`); the N messages are published into the
+//!     topic (the ingest API) while the sink is paused (`POST
+//!     /v1/stages/bench/out/pause`); timing starts at the resume and ends
+//!     when the output topic's high watermarks sum to N (polled every 5
+//!     ms).
 //!
 //! **Rebalance pause** (a figure, not a test). Two daemons, each with its
 //! own data, run the same pipeline: a Kafka source (group `reb`, the
 //! defaults: classic protocol, cooperative-sticky assignor, `batch` 500,
-//! `session_timeout` 10 s) into a Sluice topic. The bench writes 1,000
-//! messages a second to the input topic throughout. Each cycle: 4 s
-//! steady; SIGTERM to the second daemon (a leave), 8 s; it starts again
-//! (a join, with its data), 8 s. Afterwards every message both daemons
-//! stored is read back with its publish time (ms) and its id
-//! (`src:<partition>:<offset>`); a message is new when its offset is past
-//! every offset of its partition stored before it (a partition read again
-//! by its new owner from the committed offset is not new). For each event (and for the steady
-//! seconds before each leave, for comparison) it reports the longest time
-//! from the event with nothing new on any partition, and the longest any
-//! one partition went without anything new; medians and maxima over the
-//! cycles (5 in a release build, 1 in debug).
+//! `session_timeout` 10 s, so heartbeats every 3.3 s) into a Sluice topic.
+//! The bench writes 1,000 messages a second to the input topic throughout.
+//! Each cycle: 4 s steady; SIGTERM to the second daemon (a leave), then 15
+//! s from the SIGTERM; it starts again (a join, with its data), 15 s.
+//! Afterwards every message both daemons stored is read back with its
+//! publish time (ms) and its id (`src:<partition>:<offset>`); a message is
+//! new when its offset is past every offset of its partition stored
+//! before it (a partition read again by its new owner from the committed
+//! offset is not new). For each event (and for the steady seconds before
+//! each leave, for comparison) it reports the longest time from the event
+//! with nothing new on any partition, and the longest any one partition
+//! went without anything new (`>` when that gap still ran at the end of
+//! the 15 s); medians and maxima over the cycles (5 in a release build, 1
+//! in debug). `SLUICE_BENCH_VERBOSE=1` also prints the gaps per partition
+//! and cycle, both daemons' logs and the broker's (its group coordinator
+//! says when each rebalance starts and ends).
 
 #![allow(missing_docs)]
 
@@ -168,7 +174,7 @@ fn main() {
     if runs("rebalance") {
         let cycles = if cfg!(debug_assertions) { 1 } else { 5 };
         rebalance(&rt, &brokers, cycles);
-        if std::env::var_os("KBENCH_DEBUG").is_some() {
+        if verbose() {
             println!("{}", server.log());
         }
     }
@@ -256,17 +262,21 @@ struct Taken {
 }
 
 /// Takes up to `batch` messages: waits up to 1 s for the first, then 5 ms
-/// for each next one. Empty when none came.
-async fn take(consumer: &StreamConsumer, batch: usize) -> Vec<Taken> {
+/// for each next one. Empty when none came. Sets `first` to when the
+/// first message ever came, if it is not set.
+async fn take(consumer: &StreamConsumer, batch: usize, first: &mut Option<Instant>) -> Vec<Taken> {
     let mut taken = Vec::with_capacity(batch);
     while taken.len() < batch {
         let wait = if taken.is_empty() { 1000 } else { 5 };
         match tokio::time::timeout(Duration::from_millis(wait), consumer.recv()).await {
-            Ok(Ok(m)) => taken.push(Taken {
-                partition: m.partition(),
-                offset: m.offset(),
-                key: m.key().map(<[u8]>::to_vec),
-                payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+            Ok(Ok(m)) => taken.push({
+                first.get_or_insert_with(Instant::now);
+                Taken {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                }
             }),
             Ok(Err(e)) => panic!("consume: {e}"),
             Err(_) => break,
@@ -346,7 +356,7 @@ async fn raw_round_trip(brokers: &str, n: usize, batch: usize, run: &str) -> f64
     };
     let mut done = 0;
     while done < n {
-        let taken = take(&consumer, batch).await;
+        let taken = take(&consumer, batch, &mut None).await;
         assert!(started.elapsed() < LIMIT, "only {done} of {n} done");
         if taken.is_empty() {
             continue;
@@ -384,14 +394,11 @@ async fn raw_source(brokers: &str, n: usize, batch: usize, run: &str) -> f64 {
     let mut first: Option<Instant> = None;
     let mut done = 0;
     while done < n {
-        let taken = take(&consumer, batch).await;
+        let taken = take(&consumer, batch, &mut first).await;
         assert!(waiting.elapsed() < LIMIT, "only {done} of {n} read");
         if taken.is_empty() {
             continue;
         }
-        // The first message's arrival, give or take the 5 ms `take` may
-        // wait for the rest of its batch.
-        first.get_or_insert_with(Instant::now);
         commit(&consumer, &input, &taken);
         done += taken.len();
     }
@@ -643,8 +650,18 @@ sinks:
 
 /// The steady input of the rebalance figure, in messages a second.
 const STEADY_RATE: usize = 1000;
+/// The steady time before each leave.
 const STEADY: Duration = Duration::from_secs(4);
-const SETTLE: Duration = Duration::from_secs(8);
+/// The time watched after a leave and after a join: longer than two
+/// heartbeat intervals of the source's default (`session_timeout` 10 s,
+/// heartbeats every 3.3 s) and the group's rebalance after them.
+const SETTLE: Duration = Duration::from_secs(15);
+
+/// `SLUICE_BENCH_VERBOSE` is set: the rebalance figure also prints each
+/// cycle's gaps per partition and the daemons' and the broker's logs.
+fn verbose() -> bool {
+    std::env::var_os("SLUICE_BENCH_VERBOSE").is_some()
+}
 
 /// Now, in ms since the epoch (the clock the daemons stamp messages with).
 fn now_ms() -> i64 {
@@ -654,12 +671,28 @@ fn now_ms() -> i64 {
     i64::try_from(since.as_millis()).expect("fits")
 }
 
-/// One leave-and-join cycle's times, in ms since the epoch.
+/// One leave-and-join cycle's times, in ms since the epoch, and how long
+/// the stopped daemon took to exit.
 struct Cycle {
     steady: i64,
     leave: i64,
     join: i64,
     end: i64,
+    exit_ms: i64,
+}
+
+/// A gap, in ms; `open` when it still ran at the end of the time watched
+/// (the partition was not read again within it).
+#[derive(Clone, Copy)]
+struct Gap {
+    ms: i64,
+    open: bool,
+}
+
+impl std::fmt::Display for Gap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}", if self.open { ">" } else { "" }, self.ms)
+    }
 }
 
 /// The rebalance figure: see the file's doc. Prints its table.
@@ -699,8 +732,8 @@ fn rebalance(rt: &tokio::runtime::Runtime, brokers: &str, cycles: usize) {
             i
         })
     };
-    let block = r#"kafka: {brokers: "BROKERS", topic: reb-in, group: reb, start: earliest}"#
-        .replace("BROKERS", brokers);
+    let block =
+        format!(r#"kafka: {{brokers: "{brokers}", topic: {input}, group: reb, start: earliest}}"#);
     let (dir_a, dir_b) = (
         tempfile::tempdir().expect("dir"),
         tempfile::tempdir().expect("dir"),
@@ -720,21 +753,20 @@ fn rebalance(rt: &tokio::runtime::Runtime, brokers: &str, cycles: usize) {
     for _ in 0..cycles {
         let steady = now_ms();
         std::thread::sleep(STEADY);
-        let leave = now_ms();
+        let (leave, left) = (now_ms(), Instant::now());
         b.term();
         b.wait();
-        if std::env::var_os("KBENCH_DEBUG").is_some() {
-            println!("B exited after {} ms", now_ms() - leave);
-        }
-        std::thread::sleep(SETTLE);
-        let join = now_ms();
+        let exit_ms = now_ms() - leave;
+        std::thread::sleep(SETTLE.saturating_sub(left.elapsed()));
+        let (join, joined) = (now_ms(), Instant::now());
         b.restart();
-        std::thread::sleep(SETTLE);
+        std::thread::sleep(SETTLE.saturating_sub(joined.elapsed()));
         times.push(Cycle {
             steady,
             leave,
             join,
             end: now_ms(),
+            exit_ms,
         });
     }
     stop.store(true, Ordering::Relaxed);
@@ -771,65 +803,63 @@ fn rebalance(rt: &tokio::runtime::Runtime, brokers: &str, cycles: usize) {
         let one = by_partition
             .values()
             .map(|t| gap(t, from, to))
-            .max()
-            .unwrap_or(to - from);
-        (any as f64, one as f64)
+            .max_by_key(|g| g.ms)
+            .unwrap_or(Gap {
+                ms: to - from,
+                open: true,
+            });
+        (any, one)
     };
-    if std::env::var_os("KBENCH_DEBUG").is_some() {
-        for c in &times {
-            for (p, t) in &by_partition {
-                println!(
-                    "p{p}: leave {} join {} steady {}",
-                    gap(t, c.leave, c.join),
-                    gap(t, c.join, c.end),
-                    gap(t, c.steady, c.leave)
-                );
-                let after: Vec<i64> = t
-                    .iter()
-                    .filter(|x| **x > c.leave - 200 && **x < c.end)
-                    .map(|x| x - c.leave)
-                    .collect();
-                let mut last = -1000;
-                let mut marks = Vec::new();
-                for x in after {
-                    if x - last > 100 {
-                        marks.push(format!("[{last}..{x}]"));
-                    }
-                    last = x;
-                }
-                println!(
-                    "   gaps>100ms rel. to leave (join at {}): {}",
-                    c.join - c.leave,
-                    marks.join(" ")
-                );
-            }
-        }
-        println!("A log:\n{}\nB log:\n{}", a.log(), b.log());
-    }
     let (mut steady, mut leave, mut join) = (Vec::new(), Vec::new(), Vec::new());
     for c in &times {
         steady.push(longest(c.steady, c.leave));
         leave.push(longest(c.leave, c.join));
         join.push(longest(c.join, c.end));
+        if verbose() {
+            for (p, t) in &by_partition {
+                println!(
+                    "cycle at {}: partition {p}: steady {}, leave {}, join {} ms",
+                    c.leave,
+                    gap(t, c.steady, c.leave),
+                    gap(t, c.leave, c.join),
+                    gap(t, c.join, c.end)
+                );
+            }
+        }
     }
+    if verbose() {
+        println!("first daemon's log:\n{}", a.log());
+        println!("second daemon's log:\n{}", b.log());
+    }
+    let exits: Vec<f64> = times.iter().map(|c| c.exit_ms as f64).collect();
     println!();
     println!(
-        "rebalance: 2 daemons, group `reb` (classic, cooperative-sticky), {PARTITIONS} partitions, {STEADY_RATE} msg/s in, {cycles} cycles; {written} written, {} distinct offsets stored",
-        all.len()
+        "rebalance: 2 daemons, group `reb` (classic, cooperative-sticky), {PARTITIONS} partitions, \
+         {STEADY_RATE} msg/s in, {cycles} cycles; {written} written, {} distinct offsets stored; \
+         the stopped daemon exited {:.0} ms (median) after its SIGTERM",
+        all.len(),
+        bench::median(&exits)
     );
     println!(
-        "| event | nothing new on any partition, ms: median (max) | one partition unread, ms: median (max) | per cycle (any / one) |"
+        "| event | nothing new on any partition, ms: median (max) | one partition without anything new, ms: median (max) | per cycle (any / one) |"
     );
     println!("|---|---|---|---|");
+    let after = SETTLE.as_secs();
     for (name, rows) in [
-        ("steady, the 4 s before each leave", &steady),
-        ("leave: SIGTERM of one daemon, the next 8 s", &leave),
-        ("join: it starts again, the next 8 s", &join),
+        (
+            format!("steady, the {} s before each leave", STEADY.as_secs()),
+            &steady,
+        ),
+        (
+            format!("leave: SIGTERM to one daemon, the next {after} s"),
+            &leave,
+        ),
+        (format!("join: it starts again, the next {after} s"), &join),
     ] {
-        let any: Vec<f64> = rows.iter().map(|r| r.0).collect();
-        let one: Vec<f64> = rows.iter().map(|r| r.1).collect();
+        let any: Vec<f64> = rows.iter().map(|r| r.0.ms as f64).collect();
+        let one: Vec<f64> = rows.iter().map(|r| r.1.ms as f64).collect();
         let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
-        let each: Vec<String> = rows.iter().map(|r| format!("{}/{}", r.0, r.1)).collect();
+        let each: Vec<String> = rows.iter().map(|r| format!("{} / {}", r.0, r.1)).collect();
         println!(
             "| {name} | {:.0} ({:.0}) | {:.0} ({:.0}) | {} |",
             bench::median(&any),
@@ -842,16 +872,27 @@ fn rebalance(rt: &tokio::runtime::Runtime, brokers: &str, cycles: usize) {
 }
 
 /// The longest time within `[from, to)` with none of `times` (sorted),
-/// counted from `from` and up to `to`.
-fn gap(times: &[i64], from: i64, to: i64) -> i64 {
+/// counted from `from`; open when it is the one that runs to `to`.
+fn gap(times: &[i64], from: i64, to: i64) -> Gap {
     let mut prev = from;
-    let mut longest = 0;
+    let mut longest = Gap { ms: 0, open: false };
     for &t in times.iter().filter(|t| **t > from) {
         if t >= to {
             break;
         }
-        longest = longest.max(t - prev);
+        if t - prev > longest.ms {
+            longest = Gap {
+                ms: t - prev,
+                open: false,
+            };
+        }
         prev = t;
     }
-    longest.max(to - prev)
+    if to - prev > longest.ms {
+        longest = Gap {
+            ms: to - prev,
+            open: true,
+        };
+    }
+    longest
 }
