@@ -326,7 +326,8 @@ impl Connection<'_> {
             problems.push(ConfigProblem::at(
                 &[option],
                 format!(
-                    "`{option}` is for TLS: set `security: ssl` (or `sasl_ssl`); it is `{}`",
+                    "`{option}` is for TLS: set `security: ssl` (or `sasl_ssl` for SASL over \
+                     TLS), or remove `{option}`; it is `{}`",
                     self.security.protocol()
                 ),
             ));
@@ -341,13 +342,59 @@ impl Connection<'_> {
             )),
             (false, Some(_)) => problems.push(ConfigProblem::at(
                 &["sasl"],
-                "`sasl` needs `security: sasl_plaintext` or `sasl_ssl`",
+                match self.security {
+                    // The usual slip: TLS and SASL wanted, `ssl` written.
+                    Security::Ssl => "`sasl` needs `security: sasl_plaintext` or `sasl_ssl`; it \
+                                      is `ssl`: write `security: sasl_ssl` for SASL over TLS"
+                        .to_owned(),
+                    _ => format!(
+                        "`sasl` needs `security: sasl_plaintext` or `sasl_ssl`; it is `{}`",
+                        self.security.protocol()
+                    ),
+                },
             )),
-            (true, Some(sasl)) if sasl.username.is_empty() => problems.push(ConfigProblem::at(
+            (true, Some(sasl)) => sasl.check(problems),
+            (false, None) => {}
+        }
+    }
+
+    /// What is valid but worth saying: SASL `PLAIN` without TLS sends the
+    /// password as it is (legitimate on a private network).
+    fn warnings(&self) -> Vec<ConfigProblem> {
+        match self.sasl {
+            Some(sasl)
+                if self.security == Security::SaslPlaintext
+                    && sasl.mechanism == SaslMechanism::Plain =>
+            {
+                vec![ConfigProblem::at(
+                    &["sasl", "mechanism"],
+                    "SASL `PLAIN` over `security: sasl_plaintext` sends the password unencrypted \
+                     to the brokers: anyone on the network path can read it; use `security: \
+                     sasl_ssl`, or `mechanism: SCRAM-SHA-512`, unless the network is private",
+                )]
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl Sasl {
+    /// Empty credentials, which the brokers would refuse only once the
+    /// daemon runs. The password is never quoted.
+    fn check(&self, problems: &mut Vec<ConfigProblem>) {
+        if self.username.trim().is_empty() {
+            problems.push(ConfigProblem::at(
                 &["sasl", "username"],
-                "`username` is empty",
-            )),
-            _ => {}
+                "`username` is empty; write the SASL user name the brokers know (or `${VAR}` to \
+                 take it from the environment)",
+            ));
+        }
+        if self.password.expose().is_empty() {
+            problems.push(ConfigProblem::at(
+                &["sasl", "password"],
+                "`password` is empty; write the SASL password, or better `${VAR}` to take it \
+                 from the environment",
+            ));
         }
     }
 }
@@ -487,6 +534,10 @@ impl SourceConfig for KafkaSourceConfig {
         )
     }
 
+    fn warnings(&self) -> Vec<ConfigProblem> {
+        self.connection().warnings()
+    }
+
     fn redelivery_horizon(&self) -> std::time::Duration {
         // A message read and not committed is read again when its
         // partition moves (after `session_timeout` at most, for a dead
@@ -613,6 +664,71 @@ mod tests {
         assert_eq!(paths(&no_security.check()), vec!["sasl"]);
         let ca_plain = source("brokers: h:1\ntopic: t\ngroup: g\ntls_ca: /etc/ca.pem\n");
         assert_eq!(paths(&ca_plain.check()), vec!["tls_ca"]);
+    }
+
+    #[test]
+    fn sasl_credentials_must_not_be_empty_and_the_password_is_never_quoted() {
+        let base = "brokers: h:1\ntopic: t\ngroup: g\nsecurity: sasl_ssl\n";
+        let no_password = source(&format!(
+            "{base}sasl: {{username: alice, password: \"\"}}\n"
+        ));
+        assert_eq!(paths(&no_password.check()), vec!["sasl", "password"]);
+        assert!(no_password.check()[0].message.contains("${VAR}"));
+        let blank_user = source(&format!(
+            "{base}sasl: {{username: \"  \", password: hunter2}}\n"
+        ));
+        assert_eq!(paths(&blank_user.check()), vec!["sasl", "username"]);
+        // `ssl` where `sasl_ssl` was meant: said so, on a sink as on a source.
+        let ssl: KafkaSinkConfig = block(
+            "brokers: h:1\ntopic: t\nsecurity: ssl\nsasl: {mechanism: SCRAM-SHA-512, username: u, password: hunter2}\n",
+        );
+        let problems = ssl.check();
+        assert_eq!(paths(&problems), vec!["sasl"]);
+        assert!(
+            problems[0].message.contains("write `security: sasl_ssl`"),
+            "{problems:?}"
+        );
+        for c in [&no_password, &blank_user] {
+            let said = format!("{:?} {:?}", c.check(), c.warnings());
+            assert!(!said.contains("hunter2"), "{said}");
+        }
+        assert!(!format!("{problems:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn plain_without_tls_is_valid_with_a_warning() {
+        let plain = source(
+            "brokers: h:1\ntopic: t\ngroup: g\nsecurity: sasl_plaintext\nsasl: {mechanism: PLAIN, username: u, password: hunter2}\n",
+        );
+        assert!(plain.check().is_empty(), "{:?}", plain.check());
+        let warnings = plain.warnings();
+        assert_eq!(paths(&warnings), vec!["sasl", "mechanism"]);
+        assert!(warnings[0].message.contains("sasl_ssl"));
+        assert!(!warnings[0].message.contains("hunter2"));
+        let over_tls = source(
+            "brokers: h:1\ntopic: t\ngroup: g\nsecurity: sasl_ssl\nsasl: {mechanism: PLAIN, username: u, password: p}\n",
+        );
+        assert!(over_tls.warnings().is_empty());
+        let scram = source(
+            "brokers: h:1\ntopic: t\ngroup: g\nsecurity: sasl_plaintext\nsasl: {mechanism: SCRAM-SHA-256, username: u, password: p}\n",
+        );
+        assert!(scram.warnings().is_empty());
+    }
+
+    #[test]
+    fn a_sink_refuses_tls_files_without_tls_or_without_their_pair() {
+        let ca: KafkaSinkConfig = block("brokers: h:1\ntopic: t\ntls_ca: /etc/ca.pem\n");
+        let problems = ca.check();
+        assert_eq!(paths(&problems), vec!["tls_ca"]);
+        assert!(
+            problems[0].message.contains("set `security: ssl`"),
+            "{problems:?}"
+        );
+        let cert: KafkaSinkConfig = block(
+            "brokers: h:1\ntopic: t\nsecurity: sasl_ssl\nsasl: {username: u, password: p}\ntls_cert: /no/such/client.pem\n",
+        );
+        // Not found, and no key.
+        assert_eq!(paths(&cert.check()), vec!["tls_cert", "tls_cert"]);
     }
 
     #[test]
