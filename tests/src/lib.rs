@@ -374,3 +374,30 @@ pub fn raw_json_body(raw: &str) -> Value {
         .and_then(|(_, body)| serde_json::from_str(body).ok())
         .unwrap_or(Value::Null)
 }
+
+/// Runs the Kafka tests' outside client (`tests/fixtures/kafka_client.py`,
+/// confluent-kafka) with `args`; its JSON answer.
+///
+/// # Panics
+///
+/// When the client fails or does not answer JSON.
+pub fn kafka_client(args: &[&str]) -> Value {
+    let script = sluice_harness::repo_root().join("tests/fixtures/kafka_client.py");
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .args(args)
+        .output()
+        .expect("running python3");
+    assert!(
+        out.status.success(),
+        "kafka_client.py {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "kafka_client.py {args:?}: not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}

@@ -48,24 +48,7 @@ fn try_client(args: &[&str]) -> Result<Value, String> {
 
 /// Runs the outside client with `args`; its JSON answer.
 fn client(args: &[&str]) -> Value {
-    let script = sluice_harness::repo_root().join("tests/fixtures/kafka_client.py");
-    let out = Command::new("python3")
-        .arg(&script)
-        .args(args)
-        .output()
-        .expect("running python3");
-    assert!(
-        out.status.success(),
-        "kafka_client.py {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "kafka_client.py {args:?}: not JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
+    sluice_tests::kafka_client(args)
 }
 
 fn create(brokers: &str, topic: &str, partitions: usize) {

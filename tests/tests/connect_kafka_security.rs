@@ -13,7 +13,6 @@
 //! through the plaintext listener, as a super user.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
@@ -36,19 +35,7 @@ const WRONG: &str = "not-alices-Pw-9931";
 
 /// Runs the outside client with `args`; its JSON answer.
 fn client(args: &[&str]) -> Value {
-    let script = sluice_harness::repo_root().join("tests/fixtures/kafka_client.py");
-    let out = Command::new("python3")
-        .arg(&script)
-        .args(args)
-        .output()
-        .expect("running python3");
-    assert!(
-        out.status.success(),
-        "kafka_client.py {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON from kafka_client.py")
+    sluice_tests::kafka_client(args)
 }
 
 /// A CA, the broker's certificate (for `127.0.0.1`) and a client
