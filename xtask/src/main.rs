@@ -624,39 +624,63 @@ fn test(extra: &[&str]) -> anyhow::Result<()> {
 /// a link shows up as a linker "bus error", far from its cause; this line in
 /// the log names the cause. Warns, and goes on, below `LOW_DISK_GIB`.
 fn report_disk() {
+    /// Below this, a cold build of every test binary may not fit.
     const LOW_DISK_GIB: u64 = 20;
     let dir = target_dir();
     let _ = std::fs::create_dir_all(&dir);
-    let free_kib = Command::new("df")
-        .args(["-Pk"])
-        .arg(&dir)
-        .output()
-        .ok()
-        .and_then(|out| {
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            text.lines()
-                .nth(1)?
-                .split_whitespace()
-                .nth(3)?
-                .parse::<u64>()
-                .ok()
-        });
-    match free_kib {
-        Some(kib) => {
-            let gib = kib / (1024 * 1024);
-            println!("== disk: {gib} GiB free under {}", dir.display());
-            if gib < LOW_DISK_GIB {
-                println!(
-                    "   warning: under {LOW_DISK_GIB} GiB free; the build and the fuzz \
-                     targets need more, and a full disk fails a link with a bus error"
-                );
-            }
-        }
-        None => println!(
+    let Some(gib) = free_gib(&dir) else {
+        println!(
             "== disk: free space under {} unknown (df failed)",
             dir.display()
-        ),
+        );
+        return;
+    };
+    println!("== disk: {gib} GiB free under {}", dir.display());
+    if gib >= LOW_DISK_GIB {
+        return;
     }
+    // A full disk fails a link with a bus error, minutes into the run and far
+    // from its cause. The target directory is only a cache: give back its
+    // parts that cost least to rebuild, and say so.
+    for part in ["debug/incremental", "release/incremental", "debug"] {
+        let path = dir.join(part);
+        if !path.exists() {
+            continue;
+        }
+        println!(
+            "   under {LOW_DISK_GIB} GiB free: removing {} (a cache) to make room",
+            path.display()
+        );
+        if let Err(err) = std::fs::remove_dir_all(&path) {
+            println!("   warning: cannot remove {}: {err}", path.display());
+        }
+        match free_gib(&dir) {
+            Some(now) if now >= LOW_DISK_GIB => {
+                println!("== disk: {now} GiB free now");
+                return;
+            }
+            _ => {}
+        }
+    }
+    println!(
+        "   warning: still under {LOW_DISK_GIB} GiB free under {}; the build may \
+         fail with a bus error when the disk fills",
+        dir.display()
+    );
+}
+
+/// Free space, in GiB, on the file system that holds `dir` (from `df`).
+fn free_gib(dir: &std::path::Path) -> Option<u64> {
+    let out = Command::new("df").args(["-Pk"]).arg(dir).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let kib = text
+        .lines()
+        .nth(1)?
+        .split_whitespace()
+        .nth(3)?
+        .parse::<u64>()
+        .ok()?;
+    Some(kib / (1024 * 1024))
 }
 
 /// Prints how many tests skipped themselves, and why: `cargo test` counts
