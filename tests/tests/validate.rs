@@ -347,6 +347,60 @@ stages:
     assert!(String::from_utf8_lossy(&out.stdout).contains("(pipeline from-env: 1 stage)"));
 }
 
+/// SASL `PLAIN` without TLS is valid (a private network) but sends the
+/// password as it is: `validate` warns for the source and the sink, and the
+/// daemon logs the same at start-up; neither ever shows the password.
+#[test]
+fn plain_sasl_without_tls_is_warned_of_and_the_password_never_shown() {
+    // A closed port: the daemon starts (an unreachable broker is an
+    // outage, not a failed start) and holds the messages.
+    let port = sluice_harness::process::free_port().expect("a free port");
+    let kafka = |topic: &str| {
+        format!(
+            "brokers: \"127.0.0.1:{port}\"\n      topic: {topic}\n      \
+             security: sasl_plaintext\n      \
+             sasl: {{mechanism: PLAIN, username: alice, password: \"${{SLUICE_TEST_KAFKA_PW}}\"}}"
+        )
+    };
+    let text = format!(
+        "name: plain\ntopics: [in]\nsinks:\n  - name: out\n    subscribe: in\n    kafka:\n      \
+         {}\nsources:\n  - name: src\n    to: in\n    kafka:\n      {}\n      group: g\n",
+        kafka("out"),
+        kafka("orders"),
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("plain.yaml");
+    std::fs::write(&file, &text).expect("write");
+    let password = "pl41n-hunter2";
+    let out = Command::new(sluice_bin())
+        .args(["validate", "--no-plugins"])
+        .arg(&file)
+        .env("SLUICE_TEST_KAFKA_PW", password)
+        .output()
+        .expect("run sluice");
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    for who in [
+        "source `src` (kafka.sasl.mechanism)",
+        "sink `out` (kafka.sasl.mechanism)",
+    ] {
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with("warning:") && l.contains(who) && l.contains("unencrypted")),
+            "no warning for {who}:\n{err}"
+        );
+    }
+    assert!(!err.contains(password), "{err}");
+
+    let daemon = sluice_tests::Daemon::builder(&[&file], &dir.path().join("data"))
+        .envs([("SLUICE_TEST_KAFKA_PW", password)])
+        .start();
+    daemon.wait_until("both start-up warnings", Duration::from_secs(60), |d| {
+        d.log().matches("sends the password unencrypted").count() >= 2
+    });
+    assert!(!daemon.log().contains(password), "{}", daemon.log());
+}
+
 #[test]
 fn schema_is_json_with_the_stage_fields() {
     let (out, _) = sluice(&["schema"]);

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::config;
+use crate::connect::ConfigProblem;
 use crate::plugin::HostConfig;
 
 #[derive(Debug, clap::Args)]
@@ -42,18 +43,27 @@ pub(crate) fn run(args: Args) -> ExitCode {
     match result {
         Ok(pipelines) => {
             for p in pipelines {
-                // Valid, but worth saying (a source that is at most once).
+                // Valid, but worth saying (a source that is at most once,
+                // a password sent unencrypted).
+                let warn = |what: &str, name: &str, kind: &str, w: &ConfigProblem| {
+                    eprintln!(
+                        "warning: {}: {what} `{name}` ({kind}.{}): {}",
+                        p.source.display(),
+                        w.path.join("."),
+                        w.message
+                    );
+                };
                 for source in &p.sources {
                     for connector in source.connectors() {
-                        for warning in connector.warnings() {
-                            eprintln!(
-                                "warning: {}: source `{}` ({}.{}): {}",
-                                p.source.display(),
-                                source.name,
-                                connector.kind(),
-                                warning.path.join("."),
-                                warning.message
-                            );
+                        for w in connector.warnings() {
+                            warn("source", &source.name, connector.kind(), &w);
+                        }
+                    }
+                }
+                for sink in p.stages.iter().filter_map(|s| s.sink.as_ref()) {
+                    for connector in sink.connectors() {
+                        for w in connector.warnings() {
+                            warn("sink", &sink.name, connector.kind(), &w);
                         }
                     }
                 }

@@ -197,6 +197,12 @@ pub trait SinkConfig: Send + Sync {
     /// Checks beyond what the types say (identifiers, URLs, ranges);
     /// nothing is contacted.
     fn check(&self) -> Vec<ConfigProblem>;
+    /// What is valid but worth saying (a password sent unencrypted):
+    /// `validate` prints these as warnings, and the daemon logs them at
+    /// start-up. None by default.
+    fn warnings(&self) -> Vec<ConfigProblem> {
+        Vec::new()
+    }
     /// The target for people, with no password or secret.
     fn describe(&self) -> String;
     /// Makes the block's relative file paths (`tls_ca`) absolute against

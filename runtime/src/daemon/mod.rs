@@ -467,6 +467,9 @@ async fn sink_setup(
     let connector = sink.connector().ok_or_else(|| {
         DaemonError::Unsupported(format!("sink `{}` has no connector block", sink.name))
     })?;
+    for warning in connector.warnings() {
+        tracing::warn!(sink = %ctx.label(), field = %warning.path.join("."), "{}", warning.message);
+    }
     let built = connector.build_for(&ctx, *stage.concurrency).await?;
     metrics.connector_started(&ctx.label());
     tracing::info!(sink = %ctx.label(), target = %connector.describe(), "sink ready");

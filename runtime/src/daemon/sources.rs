@@ -96,6 +96,9 @@ pub(super) async fn setup(
     let connector = source.connector().ok_or_else(|| {
         DaemonError::Unsupported(format!("source `{}` has no connector block", source.name))
     })?;
+    for warning in connector.warnings() {
+        tracing::warn!(source = %ctx.label(), field = %warning.path.join("."), "{}", warning.message);
+    }
     let built = connector.build(&ctx).await?;
     tracing::info!(source = %ctx.label(), upstream = %connector.describe(), to = %source.to, "source ready");
     Ok(connect::source::SourceSetup {

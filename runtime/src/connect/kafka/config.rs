@@ -566,6 +566,10 @@ impl SinkConfig for KafkaSinkConfig {
         "kafka"
     }
 
+    fn warnings(&self) -> Vec<ConfigProblem> {
+        self.connection().warnings()
+    }
+
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
         self.connection().check(&mut problems);

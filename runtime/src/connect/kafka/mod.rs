@@ -82,31 +82,22 @@ pub(crate) fn code(err: &KafkaError) -> Option<RDKafkaErrorCode> {
 }
 
 /// Whether `code` means the brokers cannot be reached or talked to (an
-/// outage), as opposed to a refusal of one request.
+/// outage), as opposed to a refusal of one request: everything
+/// [`diagnosis::cause_of`] can name (unreachable, TLS, authentication, ACLs:
+/// the operator fixes those and the messages wait), and the coordinator and
+/// metadata states a rebalance or a broker restart passes through.
 pub(crate) fn is_outage(code: RDKafkaErrorCode) -> bool {
     use RDKafkaErrorCode as C;
-    matches!(
-        code,
-        C::BrokerTransportFailure
-            | C::AllBrokersDown
-            | C::Resolve
-            | C::MessageTimedOut
-            | C::OperationTimedOut
-            | C::RequestTimedOut
-            | C::NetworkException
-            | C::Authentication
-            | C::SaslAuthenticationFailed
-            | C::SSL
-            | C::CoordinatorNotAvailable
-            | C::NotCoordinator
-            | C::UnknownTopic
-            | C::UnknownTopicOrPartition
-            | C::TopicAuthorizationFailed
-            | C::GroupAuthorizationFailed
-            | C::ClusterAuthorizationFailed
-            | C::WaitingForCoordinator
-            | C::Fatal
-    )
+    diagnosis::cause_of(code, "").is_some()
+        || matches!(
+            code,
+            C::CoordinatorNotAvailable
+                | C::NotCoordinator
+                | C::UnknownTopic
+                | C::UnknownTopicOrPartition
+                | C::WaitingForCoordinator
+                | C::Fatal
+        )
 }
 
 #[cfg(test)]

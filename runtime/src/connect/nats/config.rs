@@ -420,9 +420,6 @@ impl SourceConfig for NatsSourceConfig {
     }
 
     async fn build(&self, ctx: &Context) -> Result<Box<dyn Source>, BuildError> {
-        for warning in self.warnings() {
-            tracing::warn!(source = %ctx.label(), "{}", warning.message);
-        }
         let source = NatsSource::new(self, ctx)
             .await
             .map_err(|message| BuildError::source(ctx, message))?;
