@@ -321,27 +321,30 @@ fn cluster_r3_survives_the_loss_of_a_node_and_loses_nothing() {
         assert_eq!(watcher.replicas(topic), Some(3), "stream of `{topic}`");
     }
     let n = 5_000;
-    std::thread::scope(|s| {
+    // The kill lands while the producer still publishes (its chunks
+    // answered 503 meanwhile are sent again): waiting for the whole
+    // publish first let a fast stage finish before the kill.
+    let (index, name, leader, after_kill) = std::thread::scope(|s| {
         s.spawn(|| daemon.publish("in", &inputs("n", n)));
         watcher.wait_depth("out", "a quarter done", LONG, |d| d >= (n / 4) as u64);
+        let index = cluster
+            .nodes()
+            .iter()
+            .position(|node| serves_client(node, "sluice"))
+            .expect("the daemon is connected to one of the nodes");
+        let leader = watcher.consumer_leader("in", CONSUMER);
+        let name = cluster.nodes()[index].name().to_owned();
+        let before_kill = watcher.depth("out").unwrap_or_default();
+        assert!(before_kill < n as u64, "it finished before the kill");
+        cluster.kill_node(index).expect("kill a node");
+        let after_kill = loop {
+            if let Some(depth) = watcher.depth("out") {
+                break depth;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        (index, name, leader, after_kill)
     });
-
-    let index = cluster
-        .nodes()
-        .iter()
-        .position(|node| serves_client(node, "sluice"))
-        .expect("the daemon is connected to one of the nodes");
-    let leader = watcher.consumer_leader("in", CONSUMER);
-    let name = cluster.nodes()[index].name().to_owned();
-    let before_kill = watcher.depth("out").unwrap_or_default();
-    assert!(before_kill < n as u64, "it finished before the kill");
-    cluster.kill_node(index).expect("kill a node");
-    let after_kill = loop {
-        if let Some(depth) = watcher.depth("out") {
-            break depth;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
     eprintln!(
         "killed node {index} ({name}, the daemon's server; the consumer's leader was {leader:?}) \
          with `out` at {after_kill} of {n}"
