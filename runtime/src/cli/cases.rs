@@ -210,7 +210,7 @@ pub(crate) struct ExpectedEmit {
 /// passed as their text, as a stage's `config:` does.
 fn config_map<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
     let map = BTreeMap::<String, crate::config::ConfigValue>::deserialize(d)?;
-    Ok(map.into_iter().map(|(k, v)| (k, v.0)).collect())
+    Ok(map.into_iter().map(|(k, v)| (k, v.value)).collect())
 }
 
 /// A present field, even when its value is `null`.

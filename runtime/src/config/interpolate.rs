@@ -47,10 +47,13 @@ pub fn interpolate<'a>(
             out.push('$');
             rest = tail;
         } else if let Some(body) = after.strip_prefix('{') {
+            // Errors say where in the value, never quote it: the value may
+            // be a password that merely contains `${`.
+            let column = text.len() - after.len();
             let Some(end) = body.find('}') else {
                 return Err(format!(
-                    "`${{` without a closing `}}` in `{text}`; write `${{NAME}}` or \
-                     `${{NAME:-default}}`, or `$$` for a literal `$`"
+                    "the `${{` at character {column} of this value has no closing `}}`; \
+                     write `${{NAME}}` or `${{NAME:-default}}`, or `$$` for a literal `$`"
                 ));
             };
             let expr = &body[..end];
@@ -63,8 +66,9 @@ pub fn interpolate<'a>(
                 || name.starts_with(|c: char| c.is_ascii_digit())
             {
                 return Err(format!(
-                    "`${{{expr}}}` is not a valid variable reference; expected `${{NAME}}` or \
-                     `${{NAME:-default}}` where NAME is letters, digits and `_`"
+                    "the `${{...}}` at character {column} of this value is not a valid \
+                     variable reference; expected `${{NAME}}` or `${{NAME:-default}}` where \
+                     NAME is letters, digits and `_`, or `$$` for a literal `$`"
                 ));
             }
             let in_userinfo = in_url_userinfo(text, text.len() - after.len() - 1);
@@ -101,7 +105,7 @@ pub fn interpolate<'a>(
 /// before the authority ends (the first `/`, `?` or `#` after `://`).
 /// References (`${...}`) are skipped over when looking for those, so a
 /// variable's default cannot end the authority.
-fn in_url_userinfo(template: &str, at: usize) -> bool {
+pub(crate) fn in_url_userinfo(template: &str, at: usize) -> bool {
     let Some(scheme_end) = template.find("://").map(|i| i + 3) else {
         return false;
     };
@@ -131,7 +135,7 @@ fn in_url_userinfo(template: &str, at: usize) -> bool {
 
 /// `value` with the characters that would end a URL's user info (or move
 /// its host) percent-encoded.
-fn encode_userinfo(value: &str) -> String {
+pub(crate) fn encode_userinfo(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for c in value.chars() {
         match c {
@@ -156,8 +160,7 @@ pub(crate) fn interpolate_tree(
         Kind::Str(text) => match interpolate(text, env) {
             Ok(Cow::Borrowed(_)) => {}
             Ok(Cow::Owned(expanded)) => {
-                *text = expanded;
-                node.interpolated = true;
+                node.written = Some(std::mem::replace(text, expanded));
             }
             Err(message) => errors.push((node.pos, message)),
         },
@@ -249,6 +252,12 @@ mod tests {
         assert!(err.contains("`MISSING` is not set"), "{err}");
         assert!(err.contains("${MISSING:-value}"), "{err}");
         assert!(run("${HOST").expect_err("an error").contains("closing"));
+        // A password that happens to hold `${` is never quoted back.
+        for secret in ["hunter2${", "hunter2${x y}", "s3cr${}et"] {
+            let err = run(secret).expect_err("an error");
+            assert!(!err.contains("hunter2") && !err.contains("s3cr"), "{err}");
+            assert!(err.contains("character"), "{err}");
+        }
         assert!(
             run("${}")
                 .expect_err("an error")

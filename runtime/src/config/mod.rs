@@ -13,6 +13,7 @@
 //! - `parse`: bytes -> positioned tree -> typed model, under limits;
 //! - `tree`: the positioned tree and a serde `Deserializer` over it;
 //! - `interpolate`: `${VAR}`, `${VAR:-default}`, `$$`;
+//! - `secrets`: the `secrets:` block and `{secret:name}`;
 //! - `validate`: loading many files and the checks across values;
 //! - `diagnostic`: what is reported.
 
@@ -23,6 +24,7 @@ mod interpolate;
 mod model;
 mod parse;
 mod rate;
+pub(crate) mod secrets;
 mod tree;
 mod units;
 mod validate;
@@ -37,6 +39,7 @@ pub use model::*;
 pub(crate) use parse::parse_yaml;
 pub use parse::{MAX_ALIAS_REPLAY, MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES};
 pub use rate::{DEFAULT_MAX_KEYS, Rate, RateForm, RateLimit, rate_short};
+pub use secrets::{MAX_SECRET_BYTES, SecretSource, SecretValues};
 pub use tree::Pos;
 pub(crate) use tree::{Node, Seg};
 pub use units::{HumanDuration, HumanSize};

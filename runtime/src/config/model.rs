@@ -71,6 +71,16 @@ pub struct Pipeline {
     /// dead-letter topics) unless a topic sets its own. Off when absent.
     #[serde(default)]
     pub claim_check: Option<super::ClaimCheck>,
+    /// Secrets, each named once by reference (`{env: VAR}` or `{file:
+    /// PATH}`, exactly one) and read at load and on every reload. A
+    /// connector's password and token fields take one as
+    /// `{secret:name}`; no value is ever shown.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, super::SecretSource>,
+    /// The values of `secrets`, read by the loader.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub secret_values: super::SecretValues,
     /// The file this pipeline was read from (set by the loader).
     #[serde(skip)]
     pub source: PathBuf,
@@ -374,7 +384,7 @@ impl Stage {
             config: Arc::new(
                 self.config
                     .iter()
-                    .map(|(k, v)| (k.clone(), v.0.clone()))
+                    .map(|(k, v)| (k.clone(), v.value.clone()))
                     .collect(),
             ),
             outputs: Outputs::Declared(self.publish.clone()),
@@ -502,8 +512,27 @@ impl From<Subscribe> for SubscribeFields {
 }
 
 /// A `config:` value: text, or a number or boolean read as its text.
+///
+/// A value written with `${VAR}` is shown (admin API, console, `status`)
+/// as written, never as its value: the environment is where deployments
+/// keep keys, and a handler's keys belong in `secrets:`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ConfigValue(pub String);
+pub struct ConfigValue {
+    /// What the plugin reads with `config-get`.
+    pub value: String,
+    /// The text as the file writes it, when it came from the environment.
+    pub written: Option<String>,
+}
+
+impl ConfigValue {
+    /// A value written as it is.
+    pub fn new(value: impl Into<String>) -> Self {
+        ConfigValue {
+            value: value.into(),
+            written: None,
+        }
+    }
+}
 
 impl<'de> Deserialize<'de> for ConfigValue {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -514,19 +543,19 @@ impl<'de> Deserialize<'de> for ConfigValue {
                 f.write_str("text, a number or a boolean")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<ConfigValue, E> {
-                Ok(ConfigValue(v.to_owned()))
+                Ok(ConfigValue::new(v.to_owned()))
             }
             fn visit_bool<E: de::Error>(self, v: bool) -> Result<ConfigValue, E> {
-                Ok(ConfigValue(v.to_string()))
+                Ok(ConfigValue::new(v.to_string()))
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<ConfigValue, E> {
-                Ok(ConfigValue(v.to_string()))
+                Ok(ConfigValue::new(v.to_string()))
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<ConfigValue, E> {
-                Ok(ConfigValue(v.to_string()))
+                Ok(ConfigValue::new(v.to_string()))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<ConfigValue, E> {
-                Ok(ConfigValue(v.to_string()))
+                Ok(ConfigValue::new(v.to_string()))
             }
             fn visit_unit<E: de::Error>(self) -> Result<ConfigValue, E> {
                 Err(E::custom(
@@ -540,7 +569,7 @@ impl<'de> Deserialize<'de> for ConfigValue {
 
 impl Serialize for ConfigValue {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.0)
+        s.serialize_str(self.written.as_deref().unwrap_or(&self.value))
     }
 }
 

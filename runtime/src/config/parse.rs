@@ -64,7 +64,8 @@ pub(crate) struct Document {
 /// A problem at a position in the file being read.
 pub(crate) type Problem = (Pos, String);
 
-/// Reads and parses `path`, looking variables up with `env`.
+/// Reads and parses `path`, looking variables up with `env` (secret files
+/// are relative to its directory).
 pub(crate) fn read_file(
     path: &Path,
     env: &dyn Fn(&str) -> Option<String>,
@@ -76,13 +77,14 @@ pub(crate) fn read_file(
     file.take(MAX_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| vec![(start, format!("cannot read the pipeline file: {e}"))])?;
-    parse_bytes(bytes, env)
+    parse_bytes(bytes, path.parent().unwrap_or(Path::new(".")), env)
 }
 
 /// Parses a pipeline file's bytes: refused when larger than
 /// `MAX_FILE_BYTES` or not UTF-8, each at the place it goes wrong.
 pub(crate) fn parse_bytes(
     bytes: Vec<u8>,
+    dir: &Path,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Document, Vec<Problem>> {
     let start = Pos { line: 1, col: 1 };
@@ -109,12 +111,13 @@ pub(crate) fn parse_bytes(
             )]);
         }
     };
-    parse_str(&text, env)
+    parse_str(&text, dir, env)
 }
 
-/// Parses the text of a pipeline file.
+/// Parses the text of a pipeline file whose directory is `dir`.
 pub(crate) fn parse_str(
     text: &str,
+    dir: &Path,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Document, Vec<Problem>> {
     let mut tree = parse_tree(text).map_err(|p| vec![p])?;
@@ -144,9 +147,41 @@ pub(crate) fn parse_str(
     if !problems.is_empty() {
         return Err(problems);
     }
-    match Pipeline::deserialize(&tree) {
-        Ok(pipeline) => Ok(Document { pipeline, tree }),
+    let secrets = super::secrets::read_block(&tree, dir, env)?;
+    match super::secrets::with_values(secrets.clone(), || Pipeline::deserialize(&tree)) {
+        Ok(mut pipeline) => {
+            pipeline.secret_values = secrets;
+            mark_written_config(&tree, &mut pipeline);
+            Ok(Document { pipeline, tree })
+        }
         Err(first) => Err(all_serde_problems(&tree, first)),
+    }
+}
+
+/// Notes, on each stage's `config:` value that came from `${VAR}`, the
+/// text as written: that is what is shown of it.
+fn mark_written_config(tree: &Node, pipeline: &mut Pipeline) {
+    let Some(Kind::Seq(stages)) = field(tree, "stages").map(|n| &n.kind) else {
+        return;
+    };
+    for (node, stage) in stages.iter().zip(pipeline.stages.iter_mut()) {
+        let Some(Kind::Map(entries)) = field(node, "config").map(|n| &n.kind) else {
+            continue;
+        };
+        for (key, value) in entries {
+            if let (Some(written), Some(config)) = (&value.written, stage.config.get_mut(&key.name))
+            {
+                config.written = Some(written.clone());
+            }
+        }
+    }
+}
+
+/// The value of key `name` of mapping `node`.
+fn field<'a>(node: &'a Node, name: &str) -> Option<&'a Node> {
+    match &node.kind {
+        Kind::Map(entries) => entries.iter().find(|(k, _)| k.name == name).map(|(_, v)| v),
+        _ => None,
     }
 }
 
@@ -279,7 +314,7 @@ mod tests {
     }
 
     fn errors(text: &str) -> Vec<String> {
-        match parse_str(text, &no_env) {
+        match parse_str(text, Path::new("."), &no_env) {
             Ok(_) => Vec::new(),
             Err(problems) => problems
                 .into_iter()
@@ -292,7 +327,7 @@ mod tests {
 
     #[test]
     fn a_good_file_parses() {
-        let doc = parse_str(GOOD, &no_env).unwrap_or_else(|e| panic!("{e:?}"));
+        let doc = parse_str(GOOD, Path::new("."), &no_env).unwrap_or_else(|e| panic!("{e:?}"));
         assert_eq!(doc.pipeline.name, "p");
         assert_eq!(doc.pipeline.topics.len(), 2);
         assert_eq!(doc.pipeline.broker, "embedded");
@@ -331,7 +366,7 @@ mod tests {
     #[test]
     fn interpolated_values_become_numbers_where_numbers_are_wanted() {
         let text = GOOD.replace("plugin: x.wasm", "plugin: x.wasm\n    concurrency: ${N:-4}");
-        let doc = parse_str(&text, &no_env).unwrap_or_else(|e| panic!("{e:?}"));
+        let doc = parse_str(&text, Path::new("."), &no_env).unwrap_or_else(|e| panic!("{e:?}"));
         assert_eq!(doc.pipeline.stages[0].concurrency.get(), 4);
         let errs = errors(&GOOD.replace("x.wasm", "${PLUGIN_DIR}/x.wasm"));
         assert!(

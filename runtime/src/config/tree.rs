@@ -34,9 +34,10 @@ pub struct Pos {
 pub(crate) struct Node {
     pub pos: Pos,
     pub kind: Kind,
-    /// The scalar's text came (partly) from `${...}` interpolation, so a
-    /// numeric or boolean field may read it as a number or boolean.
-    pub interpolated: bool,
+    /// The scalar's text as written, when it came (partly) from `${...}`
+    /// interpolation: a numeric or boolean field may then read it as a
+    /// number or boolean, and a `config:` value is shown as written.
+    pub written: Option<String>,
 }
 
 /// A mapping key: always read as text.
@@ -109,9 +110,7 @@ impl Node {
         let Kind::Str(text) = &self.kind else {
             return None;
         };
-        if !self.interpolated {
-            return None;
-        }
+        self.written.as_ref()?;
         let text = text.trim();
         let kind = if let Ok(v) = text.parse::<u64>() {
             Kind::UInt(v)
@@ -127,7 +126,7 @@ impl Node {
         Some(Node {
             pos: self.pos,
             kind,
-            interpolated: false,
+            written: None,
         })
     }
 }
@@ -500,7 +499,7 @@ pub(crate) mod read {
             Ok(Node {
                 pos: pos(&spanned.referenced),
                 kind: spanned.value,
-                interpolated: false,
+                written: None,
             })
         }
     }

@@ -72,7 +72,11 @@ pub fn load_with(
 #[cfg(feature = "fuzz")]
 pub(crate) fn load_bytes(path: &Path, bytes: &[u8]) -> Result<Vec<Pipeline>, Diagnostics> {
     let env = |name: &str| (name == "SET").then(|| "value".to_owned());
-    let doc = super::parse::parse_bytes(bytes.to_vec(), &env);
+    let doc = super::parse::parse_bytes(
+        bytes.to_vec(),
+        path.parent().unwrap_or(Path::new(".")),
+        &env,
+    );
     check_documents(vec![(path.to_owned(), doc)], Diagnostics::default(), None)
 }
 
@@ -318,6 +322,18 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
             path.extend_from_slice(rest);
             path
         };
+        for (key, value) in &stage.config {
+            if value.value.contains(super::secrets::OPEN) {
+                report(
+                    &[K(section), I(index), K("config"), K(key.as_str())],
+                    format!(
+                        "`config.{key}` holds a `{{secret:...}}` reference, which is not \
+                         resolved in `config:` (its values are shown to operators); a \
+                         connector's password and token fields take `{{secret:name}}`"
+                    ),
+                );
+            }
+        }
         if !valid_name(&stage.name) {
             report(
                 &s(&[K("name")]),

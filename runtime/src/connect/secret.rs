@@ -172,6 +172,22 @@ impl SecretUrl {
         })
     }
 
+    /// This URL with `secrets` (values put in from the `secrets:` block)
+    /// hidden too, wherever in the URL they are.
+    #[must_use]
+    pub fn hiding(mut self, secrets: &[String]) -> Self {
+        let mut secrets: Vec<&String> = secrets.iter().filter(|s| !s.is_empty()).collect();
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        for secret in secrets {
+            self.shown = self.shown.replace(secret.as_str(), "***");
+            if !self.hidden.contains(secret) {
+                self.hidden.push(secret.clone());
+            }
+        }
+        self.hidden.sort_by_key(|h| std::cmp::Reverse(h.len()));
+        self
+    }
+
     /// The URL with its secrets, for the client library only.
     pub fn expose(&self) -> &str {
         &self.raw
@@ -259,9 +275,21 @@ impl fmt::Debug for SecretUrl {
 }
 
 impl<'de> Deserialize<'de> for SecretUrl {
+    /// `{secret:name}` anywhere in the URL takes the value of a secret of
+    /// the pipeline's `secrets:` block, and is hidden wherever the URL is
+    /// shown, whatever part it is.
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = String::deserialize(d)?;
-        SecretUrl::parse(&raw).map_err(serde::de::Error::custom)
+        let text = String::deserialize(d)?;
+        let (raw, secrets) =
+            crate::config::secrets::resolve_url(&text).map_err(serde::de::Error::custom)?;
+        let url = SecretUrl::parse(&raw).map_err(|e| {
+            let mut e = e;
+            for secret in &secrets {
+                e = e.replace(secret.as_str(), "***");
+            }
+            serde::de::Error::custom(e)
+        })?;
+        Ok(url.hiding(&secrets))
     }
 }
 
@@ -316,8 +344,13 @@ impl fmt::Display for Secret {
 }
 
 impl<'de> Deserialize<'de> for Secret {
+    /// `{secret:name}` takes the value of a secret of the pipeline's
+    /// `secrets:` block (see `config::secrets`).
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d).map(Secret)
+        let text = String::deserialize(d)?;
+        crate::config::secrets::resolve(&text)
+            .map(|(value, _)| Secret(value))
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -452,6 +485,21 @@ mod tests {
     fn a_url_that_does_not_parse_is_reported_without_its_password() {
         let err = SecretUrl::parse("redis://user:hunter2@[bad").expect_err("bad URL");
         assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn a_secret_from_the_secrets_block_is_hidden_wherever_it_lands() {
+        // A plain word in a database name or a path would be shown; put
+        // there from `secrets:`, it is not.
+        let url = SecretUrl::parse("postgres://app@db:5432/orderswordsecret")
+            .expect("parses")
+            .hiding(&["orderswordsecret".to_owned()]);
+        assert_eq!(url.redacted(), "postgres://app@db:5432/***");
+        assert_eq!(
+            url.scrub("cannot open db orderswordsecret"),
+            "cannot open db ***"
+        );
+        assert!(!format!("{url} {url:?}").contains("orderswordsecret"));
     }
 
     #[test]

@@ -1,0 +1,256 @@
+//! Secrets and values from the environment never show, against the real
+//! `sluice run` binary:
+//!
+//! - a pipeline's `secrets:` (one from a variable, one from a file) used by
+//!   connector blocks as `{secret:name}`, and a stage `config:` value
+//!   written `${VAR}`;
+//! - every GET route of the admin API (from its own OpenAPI document), with
+//!   the full token and the read token, `/metrics`, `sluice status`,
+//!   `sluice validate` and the daemon's log at `debug`: none holds a value.
+//!
+//! The secrets are in use: the HTTP sink signs with one (the receiver
+//! checks the signature), so a test that passed because nothing was
+//! resolved would fail here.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+use sluice_tests::{Daemon, plugin, sluice_bin};
+
+const FULL: &str = "full-token-secrets-41c2";
+const READ: &str = "read-token-secrets-0e7b";
+/// The HMAC key of the HTTP sink, from a variable.
+const HOOK_KEY: &str = "hook-key-V4lu3-from-env";
+/// The Redis password, from a file.
+const REDIS_PW: &str = "redis-pw-F1le-s3cret";
+/// A stage `config:` value from the environment.
+const API_KEY: &str = "api-key-Cf9-from-env";
+
+/// One HTTP request as the receiver saw it: its headers, lowercased
+/// names, and body.
+struct Request {
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+/// A one-thread HTTP receiver answering `204` to every request and
+/// handing each one over.
+fn receiver() -> (String, mpsc::Receiver<Request>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                let mut headers = Vec::new();
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = h.trim_end().split_once(':') {
+                        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+                    }
+                }
+                let len = headers
+                    .iter()
+                    .find(|(k, _)| k == "content-length")
+                    .and_then(|(_, v)| v.parse::<usize>().ok())
+                    .unwrap_or(0);
+                let mut body = vec![0; len];
+                if reader.read_exact(&mut body).is_err() {
+                    break;
+                }
+                let _ = tx.send(Request { headers, body });
+                if stream
+                    .write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
+    });
+    (format!("http://{addr}/in"), rx)
+}
+
+/// `v1=` of a `Sluice-Signature` header, as the receiver recomputes it.
+fn signature(key: &str, t: &str, body: &[u8]) -> String {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).expect("key");
+    mac.update(t.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    hex::encode(mac.finalize().into_bytes())
+}
+
+#[test]
+fn secrets_and_environment_values_appear_in_no_output() {
+    let (hook, requests) = receiver();
+    let secrets = tempfile::tempdir().expect("dir");
+    let pw_file = secrets.path().join("redis-password");
+    std::fs::write(&pw_file, format!("{REDIS_PW}\n")).expect("write");
+    // Redis on a closed port: its sink is an outage, held and said, with
+    // the URL (and its password) in what is said.
+    let closed = sluice_harness::process::free_port().expect("port");
+    let yaml = format!(
+        r#"
+name: shop
+secrets:
+  hook_key: {{env: SLUICE_TEST_HOOK_KEY}}
+  redis_pw: {{file: "{pw_file}"}}
+topics: [in, out]
+stages:
+  - name: work
+    subscribe: in
+    plugin: {plugin}
+    publish: [out]
+    config: {{api_key: "${{SLUICE_TEST_API_KEY}}", plain: visible}}
+sinks:
+  - name: hook
+    subscribe: out
+    http: {{url: "{hook}", secret: "{{secret:hook_key}}"}}
+  - name: cache
+    subscribe: out
+    redis: {{url: "redis://:{{secret:redis_pw}}@127.0.0.1:{closed}/0", stream: done}}
+"#,
+        pw_file = pw_file.display(),
+        plugin = plugin("uppercase"),
+    );
+    let env = [
+        ("SLUICE_ADMIN_TOKEN", FULL),
+        ("SLUICE_ADMIN_READ_TOKEN", READ),
+        ("SLUICE_TEST_HOOK_KEY", HOOK_KEY),
+        ("SLUICE_TEST_API_KEY", API_KEY),
+        ("SLUICE_LOG", "debug"),
+    ];
+    let d = Daemon::with_yaml(&yaml).envs(env).start();
+    let secret_values = [HOOK_KEY, REDIS_PW, API_KEY];
+    let assert_clean = |what: &str, text: &str| {
+        for value in secret_values {
+            assert!(
+                !text.contains(value),
+                "{what} shows a secret value:\n{text}"
+            );
+        }
+    };
+
+    let http = sluice_tests::http_client(Duration::from_secs(30));
+    let get = |path: &str, token: &str| -> (u16, String) {
+        let res = http
+            .get(d.url(path))
+            .bearer_auth(token)
+            .send()
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        (res.status().as_u16(), res.text().unwrap_or_default())
+    };
+
+    // In use: the sink signs with the key from the variable.
+    let posted = http
+        .post(d.url("/v1/topics/in/messages"))
+        .bearer_auth(FULL)
+        .body("hello")
+        .send()
+        .expect("POST");
+    assert_eq!(posted.status(), 202);
+    let request = requests
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the webhook is called");
+    let header = request
+        .headers
+        .iter()
+        .find(|(k, _)| k == "sluice-signature")
+        .map(|(_, v)| v.clone())
+        .expect("a Sluice-Signature header");
+    let (t, v1) = header
+        .split_once(",v1=")
+        .map(|(t, v)| (t.trim_start_matches("t=").to_owned(), v.to_owned()))
+        .expect("t=...,v1=...");
+    assert_eq!(
+        v1,
+        signature(HOOK_KEY, &t, &request.body),
+        "signed with the secret"
+    );
+    // The Redis sink's outage is said, with its URL (masked) in the reason.
+    d.wait_until("the cache sink down", Duration::from_secs(60), |_| {
+        get("/v1/status", READ).1.contains("redis://:***@127.0.0.1")
+    });
+
+    // The stage shows `config:` as written.
+    let (_, stage) = get("/v1/stages/shop/work", READ);
+    let stage: Value = serde_json::from_str(&stage).expect("JSON");
+    assert_eq!(
+        stage["config"]["config"]["api_key"], "${SLUICE_TEST_API_KEY}",
+        "{stage}"
+    );
+    assert_eq!(stage["config"]["config"]["plain"], "visible", "{stage}");
+
+    // Every GET route, both tokens.
+    let (_, spec) = get("/v1/openapi.json", FULL);
+    let spec: Value = serde_json::from_str(&spec).expect("OpenAPI JSON");
+    let paths = spec["paths"].as_object().expect("paths");
+    let mut fetched = 0;
+    for (path, ops) in paths {
+        if ops.get("get").is_none() {
+            continue;
+        }
+        let stages: &[&str] = if path.contains("{stage}") {
+            &["work", "hook", "cache"]
+        } else {
+            &["work"]
+        };
+        for stage in stages {
+            let concrete = path
+                .replace("{pipeline}", "shop")
+                .replace("{stage}", stage)
+                .replace("{topic}", "in");
+            for token in [FULL, READ] {
+                let (status, body) = get(&concrete, token);
+                assert_clean(&format!("GET {concrete} ({status})"), &body);
+                fetched += 1;
+            }
+        }
+    }
+    assert!(
+        fetched >= 10,
+        "only {fetched} GETs: is the OpenAPI document complete?"
+    );
+    let metrics = http
+        .get(d.url("/metrics"))
+        .send()
+        .and_then(|r| r.text())
+        .expect("GET /metrics");
+    assert_clean("/metrics", &metrics);
+
+    let status = d.cli(&["status"], &[("SLUICE_ADMIN_TOKEN", FULL)]);
+    assert!(status.status.success(), "{status:?}");
+    assert_clean("sluice status", &String::from_utf8_lossy(&status.stdout));
+
+    let dir = tempfile::tempdir().expect("dir");
+    let file = sluice_tests::write_pipeline(dir.path(), "shop", &yaml);
+    let validated = Command::new(sluice_bin())
+        .args(["validate", "--no-plugins"])
+        .arg(&file)
+        .envs(env)
+        .output()
+        .expect("sluice validate");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&validated.stdout),
+        String::from_utf8_lossy(&validated.stderr)
+    );
+    assert!(validated.status.success(), "{said}");
+    assert_clean("sluice validate", &said);
+
+    assert_clean("the daemon's log at debug", &d.log());
+}
