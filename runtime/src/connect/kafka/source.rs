@@ -54,8 +54,14 @@ use crate::connect::{Capabilities, Context, Source, SourceError, SourceMessage};
 /// Reads open at once: while one read is made durable, the next ones are
 /// already read.
 const READS_IN_FLIGHT: usize = 4;
+/// How long librdkafka waits before fetching again a partition whose local
+/// queue is at its bound (`buffer`).
+const FETCH_BACKOFF_MS: &str = "10";
 /// How long one poll of the consumer waits.
 const POLL: Duration = Duration::from_millis(100);
+/// How long one poll waits while fetched messages wait for room in the
+/// read channel (fetching is paused then; the poll serves callbacks).
+const FULL_POLL: Duration = Duration::from_millis(2);
 /// How often an outage is probed (a metadata request) to see it end.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// How often durable offsets the brokers have not taken yet are
@@ -305,6 +311,11 @@ impl KafkaSource {
             // too: at most this many messages or KiB.
             .set("queued.min.messages", buffer.min(10_000).to_string())
             .set("queued.max.messages.kbytes", "16384")
+            // Above those bounds librdkafka waits this long before it
+            // fetches that partition again: 1 s by default, which with
+            // bounds this low stalled the source most of the time (2.5k
+            // msg/s where the client does 700k; BENCHMARKS.md, Kafka).
+            .set("fetch.queue.backoff.ms", FETCH_BACKOFF_MS)
             .set("enable.partition.eof", "false");
         if config.group_protocol == GroupProtocol::Classic {
             // Under KIP-848 the brokers own these, and librdkafka refuses
@@ -312,7 +323,14 @@ impl KafkaSource {
             client
                 .set("partition.assignment.strategy", "cooperative-sticky")
                 .set("session.timeout.ms", session_ms.to_string())
-                .set("heartbeat.interval.ms", (session_ms / 3).to_string());
+                // Heartbeats are how a member hears that the group is
+                // rebalancing: at most 1 s apart, so a member leaving
+                // costs the others a second of waiting, not a third of
+                // the session.
+                .set(
+                    "heartbeat.interval.ms",
+                    (session_ms / 3).min(1000).to_string(),
+                );
         }
         if let Some(id) = &config.instance_id {
             client.set("group.instance.id", id);
@@ -625,7 +643,10 @@ impl Poller {
                 paused = Some(epoch);
                 tracing::debug!(source = %self.shared.label, partitions = assignment.count(), epoch, "the read channel is full: fetching paused");
             }
-            match self.consumer.poll(POLL) {
+            // While messages wait for room in the channel, poll briefly:
+            // the wait is for the reads, not for the brokers.
+            let poll = if overflow.is_empty() { POLL } else { FULL_POLL };
+            match self.consumer.poll(poll) {
                 None => {}
                 Some(Ok(m)) => {
                     let tp = (m.topic().to_owned(), m.partition());
