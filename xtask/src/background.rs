@@ -76,6 +76,34 @@ impl Drop for Job {
     }
 }
 
+/// The path of the built test binary of `tests/tests/<name>.rs` (built by
+/// `cargo test --no-run` with `extra`, which this asks again, quickly).
+pub fn test_binary(name: &str, extra: &[&str]) -> anyhow::Result<PathBuf> {
+    let out = super::cargo()
+        .args([
+            "test",
+            "--package",
+            "sluice-tests",
+            "--test",
+            name,
+            "--no-run",
+        ])
+        .args(extra.iter().take_while(|a| **a != "--"))
+        .args(["--message-format", "json", "--quiet"])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot ask cargo for the test binary `{name}`"))?;
+    if !out.status.success() {
+        bail!("cargo could not build the test binary `{name}`");
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|m| m["target"]["name"] == name && m["executable"].is_string())
+        .and_then(|m| m["executable"].as_str().map(PathBuf::from))
+        .with_context(|| format!("cargo named no executable for the test binary `{name}`"))
+}
+
 /// `cmd` at the lowest CPU priority (`nice -n 19`), with its environment and
 /// directory.
 pub fn niced(cmd: &Command) -> Command {

@@ -133,5 +133,14 @@ fn ensure_cargo_fuzz() -> anyhow::Result<()> {
         return Ok(());
     }
     println!("== cargo install cargo-fuzz {CARGO_FUZZ}");
-    super::run(super::cargo().args(["install", "--locked", "--version", CARGO_FUZZ, "cargo-fuzz"]))
+    // A target directory of its own: the workspace's may be locked by a
+    // test run beside this.
+    super::run(
+        super::cargo()
+            .args(["install", "--locked", "--version", CARGO_FUZZ, "cargo-fuzz"])
+            .env(
+                "CARGO_TARGET_DIR",
+                super::target_dir().join("cargo-install"),
+            ),
+    )
 }

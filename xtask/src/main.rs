@@ -617,13 +617,14 @@ fn test(extra: &[&str]) -> anyhow::Result<()> {
         .args(["test", "--workspace", "--no-run"])
         .args(extra))?;
     let jobs = target_dir().join("background");
+    // The test binary itself, not `cargo test`: cargo holds the target
+    // directory's lock while its tests run, which would hold the main run.
     let sqs = background::Job::start(
         "the SQS round trip (tests/connect_sqs.rs)",
         {
-            let mut cmd = cargo();
-            cmd.args(["test", "--package", "sluice-tests", "--test", "connect_sqs"])
-                .args(extra)
-                .args(test_args(extra, &["--exact", SQS_ROUND_TRIP]))
+            let mut cmd = Command::new(background::test_binary("connect_sqs", extra)?);
+            cmd.args(["--exact", SQS_ROUND_TRIP])
+                .current_dir(sluice_harness::repo_root().join("tests"))
                 .env(sluice_harness::skip::SKIP_LOG_ENV, &skip_log);
             cmd
         },
