@@ -60,10 +60,13 @@ pub fn fuzz(args: &[&str]) -> anyhow::Result<()> {
     if targets.is_empty() {
         targets = TARGETS.to_vec();
     }
+    ensure_cargo_fuzz()?;
+    let root = sluice_harness::repo_root();
+    let fuzz_dir = root.join("fuzz");
+    // Instrumented artifacts must not mix with the workspace's own.
+    let target_dir = super::target_dir().join("fuzz");
     println!("== cargo fuzz build (instrumented, dev profile)");
-    super::run(&mut build_command()?)?;
-    let fuzz_dir = sluice_harness::repo_root().join("fuzz");
-    let target_dir = fuzz_target_dir();
+    super::run(cargo_fuzz(&fuzz_dir, &target_dir).args(["build", "--sanitizer", "none", "--dev"]))?;
     for target in targets {
         println!("== fuzz {target} for {seconds} s");
         let scratch = target_dir.join("corpus").join(target);
@@ -96,24 +99,6 @@ pub fn fuzz(args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The build of every fuzz target (instrumented, dev profile), installing
-/// cargo-fuzz first if it is missing: `cargo xtask test` starts it early,
-/// in the background.
-pub fn build_command() -> anyhow::Result<Command> {
-    ensure_cargo_fuzz()?;
-    let mut cmd = cargo_fuzz(
-        &sluice_harness::repo_root().join("fuzz"),
-        &fuzz_target_dir(),
-    );
-    cmd.args(["build", "--sanitizer", "none", "--dev"]);
-    Ok(cmd)
-}
-
-/// Instrumented artifacts must not mix with the workspace's own.
-fn fuzz_target_dir() -> std::path::PathBuf {
-    super::target_dir().join("fuzz")
-}
-
 fn cargo_fuzz(fuzz_dir: &Path, target_dir: &Path) -> Command {
     let mut cmd = super::cargo();
     cmd.arg("fuzz")
@@ -133,8 +118,8 @@ fn ensure_cargo_fuzz() -> anyhow::Result<()> {
         return Ok(());
     }
     println!("== cargo install cargo-fuzz {CARGO_FUZZ}");
-    // A target directory of its own: the workspace's may be locked by a
-    // test run beside this.
+    // A target directory of its own: installing must not wait on, or
+    // rebuild in, the workspace's.
     super::run(
         super::cargo()
             .args(["install", "--locked", "--version", CARGO_FUZZ, "cargo-fuzz"])

@@ -28,7 +28,6 @@ use std::process::{Command, ExitCode, Stdio};
 
 use anyhow::{Context, bail};
 
-mod background;
 mod deploy;
 mod fuzz;
 mod soak;
@@ -535,21 +534,6 @@ fn apt_install(packages: &[&str], why: &str) -> anyhow::Result<()> {
         .stdin(std::process::Stdio::null()))
 }
 
-/// The longest test of the suite, run beside the others (see
-/// `background.rs`).
-const SQS_ROUND_TRIP: &str = "twenty_thousand_messages_survive_kills_and_a_paused_server";
-
-/// `args` for the test binaries, after the `--` that `extra` may already
-/// hold.
-fn test_args<'a>(extra: &[&str], args: &[&'a str]) -> Vec<&'a str> {
-    let mut out = Vec::new();
-    if !extra.contains(&"--") {
-        out.push("--");
-    }
-    out.extend_from_slice(args);
-    out
-}
-
 /// `cargo xtask test`: what CI runs, in order of cost.
 fn test(extra: &[&str]) -> anyhow::Result<()> {
     report_disk();
@@ -611,63 +595,25 @@ fn test(extra: &[&str]) -> anyhow::Result<()> {
     println!("== tests");
     let skip_log = target_dir().join("skipped-tests.log");
     let _ = std::fs::remove_file(&skip_log);
-    // Every test binary built first, so the jobs beside the run start on
-    // built binaries and the run's cargo never waits on their lock.
-    run(cargo()
-        .args(["test", "--workspace", "--no-run"])
-        .args(extra))?;
-    let jobs = target_dir().join("background");
-    // The test binary itself, not `cargo test`: cargo holds the target
-    // directory's lock while its tests run, which would hold the main run.
-    let sqs = background::Job::start(
-        "the SQS round trip (tests/connect_sqs.rs)",
-        {
-            let mut cmd = Command::new(background::test_binary("connect_sqs", extra)?);
-            cmd.args(["--exact", SQS_ROUND_TRIP])
-                .current_dir(sluice_harness::repo_root().join("tests"))
-                .env(sluice_harness::skip::SKIP_LOG_ENV, &skip_log);
-            cmd
-        },
-        jobs.join("sqs-round-trip.log"),
-    )?;
-    let fuzz_build = background::Job::start(
-        "the fuzz targets' build",
-        background::niced(&fuzz::build_command()?),
-        jobs.join("fuzz-build.log"),
-    )?;
-    // The Rust SDK's own logic (message helpers, errors, config parsing)
-    // runs on the host too; its target directory is its own, as the
-    // plugins workspace's lock file is.
-    let sdk = || {
-        let mut cmd = cargo();
-        cmd.args(["test", "--quiet", "--manifest-path", plugins_manifest])
-            .args(["--package", "sluice-sdk", "--lib"])
-            .env("CARGO_TARGET_DIR", target_dir().join("sdk-host"));
-        cmd
-    };
-    let sdk_build = background::Job::start(
-        "the Rust SDK's host build",
-        background::niced(sdk().arg("--no-run")),
-        jobs.join("sdk-build.log"),
-    )?;
     let tested = run(cargo()
         .args(["test", "--workspace"])
         .args(extra)
-        .args(test_args(extra, &["--skip", SQS_ROUND_TRIP]))
         .env(sluice_harness::skip::SKIP_LOG_ENV, &skip_log));
-    let sqs = sqs.finish();
     let skips = report_skips(&skip_log);
     tested?;
-    sqs?;
     skips?;
     // Two minutes of steady ingest through three stages: exact sets, open
     // files flat (RSS is reported; its target needs a 30-minute run).
     println!("== soak (2 minutes)");
     soak::soak(&["--minutes", "2"])?;
-    sdk_build.finish()?;
+    // The Rust SDK's own logic (message helpers, errors, config parsing)
+    // runs on the host too; its target directory is its own, as the
+    // plugins workspace's lock file is.
     println!("== Rust SDK unit tests (host)");
-    run(&mut sdk())?;
-    fuzz_build.finish()?;
+    run(cargo()
+        .args(["test", "--quiet", "--manifest-path", plugins_manifest])
+        .args(["--package", "sluice-sdk", "--lib"])
+        .env("CARGO_TARGET_DIR", target_dir().join("sdk-host")))?;
     // The parsers of files, bodies and stored bytes under random input,
     // 30 seconds a target, from the seeds in fuzz/corpus.
     report_disk();
