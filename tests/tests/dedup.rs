@@ -28,7 +28,7 @@ fn pipeline(dir: &Path) -> std::path::PathBuf {
          \x20   publish: [receipts]\n\
          \x20   concurrency: 4\n\
          \x20   timeout: 2s\n\
-         \x20   ack_wait: 5s\n\
+         \x20   ack_wait: 30s\n\
          \x20   retry: {{max_attempts: 5, backoff: {{initial: 100ms, max: 1s}}}}\n\
          \x20   dedup: {{key: json:/order, ttl: 1h, payload_hash: true}}\n",
         plugin("identity")
