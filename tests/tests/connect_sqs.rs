@@ -5,7 +5,9 @@
 //!
 //! moto's SQS scans every message of a queue on each call (its
 //! `send_message` even computes the queue's attributes, three scans, per
-//! message), so a call on a queue holding 10,000 messages takes seconds.
+//! message), so a call on a queue holding 10,000 messages takes seconds
+//! (the harness removes the worst of it, a scan per received message; see
+//! `sluice_harness::moto`).
 //! The producer therefore keeps the input queue under a depth
 //! ([`PRODUCE_DEPTH`]) and the consumer drains the output queue as it
 //! fills: every message of the suite is still produced and consumed, at
