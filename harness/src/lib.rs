@@ -68,6 +68,7 @@ pub const PLUGINS: &[&str] = &[
     "short-batch",
     "stamp",
     "digest",
+    "secret-reader",
 ];
 
 /// The repository root (the directory of the root `Cargo.toml`), so paths work

@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use sluice::FailureKind;
 use sluice::plugin::{
-    CacheStatus, HostConfig, Isolation, Limits, Message, Outputs, PluginHost, WorkerSettings, World,
+    CacheStatus, Capability, Contract, GuestSecrets, HostConfig, Isolation, Limits, Message,
+    Outputs, PluginHost, WorkerSettings, World,
 };
 use sluice_tests::plugins::{HOST, msg, plugin, settings};
 
@@ -428,14 +429,14 @@ fn bad_plugin_files_get_one_clear_error_each() {
 
     let future = sluice_harness::plugin("future-version");
     let err = load_error(&future);
-    // Its imports are read first: `sluice:plugin/types@0.2.0` names the
+    // Its imports are read first: `sluice:plugin/types@0.9.0` names the
     // contract version it was built against.
     assert!(
-        err.contains("future-version.wasm") && err.contains("sluice:plugin@0.2.0"),
+        err.contains("future-version.wasm") && err.contains("sluice:plugin@0.9.0"),
         "{err}"
     );
     assert!(
-        err.contains("implements sluice:plugin@0.1.0") && err.contains("rebuild"),
+        err.contains("implements sluice:plugin@0.1.0 and @0.2.0") && err.contains("rebuild"),
         "{err}"
     );
 
@@ -609,4 +610,113 @@ fn a_shared_cache_directory_is_made_private_before_use() {
         .mode()
         & 0o777;
     assert_eq!(mode, 0o700, "others can no longer plant entries");
+}
+
+/// A component built for contract 0.1.0 before 0.2.0 existed (the
+/// examples' bytes as the Rust SDK built them then, kept in
+/// `tests/fixtures/contract-0.1/`) loads and runs unchanged, in both
+/// worlds.
+#[tokio::test]
+async fn components_built_for_0_1_0_run_unchanged() {
+    let fixtures = sluice_harness::repo_root().join("tests/fixtures/contract-0.1");
+    let single = HOST
+        .load(fixtures.join("uppercase.wasm"))
+        .expect("a 0.1.0 handler loads");
+    assert_eq!(single.contract(), Contract::V0_1);
+    assert_eq!(single.world(), World::Handler);
+    single
+        .check_grants("shout", &[])
+        .expect("0.1.0 imports no capability");
+    let emits = single
+        .worker(settings(&[]))
+        .handle(&msg("old bytes"))
+        .await
+        .expect("it runs");
+    assert_eq!(emits[0].payload, b"OLD BYTES");
+
+    let batch = HOST
+        .load(fixtures.join("upper-batch.wasm"))
+        .expect("a 0.1.0 batch handler loads");
+    assert_eq!(
+        (batch.contract(), batch.world()),
+        (Contract::V0_1, World::BatchHandler)
+    );
+    let outcomes = batch
+        .worker(settings(&[]))
+        .handle_batch(&[msg("a"), msg("b")])
+        .await;
+    let payloads: Vec<Vec<u8>> = outcomes
+        .into_iter()
+        .map(|o| o.expect("ok").remove(0).payload)
+        .collect();
+    assert_eq!(payloads, vec![b"A".to_vec(), b"B".to_vec()]);
+}
+
+/// Worker settings whose stage `reader` grants the secret `token`.
+fn granted(value: &str) -> WorkerSettings {
+    WorkerSettings {
+        secrets: GuestSecrets::new(
+            "reader",
+            std::collections::BTreeMap::from([("token".to_owned(), value.to_owned())]),
+        ),
+        ..settings(&[])
+    }
+}
+
+/// A 0.2.0 handler that imports `sluice:plugin/secrets` is refused for a
+/// stage that grants no secret, and on one that does it reads the value;
+/// a name the stage does not list is an error it sees, naming the fix.
+#[tokio::test]
+async fn a_secret_is_read_only_where_the_stage_grants_it() {
+    let reader = plugin("secret-reader");
+    assert_eq!(reader.contract(), Contract::V0_2);
+    let refused = reader
+        .check_grants("reader", &[])
+        .expect_err("no grant, no load")
+        .to_string();
+    assert!(
+        refused.contains("sluice:plugin/secrets@0.2.0")
+            && refused.contains("stage `reader` does not grant")
+            && refused.contains("`secrets:`"),
+        "{refused}"
+    );
+    reader
+        .check_grants("reader", &[Capability::Secrets])
+        .expect("granted");
+
+    let mut worker = reader.worker(granted("s3cr3t-v4lue"));
+    let emits = worker.handle(&msg("emit")).await.expect("read");
+    assert_eq!(
+        emits[0].payload, b"s3cr3t-v4lue",
+        "an emit is the handler's data"
+    );
+    let other = worker.handle(&msg("other")).await.expect_err("not listed");
+    assert_eq!(other.kind, FailureKind::Rejected);
+    assert!(
+        other.message.contains("does not list the secret `other`")
+            && other.message.contains("it lists: token"),
+        "{}",
+        other.message
+    );
+}
+
+/// A granted value never leaves through the handler's failure reasons:
+/// a reject's reason and a trap's message and stderr are redacted (they
+/// become dead letters' `sluice-dlq-error`).
+#[tokio::test]
+async fn a_secret_value_is_redacted_from_rejects_and_traps() {
+    let value = "s3cr3t-v4lue";
+    let mut worker = plugin("secret-reader").worker(granted(value));
+    let rejected = worker.handle(&msg("reject")).await.expect_err("rejects");
+    assert_eq!(rejected.kind, FailureKind::Rejected);
+    assert_eq!(rejected.message, "refused with [secret token]");
+    let trapped = worker.handle(&msg("trap")).await.expect_err("traps");
+    assert_eq!(trapped.kind, FailureKind::Trap);
+    assert!(
+        !trapped.message.contains(value) && trapped.message.contains("[secret token]"),
+        "{}",
+        trapped.message
+    );
+    let logged = worker.handle(&msg("log")).await.expect("logs");
+    assert_eq!(logged[0].payload, b"logged");
 }

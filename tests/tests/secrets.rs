@@ -254,3 +254,117 @@ sinks:
 
     assert_clean("the daemon's log at debug", &d.log());
 }
+
+/// A handler on contract 0.2.0 reads the secrets its stage lists, end to
+/// end in the daemon: the value reaches what it emits, and never the log
+/// (host log, stdout, stderr) nor a dead letter's reason; a name the stage
+/// does not list is a reject that names the fix. `validate` refuses the
+/// same plugin on a stage that lists no secret, at that stage's plugin,
+/// and `run` refuses to start it.
+#[test]
+fn a_handler_reads_the_secrets_its_stage_lists_and_they_stay_out_of_logs() {
+    const VALUE: &str = "guest-Secret-77d1";
+    let pipeline = |listed: &str| {
+        format!(
+            r#"
+name: shop
+secrets:
+  token: {{env: SLUICE_TEST_GUEST_TOKEN}}
+topics: [in, out]
+stages:
+  - name: reader
+    subscribe: in
+    plugin: {plugin}
+    publish: [out]
+{listed}    retry: {{max_attempts: 1}}
+"#,
+            plugin = plugin("secret-reader"),
+        )
+    };
+    let env = [("SLUICE_TEST_GUEST_TOKEN", VALUE), ("SLUICE_LOG", "debug")];
+    let d = Daemon::with_yaml(&pipeline("    secrets: [token]\n"))
+        .envs(env)
+        .start();
+    d.publish(
+        "in",
+        &[
+            sluice_tests::Msg::new("m-emit", "emit"),
+            sluice_tests::Msg::new("m-log", "log"),
+            sluice_tests::Msg::new("m-reject", "reject"),
+            sluice_tests::Msg::new("m-trap", "trap"),
+            sluice_tests::Msg::new("m-other", "other"),
+        ],
+    );
+    d.wait_until("outputs and dead letters", Duration::from_secs(60), |d| {
+        d.depth("out") >= 2 && d.depth("shop.reader.dlq") >= 3
+    });
+    let out: Vec<String> = d
+        .read_all("out")
+        .iter()
+        .map(|m| m["payload"].as_str().expect("text").to_owned())
+        .collect();
+    assert_eq!(out, vec![VALUE.to_owned(), "logged".to_owned()]);
+    let dead = d.read_all("shop.reader.dlq");
+    let reason = |id: &str| {
+        let entry = dead
+            .iter()
+            .find(|m| m["id"] == id)
+            .unwrap_or_else(|| panic!("no dead letter for {id}: {dead:?}"));
+        sluice_tests::header(entry, "sluice-dlq-error")
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(reason("m-reject"), "refused with [secret token]");
+    let trap = reason("m-trap");
+    assert!(trap.contains("failed holding [secret token]"), "{trap}");
+    let other = reason("m-other");
+    assert!(
+        other.contains("does not list the secret `other`"),
+        "{other}"
+    );
+    let dead_text = serde_json::to_string(&dead).expect("json");
+    assert!(!dead_text.contains(VALUE), "a dead letter holds the value");
+    let log = d.log();
+    assert!(!log.contains(VALUE), "the log holds the value:\n{log}");
+    for redacted in [
+        "the secret is [secret token]",
+        "stdout has [secret token]",
+        "stderr has [secret token]",
+    ] {
+        assert!(log.contains(redacted), "no `{redacted}` in:\n{log}");
+    }
+    d.term();
+
+    // The same plugin on a stage that grants nothing.
+    let dir = tempfile::tempdir().expect("dir");
+    let file = sluice_tests::write_pipeline(dir.path(), "shop", &pipeline(""));
+    let validated = Command::new(sluice_bin())
+        .arg("validate")
+        .arg(&file)
+        .envs(env)
+        .output()
+        .expect("sluice validate");
+    let said = String::from_utf8_lossy(&validated.stderr).into_owned()
+        + &String::from_utf8_lossy(&validated.stdout);
+    assert!(!validated.status.success(), "{said}");
+    let at = format!("{}:9:13", file.display());
+    assert!(
+        said.contains(&at)
+            && said.contains("sluice:plugin/secrets@0.2.0")
+            && said.contains("stage `reader` does not grant"),
+        "validate says where and why (`{at}`):\n{said}"
+    );
+    let run = Command::new(sluice_bin())
+        .args(["run", "--admin", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg(&file)
+        .stdin(std::process::Stdio::null())
+        .envs(env)
+        .output()
+        .expect("sluice run");
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        !run.status.success() && said.contains("does not grant"),
+        "{said}"
+    );
+}

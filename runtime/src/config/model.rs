@@ -152,6 +152,12 @@ pub struct Stage {
     /// and booleans are converted to their text.
     #[serde(default)]
     pub config: BTreeMap<String, ConfigValue>,
+    /// The secrets the handler may read (`sluice:plugin/secrets`, contract
+    /// 0.2.0): names from the pipeline's `secrets:` block. None by
+    /// default; a plugin that imports the interface on a stage listing
+    /// none is refused at load.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
     /// The topics the plugin may emit to; the first is its default output.
     /// An emit to any other topic is dead-lettered as `undeclared-topic`.
     #[serde(default)]
@@ -371,10 +377,26 @@ impl Stage {
             .unwrap_or_else(|| default_dlq(pipeline, &self.name))
     }
 
+    /// What the stage grants its plugin (contract 0.2.0's capabilities).
+    pub fn grants(&self) -> Vec<crate::plugin::Capability> {
+        let mut granted = Vec::new();
+        if !self.secrets.is_empty() {
+            granted.push(crate::plugin::Capability::Secrets);
+        }
+        granted
+    }
+
     /// The plugin host's settings for one worker of this stage: its limits,
     /// its `config:` map and its declared outputs. The engine creates
     /// `concurrency` workers with these.
     pub fn worker_settings(&self) -> WorkerSettings {
+        self.worker_settings_with(&super::SecretValues::default())
+    }
+
+    /// [`Stage::worker_settings`] with the values of the secrets the stage
+    /// lists, from its pipeline's `secrets` (a name it does not define was
+    /// refused by validation).
+    pub fn worker_settings_with(&self, secrets: &super::SecretValues) -> WorkerSettings {
         WorkerSettings {
             limits: Limits {
                 timeout: self.timeout.get(),
@@ -388,6 +410,13 @@ impl Stage {
                     .collect(),
             ),
             outputs: Outputs::Declared(self.publish.clone()),
+            secrets: crate::plugin::GuestSecrets::new(
+                &self.name,
+                self.secrets
+                    .iter()
+                    .filter_map(|name| Some((name.clone(), secrets.expose(name)?.to_owned())))
+                    .collect(),
+            ),
             isolation: Isolation::Reuse,
         }
     }

@@ -9,7 +9,7 @@
 //! plugin.
 
 use crate::broker::nats::NatsOptions;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use super::diagnostic::{Diagnostic, Diagnostics};
@@ -328,12 +328,40 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
                     &[K(section), I(index), K("config"), K(key.as_str())],
                     format!(
                         "`config.{key}` holds a `{{secret:...}}` reference, which is not \
-                         resolved in `config:` (its values are shown to operators); a \
-                         connector's password and token fields take `{{secret:name}}`"
+                         resolved in `config:` (its values are shown to operators); list the \
+                         secret under the stage's `secrets:` and read it from the handler \
+                         (contract 0.2.0), and a connector's password and token fields take \
+                         `{{secret:name}}`"
                     ),
                 );
             }
         }
+        let mut listed = HashSet::new();
+        for (j, name) in stage.secrets.iter().enumerate() {
+            if !p.secrets.contains_key(name) {
+                let defined: Vec<&str> = p.secrets.keys().map(String::as_str).collect();
+                report(
+                    &s(&[K("secrets"), I(j)]),
+                    format!(
+                        "stage `{}` lists the secret `{name}`, which the pipeline's `secrets:` \
+                         block does not define ({}); add `{name}: {{env: VAR}}` or \
+                         `{name}: {{file: PATH}}` there",
+                        stage.name,
+                        if defined.is_empty() {
+                            "it defines none".to_owned()
+                        } else {
+                            format!("it defines: {}", defined.join(", "))
+                        }
+                    ),
+                );
+            } else if !listed.insert(name.as_str()) {
+                report(
+                    &s(&[K("secrets"), I(j)]),
+                    format!("stage `{}` lists the secret `{name}` twice", stage.name),
+                );
+            }
+        }
+
         if !valid_name(&stage.name) {
             report(
                 &s(&[K("name")]),
@@ -752,8 +780,15 @@ fn check_plugins(docs: &[Document], host: &PluginHost) -> Diagnostics {
                         stage.memory.bytes(),
                         "the stage's `memory`",
                     ) {
-                        Ok(()) => continue,
                         Err(e) => ("memory", e.to_string()),
+                        Ok(()) => match inspection.check_grants(
+                            &stage.plugin,
+                            &stage.name,
+                            &stage.grants(),
+                        ) {
+                            Ok(()) => continue,
+                            Err(e) => ("plugin", e.to_string()),
+                        },
                     },
                 },
             };

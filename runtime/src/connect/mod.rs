@@ -417,6 +417,7 @@ impl SinkDef {
             plugin: std::path::PathBuf::new(),
             sha256: None,
             config: BTreeMap::new(),
+            secrets: Vec::new(),
             publish: Vec::new(),
             concurrency: self.concurrency,
             ack_wait: self.ack_wait,

@@ -434,8 +434,10 @@ async fn stage_setup(
     stage
         .check_pin(plugin.sha256())
         .map_err(DaemonError::PluginPin)?;
+    plugin.check_grants(&stage.name, &stage.grants())?;
+    let settings = stage.worker_settings_with(&pipeline.secret_values);
     let handlers: Vec<Box<dyn StageHandler>> = (0..stage.concurrency.get())
-        .map(|_| Box::new(plugin.worker(stage.worker_settings())) as Box<dyn StageHandler>)
+        .map(|_| Box::new(plugin.worker(settings.clone())) as Box<dyn StageHandler>)
         .collect();
     Ok((
         StageSetup {

@@ -38,7 +38,7 @@ pub enum LoadError {
     CoreModule {
         /// The plugin file.
         path: PathBuf,
-        /// The contract version this host implements.
+        /// The contract versions this host implements.
         contract: &'static str,
     },
     /// The file is a component but compiling it failed.
@@ -60,14 +60,14 @@ pub enum LoadError {
         path: PathBuf,
         /// The interface the component exports.
         found: String,
-        /// The contract version this host implements.
+        /// The contract versions this host implements.
         contract: &'static str,
     },
     /// The component implements some other world.
     #[error(
         "{path}: not a Sluice plugin: it exports {found}; expected a component of world \
-         `sluice:plugin/handler@{contract}` (exporting `sluice:plugin/message-handler@{contract}`) \
-         or `sluice:plugin/batch-handler@{contract}` (exporting \
+         `sluice:plugin/handler` (exporting `sluice:plugin/message-handler@{contract}`) \
+         or `sluice:plugin/batch-handler` (exporting \
          `sluice:plugin/batch-message-handler@{contract}`)"
     )]
     NotAPlugin {
@@ -75,7 +75,7 @@ pub enum LoadError {
         path: PathBuf,
         /// A description of what it exports.
         found: String,
-        /// The contract version this host implements.
+        /// The contract versions this host implements.
         contract: &'static str,
     },
     /// The component exports both worlds' interfaces; the host cannot tell
@@ -97,6 +97,18 @@ pub enum LoadError {
         import: String,
         /// What to do about it.
         hint: String,
+    },
+    /// The component imports a capability its stage does not grant.
+    #[error("{path}: imports `{import}`, which stage `{stage}` does not grant: {grant}")]
+    NotGranted {
+        /// The plugin file.
+        path: PathBuf,
+        /// The import's full name.
+        import: String,
+        /// The stage that loads it.
+        stage: String,
+        /// What to add to the stage to grant it.
+        grant: String,
     },
     /// The component's memories start larger than the memory limit.
     #[error(
@@ -121,7 +133,7 @@ pub enum LoadError {
         path: PathBuf,
         /// What did not match.
         reason: String,
-        /// The contract version this host implements.
+        /// The contract versions this host implements.
         contract: &'static str,
     },
 }

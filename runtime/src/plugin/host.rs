@@ -9,13 +9,14 @@ use sha2::Digest as _;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
 
+use super::bindings::v2;
 use super::bindings::{batch, single};
 use super::cache::{CacheStatus, CompileCache};
 use super::clock::{EpochTicker, TickClock};
 use super::error::{HostError, LoadError, chain};
 use super::inspect::{Inspection, inspect};
 use super::sandbox::StoreState;
-use super::{CONTRACT_VERSION, Plugin, PluginInner, Pre, World};
+use super::{Contract, Plugin, PluginInner, Pre, World};
 
 /// How the host is set up. Stage-level limits live in [`super::Limits`].
 #[derive(Debug, Clone)]
@@ -97,6 +98,11 @@ impl PluginHost {
             state
         })
         .map_err(|e| HostError::Engine(chain(&e)))?;
+        v2::single::Handler::add_to_linker::<StoreState, HasSelf<StoreState>>(
+            &mut linker,
+            |state| state,
+        )
+        .map_err(|e| HostError::Engine(chain(&e)))?;
         let cache = CompileCache::open(config.cache_dir.clone(), config.cache_max_bytes)?;
         let clock = TickClock::new(config.tick);
         let ticker = match config.epoch_interruption {
@@ -150,6 +156,7 @@ impl PluginHost {
         // Milliseconds: refuse what cannot work before a compile of seconds.
         let inspection = self.inspect_bytes(path, bytes)?;
         let world = inspection.world;
+        let contract = inspection.contract;
         let sha256 = super::cache::hex(&sha2::Sha256::digest(bytes));
         let (component, cache_status) =
             self.inner
@@ -158,32 +165,39 @@ impl PluginHost {
         let contract_error = |err: wasmtime::Error| LoadError::Contract {
             path: path.to_owned(),
             reason: chain(&err),
-            contract: CONTRACT_VERSION,
+            contract: contract.as_str(),
         };
         let instance_pre = self
             .inner
             .linker
             .instantiate_pre(&component)
             .map_err(contract_error)?;
-        let pre = match world {
-            World::Handler => {
+        let pre = match (world, contract) {
+            (World::Handler, Contract::V0_1) => {
                 Pre::Single(single::HandlerPre::new(instance_pre).map_err(contract_error)?)
             }
-            World::BatchHandler => {
+            (World::BatchHandler, Contract::V0_1) => {
                 Pre::Batch(batch::BatchHandlerPre::new(instance_pre).map_err(contract_error)?)
+            }
+            (World::Handler, Contract::V0_2) => {
+                Pre::SingleV2(v2::single::HandlerPre::new(instance_pre).map_err(contract_error)?)
+            }
+            (World::BatchHandler, Contract::V0_2) => {
+                Pre::BatchV2(v2::batch::BatchHandlerPre::new(instance_pre).map_err(contract_error)?)
             }
         };
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "plugin".into());
-        tracing::info!(plugin = %name, path = %path.display(), sha256 = %sha256, world = world.as_str(), cache = cache_status.as_str(), "Loaded plugin.");
+        tracing::info!(plugin = %name, path = %path.display(), sha256 = %sha256, world = world.as_str(), contract = contract.as_str(), cache = cache_status.as_str(), "Loaded plugin.");
         Ok(Plugin {
             inner: Arc::new(PluginInner {
                 name: name.into(),
                 path: path.to_owned(),
                 sha256,
                 world,
+                inspection,
                 cache_status,
                 pre,
                 host: self.inner.clone(),

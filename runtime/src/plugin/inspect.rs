@@ -14,16 +14,46 @@ use std::path::Path;
 use wasmparser::{Encoding, Parser, Payload};
 
 use super::error::LoadError;
-use super::{CONTRACT_VERSION, World};
+use super::{Capability, Contract, IMPLEMENTED, World};
 
 /// What a component declares, read without compiling it.
 #[derive(Debug, Clone)]
 pub struct Inspection {
     /// The world it implements.
     pub world: World,
+    /// The contract version it was built against.
+    pub contract: Contract,
+    /// The capabilities it imports, each of which its stage must grant
+    /// ([`Inspection::check_grants`]).
+    pub capabilities: Vec<Capability>,
     /// The sum of the initial sizes of the memories its core modules
     /// define, in bytes: less than this and it cannot even start.
     pub min_memory: u64,
+}
+
+impl Inspection {
+    /// Refuses a component that imports a capability `granted` lacks,
+    /// naming the import, the stage and what to add to it.
+    ///
+    /// # Errors
+    ///
+    /// [`LoadError::NotGranted`].
+    pub fn check_grants(
+        &self,
+        path: &Path,
+        stage: &str,
+        granted: &[Capability],
+    ) -> Result<(), LoadError> {
+        match self.capabilities.iter().find(|c| !granted.contains(c)) {
+            None => Ok(()),
+            Some(missing) => Err(LoadError::NotGranted {
+                path: path.to_owned(),
+                import: missing.import(self.contract),
+                stage: stage.to_owned(),
+                grant: missing.how_to_grant().to_owned(),
+            }),
+        }
+    }
 }
 
 /// The interface every plugin may import: the contract's host functions.
@@ -70,7 +100,7 @@ pub fn inspect(path: &Path, bytes: &[u8]) -> Result<Inspection, LoadError> {
                 if depth == 1 && encoding != Encoding::Component {
                     return Err(LoadError::CoreModule {
                         path: path.to_owned(),
-                        contract: CONTRACT_VERSION,
+                        contract: IMPLEMENTED,
                     });
                 }
             }
@@ -95,15 +125,54 @@ pub fn inspect(path: &Path, bytes: &[u8]) -> Result<Inspection, LoadError> {
             _ => {}
         }
     }
+    let mut contract = None;
+    let mut capabilities = Vec::new();
     for import in &imports {
-        check_import(path, import)?;
+        match check_import(path, import)? {
+            Imported::Wasi => {}
+            Imported::Contract(version) => {
+                if contract.is_some_and(|c| c != version) {
+                    return Err(LoadError::UnsupportedImport {
+                        path: path.to_owned(),
+                        import: import.clone(),
+                        hint: "it mixes versions of the contract; build it against one WIT".into(),
+                    });
+                }
+                contract = Some(version);
+            }
+            Imported::Capability(version, capability) => {
+                if contract.is_some_and(|c| c != version) {
+                    return Err(LoadError::UnsupportedImport {
+                        path: path.to_owned(),
+                        import: import.clone(),
+                        hint: "it mixes versions of the contract; build it against one WIT".into(),
+                    });
+                }
+                contract = Some(version);
+                capabilities.push(capability);
+            }
+        }
     }
-    let world = world_of(path, &exports)?;
-    Ok(Inspection { world, min_memory })
+    let (world, exported) = world_of(path, &exports)?;
+    if contract.is_some_and(|c| c != exported) {
+        return Err(LoadError::IncompatibleContract {
+            path: path.to_owned(),
+            found: format!(
+                "imports of sluice:plugin@{} with exports of sluice:plugin@{}",
+                contract.map_or("", Contract::as_str),
+                exported.as_str()
+            ),
+            contract: IMPLEMENTED,
+        });
+    }
+    Ok(Inspection {
+        world,
+        contract: exported,
+        capabilities,
+        min_memory,
+    })
 }
 
-/// Tells non-components apart first, so each gets an error that says what
-/// it is and what was expected.
 fn check_header(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
     const MAGIC: &[u8; 4] = b"\0asm";
     const CORE_MODULE_VERSION: [u8; 4] = [1, 0, 0, 0];
@@ -112,7 +181,7 @@ fn check_header(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
             if header[4..] == CORE_MODULE_VERSION {
                 Err(LoadError::CoreModule {
                     path: path.to_owned(),
-                    contract: CONTRACT_VERSION,
+                    contract: IMPLEMENTED,
                 })
             } else {
                 Ok(())
@@ -124,25 +193,50 @@ fn check_header(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
     }
 }
 
-/// Refuses an import the sandbox does not link, saying how to build without
-/// it.
-fn check_import(path: &Path, import: &str) -> Result<(), LoadError> {
+/// What an accepted import is.
+#[derive(Debug)]
+enum Imported {
+    /// A WASI interface the sandbox links.
+    Wasi,
+    /// The contract's `host` or `types`, at this version.
+    Contract(Contract),
+    /// A capability of the contract at this version.
+    Capability(Contract, Capability),
+}
+
+/// Accepts an import the host links, saying what it is; refuses any other,
+/// naming it and what to do.
+fn check_import(path: &Path, import: &str) -> Result<Imported, LoadError> {
     let (name, version) = match import.split_once('@') {
         Some((name, version)) => (name, Some(version)),
         None => (import, None),
     };
-    if name == HOST_IMPORT || name == TYPES_IMPORT {
-        if version == Some(CONTRACT_VERSION) {
-            return Ok(());
+    let capability = Capability::ALL
+        .iter()
+        .find(|c| name == c.interface())
+        .copied();
+    if name == HOST_IMPORT || name == TYPES_IMPORT || capability.is_some() {
+        let known = version.and_then(Contract::parse);
+        match (known, capability) {
+            (Some(contract), None) => return Ok(Imported::Contract(contract)),
+            (Some(contract), Some(capability)) if contract.offers(capability) => {
+                return Ok(Imported::Capability(contract, capability));
+            }
+            _ => {}
         }
-        let hint = match version {
-            None => format!(
-                "the contract's interfaces carry their version: import `{name}@{CONTRACT_VERSION}` \
-                 (in JavaScript: `import {{ log }} from \"{HOST_IMPORT}@{CONTRACT_VERSION}\"`)"
+        let newest = Contract::NEWEST.as_str();
+        let hint = match (version, known) {
+            (None, _) => format!(
+                "the contract's interfaces carry their version: import `{name}@{newest}` \
+                 (in JavaScript: `import {{ log }} from \"{HOST_IMPORT}@{newest}\"`)"
             ),
-            Some(v) => format!(
+            (Some(v), Some(_)) => format!(
+                "sluice:plugin@{v} has no `{name}`; it is new in sluice:plugin@{newest}: \
+                 rebuild the plugin against that WIT"
+            ),
+            (Some(v), None) => format!(
                 "it was built against sluice:plugin@{v}; this host implements \
-                 sluice:plugin@{CONTRACT_VERSION}: rebuild it against that WIT"
+                 sluice:plugin@0.1.0 and @0.2.0: rebuild it against one of them"
             ),
         };
         return Err(LoadError::UnsupportedImport {
@@ -152,7 +246,7 @@ fn check_import(path: &Path, import: &str) -> Result<(), LoadError> {
         });
     }
     if LINKED_WASI.iter().any(|p| name.starts_with(p)) {
-        return Ok(());
+        return Ok(Imported::Wasi);
     }
     let hint = if name.starts_with("wasi:http/") {
         "handlers get no network, so Sluice links no wasi:http. componentize-js links it \
@@ -161,9 +255,9 @@ fn check_import(path: &Path, import: &str) -> Result<(), LoadError> {
             .to_owned()
     } else {
         format!(
-            "a handler may import only `{HOST_IMPORT}@{CONTRACT_VERSION}` and WASI's cli, io, \
-             clocks, random, filesystem and sockets interfaces (linked empty: no files, \
-             environment or network)"
+            "a handler may import only the contract's interfaces (`{HOST_IMPORT}`, and in \
+             0.2.0 the capabilities its stage grants) and WASI's cli, io, clocks, random, \
+             filesystem and sockets interfaces (linked empty: no files, environment or network)"
         )
     };
     Err(LoadError::UnsupportedImport {
@@ -173,32 +267,37 @@ fn check_import(path: &Path, import: &str) -> Result<(), LoadError> {
     })
 }
 
-/// Which of the two worlds the component implements, from its export
-/// names; other worlds and other contract versions are refused.
-fn world_of(path: &Path, exports: &[String]) -> Result<World, LoadError> {
-    let at_version = |name: &str| format!("{name}@{CONTRACT_VERSION}");
-    let single = exports.iter().any(|e| *e == at_version(SINGLE_EXPORT));
-    let batch = exports.iter().any(|e| *e == at_version(BATCH_EXPORT));
-    match (single, batch) {
-        (true, true) => {
+fn world_of(path: &Path, exports: &[String]) -> Result<(World, Contract), LoadError> {
+    let mut found: Vec<(World, Contract)> = Vec::new();
+    let mut other_version = None;
+    for export in exports {
+        let Some((name, version)) = export.split_once('@') else {
+            continue;
+        };
+        let world = match name {
+            SINGLE_EXPORT => World::Handler,
+            BATCH_EXPORT => World::BatchHandler,
+            _ => continue,
+        };
+        match Contract::parse(version) {
+            Some(contract) => found.push((world, contract)),
+            None => other_version = Some(export.clone()),
+        }
+    }
+    match found.as_slice() {
+        [one] => return Ok(*one),
+        [_, _, ..] => {
             return Err(LoadError::AmbiguousWorld {
                 path: path.to_owned(),
             });
         }
-        (true, false) => return Ok(World::Handler),
-        (false, true) => return Ok(World::BatchHandler),
-        (false, false) => {}
+        [] => {}
     }
-    let other_version = exports.iter().find(|e| {
-        e.strip_prefix(SINGLE_EXPORT)
-            .or_else(|| e.strip_prefix(BATCH_EXPORT))
-            .is_some_and(|rest| rest.starts_with('@'))
-    });
     if let Some(found) = other_version {
         return Err(LoadError::IncompatibleContract {
             path: path.to_owned(),
-            found: found.clone(),
-            contract: CONTRACT_VERSION,
+            found,
+            contract: IMPLEMENTED,
         });
     }
     let found = if exports.is_empty() {
@@ -213,7 +312,7 @@ fn world_of(path: &Path, exports: &[String]) -> Result<World, LoadError> {
     Err(LoadError::NotAPlugin {
         path: path.to_owned(),
         found,
-        contract: CONTRACT_VERSION,
+        contract: IMPLEMENTED,
     })
 }
 
@@ -244,7 +343,17 @@ mod tests {
             "{http}"
         );
         let bare = refused("sluice:plugin/host");
-        assert!(bare.contains("sluice:plugin/host@0.1.0"), "{bare}");
+        assert!(bare.contains("sluice:plugin/host@0.2.0"), "{bare}");
+        let early = refused("sluice:plugin/secrets@0.1.0");
+        assert!(early.contains("new in sluice:plugin@0.2.0"), "{early}");
+        assert!(matches!(
+            check_import(Path::new("p.wasm"), "sluice:plugin/secrets@0.2.0"),
+            Ok(Imported::Capability(Contract::V0_2, Capability::Secrets))
+        ));
+        assert!(matches!(
+            check_import(Path::new("p.wasm"), "sluice:plugin/host@0.2.0"),
+            Ok(Imported::Contract(Contract::V0_2))
+        ));
         let old = refused("sluice:plugin/host@0.0.9");
         assert!(old.contains("built against sluice:plugin@0.0.9"), "{old}");
         let other = refused("acme:kv/store@1.0.0");

@@ -13,7 +13,8 @@
 //! - `sandbox`: what an instance can reach and its memory accounting.
 //! - `stdio`: the guest's stdout/stderr into logs, under a budget.
 //! - `worker`: instance reuse, per-call limits, failure classification.
-//! - `bindings`: the one `bindgen!` of the contract.
+//! - `secrets`: the secrets a stage grants its guest, and their redaction.
+//! - `bindings`: the `bindgen!`s of the contract's versions.
 
 mod bindings;
 mod cache;
@@ -22,6 +23,7 @@ mod error;
 mod host;
 mod inspect;
 mod sandbox;
+mod secrets;
 mod stdio;
 mod worker;
 
@@ -33,10 +35,90 @@ pub use cache::{CacheStatus, DEFAULT_CACHE_MAX_BYTES};
 pub use error::{HostError, LoadError};
 pub use host::{HostConfig, PluginHost, check_memory, plugin_file_sha256};
 pub use inspect::Inspection;
+pub use secrets::GuestSecrets;
 pub use worker::{Isolation, Limits, Outcome, Outputs, Worker, WorkerSettings};
 
-/// The contract version this host implements (`sluice:plugin@0.1.0`).
-pub const CONTRACT_VERSION: &str = "0.1.0";
+/// The newest contract version this host implements. It implements
+/// every [`Contract`]: `sluice:plugin@0.1.0` and `@0.2.0`.
+pub const CONTRACT_VERSION: &str = Contract::NEWEST.as_str();
+
+/// The versions this host implements, as errors say them after
+/// `sluice:plugin@`.
+pub(crate) const IMPLEMENTED: &str = "0.1.0 or @0.2.0";
+
+/// A version of the `sluice:plugin` contract (`wit/plugin.wit`,
+/// `wit/v0.2/plugin.wit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Contract {
+    /// 0.1.0: transform only.
+    V0_1,
+    /// 0.2.0: 0.1.0 and the capabilities a stage grants.
+    V0_2,
+}
+
+impl Contract {
+    /// The newest version.
+    pub const NEWEST: Contract = Contract::V0_2;
+
+    /// The version as WIT writes it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Contract::V0_1 => "0.1.0",
+            Contract::V0_2 => "0.2.0",
+        }
+    }
+
+    /// The version written `version`, if this host implements it.
+    pub fn parse(version: &str) -> Option<Contract> {
+        match version {
+            "0.1.0" => Some(Contract::V0_1),
+            "0.2.0" => Some(Contract::V0_2),
+            _ => None,
+        }
+    }
+
+    /// Whether this version has `capability`.
+    pub fn offers(self, capability: Capability) -> bool {
+        match capability {
+            Capability::Secrets => self >= Contract::V0_2,
+        }
+    }
+}
+
+/// A capability of contract 0.2.0: an interface a component imports only
+/// if its stage grants it in YAML.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capability {
+    /// `sluice:plugin/secrets`: reading the secrets the stage lists.
+    Secrets,
+}
+
+impl Capability {
+    /// Every capability.
+    pub const ALL: &[Capability] = &[Capability::Secrets];
+
+    /// The interface, without its version.
+    pub fn interface(self) -> &'static str {
+        match self {
+            Capability::Secrets => "sluice:plugin/secrets",
+        }
+    }
+
+    /// The import's full name at `contract`.
+    pub fn import(self, contract: Contract) -> String {
+        format!("{}@{}", self.interface(), contract.as_str())
+    }
+
+    /// What a stage adds to grant it.
+    pub fn how_to_grant(self) -> &'static str {
+        match self {
+            Capability::Secrets => {
+                "list the secrets it may read under the stage's `secrets:` (names from the \
+                 pipeline's `secrets:` block)"
+            }
+        }
+    }
+}
 
 /// Which world of the contract a plugin implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +152,9 @@ struct PluginInner {
     /// The SHA-256 of the plugin file, lowercase hex.
     sha256: String,
     world: World,
+    /// What it declares: its contract version and the capabilities it
+    /// imports.
+    inspection: Inspection,
     cache_status: CacheStatus,
     pre: Pre,
     host: Arc<host::HostInner>,
@@ -78,6 +163,8 @@ struct PluginInner {
 enum Pre {
     Single(bindings::single::HandlerPre<sandbox::StoreState>),
     Batch(bindings::batch::BatchHandlerPre<sandbox::StoreState>),
+    SingleV2(bindings::v2::single::HandlerPre<sandbox::StoreState>),
+    BatchV2(bindings::v2::batch::BatchHandlerPre<sandbox::StoreState>),
 }
 
 impl Plugin {
@@ -100,6 +187,23 @@ impl Plugin {
     /// The world it implements.
     pub fn world(&self) -> World {
         self.inner.world
+    }
+
+    /// The contract version it was built against.
+    pub fn contract(&self) -> Contract {
+        self.inner.inspection.contract
+    }
+
+    /// Refuses it for a stage that does not grant every capability it
+    /// imports ([`Inspection::check_grants`]).
+    ///
+    /// # Errors
+    ///
+    /// [`LoadError::NotGranted`].
+    pub fn check_grants(&self, stage: &str, granted: &[Capability]) -> Result<(), LoadError> {
+        self.inner
+            .inspection
+            .check_grants(&self.inner.path, stage, granted)
     }
 
     /// Whether loading it compiled or used the cache.

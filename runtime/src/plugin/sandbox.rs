@@ -13,8 +13,9 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{ResourceLimiter, StoreContextMut, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use super::bindings::{Level, single::sluice::plugin::host};
+use super::bindings::{Level, single::sluice::plugin::host, v2};
 use super::clock::TickClock;
+use super::secrets::GuestSecrets;
 use super::stdio::{GuestOutputFactory, LogBudget, Stream};
 
 /// The longest text one `log` call forwards; the rest is cut.
@@ -43,6 +44,7 @@ pub(crate) struct StoreState {
     table: ResourceTable,
     plugin: Arc<str>,
     config: Arc<BTreeMap<String, String>>,
+    secrets: GuestSecrets,
     pub(crate) log_budget: LogBudget,
     memory_limit: usize,
     memory_used: usize,
@@ -56,6 +58,7 @@ impl StoreState {
     pub(crate) fn new(
         plugin: Arc<str>,
         config: Arc<BTreeMap<String, String>>,
+        secrets: GuestSecrets,
         memory_limit: usize,
         clock: TickClock,
     ) -> Self {
@@ -65,11 +68,13 @@ impl StoreState {
                 plugin: plugin.clone(),
                 stream: Stream::Stdout,
                 budget: log_budget.clone(),
+                secrets: secrets.clone(),
             })
             .stderr(GuestOutputFactory {
                 plugin: plugin.clone(),
                 stream: Stream::Stderr,
                 budget: log_budget.clone(),
+                secrets: secrets.clone(),
             })
             .allow_tcp(false)
             .allow_udp(false)
@@ -80,6 +85,7 @@ impl StoreState {
             table: ResourceTable::new(),
             plugin,
             config,
+            secrets,
             log_budget,
             memory_limit,
             memory_used: 0,
@@ -170,7 +176,7 @@ impl host::Host for StoreState {
         if end == 0 && !text.is_empty() {
             return;
         }
-        let text = &text[..end];
+        let text = self.secrets.redact(&text[..end]);
         let plugin = &*self.plugin;
         match level {
             Level::Trace => tracing::trace!(target: "sluice::guest", plugin, "{text}"),
@@ -187,3 +193,24 @@ impl host::Host for StoreState {
 }
 
 impl super::bindings::single::sluice::plugin::types::Host for StoreState {}
+
+impl v2::single::sluice::plugin::host::Host for StoreState {
+    fn log(&mut self, level: v2::Level, text: String) {
+        host::Host::log(self, level.into(), text);
+    }
+
+    fn config_get(&mut self, key: String) -> Option<String> {
+        host::Host::config_get(self, key)
+    }
+}
+
+impl v2::single::sluice::plugin::types::Host for StoreState {}
+
+impl v2::single::sluice::plugin::secrets::Host for StoreState {
+    fn get(&mut self, name: String) -> Result<String, v2::SecretError> {
+        self.secrets.get(&name).map_err(|why| {
+            tracing::warn!(target: "sluice::guest", plugin = %self.plugin, secret = %name, "a handler asked for a secret its stage does not list");
+            v2::SecretError::NotGranted(why)
+        })
+    }
+}

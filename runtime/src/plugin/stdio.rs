@@ -168,6 +168,8 @@ pub(crate) struct GuestOutputFactory {
     pub(crate) plugin: Arc<str>,
     pub(crate) stream: Stream,
     pub(crate) budget: LogBudget,
+    /// Whose values never reach the log or the stderr tail.
+    pub(crate) secrets: super::GuestSecrets,
 }
 
 impl IsTerminal for GuestOutputFactory {
@@ -192,6 +194,7 @@ impl GuestOutputFactory {
             plugin: self.plugin.clone(),
             stream: self.stream,
             budget: self.budget.clone(),
+            secrets: self.secrets.clone(),
             line: Vec::new(),
             tail: Vec::new(),
         }
@@ -203,6 +206,7 @@ struct GuestOutput {
     plugin: Arc<str>,
     stream: Stream,
     budget: LogBudget,
+    secrets: super::GuestSecrets,
     line: Vec<u8>,
     /// The current stderr line, kept apart from the budget for the trap hint.
     tail: Vec<u8>,
@@ -223,7 +227,9 @@ impl GuestOutput {
             self.tail
                 .extend_from_slice(&content[..content.len().min(room)]);
             if line.ends_with(b"\n") {
-                self.budget.remember_stderr(&self.tail);
+                let text = String::from_utf8_lossy(&self.tail);
+                self.budget
+                    .remember_stderr(self.secrets.redact(&text).as_bytes());
                 self.tail.clear();
             }
         }
@@ -249,7 +255,8 @@ impl GuestOutput {
         if self.line.is_empty() {
             return;
         }
-        let text = String::from_utf8_lossy(&self.line);
+        let line = String::from_utf8_lossy(&self.line);
+        let text = self.secrets.redact(&line);
         match self.stream {
             Stream::Stdout => {
                 tracing::info!(target: "sluice::guest", plugin = %self.plugin, stream = "stdout", "{text}")
@@ -350,6 +357,7 @@ mod tests {
             plugin: "t".into(),
             stream: Stream::Stdout,
             budget,
+            secrets: super::super::GuestSecrets::default(),
             line: Vec::new(),
             tail: Vec::new(),
         };
@@ -371,6 +379,7 @@ mod tests {
             plugin: "t".into(),
             stream: Stream::Stderr,
             budget: budget.clone(),
+            secrets: super::super::GuestSecrets::default(),
             line: Vec::new(),
             tail: Vec::new(),
         };
@@ -397,6 +406,7 @@ mod tests {
             plugin: "t".into(),
             stream: Stream::Stderr,
             budget: budget.clone(),
+            secrets: super::super::GuestSecrets::default(),
             line: Vec::new(),
             tail: Vec::new(),
         };

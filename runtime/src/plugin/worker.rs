@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use wasmtime::{Store, Trap};
 
-use super::bindings::{HandlerError, batch, single};
+use super::bindings::{HandlerError, batch, single, v2};
 use super::sandbox::{DeadlineExceeded, MemoryLimitExceeded, StoreState};
 use super::{Emit, Message, Plugin, Pre, World};
 use crate::broker::check_portable;
@@ -88,6 +88,9 @@ pub struct WorkerSettings {
     pub config: Arc<BTreeMap<String, String>>,
     /// Where emits may go.
     pub outputs: Outputs,
+    /// The secrets the stage grants (`sluice:plugin/secrets`); their values
+    /// are removed from the guest's logs and failure reasons.
+    pub secrets: super::GuestSecrets,
     /// Instance reuse policy.
     pub isolation: Isolation,
 }
@@ -100,6 +103,7 @@ impl Default for WorkerSettings {
             outputs: Outputs::Any {
                 default: "out".into(),
             },
+            secrets: super::GuestSecrets::default(),
             isolation: Isolation::Reuse,
         }
     }
@@ -125,6 +129,8 @@ struct Live {
 enum Exports {
     Single(single::Handler),
     Batch(batch::BatchHandler),
+    SingleV2(v2::single::Handler),
+    BatchV2(v2::batch::BatchHandler),
 }
 
 impl Worker {
@@ -197,7 +203,9 @@ impl Worker {
 
     /// Checks one guest result; notes whether it hit an output limit.
     fn check_outcome(&self, item: Outcome, limit_hit: &mut bool) -> Outcome {
-        let checked = item.and_then(|emits| self.check_emits(emits));
+        let checked = item
+            .map_err(|failure| self.redacted(failure))
+            .and_then(|emits| self.check_emits(emits));
         *limit_hit |= matches!(&checked, Err(f) if matches!(f.kind, FailureKind::OutputTooLarge | FailureKind::UndeclaredTopic));
         checked
     }
@@ -243,8 +251,16 @@ impl Worker {
                     None => format!("{} (guest stderr: {tail})", failure.message),
                 };
             }
-            failure
+            self.redacted(failure)
         })
+    }
+
+    /// `failure` with the stage's secret values removed from its reason.
+    fn redacted(&self, mut failure: Failure) -> Failure {
+        if let std::borrow::Cow::Owned(clean) = self.settings.secrets.redact(&failure.message) {
+            failure.message = clean;
+        }
+        failure
     }
 
     async fn instance(&mut self) -> wasmtime::Result<&mut Live> {
@@ -253,6 +269,7 @@ impl Worker {
             let state = StoreState::new(
                 self.plugin.inner.name.clone(),
                 self.settings.config.clone(),
+                self.settings.secrets.clone(),
                 limits.memory.min(self.plugin.inner.host.max_memory),
                 self.plugin.inner.host.clock.clone(),
             );
@@ -266,6 +283,8 @@ impl Worker {
             let exports = match &self.plugin.inner.pre {
                 Pre::Single(pre) => Exports::Single(pre.instantiate_async(&mut store).await?),
                 Pre::Batch(pre) => Exports::Batch(pre.instantiate_async(&mut store).await?),
+                Pre::SingleV2(pre) => Exports::SingleV2(pre.instantiate_async(&mut store).await?),
+                Pre::BatchV2(pre) => Exports::BatchV2(pre.instantiate_async(&mut store).await?),
             };
             store.data_mut().disarm();
             self.instantiations += 1;
@@ -378,22 +397,50 @@ impl Live {
                     .sluice_plugin_batch_message_handler()
                     .call_handle_batch(&mut self.store, msgs)
                     .await?;
-                if guest.len() != msgs.len() {
-                    return Err(wasmtime::Error::msg(format!(
-                        "batch handler returned {} outcomes for {} messages; it must return exactly one per message",
-                        guest.len(),
-                        msgs.len()
-                    )));
-                }
+                check_batch_len(guest.len(), msgs.len())?;
                 guest
                     .into_iter()
                     .map(|r| r.map_err(from_handler_error))
+                    .collect()
+            }
+            Exports::SingleV2(handler) => {
+                let mut results = Vec::with_capacity(msgs.len());
+                for msg in v2::messages(msgs) {
+                    begin(&mut self.store, limits, 1);
+                    let guest = handler
+                        .sluice_plugin_message_handler()
+                        .call_handle(&mut self.store, &msg)
+                        .await?;
+                    results.push(v2::outcome(guest).map_err(from_handler_error));
+                }
+                results
+            }
+            Exports::BatchV2(handler) => {
+                begin(&mut self.store, limits, msgs.len());
+                let guest = handler
+                    .sluice_plugin_batch_message_handler()
+                    .call_handle_batch(&mut self.store, &v2::messages(msgs))
+                    .await?;
+                check_batch_len(guest.len(), msgs.len())?;
+                guest
+                    .into_iter()
+                    .map(|r| v2::outcome(r).map_err(from_handler_error))
                     .collect()
             }
         };
         self.store.data_mut().disarm();
         Ok(results)
     }
+}
+
+/// Refuses a batch result without one outcome per message.
+fn check_batch_len(outcomes: usize, messages: usize) -> wasmtime::Result<()> {
+    if outcomes == messages {
+        return Ok(());
+    }
+    Err(wasmtime::Error::msg(format!(
+        "batch handler returned {outcomes} outcomes for {messages} messages; it must return exactly one per message"
+    )))
 }
 
 /// Arms the next guest execution over `messages` inputs: its deadline, an

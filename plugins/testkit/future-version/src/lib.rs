@@ -1,9 +1,9 @@
 //! Test plugin: a handler for a contract version the runtime does not know.
 //!
 //! Built directly with `wit-bindgen` against `wit/plugin.wit` in this crate, a
-//! copy of the Sluice contract re-versioned as `sluice:plugin@0.2.0` with an
+//! copy of the Sluice contract re-versioned as `sluice:plugin@0.9.0` with an
 //! extra `trace-id` field in `message`. It exports
-//! `sluice:plugin/message-handler@0.2.0`, so a runtime implementing 0.1.0 must
+//! `sluice:plugin/message-handler@0.9.0`, so a runtime implementing 0.1.0 must
 //! refuse to load it as an incompatible contract version (and must not be
 //! fooled into calling it with the 0.1.0 ABI).
 //!
