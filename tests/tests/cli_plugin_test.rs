@@ -178,3 +178,61 @@ fn guest_output_is_capped_per_call() {
         &stderr[stderr.len().saturating_sub(500)..]
     );
 }
+
+/// A handler that reads secrets (contract 0.2.0) is tested offline with
+/// `--secret NAME=env:VAR` or `file:PATH`: without one it is refused as on
+/// a stage that grants none; a value given in place of a source is refused
+/// without being repeated; the value is removed from a reject's reason.
+#[test]
+fn secrets_are_granted_with_their_source_never_their_value() {
+    let reader = plugin("secret-reader");
+    let value = "offline-Tok-5150";
+    let run = |args: &[&str]| {
+        let out = Command::new(sluice_bin())
+            .args(["plugin", "test", &reader])
+            .args(args)
+            .env("SLUICE_TEST_OFFLINE_TOKEN", value)
+            .stdin(Stdio::null())
+            .output()
+            .expect("sluice runs");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out, stderr)
+    };
+    let (out, stderr) = run(&["--data", "emit"]);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("sluice:plugin/secrets@0.2.0") && stderr.contains("--secret NAME=env:VAR"),
+        "{stderr}"
+    );
+
+    let granted = ["--secret", "token=env:SLUICE_TEST_OFFLINE_TOKEN"];
+    let (out, stderr) = run(&[&["--data", "emit"][..], &granted].concat());
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(json_lines(&out)[0]["payload"], value);
+
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("token");
+    std::fs::write(&file, format!("{value}\n")).expect("write");
+    let from_file = format!("token=file:{}", file.display());
+    let (out, stderr) = run(&["--data", "emit", "--secret", &from_file]);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        json_lines(&out)[0]["payload"],
+        value,
+        "one trailing newline dropped"
+    );
+
+    let (out, stderr) = run(&[&["--data", "reject"][..], &granted].concat());
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("refused with [secret token]") && !stderr.contains(value),
+        "{stderr}"
+    );
+
+    let (out, stderr) = run(&["--data", "emit", "--secret", "token=plain-guess-9"]);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("`env:VAR` or `file:PATH`") && !stderr.contains("plain-guess-9"),
+        "{stderr}"
+    );
+}

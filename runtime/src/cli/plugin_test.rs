@@ -49,6 +49,12 @@ pub(crate) struct Args {
     /// A stage config entry the plugin reads with config-get, KEY=VALUE (repeatable).
     #[arg(long = "config", value_name = "KEY=VALUE", value_parser = args::key_value)]
     config: Vec<(String, String)>,
+    /// A secret the plugin may read (contract 0.2.0, `sluice:plugin/secrets`), named as in a
+    /// pipeline's `secrets:` block and read from `env:VAR` or `file:PATH`, never given as a
+    /// value (repeatable). Its value is removed from the plugin's log lines and failure reasons.
+    /// Example: --secret api_token=env:PAYMENTS_TOKEN
+    #[arg(long = "secret", value_name = "NAME=env:VAR|file:PATH", value_parser = args::key_value)]
+    secrets: Vec<(String, String)>,
     /// A declared output topic (repeatable); the first is the default output. Without any,
     /// every topic is allowed and the default output is called `out`.
     #[arg(long = "publish", value_name = "TOPIC")]
@@ -153,12 +159,34 @@ pub(crate) fn run(args: Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let mut secrets = BTreeMap::new();
+    for (name, spec) in &args.secrets {
+        match crate::config::read_secret_spec(name, spec) {
+            Ok(value) => {
+                secrets.insert(name.clone(), value);
+            }
+            Err(why) => {
+                eprintln!("error: --secret {name}: {why}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let granted = if secrets.is_empty() {
+        Vec::new()
+    } else {
+        vec![crate::plugin::Capability::Secrets]
+    };
+    if let Err(err) = plugin.check_grants("plugin test", &granted) {
+        eprintln!("error: {err}; with `plugin test`, give each with --secret NAME=env:VAR");
+        return ExitCode::from(2);
+    }
     let settings = WorkerSettings {
         limits: Limits {
             timeout: args.timeout,
             memory: args.memory,
             ..Limits::default()
         },
+        secrets: crate::plugin::GuestSecrets::new("plugin test", secrets),
         config: Arc::new(args.config.iter().cloned().collect::<BTreeMap<_, _>>()),
         outputs: if args.publish.is_empty() {
             Outputs::Any {

@@ -39,7 +39,7 @@ pub use model::*;
 pub(crate) use parse::parse_yaml;
 pub use parse::{MAX_ALIAS_REPLAY, MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES};
 pub use rate::{DEFAULT_MAX_KEYS, Rate, RateForm, RateLimit, rate_short};
-pub use secrets::{MAX_SECRET_BYTES, SecretSource, SecretValues};
+pub use secrets::{MAX_SECRET_BYTES, SecretSource, SecretValues, read_spec as read_secret_spec};
 pub use tree::Pos;
 pub(crate) use tree::{Node, Seg};
 pub use units::{HumanDuration, HumanSize};

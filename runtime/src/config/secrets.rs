@@ -124,6 +124,33 @@ pub(crate) fn read_block(
     }
 }
 
+/// Reads one secret given as `env:VAR` or `file:PATH` (a path relative to
+/// the current directory), as `sluice plugin test --secret NAME=...` takes
+/// it: checked and read as a pipeline's `secrets:` block would be. Errors
+/// never quote the value.
+pub fn read_spec(name: &str, spec: &str) -> Result<String, String> {
+    check_name(name)?;
+    let source = match spec.split_once(':') {
+        Some(("env", var)) => SecretSource {
+            env: Some(var.to_owned()),
+            file: None,
+        },
+        Some(("file", path)) => SecretSource {
+            env: None,
+            file: Some(PathBuf::from(path)),
+        },
+        _ => {
+            return Err(format!(
+                "secret `{name}`: give its source as `env:VAR` or `file:PATH`, never the \
+                 value itself (a command line is seen by `ps` and kept in shell history)"
+            ));
+        }
+    };
+    read_one(name, &source, Path::new("."), &|var| {
+        std::env::var(var).ok()
+    })
+}
+
 /// A secret's name: lowercase letters, digits and `_`, as `{secret:name}`
 /// writes it.
 fn check_name(name: &str) -> Result<(), String> {
