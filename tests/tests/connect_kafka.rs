@@ -615,3 +615,70 @@ fn the_example_pipeline_validates() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A source whose topic stays full (its stage paused, the topic at its
+/// high-water mark) for longer than the group's session stops fetching
+/// and stays a member: no rebalance, nothing committed past what the topic
+/// holds; resumed, every message arrives once.
+#[test]
+fn a_source_held_at_a_full_topic_stays_in_its_group_and_loses_nothing() {
+    const N: usize = 2_000;
+    let server = kafka();
+    let brokers = server.brokers();
+    create(&brokers, "in", 2);
+    produce(&brokers, "in", 0, N);
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        r#"
+name: kp
+topics:
+  - {{name: in, high_water_mark: 50}}
+  - out
+sources:
+  - name: src
+    to: in
+    kafka: {{brokers: "{brokers}", topic: in, group: held, start: earliest, batch: 10, buffer: 20, session_timeout: 6s}}
+stages:
+  - name: pass
+    subscribe: in
+    plugin: {identity}
+    publish: [out]
+"#,
+        identity = plugin("identity"),
+    );
+    let file = write_pipeline(dir.path(), "kp", &yaml);
+    let daemon = Daemon::builder(&[&file], &dir.path().join("data"))
+        .envs([("SLUICE_LOG", "warn,sluice=debug")])
+        .start();
+    daemon.post("/v1/stages/kp/pass/pause", json!({}));
+    daemon.wait_until("the topic at its mark", LONG, |d| d.depth("in") >= 50);
+    // Twice the session: a member that stopped polling would be gone.
+    std::thread::sleep(Duration::from_secs(12));
+    let held = daemon.depth("in");
+    assert!(held <= 50 + 10, "the mark holds: {held} in the topic");
+    let log = daemon.log();
+    assert!(
+        log.contains("fetching paused"),
+        "the source paused its partitions:\n{log}"
+    );
+    assert!(
+        !log.contains("partitions revoked"),
+        "no rebalance while it was held:\n{log}"
+    );
+    let commits = committed(&brokers, "held", "in");
+    // A partition with no commit yet answers a negative sentinel.
+    let total: i64 = commits.values().filter(|o| **o > 0).sum();
+    assert!(
+        usize::try_from(total).expect("a count") <= daemon.depth("in") + daemon.depth("out"),
+        "nothing committed past what the topics hold: {commits:?}"
+    );
+    daemon.post("/v1/stages/kp/pass/resume", json!({}));
+    daemon.wait_until("every message through", LONG, |d| d.depth("out") >= N);
+    let out = daemon.read_all("out");
+    let payloads: BTreeSet<String> = out
+        .iter()
+        .map(|m| m["payload"].as_str().expect("text").to_owned())
+        .collect();
+    assert_eq!(out.len(), N, "each once");
+    assert_eq!(payloads.len(), N, "each once");
+}

@@ -4,10 +4,13 @@
 //!   (`enable.auto.commit=false`, `enable.auto.offset.store=false`): it is
 //!   polled every 100 ms whatever the runner does, so rebalances are
 //!   served and the group never takes this daemon for dead. What it
-//!   fetches goes into a bounded channel (`buffer` messages); when that is
-//!   full the assigned partitions are paused (librdkafka then drops what
-//!   it had fetched ahead and resumes at the next message not handed
-//!   over), so memory stays bounded and nothing is skipped.
+//!   fetches goes into a bounded channel (`buffer` messages). When that is
+//!   full it waits for room, polling nothing (librdkafka's own queue is
+//!   bounded by `queued.*`); full for over a second, the assigned
+//!   partitions are paused (librdkafka then drops what it had fetched
+//!   ahead and resumes at the next message not handed over) and polling
+//!   goes on, so memory stays bounded, nothing is skipped, and a resume,
+//!   which stalls fetching for up to a second, is rare.
 //! - **`read`** takes at most `max` (the room under the topic's
 //!   high-water mark) from the channel. Messages still in the channel were
 //!   never read: nothing is committed for them.
@@ -62,6 +65,10 @@ const POLL: Duration = Duration::from_millis(100);
 /// How long one poll waits while fetched messages wait for room in the
 /// read channel (fetching is paused then; the poll serves callbacks).
 const FULL_POLL: Duration = Duration::from_millis(2);
+/// How long fetched messages may wait for room in the read channel
+/// before the assigned partitions are paused. Meanwhile nothing is polled,
+/// so rebalance callbacks wait at most this long.
+const FULL_WAIT: Duration = Duration::from_secs(1);
 /// How often an outage is probed (a metadata request) to see it end.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// How often durable offsets the brokers have not taken yet are
@@ -610,6 +617,8 @@ impl Poller {
         let mut overflow: VecDeque<Fetched> = VecDeque::new();
         // The epoch whose assignment is paused, while the channel is full.
         let mut paused: Option<u64> = None;
+        // Since when fetched messages wait for room in the read channel.
+        let mut full_since: Option<Instant> = None;
         let mut probed = Instant::now();
         let mut recommitted = Instant::now();
         while !self.shared.stop.load(Ordering::SeqCst) {
@@ -628,22 +637,34 @@ impl Poller {
             }
             let epoch = self.shared.lock().epoch;
             if overflow.is_empty() {
+                full_since = None;
                 if paused.take().is_some()
                     && let Ok(assignment) = self.consumer.assignment()
                 {
                     let _ = self.consumer.resume(&assignment);
                     tracing::debug!(source = %self.shared.label, partitions = assignment.count(), "fetching resumed");
                 }
+            } else if full_since.get_or_insert_with(Instant::now).elapsed() < FULL_WAIT {
+                // Full for a moment: the reads are catching up. Wait for
+                // room rather than pause, since a paused partition drops
+                // what librdkafka fetched ahead and, resumed, stalls for up
+                // to a second before it fetches again (BENCHMARKS.md,
+                // Kafka). What librdkafka holds meanwhile is bounded by
+                // `queued.*`; nothing more is polled.
+                std::thread::sleep(FULL_POLL);
+                continue;
             } else if paused != Some(epoch)
                 && let Ok(assignment) = self.consumer.assignment()
             {
-                // Full: fetch no more until the reads catch up (an
-                // assignment made since is paused anew).
+                // Full for long (the topic at its high-water mark): fetch
+                // no more, and poll on, so rebalances are served and the
+                // group keeps this member (an assignment made since is
+                // paused anew).
                 let _ = self.consumer.pause(&assignment);
                 paused = Some(epoch);
                 tracing::debug!(source = %self.shared.label, partitions = assignment.count(), epoch, "the read channel is full: fetching paused");
             }
-            // While messages wait for room in the channel, poll briefly:
+            // While paused with messages waiting for room, poll briefly:
             // the wait is for the reads, not for the brokers.
             let poll = if overflow.is_empty() { POLL } else { FULL_POLL };
             match self.consumer.poll(poll) {
