@@ -19,10 +19,13 @@
 //!   Within one assignment a partition's messages arrive in offset order
 //!   and reads are acked in read order, so that offset and every earlier
 //!   one are durable: commits are contiguous per partition, whatever the
-//!   number of reads in flight. A commit the brokers do not take (a
-//!   cooperative rebalance under way, the coordinator moving) is sent
-//!   again each second until they do: with no later read to carry it, the
-//!   group's position would otherwise stay behind.
+//!   number of reads in flight. Commits are sent at most every 100 ms
+//!   (`COMMIT_EVERY`; what a read made durable meanwhile goes with the next
+//!   one, which the poll thread sends if no read does). A commit the
+//!   brokers do not take (a cooperative rebalance under way, the
+//!   coordinator moving) is sent again each second until they do: with no
+//!   later read to carry it, the group's position would otherwise stay
+//!   behind.
 //! - **A rebalance**: before a partition is revoked, the poll thread
 //!   commits its durable offset synchronously, under the same lock `ack`
 //!   takes, and forgets the partition. Each assignment has an epoch;
@@ -71,6 +74,12 @@ const FULL_POLL: Duration = Duration::from_millis(2);
 const FULL_WAIT: Duration = Duration::from_secs(1);
 /// How often an outage is probed (a metadata request) to see it end.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How often durable offsets are sent in a commit, at most. A commit
+/// per read kept one always in flight, and librdkafka asks for a newly
+/// assigned partition's committed offset only between commits: after a
+/// member left, the partitions it gave up went unread for 7-15 s
+/// (BENCHMARKS.md, Kafka).
+const COMMIT_EVERY: Duration = Duration::from_millis(100);
 /// How often durable offsets the brokers have not taken yet are
 /// committed again: an asynchronous commit can fail (a cooperative
 /// rebalance under way, a coordinator moving) with no later read to carry
@@ -102,6 +111,11 @@ struct State {
     /// Per owned partition, the next offset to commit: the last durable
     /// one + 1.
     durable: HashMap<Tp, i64>,
+    /// Per owned partition, the offset last sent in a commit (taken by
+    /// the brokers or not yet answered).
+    sent: HashMap<Tp, i64>,
+    /// When offsets were last sent.
+    sent_at: Option<Instant>,
     /// The last epoch handed out.
     epoch: u64,
     /// Why the brokers cannot be reached, during an outage.
@@ -194,6 +208,7 @@ impl ConsumerContext for GroupContext {
         for el in revoked.elements() {
             let tp = (el.topic().to_owned(), el.partition());
             names.push(format!("{}:{}", tp.0, tp.1));
+            state.sent.remove(&tp);
             if let Some(next) = state.durable.remove(&tp) {
                 let _ = commit.add_partition_offset(&tp.0, tp.1, Offset::Offset(next));
             }
@@ -473,7 +488,6 @@ impl Source for KafkaSource {
             return Ok(());
         };
         let mut state = self.shared.lock();
-        let mut commit = TopicPartitionList::new();
         for (tp, epoch, last) in read {
             // A partition revoked since (or revoked and assigned again):
             // its new owner reads from the committed offset; nothing is
@@ -482,21 +496,18 @@ impl Source for KafkaSource {
                 continue;
             }
             let next = last + 1;
-            if state.durable.get(&tp).is_some_and(|d| *d >= next) {
-                continue;
+            if state.durable.get(&tp).is_none_or(|d| *d < next) {
+                state.durable.insert(tp, next);
             }
-            state.durable.insert(tp.clone(), next);
-            let _ = commit.add_partition_offset(&tp.0, tp.1, Offset::Offset(next));
         }
-        if commit.count() == 0 {
+        if state.sent_at.is_some_and(|at| at.elapsed() < COMMIT_EVERY) {
+            // The poll thread sends it within COMMIT_EVERY.
             return Ok(());
         }
         let Some(consumer) = &self.consumer else {
             return Ok(());
         };
-        // Asynchronous: queued in order behind earlier commits; a revoke
-        // commits synchronously behind it before the partition goes.
-        consumer.commit(&commit, CommitMode::Async).map_err(|e| {
+        send_durable(&mut state, consumer).map_err(|e| {
             SourceError::Unavailable(scrub(
                 self.shared.sasl.as_ref(),
                 &format!("{}: committing offsets failed: {e}", self.shared.label),
@@ -533,6 +544,31 @@ impl Source for KafkaSource {
     async fn partition_lag(&mut self) -> Vec<(String, u64)> {
         self.partition_lag.clone()
     }
+}
+
+/// Sends, asynchronously, each owned partition's durable offset that was
+/// not sent yet: queued in order behind earlier commits (a revoke commits
+/// synchronously behind them before the partition goes). Called under the
+/// state's lock, so commits stay in order.
+fn send_durable(state: &mut State, consumer: &GroupConsumer) -> KafkaResult<()> {
+    let mut commit = TopicPartitionList::new();
+    for (tp, next) in &state.durable {
+        if state.owned.contains_key(tp) && state.sent.get(tp).is_none_or(|s| s < next) {
+            let _ = commit.add_partition_offset(&tp.0, tp.1, Offset::Offset(*next));
+        }
+    }
+    state.sent_at = Some(Instant::now());
+    if commit.count() == 0 {
+        return Ok(());
+    }
+    for el in commit.elements() {
+        if let Offset::Offset(next) = el.offset() {
+            state
+                .sent
+                .insert((el.topic().to_owned(), el.partition()), next);
+        }
+    }
+    consumer.commit(&commit, CommitMode::Async)
 }
 
 /// Per owned partition: its high watermark less the next offset to
@@ -698,6 +734,11 @@ impl Poller {
             if recommitted.elapsed() >= RECOMMIT_EVERY {
                 recommitted = Instant::now();
                 self.recommit();
+            } else {
+                let mut state = self.shared.lock();
+                if state.sent_at.is_none_or(|at| at.elapsed() >= COMMIT_EVERY) {
+                    let _ = send_durable(&mut state, &self.consumer);
+                }
             }
             // A refusal (TLS, password, ACL) ends with an assignment or
             // a message, not with a metadata answer.
@@ -726,7 +767,7 @@ impl Poller {
     /// brokers have not taken (under the lock `ack` commits under, so
     /// commits stay in order).
     fn recommit(&self) {
-        let state = self.shared.lock();
+        let mut state = self.shared.lock();
         let mut commit = TopicPartitionList::new();
         {
             let committed = self.shared.committed();
@@ -737,6 +778,7 @@ impl Poller {
             }
         }
         if commit.count() > 0 {
+            state.sent_at = Some(Instant::now());
             let _ = self.consumer.commit(&commit, CommitMode::Async);
         }
     }
