@@ -128,30 +128,20 @@ pub fn inspect(path: &Path, bytes: &[u8]) -> Result<Inspection, LoadError> {
     let mut contract = None;
     let mut capabilities = Vec::new();
     for import in &imports {
-        match check_import(path, import)? {
-            Imported::Wasi => {}
-            Imported::Contract(version) => {
-                if contract.is_some_and(|c| c != version) {
-                    return Err(LoadError::UnsupportedImport {
-                        path: path.to_owned(),
-                        import: import.clone(),
-                        hint: "it mixes versions of the contract; build it against one WIT".into(),
-                    });
-                }
-                contract = Some(version);
-            }
-            Imported::Capability(version, capability) => {
-                if contract.is_some_and(|c| c != version) {
-                    return Err(LoadError::UnsupportedImport {
-                        path: path.to_owned(),
-                        import: import.clone(),
-                        hint: "it mixes versions of the contract; build it against one WIT".into(),
-                    });
-                }
-                contract = Some(version);
-                capabilities.push(capability);
-            }
+        let (version, capability) = match check_import(path, import)? {
+            Imported::Wasi => continue,
+            Imported::Contract(version) => (version, None),
+            Imported::Capability(version, capability) => (version, Some(capability)),
+        };
+        if contract.is_some_and(|c| c != version) {
+            return Err(LoadError::UnsupportedImport {
+                path: path.to_owned(),
+                import: import.clone(),
+                hint: "it mixes versions of the contract; build it against one WIT".into(),
+            });
         }
+        contract = Some(version);
+        capabilities.extend(capability);
     }
     let (world, exported) = world_of(path, &exports)?;
     if contract.is_some_and(|c| c != exported) {
