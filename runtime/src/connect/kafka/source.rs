@@ -657,6 +657,10 @@ impl Poller {
         let mut full_since: Option<Instant> = None;
         let mut probed = Instant::now();
         let mut recommitted = Instant::now();
+        // When the poll thread last looked for durable offsets to send:
+        // the state's lock is taken for it every COMMIT_EVERY, not per
+        // message.
+        let mut flushed = Instant::now();
         while !self.shared.stop.load(Ordering::SeqCst) {
             while let Some(f) = overflow.pop_front() {
                 match self.out.try_send(f) {
@@ -734,7 +738,8 @@ impl Poller {
             if recommitted.elapsed() >= RECOMMIT_EVERY {
                 recommitted = Instant::now();
                 self.recommit();
-            } else {
+            } else if flushed.elapsed() >= COMMIT_EVERY {
+                flushed = Instant::now();
                 let mut state = self.shared.lock();
                 if state.sent_at.is_none_or(|at| at.elapsed() >= COMMIT_EVERY) {
                     let _ = send_durable(&mut state, &self.consumer);
