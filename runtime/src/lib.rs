@@ -7,6 +7,7 @@
 //! - [`broker`]: the queue seam and the embedded durable broker.
 //! - [`claim`]: the claim check: large payloads in an object store.
 //! - [`dedup`]: handler-level idempotency records (IN_PROGRESS, COMPLETED).
+//! - [`state`]: handler state (contract 0.2.0), committed with the ack.
 //! - [`dlq`]: dead-letter provenance and redrive.
 //! - [`engine`]: the stage runner: fetch, valve, lanes, invoke, settle.
 //! - [`metrics`]: the Prometheus metrics.
@@ -36,6 +37,7 @@ pub mod otel;
 pub mod plugin;
 pub mod reload;
 pub mod service;
+pub mod state;
 pub mod timestamp;
 pub mod trace;
 

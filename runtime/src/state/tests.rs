@@ -1,0 +1,268 @@
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use super::*;
+
+/// Committed state in memory, for the [`Txn`] rules alone.
+#[derive(Default)]
+struct Committed(Mutex<BTreeMap<String, Entry>>);
+
+impl Committed {
+    fn with(entries: &[(&str, &str, u64, u64)]) -> Arc<Self> {
+        let committed = Committed::default();
+        for (key, value, revision, expires_at) in entries {
+            committed.0.lock().unwrap().insert(
+                (*key).to_owned(),
+                Entry {
+                    value: value.as_bytes().to_vec(),
+                    revision: *revision,
+                    expires_at: *expires_at,
+                    writer: "m0".into(),
+                    written_at: 1,
+                },
+            );
+        }
+        Arc::new(committed)
+    }
+}
+
+impl StateReader for Committed {
+    fn get(&self, _store: &str, key: &str) -> Result<Option<Entry>, String> {
+        Ok(self.0.lock().unwrap().get(key).cloned())
+    }
+
+    fn list(
+        &self,
+        _store: &str,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Entry)>, String> {
+        Ok(self
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix) && after.is_none_or(|a| k.as_str() > a))
+            .take(limit)
+            .map(|(k, e)| (k.clone(), e.clone()))
+            .collect())
+    }
+
+    fn meta(&self, _store: &str) -> Result<StoreMeta, String> {
+        let entries = self.0.lock().unwrap();
+        Ok(StoreMeta {
+            revision: entries.values().map(|e| e.revision).max().unwrap_or(0),
+            bytes: entries.iter().map(|(k, e)| e.size(k)).sum(),
+            keys: entries.len() as u64,
+        })
+    }
+}
+
+const NOW: u64 = 1_000_000;
+
+fn txn(reader: Arc<Committed>, max_bytes: u64) -> Txn {
+    Txn::new(
+        StateAccess {
+            reader,
+            store: "p/s".into(),
+            max_bytes,
+        },
+        "m1".into(),
+        NOW,
+    )
+}
+
+#[test]
+fn a_call_reads_its_own_writes_and_commits_only_what_it_wrote() {
+    let mut t = txn(Committed::with(&[("a", "1", 5, 0)]), 1 << 20);
+    assert_eq!(
+        t.get("a").unwrap(),
+        Some(Seen {
+            value: b"1".to_vec(),
+            revision: 5
+        })
+    );
+    t.set("b", b"x".to_vec(), None).unwrap();
+    assert_eq!(t.get("b").unwrap().unwrap().revision, PENDING);
+    t.delete("a").unwrap();
+    assert_eq!(t.get("a").unwrap(), None);
+    let writes = t.finish().expect("writes");
+    // Only what was read from the store is checked at commit.
+    assert_eq!(writes.checks, vec![("a".to_owned(), 5)]);
+    assert_eq!(
+        writes.writes,
+        vec![
+            ("a".to_owned(), Write::Delete),
+            (
+                "b".to_owned(),
+                Write::Put {
+                    value: b"x".to_vec(),
+                    expires_at: 0
+                }
+            )
+        ]
+    );
+    assert_eq!(writes.writer, "m1");
+}
+
+#[test]
+fn a_call_that_only_reads_commits_nothing() {
+    let mut t = txn(Committed::with(&[("a", "1", 5, 0)]), 1 << 20);
+    t.get("a").unwrap();
+    t.list("", 10).unwrap();
+    assert!(t.finish().is_none());
+}
+
+#[test]
+fn increment_counts_from_zero_keeps_the_expiry_and_notes_what_it_read() {
+    let mut t = txn(Committed::with(&[("n", "41", 3, NOW + 500)]), 1 << 20);
+    assert_eq!(t.increment("n", 1).unwrap(), 42);
+    assert_eq!(t.increment("n", 2).unwrap(), 44);
+    assert_eq!(t.increment("fresh", -3).unwrap(), -3);
+    let writes = t.finish().unwrap();
+    assert_eq!(
+        writes.checks,
+        vec![("fresh".to_owned(), 0), ("n".to_owned(), 3)]
+    );
+    assert_eq!(
+        writes.writes[1],
+        (
+            "n".to_owned(),
+            Write::Put {
+                value: b"44".to_vec(),
+                expires_at: NOW + 500
+            }
+        )
+    );
+}
+
+#[test]
+fn increment_refuses_text_and_overflow() {
+    let mut t = txn(
+        Committed::with(&[
+            ("word", "hello", 1, 0),
+            ("big", &i64::MAX.to_string(), 2, 0),
+        ]),
+        1 << 20,
+    );
+    assert!(matches!(
+        t.increment("word", 1),
+        Err(StateError::Invalid(_))
+    ));
+    assert!(matches!(t.increment("big", 1), Err(StateError::Invalid(_))));
+    assert!(t.finish().is_none(), "a refused increment writes nothing");
+}
+
+#[test]
+fn compare_and_set_is_a_lock_that_expires() {
+    // Held until NOW + 10.
+    let reader = Committed::with(&[("lock", "holder-1", 7, NOW + 10)]);
+    let mut t = txn(reader.clone(), 1 << 20);
+    assert!(
+        !t.compare_and_set("lock", 0, b"holder-2".to_vec(), Some(1000))
+            .unwrap()
+    );
+    assert!(
+        t.finish().is_none(),
+        "a refused compare-and-set writes nothing"
+    );
+
+    // After the TTL the key reads as absent: revision 0 takes it, and the
+    // commit still checks the expired entry's revision.
+    let mut later = Txn::new(
+        StateAccess {
+            reader,
+            store: "p/s".into(),
+            max_bytes: 1 << 20,
+        },
+        "m2".into(),
+        NOW + 10,
+    );
+    assert_eq!(later.get("lock").unwrap(), None);
+    assert!(
+        later
+            .compare_and_set("lock", 0, b"holder-2".to_vec(), Some(1000))
+            .unwrap()
+    );
+    let writes = later.finish().unwrap();
+    assert_eq!(writes.checks, vec![("lock".to_owned(), 7)]);
+}
+
+#[test]
+fn compare_and_set_on_the_revision_read() {
+    let mut t = txn(Committed::with(&[("k", "v", 9, 0)]), 1 << 20);
+    assert!(!t.compare_and_set("k", 8, b"w".to_vec(), None).unwrap());
+    assert!(t.compare_and_set("k", 9, b"w".to_vec(), None).unwrap());
+    // Now pending: only PENDING matches.
+    assert!(!t.compare_and_set("k", 9, b"z".to_vec(), None).unwrap());
+    assert!(
+        t.compare_and_set("k", PENDING, b"z".to_vec(), None)
+            .unwrap()
+    );
+}
+
+#[test]
+fn a_full_store_refuses_growth_but_not_a_rewrite_of_the_same_size() {
+    // "k" + "12345" = 6 bytes held; the limit is 8.
+    let mut t = txn(Committed::with(&[("k", "12345", 1, 0)]), 8);
+    assert!(matches!(
+        t.set("other", b"abc".to_vec(), None),
+        Err(StateError::StoreFull(_))
+    ));
+    t.set("k", b"54321".to_vec(), None).unwrap();
+    t.set("k", b"1234567".to_vec(), None).unwrap();
+    assert!(matches!(
+        t.set("k", b"12345678".to_vec(), None),
+        Err(StateError::StoreFull(_))
+    ));
+    // Deleting makes room within the call.
+    t.delete("k").unwrap();
+    t.set("z", b"1234567".to_vec(), None).unwrap();
+}
+
+#[test]
+fn keys_values_and_counts_are_bounded() {
+    let mut t = txn(Committed::with(&[]), u64::MAX);
+    assert!(matches!(t.get(""), Err(StateError::Invalid(_))));
+    assert!(matches!(
+        t.get(&"k".repeat(MAX_KEY_BYTES + 1)),
+        Err(StateError::Invalid(_))
+    ));
+    assert!(matches!(
+        t.set("k", vec![0; MAX_VALUE_BYTES + 1], None),
+        Err(StateError::Invalid(_))
+    ));
+    assert!(matches!(
+        t.set("k", vec![], Some(0)),
+        Err(StateError::Invalid(_))
+    ));
+    for i in 0..MAX_WRITES_PER_CALL {
+        t.set(&format!("k{i}"), vec![], None).unwrap();
+    }
+    assert!(matches!(
+        t.set("one-more", vec![], None),
+        Err(StateError::Invalid(_))
+    ));
+    assert!(matches!(
+        t.list("", MAX_LIST + 1),
+        Err(StateError::Invalid(_))
+    ));
+}
+
+#[test]
+fn list_merges_the_calls_writes_and_skips_expired_and_deleted_keys() {
+    let reader = Committed::with(&[
+        ("a1", "", 1, 0),
+        ("a2", "", 2, NOW - 1),
+        ("a3", "", 3, 0),
+        ("a4", "", 4, 0),
+        ("b1", "", 5, 0),
+    ]);
+    let mut t = txn(reader, 1 << 20);
+    t.delete("a3").unwrap();
+    t.set("a0", vec![], None).unwrap();
+    assert_eq!(t.list("a", 10).unwrap(), ["a0", "a1", "a4"]);
+    assert_eq!(t.list("a", 2).unwrap(), ["a0", "a1"]);
+    assert_eq!(t.list("c", 2).unwrap(), Vec::<String>::new());
+}
