@@ -156,6 +156,7 @@ impl ApiError {
                 }
                 BrokerError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
                 BrokerError::BadMessage(_) => StatusCode::BAD_REQUEST,
+                BrokerError::StateConflict(_) => StatusCode::CONFLICT,
             },
         }
     }
@@ -188,6 +189,7 @@ impl ApiError {
                 }
                 BrokerError::PayloadTooLarge(_) => "payload_too_large",
                 BrokerError::BadMessage(_) => "bad_request",
+                BrokerError::StateConflict(_) => "state_conflict",
             },
         }
     }

@@ -376,6 +376,10 @@ impl Broker for MemoryBroker {
             completion.ticket.is_none(),
             "the memory broker keeps no dedup records"
         );
+        assert!(
+            completion.state.is_none(),
+            "the memory broker keeps no handler state"
+        );
         self.settle_with(&completion.receipt, false, |state, _| {
             self.store(state, &completion.outputs).map(drop)
         })

@@ -38,6 +38,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+
+use crate::state::{StateReader, StateWrites};
 use serde::{Deserialize, Serialize};
 
 /// A message as a broker stores and delivers it.
@@ -136,6 +138,10 @@ pub struct Completion {
     /// The dedup key the delivery holds, to record COMPLETED (None: the
     /// stage does not deduplicate, or the message has no key).
     pub ticket: Option<Ticket>,
+    /// The handler's state writes, committed with the ack or not at all
+    /// ([`crate::state`]); a revision they depend on that moved refuses
+    /// the whole completion with [`BrokerError::StateConflict`].
+    pub state: Option<StateWrites>,
 }
 
 /// The right to complete (or release) a stage dedup key: what
@@ -167,6 +173,7 @@ impl Completion {
             receipt: receipt.clone(),
             outputs,
             ticket: None,
+            state: None,
         }
     }
 }
@@ -320,6 +327,10 @@ pub enum BrokerError {
     /// ([`crate::delay::check`]), so this is a last line.
     #[error("{0}")]
     BadMessage(String),
+    /// A state revision the handler's call read has moved (or the store
+    /// filled up) since: nothing was written, and the call is retried.
+    #[error("{0}")]
+    StateConflict(String),
 }
 
 /// The operations the engine, admin API and CLI use. See the module docs.
@@ -463,6 +474,13 @@ pub trait Broker: Send + Sync + 'static {
     /// (NATS). Answers at once, like [`Broker::readiness`].
     fn store_memory(&self) -> StoreMemory {
         StoreMemory::default()
+    }
+
+    /// Where handler state is read, for a broker that commits it with the
+    /// ack ([`Completion::state`]). `None` (the default, and NATS for now):
+    /// a stage with `state:` is refused at start.
+    fn state(&self) -> Option<Arc<dyn StateReader>> {
+        None
     }
 }
 

@@ -126,6 +126,7 @@ impl Broker for ClaimingBroker {
             receipt: completion.receipt.clone(),
             outputs: self.offload_all(completion.outputs.clone()).await?,
             ticket: completion.ticket.clone(),
+            state: completion.state.clone(),
         };
         self.inner.complete(&offloaded).await
     }
@@ -143,6 +144,7 @@ impl Broker for ClaimingBroker {
                         receipt: completion.receipt.clone(),
                         outputs,
                         ticket: completion.ticket.clone(),
+                        state: completion.state.clone(),
                     });
                 }
                 Err(e) => results.push(Err(e)),
@@ -227,6 +229,10 @@ impl Broker for ClaimingBroker {
     fn store_memory(&self) -> crate::broker::StoreMemory {
         self.inner.store_memory()
     }
+
+    fn state(&self) -> Option<Arc<dyn crate::state::StateReader>> {
+        self.inner.state()
+    }
 }
 
 #[cfg(test)]
@@ -302,6 +308,7 @@ mod tests {
                 receipt: delivery.receipt.clone(),
                 outputs: vec![Message::new("o1", "big", payload.clone())],
                 ticket: Some(ticket),
+                state: None,
             })
             .await
             .expect("complete");

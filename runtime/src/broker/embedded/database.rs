@@ -60,6 +60,9 @@ pub(super) struct Store {
     pub idempotency: Keyspace,
     /// Delayed messages by (topic, due time, counter).
     pub delayed: Keyspace,
+    /// Handler state: entries and each store's bookkeeping
+    /// ([`super::state`]).
+    pub state: Keyspace,
 }
 
 impl Store {
@@ -160,13 +163,14 @@ impl Store {
             idempotency: probed("idempotency", SMALL_MEMTABLE_BYTES)?,
             // Read only from the front, in due order: no filters needed.
             delayed: ks("delayed", SMALL_MEMTABLE_BYTES)?,
+            state: ks("state", SMALL_MEMTABLE_BYTES)?,
             db,
         })
     }
 
     /// Every keyspace, with its name (for the data tools and the memory
     /// report).
-    pub fn keyspaces(&self) -> [(&'static str, &Keyspace); 10] {
+    pub fn keyspaces(&self) -> [(&'static str, &Keyspace); 11] {
         let [dedup, dedup_b] = self.window.keyspaces();
         [
             ("messages", &self.messages),
@@ -179,6 +183,7 @@ impl Store {
             dedup_b,
             ("idempotency", &self.idempotency),
             ("delayed", &self.delayed),
+            ("state", &self.state),
         ]
     }
 

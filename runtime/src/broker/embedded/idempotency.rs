@@ -166,11 +166,12 @@ impl EmbeddedBroker {
         ticket: &Ticket,
         receipt: &Receipt,
         outputs: Vec<Message>,
+        state: Option<crate::state::StateWrites>,
     ) -> Result<(), BrokerError> {
         dedup::crash_hook();
         let key = idempotency_key(&ticket.scope, &ticket.digest);
         let result = self
-            .settle_with(receipt, outputs, Some((key.clone(), ticket.clone())))
+            .settle_with(receipt, outputs, Some((key.clone(), ticket.clone())), state)
             .await;
         // Committed (the record is readable) or failed (it is not): either
         // way the hold has done its job.

@@ -38,6 +38,7 @@ pub mod journal;
 mod memtables;
 mod recover;
 mod retention;
+mod state;
 mod store;
 pub mod tools;
 mod topic;
@@ -147,6 +148,8 @@ pub(super) struct Shared {
     holds: idempotency::Holds,
     /// Where the next sweep of expired dedup records starts.
     dedup_sweep: idempotency::SweepCursor,
+    /// Where the next sweep of expired state entries starts.
+    state_sweep: state::SweepCursor,
     /// Large records sealed whose memtables fjall still holds.
     large_records: memtables::LargeRecords,
 }
@@ -276,6 +279,7 @@ impl EmbeddedBroker {
             dedup_window_ms: millis(options.dedup_window),
             holds: idempotency::Holds::default(),
             dedup_sweep: idempotency::SweepCursor::default(),
+            state_sweep: state::SweepCursor::default(),
             large_records: memtables::LargeRecords::default(),
         });
         let (tx, rx) = mpsc::channel();
@@ -312,16 +316,17 @@ impl EmbeddedBroker {
 
     /// Publishes `outputs` and settles `receipt`, atomically.
     async fn settle(&self, receipt: &Receipt, outputs: Vec<Message>) -> Result<(), BrokerError> {
-        self.settle_with(receipt, outputs, None).await
+        self.settle_with(receipt, outputs, None, None).await
     }
 
-    /// A settle that also marks a stage dedup record COMPLETED, in the
-    /// same batch.
+    /// A settle that also marks a stage dedup record COMPLETED, and writes
+    /// the handler's state, in the same batch.
     async fn settle_with(
         &self,
         receipt: &Receipt,
         outputs: Vec<Message>,
         record: Option<(Vec<u8>, crate::broker::Ticket)>,
+        state: Option<crate::state::StateWrites>,
     ) -> Result<(), BrokerError> {
         let consumer = self.take_for_settle(receipt, &outputs)?;
         let result = self
@@ -330,6 +335,7 @@ impl EmbeddedBroker {
                 seq: receipt.seq,
                 outputs,
                 record,
+                state: state.map(Box::new),
                 reply,
             })
             .await;
@@ -504,20 +510,28 @@ impl Broker for EmbeddedBroker {
             receipt,
             outputs,
             ticket,
+            state,
         } = completion;
         match ticket {
             Some(ticket) => {
-                self.complete_recorded(ticket, receipt, outputs.clone())
+                self.complete_recorded(ticket, receipt, outputs.clone(), state.clone())
                     .await
             }
-            None => self.settle(receipt, outputs.clone()).await,
+            None => {
+                self.settle_with(receipt, outputs.clone(), None, state.clone())
+                    .await
+            }
         }
     }
 
     async fn complete_all(&self, completions: &[Completion]) -> Vec<Result<(), BrokerError>> {
         // A completion that records a dedup key is checked against its
-        // holder's ticket first (`complete_recorded`): those go one by one.
-        if completions.iter().any(|c| c.ticket.is_some()) {
+        // holder's ticket first (`complete_recorded`), and one with state
+        // writes is checked in the committer: those go one by one.
+        if completions
+            .iter()
+            .any(|c| c.ticket.is_some() || c.state.is_some())
+        {
             return futures_util::future::join_all(completions.iter().map(|c| self.complete(c)))
                 .await;
         }
@@ -654,6 +668,10 @@ impl Broker for EmbeddedBroker {
 
     fn storage_errors(&self) -> u64 {
         self.shared.health.errors()
+    }
+
+    fn state(&self) -> Option<Arc<dyn crate::state::StateReader>> {
+        Some(state::reader(&self.shared))
     }
 
     fn store_memory(&self) -> crate::broker::StoreMemory {

@@ -89,6 +89,7 @@ fn run(shared: &Shared, full: bool) -> Result<(), BrokerError> {
         window.rotate(&mut group.batch, group.now, shared.dedup_window_ms)?;
     }
     super::idempotency::sweep(&mut group)?;
+    super::state::sweep(&mut group)?;
     // Floors that rose since the last group (the pipeline went idle).
     let mut early = Vec::new();
     group.write_positions(true, &mut early);

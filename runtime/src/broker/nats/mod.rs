@@ -660,7 +660,15 @@ impl Broker for NatsBroker {
             receipt,
             outputs,
             ticket,
+            state,
         } = completion;
+        if state.is_some() {
+            // The daemon refuses a stage with `state:` on NATS at start;
+            // this is the last line, so nothing is acked without its state.
+            return Err(BrokerError::Provision(
+                "handler state is not supported on the NATS broker yet".into(),
+            ));
+        }
         if let Some(ticket) = ticket {
             return self
                 .complete_recorded(ticket, receipt, outputs.clone())

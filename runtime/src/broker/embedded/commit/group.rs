@@ -24,6 +24,7 @@ use crate::broker::embedded::topic::{Topic, TopicState};
 use crate::broker::embedded::{Shared, SyncMode};
 use crate::broker::{BrokerError, Message, PublishAck, now_millis};
 use crate::delay;
+use crate::state::StateWrites;
 
 /// Where an op's result goes.
 pub(in crate::broker::embedded) type Reply<T> = oneshot::Sender<Result<T, BrokerError>>;
@@ -160,6 +161,8 @@ pub(in crate::broker::embedded) struct Group<'a> {
     /// Bytes of large message records this group writes
     /// ([`memtables::LARGE_RECORD_BYTES`] each or more).
     large_bytes: u64,
+    /// Handler state this group writes, for later settles to check against.
+    pub(in crate::broker::embedded) state: crate::broker::embedded::state::Overlay,
 }
 
 impl<'a> Group<'a> {
@@ -176,6 +179,7 @@ impl<'a> Group<'a> {
             settles: HashMap::new(),
             now: now_millis(),
             large_bytes: 0,
+            state: Default::default(),
         }
     }
 
@@ -309,19 +313,25 @@ impl<'a> Group<'a> {
         seq
     }
 
-    /// Adds one settle to the batch: the dedup record COMPLETED (if any),
-    /// the outputs, and the end of the pending entry.
+    /// Adds one settle to the batch: the handler's state writes (if any,
+    /// once their checks pass), the dedup record COMPLETED (if any), the
+    /// outputs, and the end of the pending entry. What can refuse the
+    /// settle is checked before anything is added.
     pub(super) fn settle(
         &mut self,
         consumer: &Arc<Consumer>,
         seq: u64,
         outputs: &[Message],
         record: Option<(Vec<u8>, Ticket)>,
+        state: Option<&StateWrites>,
     ) -> Result<(), BrokerError> {
+        let topics = self.resolve(outputs)?;
+        if let Some(writes) = state {
+            crate::broker::embedded::state::apply(self, writes)?;
+        }
         if let Some((key, ticket)) = record {
             self.complete_record(key, &ticket)?;
         }
-        let topics = self.resolve(outputs)?;
         self.publish(outputs, &topics)?;
         // A first delivery has no record to remove: the floor covers it
         // (`store::Position`).

@@ -12,6 +12,7 @@ use crate::broker::embedded::memtables;
 use crate::broker::embedded::store::{PendingRecord, encode, pending_key};
 use crate::broker::embedded::topic::Topic;
 use crate::broker::{BrokerError, Message, PublishAck};
+use crate::state::StateWrites;
 
 /// A write for the committer.
 pub(in crate::broker::embedded) enum Op {
@@ -34,6 +35,9 @@ pub(in crate::broker::embedded) enum Op {
         /// The stage dedup record to mark COMPLETED with it (its key and
         /// the holder's ticket).
         record: Option<(Vec<u8>, Ticket)>,
+        /// The handler's state writes, checked and written with it (boxed:
+        /// most settles have none).
+        state: Option<Box<StateWrites>>,
         /// Done.
         reply: Reply<()>,
     },
@@ -168,8 +172,9 @@ pub(super) fn process(shared: &Shared, store: Store, ops: &mut Vec<Op>) -> bool 
                 seq,
                 outputs,
                 record,
+                state,
                 reply,
-            } => match group.settle(&consumer, seq, &outputs, record) {
+            } => match group.settle(&consumer, seq, &outputs, record, state.as_deref()) {
                 Ok(()) => {
                     sync = true;
                     settled = true;
@@ -185,7 +190,7 @@ pub(super) fn process(shared: &Shared, store: Store, ops: &mut Vec<Op>) -> bool 
                     outputs,
                 } in items
                 {
-                    match group.settle(&consumer, seq, &outputs, None) {
+                    match group.settle(&consumer, seq, &outputs, None, None) {
                         Ok(()) => {
                             sync = true;
                             settled = true;
