@@ -38,11 +38,15 @@ pub enum FailureKind {
     /// tried again in place, with backoff, without spending an attempt, for
     /// as long as the outage lasts.
     Unavailable,
+    /// A state value the handler's call read was changed by another call
+    /// before this one committed (or the store filled up meanwhile):
+    /// nothing of the call was written, and it runs again on the new value.
+    StateConflict,
 }
 
 impl FailureKind {
     /// Every kind, in a stable order (for metrics and docs).
-    pub const ALL: [FailureKind; 11] = [
+    pub const ALL: [FailureKind; 12] = [
         FailureKind::Retry,
         FailureKind::Rejected,
         FailureKind::Trap,
@@ -54,6 +58,7 @@ impl FailureKind {
         FailureKind::PublishFailed,
         FailureKind::DedupConflict,
         FailureKind::Unavailable,
+        FailureKind::StateConflict,
     ];
 
     /// The fixed name used in logs, headers, metrics and the CLI.
@@ -70,6 +75,7 @@ impl FailureKind {
             FailureKind::PublishFailed => "publish-failed",
             FailureKind::DedupConflict => "dedup-conflict",
             FailureKind::Unavailable => "unavailable",
+            FailureKind::StateConflict => "state-conflict",
         }
     }
 
@@ -83,7 +89,8 @@ impl FailureKind {
             | FailureKind::OutOfMemory
             | FailureKind::ClaimMissing
             | FailureKind::PublishFailed
-            | FailureKind::Unavailable => true,
+            | FailureKind::Unavailable
+            | FailureKind::StateConflict => true,
             FailureKind::Rejected
             | FailureKind::OutputTooLarge
             | FailureKind::UndeclaredTopic
@@ -149,7 +156,8 @@ mod tests {
                 "claim-missing",
                 "publish-failed",
                 "dedup-conflict",
-                "unavailable"
+                "unavailable",
+                "state-conflict"
             ]
         );
     }
@@ -170,7 +178,8 @@ mod tests {
                 "out-of-memory",
                 "claim-missing",
                 "publish-failed",
-                "unavailable"
+                "unavailable",
+                "state-conflict"
             ]
         );
     }

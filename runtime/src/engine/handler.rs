@@ -4,6 +4,7 @@
 use async_trait::async_trait;
 
 use crate::plugin::{Message, Outcome, Worker};
+use crate::state::StateWrites;
 
 /// One worker slot of a stage. A stage with `concurrency: N` owns N of them
 /// and lends each to one call at a time.
@@ -24,6 +25,13 @@ pub trait StageHandler: Send {
     /// A call panicked (a bug on the host side): drop any state the call
     /// may have left half-changed before the handler is used again.
     fn after_panic(&mut self) {}
+
+    /// The state writes of the last call, taken (none if it made none, or
+    /// the handler has no state). The engine commits them with an `ok`
+    /// and drops them otherwise.
+    fn take_state(&mut self) -> Option<StateWrites> {
+        None
+    }
 }
 
 #[async_trait]
@@ -38,5 +46,9 @@ impl StageHandler for Worker {
 
     fn after_panic(&mut self) {
         self.discard_instance();
+    }
+
+    fn take_state(&mut self) -> Option<StateWrites> {
+        Worker::take_state(self)
     }
 }

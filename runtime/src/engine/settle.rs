@@ -26,6 +26,7 @@ use crate::dlq::{self, Provenance};
 use crate::failure::{Failure, FailureKind};
 use crate::metrics::{Metrics, OutcomeLabels, StageLabels, TopicLabels};
 use crate::plugin::{Emit, Outcome};
+use crate::state::StateWrites;
 use crate::trace;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
@@ -40,7 +41,16 @@ pub(super) enum Next {
     /// The target is unavailable: keep the lease and try again after this
     /// delay, in place, without counting an attempt.
     Hold(Duration),
+    /// The call's state moved under it ([`FailureKind::StateConflict`]):
+    /// keep the lease and run it again after this short delay, in place,
+    /// without counting an attempt. Some call of those that conflicted
+    /// committed, so the stage as a whole always moves on.
+    Again(Duration),
 }
+
+/// The most a call waits before running again after a state conflict:
+/// the wait is random below it, so calls that collided spread out.
+const CONFLICT_JITTER_MS: u64 = 20;
 
 /// How long a settle (outputs + ack, or DLQ copy + term) is retried while
 /// the broker is unavailable before the attempt counts as failed.
@@ -169,9 +179,10 @@ impl Settler {
         outcome: Outcome,
         retry_in_place: bool,
         ticket: Option<&Ticket>,
+        state: Option<StateWrites>,
     ) -> Next {
         let failure = match outcome {
-            Ok(emits) => match self.complete(delivery, emits, ticket).await {
+            Ok(emits) => match self.complete(delivery, emits, ticket, state).await {
                 Ok(()) => {
                     crate::otel::outcome("ok", None);
                     return Next::Done;
@@ -225,14 +236,17 @@ impl Settler {
     }
 
     /// Publishes the emits and acks, as one broker step (with the dedup
-    /// record, when there is a ticket: it travels in the [`Completion`]).
+    /// record, when there is a ticket, and the handler's state writes:
+    /// they travel in the [`Completion`]).
     async fn complete(
         &self,
         delivery: &Delivery,
         emits: Vec<Emit>,
         ticket: Option<&Ticket>,
+        state: Option<StateWrites>,
     ) -> Result<(), Failure> {
-        let completion = self.completion(delivery, emits, ticket);
+        let mut completion = self.completion(delivery, emits, ticket);
+        completion.state = state;
         let result = self.patiently(|| self.broker.complete(&completion)).await;
         self.completed(delivery, &completion, result)
     }
@@ -311,6 +325,7 @@ impl Settler {
             receipt: delivery.receipt.clone(),
             outputs,
             ticket: ticket.cloned(),
+            state: None,
         }
     }
 
@@ -359,6 +374,11 @@ impl Settler {
             // Likewise a delay the broker cannot read (the plugin worker
             // checks first; this is the last line).
             Err(BrokerError::BadMessage(why)) => Err(Failure::new(FailureKind::Rejected, why)),
+            // Nothing was written: the call runs again on what the store
+            // holds now.
+            Err(BrokerError::StateConflict(why)) => {
+                Err(Failure::new(FailureKind::StateConflict, why))
+            }
             Err(err) => Err(Failure::new(
                 FailureKind::PublishFailed,
                 format!("publishing outputs failed: {err}"),
@@ -380,6 +400,12 @@ impl Settler {
             .unwrap_or_else(PoisonError::into_inner)
             .entry(delivery.message.id.clone())
             .or_insert(now);
+        if failure.kind == FailureKind::StateConflict {
+            self.count(failure.kind.as_str());
+            crate::otel::outcome("state-conflict", Some(&failure));
+            tracing::debug!(id = %delivery.message.id, seq = delivery.seq, error = %failure.message, "state conflict; the call runs again");
+            return Next::Again(Duration::from_millis(fastrand::u64(1..=CONFLICT_JITTER_MS)));
+        }
         if failure.kind == FailureKind::Unavailable {
             // Not the message's fault, and nothing is lost by waiting: the
             // lease is kept (the heartbeat extends it) and no attempt is

@@ -16,6 +16,7 @@ use crate::engine::dedup::Gate;
 use crate::engine::handler::StageHandler;
 use crate::engine::settle::Next;
 use crate::plugin::Message as PluginMessage;
+use crate::state::StateWrites;
 
 /// How one try of a delivery ended, before its settle.
 pub(super) enum Tried {
@@ -27,8 +28,13 @@ pub(super) enum Tried {
     /// Settled already (as a duplicate); what to do next.
     Settled(Next),
     /// The handler ran, or the claim or dedup step failed: settle this
-    /// outcome, with the dedup ticket if the key was taken.
-    Ran(crate::plugin::Outcome, Option<Ticket>),
+    /// outcome, with the dedup ticket if the key was taken and the
+    /// handler's state writes if it made any.
+    Ran(
+        crate::plugin::Outcome,
+        Option<Ticket>,
+        Option<Box<StateWrites>>,
+    ),
 }
 
 impl StageRunner {
@@ -73,7 +79,7 @@ impl StageRunner {
                     drop(span);
                     next
                 }
-                Tried::Ran(outcome, ticket) => {
+                Tried::Ran(outcome, ticket, state) => {
                     self.pace.observe(&outcome);
                     span.scope(self.settler.settle(
                         delivery,
@@ -81,6 +87,7 @@ impl StageRunner {
                         outcome,
                         retry_in_place,
                         ticket.as_ref(),
+                        state.map(|s| *s),
                     ))
                     .await
                 }
@@ -94,6 +101,8 @@ impl StageRunner {
                 // Same attempt, later: the target is down. The worker slot
                 // is free meanwhile and the lease kept.
                 Next::Hold(delay) => self.pause(hold.next(delay)).await,
+                // Same attempt, at once or nearly: the state it read moved.
+                Next::Again(delay) => self.pause(delay).await,
             }
         }
         self.forget(delivery);
@@ -136,7 +145,7 @@ impl StageRunner {
         }
         let message = match self.resolve(delivery, attempt).await {
             Ok(message) => message,
-            Err(failure) => return Tried::Ran(Err(failure), None),
+            Err(failure) => return Tried::Ran(Err(failure), None, None),
         };
         let mut gate = self.gate(&message).await;
         if let Gate::Run(Some(ticket)) = &gate
@@ -181,7 +190,7 @@ impl StageRunner {
                     .await;
                 Tried::Settled(next)
             }
-            Gate::Fail(failure) => Tried::Ran(Err(failure), None),
+            Gate::Fail(failure) => Tried::Ran(Err(failure), None, None),
         }
     }
 
@@ -207,9 +216,9 @@ impl StageRunner {
             return Tried::Left;
         }
         let started = Instant::now();
-        let outcome = self.invoke(message).await;
+        let (outcome, state) = self.invoke(message).await;
         self.adapt(started.elapsed(), &outcome);
-        Tried::Ran(outcome, ticket)
+        Tried::Ran(outcome, ticket, state.map(Box::new))
     }
 
     /// Hands a batch to one worker slot, then settles its items together.
@@ -380,8 +389,12 @@ impl StageRunner {
         lock(&self.pool).pop()
     }
 
-    /// Calls a free handler with `message` (the caller holds a worker slot).
-    async fn invoke(&self, message: &PluginMessage) -> crate::plugin::Outcome {
+    /// Calls a free handler with `message` (the caller holds a worker
+    /// slot). Returns its outcome, and on `ok` the state writes it made.
+    async fn invoke(
+        &self,
+        message: &PluginMessage,
+    ) -> (crate::plugin::Outcome, Option<StateWrites>) {
         tracing::debug!(target: CALLS, id = %message.id, attempt = message.attempt, "handler call starts");
         let mut handler = self.take_handler();
         let started = Instant::now();
@@ -402,10 +415,14 @@ impl StageRunner {
             )),
         };
         self.settler.observe(started.elapsed());
-        if let Some(handler) = handler {
+        let mut state = None;
+        if let Some(mut handler) = handler {
+            // Taken on every outcome, so a failed call's writes are
+            // dropped here and never reach the next call.
+            state = handler.take_state().filter(|_| outcome.is_ok());
             lock(&self.pool).push(handler);
         }
-        outcome
+        (outcome, state)
     }
 
     /// The dedup step: whether `message` runs, waits, or is a duplicate.

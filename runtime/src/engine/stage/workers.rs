@@ -76,7 +76,7 @@ impl StageRunner {
                 drop(span);
                 next
             }
-            Tried::Ran(outcome, ticket) => {
+            Tried::Ran(outcome, ticket, state) => {
                 self.pace.observe(&outcome);
                 span.scope(self.settler.settle(
                     &job.delivery,
@@ -84,6 +84,7 @@ impl StageRunner {
                     outcome,
                     false,
                     ticket.as_ref(),
+                    state.map(|s| *s),
                 ))
                 .await
             }
@@ -96,7 +97,7 @@ impl StageRunner {
         };
         match next {
             Next::Done => self.forget(&job.delivery),
-            Next::Hold(delay) | Next::RetryAfter(delay) => {
+            Next::Hold(delay) | Next::RetryAfter(delay) | Next::Again(delay) => {
                 self.pause(delay).await;
                 self.process(job, false, None).await;
             }
