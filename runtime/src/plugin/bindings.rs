@@ -59,6 +59,7 @@ pub(crate) mod v2 {
     use super::single::sluice::plugin::types as v1;
     pub(crate) use single::sluice::plugin::host::Level;
     pub(crate) use single::sluice::plugin::secrets::SecretError;
+    pub(crate) use single::sluice::plugin::state::{Entry as StateEntry, StateError};
     use single::sluice::plugin::types as v2;
 
     impl From<&v1::Message> for v2::Message {

@@ -80,7 +80,7 @@ impl Contract {
     /// Whether this version has `capability`.
     pub fn offers(self, capability: Capability) -> bool {
         match capability {
-            Capability::Secrets => self >= Contract::V0_2,
+            Capability::Secrets | Capability::State => self >= Contract::V0_2,
         }
     }
 }
@@ -91,16 +91,20 @@ impl Contract {
 pub enum Capability {
     /// `sluice:plugin/secrets`: reading the secrets the stage lists.
     Secrets,
+    /// `sluice:plugin/state`: the stage's key-value store, committed with
+    /// the ack.
+    State,
 }
 
 impl Capability {
     /// Every capability.
-    pub const ALL: &[Capability] = &[Capability::Secrets];
+    pub const ALL: &[Capability] = &[Capability::Secrets, Capability::State];
 
     /// The interface, without its version.
     pub fn interface(self) -> &'static str {
         match self {
             Capability::Secrets => "sluice:plugin/secrets",
+            Capability::State => "sluice:plugin/state",
         }
     }
 
@@ -115,6 +119,9 @@ impl Capability {
             Capability::Secrets => {
                 "list the secrets it may read under the stage's `secrets:` (names from the \
                  pipeline's `secrets:` block)"
+            }
+            Capability::State => {
+                "add `state: true` to the stage (or `state: {store: NAME, max_bytes: 64MiB}`)"
             }
         }
     }

@@ -17,6 +17,7 @@ use super::bindings::{Level, single::sluice::plugin::host, v2};
 use super::clock::TickClock;
 use super::secrets::GuestSecrets;
 use super::stdio::{GuestOutputFactory, LogBudget, Stream};
+use crate::state::{StateAccess, StateError, StateWrites, Txn};
 
 /// The longest text one `log` call forwards; the rest is cut.
 const MAX_LOG_LINE: usize = 4096;
@@ -52,6 +53,10 @@ pub(crate) struct StoreState {
     clock: TickClock,
     /// The tick by which the current call must be done, and its timeout.
     deadline: Option<(u64, Duration)>,
+    /// The stage's store, if it grants `state:`.
+    state: Option<StateAccess>,
+    /// The current call's view of it.
+    txn: Option<Txn>,
 }
 
 impl StoreState {
@@ -59,6 +64,7 @@ impl StoreState {
         plugin: Arc<str>,
         config: Arc<BTreeMap<String, String>>,
         secrets: GuestSecrets,
+        state: Option<StateAccess>,
         memory_limit: usize,
         clock: TickClock,
     ) -> Self {
@@ -92,6 +98,36 @@ impl StoreState {
             last_growth: 0,
             clock,
             deadline: None,
+            state,
+            txn: None,
+        }
+    }
+
+    /// Starts the state view of a call handling message `id` (a call's
+    /// writes never outlive it: the last call's are dropped here if the
+    /// engine did not take them).
+    pub(crate) fn begin_state(&mut self, id: &str) {
+        self.txn = self
+            .state
+            .clone()
+            .map(|access| Txn::new(access, id.to_owned(), crate::broker::now_millis()));
+    }
+
+    /// What the last call wrote, taken.
+    pub(crate) fn take_state(&mut self) -> Option<StateWrites> {
+        self.txn.take().and_then(Txn::finish)
+    }
+
+    /// The current call's state view, or why there is none.
+    fn txn(&mut self) -> Result<&mut Txn, v2::StateError> {
+        match &mut self.txn {
+            Some(txn) => Ok(txn),
+            None => {
+                tracing::warn!(target: "sluice::guest", plugin = %self.plugin, "a handler used state its stage does not grant");
+                Err(v2::StateError::NotGranted(
+                    "this stage does not grant state; add `state: true` to it".into(),
+                ))
+            }
         }
     }
 
@@ -212,5 +248,56 @@ impl v2::single::sluice::plugin::secrets::Host for StoreState {
             tracing::warn!(target: "sluice::guest", plugin = %self.plugin, secret = %name, "a handler asked for a secret its stage does not list");
             v2::SecretError::NotGranted(why)
         })
+    }
+}
+
+impl From<StateError> for v2::StateError {
+    fn from(e: StateError) -> Self {
+        match e {
+            StateError::NotGranted(why) => v2::StateError::NotGranted(why),
+            StateError::StoreFull(why) => v2::StateError::StoreFull(why),
+            StateError::Invalid(why) => v2::StateError::Invalid(why),
+            StateError::Unavailable(why) => v2::StateError::Unavailable(why),
+        }
+    }
+}
+
+impl v2::single::sluice::plugin::state::Host for StoreState {
+    fn get(&mut self, key: String) -> Result<Option<v2::StateEntry>, v2::StateError> {
+        Ok(self.txn()?.get(&key)?.map(|seen| v2::StateEntry {
+            value: seen.value,
+            revision: seen.revision,
+        }))
+    }
+
+    fn set(
+        &mut self,
+        key: String,
+        value: Vec<u8>,
+        ttl_ms: Option<u64>,
+    ) -> Result<(), v2::StateError> {
+        Ok(self.txn()?.set(&key, value, ttl_ms)?)
+    }
+
+    fn delete(&mut self, key: String) -> Result<(), v2::StateError> {
+        Ok(self.txn()?.delete(&key)?)
+    }
+
+    fn compare_and_set(
+        &mut self,
+        key: String,
+        revision: u64,
+        value: Vec<u8>,
+        ttl_ms: Option<u64>,
+    ) -> Result<bool, v2::StateError> {
+        Ok(self.txn()?.compare_and_set(&key, revision, value, ttl_ms)?)
+    }
+
+    fn increment(&mut self, key: String, delta: i64) -> Result<i64, v2::StateError> {
+        Ok(self.txn()?.increment(&key, delta)?)
+    }
+
+    fn list(&mut self, prefix: String, limit: u32) -> Result<Vec<String>, v2::StateError> {
+        Ok(self.txn()?.list(&prefix, limit)?)
     }
 }

@@ -91,6 +91,8 @@ pub struct WorkerSettings {
     /// The secrets the stage grants (`sluice:plugin/secrets`); their values
     /// are removed from the guest's logs and failure reasons.
     pub secrets: super::GuestSecrets,
+    /// The store the stage grants (`sluice:plugin/state`), if any.
+    pub state: Option<crate::state::StateAccess>,
     /// Instance reuse policy.
     pub isolation: Isolation,
 }
@@ -104,6 +106,7 @@ impl Default for WorkerSettings {
                 default: "out".into(),
             },
             secrets: super::GuestSecrets::default(),
+            state: None,
             isolation: Isolation::Reuse,
         }
     }
@@ -152,6 +155,12 @@ impl Worker {
     /// that ended in a way the worker could not see through, a host panic.
     pub fn discard_instance(&mut self) {
         self.live = None;
+    }
+
+    /// The state writes of the last call, taken: the engine commits them
+    /// with an `ok` outcome and drops them otherwise.
+    pub fn take_state(&mut self) -> Option<crate::state::StateWrites> {
+        self.live.as_mut()?.store.data_mut().take_state()
     }
 
     /// How many instances this worker has created so far (1 + replacements).
@@ -270,6 +279,7 @@ impl Worker {
                 self.plugin.inner.name.clone(),
                 self.settings.config.clone(),
                 self.settings.secrets.clone(),
+                self.settings.state.clone(),
                 limits.memory.min(self.plugin.inner.host.max_memory),
                 self.plugin.inner.host.clock.clone(),
             );
@@ -407,6 +417,7 @@ impl Live {
                 let mut results = Vec::with_capacity(msgs.len());
                 for msg in v2::messages(msgs) {
                     begin(&mut self.store, limits, 1);
+                    self.store.data_mut().begin_state(&msg.id);
                     let guest = handler
                         .sluice_plugin_message_handler()
                         .call_handle(&mut self.store, &msg)
