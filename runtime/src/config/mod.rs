@@ -14,6 +14,7 @@
 //! - `tree`: the positioned tree and a serde `Deserializer` over it;
 //! - `interpolate`: `${VAR}`, `${VAR:-default}`, `$$`;
 //! - `secrets`: the `secrets:` block and `{secret:name}`;
+//! - `state`: a stage's `state:` grant;
 //! - `validate`: loading many files and the checks across values;
 //! - `diagnostic`: what is reported.
 
@@ -25,6 +26,7 @@ mod model;
 mod parse;
 mod rate;
 pub(crate) mod secrets;
+mod state;
 mod tree;
 mod units;
 mod validate;
@@ -40,6 +42,7 @@ pub(crate) use parse::parse_yaml;
 pub use parse::{MAX_ALIAS_REPLAY, MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES};
 pub use rate::{DEFAULT_MAX_KEYS, Rate, RateForm, RateLimit, rate_short};
 pub use secrets::{MAX_SECRET_BYTES, SecretSource, SecretValues, read_spec as read_secret_spec};
+pub use state::{DEFAULT_STATE_MAX_BYTES, StateGrant};
 pub use tree::Pos;
 pub(crate) use tree::{Node, Seg};
 pub use units::{HumanDuration, HumanSize};

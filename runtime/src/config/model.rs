@@ -158,6 +158,17 @@ pub struct Stage {
     /// none is refused at load.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
+    /// The key-value store the handler reads and writes
+    /// (`sluice:plugin/state`, contract 0.2.0), committed with each
+    /// message's outputs and ack: `true` for the stage's own store, or
+    /// `{store, max_bytes}`. Not granted by default.
+    #[serde(
+        default,
+        deserialize_with = "super::state::grant",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<super::StateGrant>")]
+    pub state: Option<super::StateGrant>,
     /// The topics the plugin may emit to; the first is its default output.
     /// An emit to any other topic is dead-lettered as `undeclared-topic`.
     #[serde(default)]
@@ -370,6 +381,16 @@ impl Stage {
         }
     }
 
+    /// The store this stage's `state:` grants, as the broker names it
+    /// (`<pipeline>/<store>`), with its size limit.
+    pub fn state_store(&self, pipeline: &str) -> Option<(String, u64)> {
+        let grant = self.state.as_ref()?;
+        Some((
+            crate::state::store_name(pipeline, grant.store_or(&self.name)),
+            grant.max_bytes.bytes(),
+        ))
+    }
+
     /// The dead-letter topic of this stage in `pipeline`.
     pub fn dlq_topic(&self, pipeline: &str) -> String {
         self.dlq
@@ -382,6 +403,9 @@ impl Stage {
         let mut granted = Vec::new();
         if !self.secrets.is_empty() {
             granted.push(crate::plugin::Capability::Secrets);
+        }
+        if self.state.is_some() {
+            granted.push(crate::plugin::Capability::State);
         }
         granted
     }
@@ -417,6 +441,8 @@ impl Stage {
                     .filter_map(|name| Some((name.clone(), secrets.expose(name)?.to_owned())))
                     .collect(),
             ),
+            // The daemon adds the broker's store (`Stage::state_store`).
+            state: None,
             isolation: Isolation::Reuse,
         }
     }

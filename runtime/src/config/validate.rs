@@ -191,6 +191,61 @@ fn resolve_plugins(pipeline: &mut Pipeline, file: &Path) {
 }
 
 /// Pipeline and stage names: `[a-z0-9_.-]+`.
+/// A stage's `state:`: a valid store name, a size, one world that can
+/// commit state, and one size per shared store.
+fn check_state(
+    report: &mut impl FnMut(&[Seg<'_>], String),
+    at: &impl Fn(&[Seg<'static>]) -> Vec<Seg<'static>>,
+    stage: &super::Stage,
+    grant: &super::StateGrant,
+    stores: &mut HashMap<String, (String, u64)>,
+) {
+    use Seg::Key as K;
+    let store = grant.store_or(&stage.name);
+    if grant.store.is_some() && !valid_name(store) {
+        report(
+            &at(&[K("state"), K("store")]),
+            format!(
+                "`{store}` is not a valid store name; use lowercase letters, digits, `_`, `-` \
+                 and `.` (e.g. `charges`)"
+            ),
+        );
+    }
+    if grant.max_bytes.bytes() == 0 {
+        report(
+            &at(&[K("state"), K("max_bytes")]),
+            "`max_bytes` must be more than 0 (e.g. `64MiB`)".into(),
+        );
+    }
+    if stage.batch.is_some() {
+        report(
+            &at(&[K("state")]),
+            format!(
+                "stage `{}` has both `state:` and `batch:`; state commits with one message's \
+                 outcome, and a batch's items settle one by one, so use one or the other",
+                stage.name
+            ),
+        );
+    }
+    match stores.get(store) {
+        Some((first, max)) if *max != grant.max_bytes.bytes() => report(
+            &at(&[K("state"), K("max_bytes")]),
+            format!(
+                "stage `{}` shares the state store `{store}` with stage `{first}` but gives it \
+                 another `max_bytes`; a shared store has one limit, so give both the same",
+                stage.name
+            ),
+        ),
+        Some(_) => {}
+        None => {
+            stores.insert(
+                store.to_owned(),
+                (stage.name.clone(), grant.max_bytes.bytes()),
+            );
+        }
+    }
+}
+
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name
@@ -315,6 +370,7 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
         }
     };
     let mut stage_names: HashMap<&str, usize> = HashMap::new();
+    let mut stores: HashMap<String, (String, u64)> = HashMap::new();
     for (i, stage) in p.stages.iter().enumerate() {
         let (section, index, what) = origin(i);
         let s = |rest: &[Seg<'static>]| -> Vec<Seg<'static>> {
@@ -605,6 +661,9 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
                     ),
                 );
             }
+        }
+        if let Some(grant) = &stage.state {
+            check_state(&mut report, &s, stage, grant, &mut stores);
         }
         if let Some(sink) = &stage.sink {
             let blocks = sink.connectors();

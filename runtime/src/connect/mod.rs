@@ -418,6 +418,7 @@ impl SinkDef {
             sha256: None,
             config: BTreeMap::new(),
             secrets: Vec::new(),
+            state: None,
             publish: Vec::new(),
             concurrency: self.concurrency,
             ack_wait: self.ack_wait,

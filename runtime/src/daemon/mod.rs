@@ -239,7 +239,8 @@ pub async fn run(
     let mut plugin_shas = HashMap::new();
     for pipeline in &pipelines {
         for stage in &pipeline.stages {
-            let (setup, sha) = stage_setup(pipeline, stage, &host, &metrics, &health).await?;
+            let (setup, sha) =
+                stage_setup(pipeline, stage, &host, &broker, &metrics, &health).await?;
             if let Some(sha) = sha {
                 plugin_shas.insert(stage_key(pipeline, stage), sha);
             }
@@ -420,6 +421,7 @@ async fn stage_setup(
     pipeline: &Pipeline,
     stage: &crate::config::Stage,
     host: &PluginHost,
+    broker: &Arc<dyn Broker>,
     metrics: &Arc<Metrics>,
     health: &Arc<connect::Health>,
 ) -> Result<(StageSetup, Option<String>), DaemonError> {
@@ -435,7 +437,22 @@ async fn stage_setup(
         .check_pin(plugin.sha256())
         .map_err(DaemonError::PluginPin)?;
     plugin.check_grants(&stage.name, &stage.grants())?;
-    let settings = stage.worker_settings_with(&pipeline.secret_values);
+    let mut settings = stage.worker_settings_with(&pipeline.secret_values);
+    if let Some((store, max_bytes)) = stage.state_store(&pipeline.name) {
+        let Some(reader) = broker.state() else {
+            return Err(DaemonError::Unsupported(format!(
+                "stage `{}` of pipeline `{}` has `state:`, which this broker cannot commit with \
+                 the ack yet: handler state runs on the embedded broker (NATS KV support is \
+                 planned); remove `state:` or run on the embedded broker",
+                stage.name, pipeline.name
+            )));
+        };
+        settings.state = Some(crate::state::StateAccess {
+            reader,
+            store: store.into(),
+            max_bytes,
+        });
+    }
     let handlers: Vec<Box<dyn StageHandler>> = (0..stage.concurrency.get())
         .map(|_| Box::new(plugin.worker(settings.clone())) as Box<dyn StageHandler>)
         .collect();

@@ -437,8 +437,15 @@ impl Live {
         let mut loaded = HashMap::new();
         for key in starting {
             let (pipeline, stage) = new_stages[key];
-            let (setup, sha) =
-                stage_setup(pipeline, stage, &plan.host, &self.metrics, &self.health).await?;
+            let (setup, sha) = stage_setup(
+                pipeline,
+                stage,
+                &plan.host,
+                &self.broker,
+                &self.metrics,
+                &self.health,
+            )
+            .await?;
             if let Some(sha) = sha {
                 loaded.insert(key.clone(), sha);
             }
