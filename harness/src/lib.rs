@@ -69,6 +69,7 @@ pub const PLUGINS: &[&str] = &[
     "stamp",
     "digest",
     "secret-reader",
+    "stateful",
 ];
 
 /// The repository root (the directory of the root `Cargo.toml`), so paths work

@@ -1338,6 +1338,7 @@ async fn dedup_records_take_complete_release_expire_and_survive_a_restart() {
             receipt: delivery.receipt.clone(),
             outputs: vec![msg("o1", "out")],
             ticket: Some(ticket),
+            state: None,
         })
         .await
         .expect("complete");

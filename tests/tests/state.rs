@@ -1,0 +1,315 @@
+//! Handler state (`sluice:plugin/state`, contract 0.2.0) against the real
+//! `sluice run` binary on the embedded broker, with the `stateful` test
+//! plugin:
+//!
+//! - counters per key stay exact through two kill -9s, with and without
+//!   `ordering: key` (each message counted once: its increment commits
+//!   with its output and its ack, or not at all);
+//! - a call that writes and then retries, rejects or traps leaves nothing;
+//! - eight workers compare-and-setting one key lose no update, and the
+//!   conflicts show as `state-conflict` in the metrics;
+//! - an expiring lock refuses a second holder, then admits it;
+//! - a full store refuses a write and says why;
+//! - a stage that does not grant `state:` is refused at `file:line:col`,
+//!   and NATS, which cannot commit state with the ack yet, refuses it at
+//!   start.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sluice_tests::{Daemon, Msg, header, plugin, sluice_bin, write_pipeline};
+
+const LONG: Duration = Duration::from_secs(300);
+
+fn payloads(messages: &[Value]) -> Vec<String> {
+    messages
+        .iter()
+        .map(|m| m["payload"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+fn pipeline(stage: &str) -> String {
+    format!(
+        r#"
+name: st
+topics: [in, out]
+shutdown_timeout: 5s
+stages:
+  - name: count
+    subscribe: in
+    plugin: {plugin}
+    publish: [out]
+{stage}"#,
+        plugin = plugin("stateful"),
+    )
+}
+
+/// What `sluice_messages_processed_total` counts for the stage with this outcome.
+fn processed(daemon: &Daemon, outcome: &str) -> u64 {
+    let needle = format!("outcome=\"{outcome}\"");
+    daemon
+        .metrics_text()
+        .lines()
+        .filter(|l| {
+            l.starts_with("sluice_messages_processed_total")
+                && l.contains("stage=\"count\"")
+                && l.contains(&needle)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+/// 20,000 increments over 100 keys, concurrency 8, two kill -9s; then
+/// each counter is read back through the handler.
+fn counters_stay_exact_through_two_kill_9s(extra: &str) {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = write_pipeline(
+        dir.path(),
+        "st",
+        &pipeline(&format!(
+            "    state: true\n    concurrency: 8\n    config: {{sleep_ms: 1}}\n{extra}"
+        )),
+    );
+    let mut daemon = Daemon::start_on(
+        &sluice_tests::Backend::embedded(),
+        &[&file],
+        &dir.path().join("data"),
+    );
+    let n = 20_000;
+    let keys = 100;
+    let messages: Vec<Msg> = (0..n)
+        .map(|i| Msg::new(format!("c{i}"), "inc").key(format!("k{}", i % keys)))
+        .collect();
+    // Paused while the inputs go in, so the kills land mid-run.
+    daemon.post("/v1/stages/st/count/pause", json!({}));
+    daemon.publish("in", &messages);
+    daemon.post("/v1/stages/st/count/resume", json!({}));
+    let mut seen_at_kill = Vec::new();
+    for round in 0..2u64 {
+        std::thread::sleep(Duration::from_millis(
+            400 + fastrand::u64(0..800) + round * 300,
+        ));
+        seen_at_kill.push(daemon.depth("out"));
+        daemon.kill9();
+        daemon.restart();
+    }
+    daemon.wait_until("every increment's output", LONG, |d| d.depth("out") >= n);
+    let gets: Vec<Msg> = (0..keys)
+        .map(|k| Msg::new(format!("g{k}"), format!("get k{k}")))
+        .collect();
+    daemon.publish("in", &gets);
+    daemon.wait_until("every counter read", LONG, |d| d.depth("out") >= n + keys);
+    std::thread::sleep(Duration::from_millis(300));
+    let out = payloads(&daemon.read_all("out"));
+    assert_eq!(out.len(), n + keys, "one output per input, no more");
+    let mut counters = BTreeMap::new();
+    let mut emitted = BTreeSet::new();
+    for line in &out {
+        if let Some((key, value)) = line.split_once('=') {
+            counters.insert(key.to_owned(), value.to_owned());
+        } else {
+            assert!(
+                emitted.insert(line.clone()),
+                "`{line}` emitted twice: one increment counted twice"
+            );
+        }
+    }
+    assert_eq!(emitted.len(), n, "one output per increment");
+    // Read after every increment was done: each must be exactly n / keys.
+    let expected = (n / keys).to_string();
+    let wrong: Vec<_> = (0..keys)
+        .map(|k| format!("k{k}"))
+        .filter(|k| counters.get(k) != Some(&expected))
+        .map(|k| format!("{k}={:?}", counters.get(&k)))
+        .collect();
+    let again: Vec<String> = daemon
+        .log()
+        .lines()
+        .filter(|l| l.contains("ALREADY COMMITTED"))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "counters off (expected {expected} each): {wrong:?}\n{again:#?}"
+    );
+    // Every value 1..=200 of every key was emitted once by its increment.
+    for k in 0..keys {
+        for v in 1..=n / keys {
+            assert!(
+                emitted.contains(&format!("k{k} {v}")),
+                "k{k} never reached {v}"
+            );
+        }
+    }
+    let conflicts = processed(&daemon, "state-conflict");
+    eprintln!(
+        "outputs seen at each kill: {seen_at_kill:?}; state conflicts: {conflicts}; \
+         committed messages delivered again after a kill (their writes dropped): {}",
+        again.len()
+    );
+    assert!(
+        seen_at_kill.iter().any(|s| *s > 0 && *s < n),
+        "the kills should land mid-run: {seen_at_kill:?}"
+    );
+}
+
+#[test]
+fn counters_per_key_stay_exact_through_two_kill_9s() {
+    counters_stay_exact_through_two_kill_9s("");
+}
+
+#[test]
+fn counters_per_key_stay_exact_through_two_kill_9s_with_ordering_by_key() {
+    counters_stay_exact_through_two_kill_9s("    ordering: {key: key}\n");
+}
+
+#[test]
+fn a_call_that_writes_then_fails_leaves_nothing() {
+    let daemon = Daemon::with_yaml(&pipeline(
+        "    state: true\n    retry: {max_attempts: 2, backoff: {initial: 10ms, max: 20ms}}\n",
+    ))
+    .start();
+    daemon.publish(
+        "in",
+        &[
+            Msg::new("m-retry", "retry").key("a"),
+            Msg::new("m-reject", "reject").key("b"),
+            Msg::new("m-trap", "trap").key("c"),
+        ],
+    );
+    daemon.wait_until("three dead letters", LONG, |d| d.depth("st.count.dlq") >= 3);
+    let dead = daemon.read_all("st.count.dlq");
+    let kinds: BTreeSet<&str> = dead
+        .iter()
+        .filter_map(|m| header(m, "sluice-dlq-kind"))
+        .collect();
+    assert_eq!(kinds, BTreeSet::from(["retry", "rejected", "trap"]));
+    daemon.publish("in", &[Msg::new("m-list", "list left/")]);
+    daemon.wait_until("the listing", LONG, |d| d.depth("out") >= 1);
+    assert_eq!(
+        payloads(&daemon.read_all("out")),
+        vec![String::new()],
+        "a failed call's write was kept"
+    );
+}
+
+#[test]
+fn eight_workers_compare_and_set_one_key_and_lose_no_update() {
+    let daemon = Daemon::with_yaml(&pipeline(
+        "    state: true\n    concurrency: 8\n    config: {sleep_ms: 2}\n",
+    ))
+    .start();
+    let n = 400;
+    let messages: Vec<Msg> = (0..n)
+        .map(|i| Msg::new(format!("c{i}"), "cas-inc"))
+        .collect();
+    daemon.publish("in", &messages);
+    daemon.wait_until("every output", LONG, |d| d.depth("out") >= n);
+    std::thread::sleep(Duration::from_millis(300));
+    let out = payloads(&daemon.read_all("out"));
+    let values: BTreeSet<u64> = out.iter().map(|v| v.parse().expect("a number")).collect();
+    assert_eq!(out.len(), n, "one output each");
+    assert_eq!(
+        values,
+        (1..=n as u64).collect::<BTreeSet<_>>(),
+        "each value once: two calls that read the same value both committed"
+    );
+    let conflicts = processed(&daemon, "state-conflict");
+    eprintln!("state conflicts: {conflicts}");
+    assert!(conflicts > 0, "eight overlapping workers never conflicted");
+    assert_eq!(daemon.depth("st.count.dlq"), 0, "a conflict spent attempts");
+}
+
+#[test]
+fn an_expiring_lock_refuses_a_second_holder_until_its_ttl() {
+    let daemon = Daemon::with_yaml(&pipeline("    state: true\n")).start();
+    daemon.publish("in", &[Msg::new("l-a", "lock A 1500")]);
+    daemon.wait_until("A's answer", LONG, |d| d.depth("out") >= 1);
+    daemon.publish("in", &[Msg::new("l-b0", "lock B 1500")]);
+    daemon.wait_until("B's first answer", LONG, |d| d.depth("out") >= 2);
+    let out = payloads(&daemon.read_all("out"));
+    assert_eq!(out, ["got A", "held"]);
+    // B asks again until admitted: the lock has expired by then.
+    let mut asked = 1;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = payloads(&daemon.read_all("out"));
+        if out.iter().any(|p| p == "got B") {
+            assert_eq!(out.iter().filter(|p| *p == "got B").count(), 1);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "B never got the lock: {out:?}"
+        );
+        if out.len() == asked + 1 {
+            daemon.publish("in", &[Msg::new(format!("l-b{asked}"), "lock B 1500")]);
+            asked += 1;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_full_store_refuses_a_write_and_says_why() {
+    let daemon = Daemon::with_yaml(&pipeline(
+        "    state: {store: small, max_bytes: 1KiB}\n    retry: {max_attempts: 1}\n",
+    ))
+    .start();
+    daemon.publish("in", &[Msg::new("f1", "fill 600")]);
+    daemon.wait_until("the first fill", LONG, |d| d.depth("out") >= 1);
+    daemon.publish("in", &[Msg::new("f2", "fill 600")]);
+    daemon.wait_until("the second fill refused", LONG, |d| {
+        d.depth("st.count.dlq") >= 1
+    });
+    let dead = daemon.read_all("st.count.dlq");
+    let reason = header(&dead[0], "sluice-dlq-error").unwrap_or_default();
+    assert!(
+        reason.contains("store-full")
+            && reason.contains("st/small")
+            && reason.contains("max_bytes"),
+        "{reason}"
+    );
+    assert_eq!(payloads(&daemon.read_all("out")), ["filled"]);
+}
+
+#[test]
+fn a_stage_without_state_refuses_the_plugin_and_nats_refuses_state() {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = write_pipeline(dir.path(), "st", &pipeline(""));
+    let validated = Command::new(sluice_bin())
+        .arg("validate")
+        .arg(&file)
+        .output()
+        .expect("sluice validate");
+    let said = String::from_utf8_lossy(&validated.stderr).into_owned()
+        + &String::from_utf8_lossy(&validated.stdout);
+    assert!(!validated.status.success(), "{said}");
+    let at = format!("{}:8:13", file.display());
+    assert!(
+        said.contains(&at)
+            && said.contains("sluice:plugin/state@0.2.0")
+            && said.contains("state: true"),
+        "validate says where and why (`{at}`):\n{said}"
+    );
+
+    let nats = sluice_tests::Backend::nats();
+    let granted = write_pipeline(dir.path(), "granted", &pipeline("    state: true\n"));
+    let run = Command::new(sluice_bin())
+        .args(["run", "--admin", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--broker")
+        .arg(nats.broker_url().expect("a NATS URL"))
+        .arg(&granted)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("sluice run");
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        !run.status.success() && said.contains("has `state:`") && said.contains("embedded broker"),
+        "{said}"
+    );
+}
