@@ -11,7 +11,7 @@ impl Committed {
     fn with(entries: &[(&str, &str, u64, u64)]) -> Arc<Self> {
         let committed = Committed::default();
         for (key, value, revision, expires_at) in entries {
-            committed.0.lock().unwrap().insert(
+            committed.0.lock().expect("lock").insert(
                 (*key).to_owned(),
                 Entry {
                     value: value.as_bytes().to_vec(),
@@ -28,7 +28,7 @@ impl Committed {
 
 impl StateReader for Committed {
     fn get(&self, _store: &str, key: &str) -> Result<Option<Entry>, String> {
-        Ok(self.0.lock().unwrap().get(key).cloned())
+        Ok(self.0.lock().expect("lock").get(key).cloned())
     }
 
     fn list(
@@ -41,7 +41,7 @@ impl StateReader for Committed {
         Ok(self
             .0
             .lock()
-            .unwrap()
+            .expect("ok")
             .iter()
             .filter(|(k, _)| k.starts_with(prefix) && after.is_none_or(|a| k.as_str() > a))
             .take(limit)
@@ -50,7 +50,7 @@ impl StateReader for Committed {
     }
 
     fn meta(&self, _store: &str) -> Result<StoreMeta, String> {
-        let entries = self.0.lock().unwrap();
+        let entries = self.0.lock().expect("lock");
         Ok(StoreMeta {
             revision: entries.values().map(|e| e.revision).max().unwrap_or(0),
             bytes: entries.iter().map(|(k, e)| e.size(k)).sum(),
@@ -77,16 +77,16 @@ fn txn(reader: Arc<Committed>, max_bytes: u64) -> Txn {
 fn a_call_reads_its_own_writes_and_commits_only_what_it_wrote() {
     let mut t = txn(Committed::with(&[("a", "1", 5, 0)]), 1 << 20);
     assert_eq!(
-        t.get("a").unwrap(),
+        t.get("a").expect("ok"),
         Some(Seen {
             value: b"1".to_vec(),
             revision: 5
         })
     );
-    t.set("b", b"x".to_vec(), None).unwrap();
-    assert_eq!(t.get("b").unwrap().unwrap().revision, PENDING);
-    t.delete("a").unwrap();
-    assert_eq!(t.get("a").unwrap(), None);
+    t.set("b", b"x".to_vec(), None).expect("ok");
+    assert_eq!(t.get("b").expect("ok").expect("ok").revision, PENDING);
+    t.delete("a").expect("ok");
+    assert_eq!(t.get("a").expect("ok"), None);
     let writes = t.finish().expect("writes");
     // Only what was read from the store is checked at commit.
     assert_eq!(writes.checks, vec![("a".to_owned(), 5)]);
@@ -109,18 +109,18 @@ fn a_call_reads_its_own_writes_and_commits_only_what_it_wrote() {
 #[test]
 fn a_call_that_only_reads_commits_nothing() {
     let mut t = txn(Committed::with(&[("a", "1", 5, 0)]), 1 << 20);
-    t.get("a").unwrap();
-    t.list("", 10).unwrap();
+    t.get("a").expect("ok");
+    t.list("", 10).expect("ok");
     assert!(t.finish().is_none());
 }
 
 #[test]
 fn increment_counts_from_zero_keeps_the_expiry_and_notes_what_it_read() {
     let mut t = txn(Committed::with(&[("n", "41", 3, NOW + 500)]), 1 << 20);
-    assert_eq!(t.increment("n", 1).unwrap(), 42);
-    assert_eq!(t.increment("n", 2).unwrap(), 44);
-    assert_eq!(t.increment("fresh", -3).unwrap(), -3);
-    let writes = t.finish().unwrap();
+    assert_eq!(t.increment("n", 1).expect("ok"), 42);
+    assert_eq!(t.increment("n", 2).expect("ok"), 44);
+    assert_eq!(t.increment("fresh", -3).expect("ok"), -3);
+    let writes = t.finish().expect("ok");
     assert_eq!(
         writes.checks,
         vec![("fresh".to_owned(), 0), ("n".to_owned(), 3)]
@@ -161,7 +161,7 @@ fn compare_and_set_is_a_lock_that_expires() {
     let mut t = txn(reader.clone(), 1 << 20);
     assert!(
         !t.compare_and_set("lock", 0, b"holder-2".to_vec(), Some(1000))
-            .unwrap()
+            .expect("ok")
     );
     assert!(
         t.finish().is_none(),
@@ -179,26 +179,26 @@ fn compare_and_set_is_a_lock_that_expires() {
         "m2".into(),
         NOW + 10,
     );
-    assert_eq!(later.get("lock").unwrap(), None);
+    assert_eq!(later.get("lock").expect("ok"), None);
     assert!(
         later
             .compare_and_set("lock", 0, b"holder-2".to_vec(), Some(1000))
-            .unwrap()
+            .expect("ok")
     );
-    let writes = later.finish().unwrap();
+    let writes = later.finish().expect("ok");
     assert_eq!(writes.checks, vec![("lock".to_owned(), 7)]);
 }
 
 #[test]
 fn compare_and_set_on_the_revision_read() {
     let mut t = txn(Committed::with(&[("k", "v", 9, 0)]), 1 << 20);
-    assert!(!t.compare_and_set("k", 8, b"w".to_vec(), None).unwrap());
-    assert!(t.compare_and_set("k", 9, b"w".to_vec(), None).unwrap());
+    assert!(!t.compare_and_set("k", 8, b"w".to_vec(), None).expect("ok"));
+    assert!(t.compare_and_set("k", 9, b"w".to_vec(), None).expect("ok"));
     // Now pending: only PENDING matches.
-    assert!(!t.compare_and_set("k", 9, b"z".to_vec(), None).unwrap());
+    assert!(!t.compare_and_set("k", 9, b"z".to_vec(), None).expect("ok"));
     assert!(
         t.compare_and_set("k", PENDING, b"z".to_vec(), None)
-            .unwrap()
+            .expect("ok")
     );
 }
 
@@ -210,15 +210,15 @@ fn a_full_store_refuses_growth_but_not_a_rewrite_of_the_same_size() {
         t.set("other", b"abc".to_vec(), None),
         Err(StateError::StoreFull(_))
     ));
-    t.set("k", b"54321".to_vec(), None).unwrap();
-    t.set("k", b"1234567".to_vec(), None).unwrap();
+    t.set("k", b"54321".to_vec(), None).expect("ok");
+    t.set("k", b"1234567".to_vec(), None).expect("ok");
     assert!(matches!(
         t.set("k", b"12345678".to_vec(), None),
         Err(StateError::StoreFull(_))
     ));
     // Deleting makes room within the call.
-    t.delete("k").unwrap();
-    t.set("z", b"1234567".to_vec(), None).unwrap();
+    t.delete("k").expect("ok");
+    t.set("z", b"1234567".to_vec(), None).expect("ok");
 }
 
 #[test]
@@ -238,7 +238,7 @@ fn keys_values_and_counts_are_bounded() {
         Err(StateError::Invalid(_))
     ));
     for i in 0..MAX_WRITES_PER_CALL {
-        t.set(&format!("k{i}"), vec![], None).unwrap();
+        t.set(&format!("k{i}"), vec![], None).expect("ok");
     }
     assert!(matches!(
         t.set("one-more", vec![], None),
@@ -260,9 +260,9 @@ fn list_merges_the_calls_writes_and_skips_expired_and_deleted_keys() {
         ("b1", "", 5, 0),
     ]);
     let mut t = txn(reader, 1 << 20);
-    t.delete("a3").unwrap();
-    t.set("a0", vec![], None).unwrap();
-    assert_eq!(t.list("a", 10).unwrap(), ["a0", "a1", "a4"]);
-    assert_eq!(t.list("a", 2).unwrap(), ["a0", "a1"]);
-    assert_eq!(t.list("c", 2).unwrap(), Vec::<String>::new());
+    t.delete("a3").expect("ok");
+    t.set("a0", vec![], None).expect("ok");
+    assert_eq!(t.list("a", 10).expect("ok"), ["a0", "a1", "a4"]);
+    assert_eq!(t.list("a", 2).expect("ok"), ["a0", "a1"]);
+    assert_eq!(t.list("c", 2).expect("ok"), Vec::<String>::new());
 }
