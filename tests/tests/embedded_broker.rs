@@ -623,6 +623,38 @@ async fn reopen_keeps_messages_cursors_and_delivery_counts() {
     }
 }
 
+/// A redelivered message (it has a pending record) settled while an
+/// earlier first delivery still holds the consumer's floor below it stays
+/// settled across a restart: its ack must not be undone by the removal of
+/// its record. (It came back before, and only the duplicate window kept
+/// its outputs from being published twice.)
+#[tokio::test]
+async fn a_redelivery_settled_above_the_floor_stays_settled_after_a_restart() {
+    for sync in [SyncMode::Always, SyncMode::Os] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let b = setup(dir.path(), sync, LONG).await;
+        publish_ids(&b, "in", &["a", "b"]).await;
+        let first = fetch_n(&b, "p.s", 2).await;
+        // "b" is redelivered (so it gets a pending record) and settled;
+        // "a", a first delivery, stays out and holds the floor.
+        b.nak(&first[1].receipt, Duration::ZERO).await.expect("nak");
+        let again = fetch_n(&b, "p.s", 1).await;
+        assert_eq!((ids(&again), again[0].attempt), (vec!["b".to_owned()], 2));
+        b.ack(&again[0].receipt).await.expect("ack");
+        drop(b);
+
+        let b = open(dir.path(), sync);
+        let after = fetch_n(&b, "p.s", 1).await;
+        assert_eq!(ids(&after), ["a"], "{sync:?}");
+        let more = b.fetch("p.s", 10, QUIET).await.expect("fetch");
+        assert!(
+            more.is_empty(),
+            "{sync:?}: a settled message came back: {:?}",
+            ids(&more)
+        );
+    }
+}
+
 /// A paused consumer delivers nothing, lets a lease already out settle,
 /// and stays paused across a reopen and a new `ensure_consumer` (what a
 /// restart does); a resume wakes a fetch that is waiting.

@@ -154,7 +154,7 @@ pub(in crate::broker::embedded) struct Group<'a> {
     /// Cursors moved by this group's deliveries, by consumer id: each
     /// consumer's position is written once, by [`Group::write_positions`].
     pub(super) cursors: HashMap<u32, (Arc<Consumer>, u64)>,
-    /// First deliveries this group settles, by consumer id.
+    /// Deliveries this group settles, by consumer id, for their positions.
     settles: HashMap<u32, (Arc<Consumer>, Vec<u64>)>,
     /// The broker clock for this group.
     pub now: u64,
@@ -333,18 +333,21 @@ impl<'a> Group<'a> {
             self.complete_record(key, &ticket)?;
         }
         self.publish(outputs, &topics)?;
-        // A first delivery has no record to remove: the floor covers it
-        // (`store::Position`).
+        // A recorded entry's record goes. Either way the settle is noted
+        // in the consumer's position (`store::Position`): the floor passes
+        // it, or a settled run above the floor covers it. A recorded entry
+        // needs the run too: below it, an earlier first delivery may hold
+        // the floor, and after a restart every seq from the floor up with
+        // no record and in no run is delivered again.
         if consumer.is_recorded(seq) {
             self.batch
                 .remove(&self.store.pending, pending_key(consumer.id, seq));
-        } else {
-            self.settles
-                .entry(consumer.id)
-                .or_insert_with(|| (consumer.clone(), Vec::new()))
-                .1
-                .push(seq);
         }
+        self.settles
+            .entry(consumer.id)
+            .or_insert_with(|| (consumer.clone(), Vec::new()))
+            .1
+            .push(seq);
         Ok(())
     }
 
