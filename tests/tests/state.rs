@@ -147,8 +147,9 @@ fn counters_stay_exact_through_two_kill_9s(extra: &str) {
     let conflicts = processed(&daemon, "state-conflict");
     eprintln!(
         "outputs seen at each kill: {seen_at_kill:?}; state conflicts: {conflicts}; \
-         committed messages delivered again after a kill (their writes dropped): {}",
-        again.len()
+         committed messages delivered again (their writes dropped): {} {:?}",
+        again.len(),
+        &again[..again.len().min(5)]
     );
     assert!(
         seen_at_kill.iter().any(|s| *s > 0 && *s < n),
