@@ -482,6 +482,17 @@ pub trait Broker: Send + Sync + 'static {
     fn state(&self) -> Option<Arc<dyn StateReader>> {
         None
     }
+
+    /// Deletes `key` from the handler state `store` (an operator's
+    /// `sluice state delete`): committed like a handler's delete, so a call
+    /// that read the key meanwhile runs again. Returns whether it was
+    /// there.
+    async fn delete_state(&self, store: &str, key: &str) -> Result<bool, BrokerError> {
+        let _ = (store, key);
+        Err(BrokerError::Provision(
+            "this broker keeps no handler state".into(),
+        ))
+    }
 }
 
 /// The embedded store's memory, by part ([`Broker::store_memory`]).

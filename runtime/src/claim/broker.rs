@@ -233,6 +233,10 @@ impl Broker for ClaimingBroker {
     fn state(&self) -> Option<Arc<dyn crate::state::StateReader>> {
         self.inner.state()
     }
+
+    async fn delete_state(&self, store: &str, key: &str) -> Result<bool, BrokerError> {
+        self.inner.delete_state(store, key).await
+    }
 }
 
 #[cfg(test)]

@@ -674,6 +674,23 @@ impl Broker for EmbeddedBroker {
         Some(state::reader(&self.shared))
     }
 
+    async fn delete_state(&self, store: &str, key: &str) -> Result<bool, BrokerError> {
+        let found = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (store, key, seen) = (store.to_owned(), key.to_owned(), found.clone());
+        self.call(|reply| Op::Ensure {
+            apply: Box::new(move |g: &mut Group<'_>| {
+                seen.store(
+                    state::delete(g, &store, &key)?,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                Ok(())
+            }),
+            reply,
+        })
+        .await?;
+        Ok(found.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     fn store_memory(&self) -> crate::broker::StoreMemory {
         self.shared
             .store

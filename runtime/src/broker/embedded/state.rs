@@ -266,6 +266,23 @@ pub(super) fn apply(group: &mut Group<'_>, writes: &StateWrites) -> Result<(), B
     Ok(())
 }
 
+/// Deletes `key` from `store` for an operator, as a handler's delete
+/// would be written. Returns whether it was there.
+pub(super) fn delete(group: &mut Group<'_>, store: &str, key: &str) -> Result<bool, BrokerError> {
+    let Some(entry) = group.state_entry(&entry_key(store, key))? else {
+        return Ok(false);
+    };
+    let writes = StateWrites {
+        store: store.into(),
+        max_bytes: u64::MAX,
+        writer: String::new(),
+        checks: vec![(key.to_owned(), entry.revision)],
+        writes: vec![(key.to_owned(), Write::Delete)],
+    };
+    apply(group, &writes)?;
+    Ok(true)
+}
+
 /// Where the next sweep of expired entries starts: like the dedup
 /// records' sweep, a walk of the keyspace a chunk at a time rather than a
 /// time index that every write would pay for.
