@@ -140,7 +140,11 @@ fn mutating(method: &Method) -> bool {
 
 /// The middleware: an address refused for guessing tokens, Host, Origin,
 /// token, audit; then the route.
-pub(super) async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Response {
+pub(super) async fn guard(
+    State(guard): State<Guard>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let path = request.uri().path();
     let authenticates = guard.access.has_token()
         && (path == "/v1" || path.starts_with("/v1/") || path == "/ui/session");
@@ -176,6 +180,8 @@ pub(super) async fn guard(State(guard): State<Guard>, request: Request, next: Ne
                     "admin call"
                 );
             }
+            // For a route that shows the read token less (state values).
+            request.extensions_mut().insert(role);
             next.run(request).await
         }
         Err(err) => err.into_response(),

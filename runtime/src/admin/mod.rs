@@ -49,6 +49,7 @@ mod scrape;
 mod server;
 mod session;
 mod stages;
+mod state;
 mod status;
 mod throttle;
 mod topics;
@@ -85,6 +86,7 @@ pub use server::{
     tls_config,
 };
 pub use stages::{StageControl, StageDetail};
+pub use state::{StateDeleted, StateKey, StateListing, StateValue};
 pub use status::{LaneStatus, SourceStatus, StageStatus};
 pub use topics::{MessageView, ReadResponse, TopicView, payload_fields};
 
@@ -661,6 +663,8 @@ fn routes() -> OpenApiRouter<AdminState> {
         .routes(routes!(stages::detail))
         .routes(routes!(stages::pause))
         .routes(routes!(stages::resume))
+        .routes(routes!(state::list))
+        .routes(routes!(state::get, state::delete))
         .routes(routes!(reload::reload, reload::summary).layer(small_body()))
         .routes(
             routes!(console::current, console::sign_in, console::sign_out)

@@ -40,6 +40,7 @@ const TOKEN: &str = "token";
         (name = "status", description = "What every stage and source is doing."),
         (name = "dlq", description = "Dead letters: list, show, redrive, purge."),
         (name = "stages", description = "The operator's hold on a stage."),
+        (name = "state", description = "The handler state stores of stages with `state:`: keys, values, deletes."),
         (name = "reload", description = "Hot reload of the pipeline files and plugins."),
         (name = "console", description = "The web console's sign-in: a token for a session cookie."),
     ),
