@@ -423,6 +423,72 @@ impl Client {
         }
     }
 
+    /// A page of the keys of a stage's state store.
+    pub(crate) fn state_list(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        prefix: &str,
+        after: Option<&str>,
+    ) -> Result<crate::admin::StateListing, ClientError> {
+        match &self.transport {
+            Transport::Daemon(http) => {
+                let mut path =
+                    format!("{}?prefix={}", state_path(pipeline, stage), segment(prefix));
+                if let Some(after) = after {
+                    path.push_str(&format!("&after={}", segment(after)));
+                }
+                http.get(&path, DEFAULT_TIMEOUT)
+            }
+            Transport::Direct(direct) => direct.call(async {
+                direct
+                    .state
+                    .state_list(pipeline, stage, prefix, after, 1000)
+            }),
+        }
+    }
+
+    /// One value of a stage's state store.
+    pub(crate) fn state_get(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        key: &str,
+    ) -> Result<crate::admin::StateValue, ClientError> {
+        match &self.transport {
+            Transport::Daemon(http) => http.get(
+                &format!("{}/keys/{}", state_path(pipeline, stage), segment(key)),
+                DEFAULT_TIMEOUT,
+            ),
+            Transport::Direct(direct) => {
+                direct.call(async { direct.state.state_get(pipeline, stage, key) })
+            }
+        }
+    }
+
+    /// Deletes one key of a stage's state store.
+    pub(crate) fn state_delete(
+        &self,
+        pipeline: &str,
+        stage: &str,
+        key: &str,
+    ) -> Result<crate::admin::StateDeleted, ClientError> {
+        match &self.transport {
+            Transport::Daemon(http) => http.send(
+                http.http
+                    .delete(http.url(&format!(
+                        "{}/keys/{}",
+                        state_path(pipeline, stage),
+                        segment(key)
+                    )))
+                    .timeout(DEFAULT_TIMEOUT),
+            ),
+            Transport::Direct(_) => Err(ClientError::Usage(
+                "state lives in the daemon's embedded broker: ask the daemon (--admin)".into(),
+            )),
+        }
+    }
+
     /// Purges a stage's DLQ entries.
     pub(crate) fn dlq_purge(
         &self,
@@ -447,6 +513,11 @@ impl Client {
 /// `/v1/stages/{pipeline}/{stage}`, escaped.
 fn stage_path(pipeline: &str, stage: &str) -> String {
     format!("/v1/stages/{}/{}", segment(pipeline), segment(stage))
+}
+
+/// `/v1/state/{pipeline}/{stage}`, escaped.
+fn state_path(pipeline: &str, stage: &str) -> String {
+    format!("/v1/state/{}/{}", segment(pipeline), segment(stage))
 }
 
 /// `/v1/dlq/{pipeline}/{stage}`, escaped.
@@ -795,8 +866,8 @@ impl Http {
             Ok(body) if status == reqwest::StatusCode::FORBIDDEN && body.code == "forbidden" => {
                 match &self.token {
                     Some((token, true)) => format!(
-                        "the token from {} is read-only; this command changes something and needs the full-access token: set {ADMIN_TOKEN_ENV} or --admin-token-file FILE",
-                        token.source
+                        "the token from {} is read-only ({}); this needs the full-access token: set {ADMIN_TOKEN_ENV} or --admin-token-file FILE",
+                        token.source, body.error
                     ),
                     _ => body.error,
                 }

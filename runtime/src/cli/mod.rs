@@ -16,6 +16,7 @@ mod reload;
 mod run;
 mod schema;
 mod stage;
+mod state;
 mod status;
 mod table;
 mod tail;
@@ -136,6 +137,14 @@ enum Command {
     /// Example: sluice stage pause orders/route
     #[command(subcommand)]
     Stage(stage::Command),
+    /// Look into a stage's handler state store (`state:` in YAML): keys, values, deletes.
+    ///
+    /// Through the running daemon (--admin). Keys and sizes need the read token; values and
+    /// deletes the full one.
+    ///
+    /// Example: sluice state list shop/charge
+    #[command(subcommand)]
+    State(state::Command),
     /// One line per stage of the running daemon: rate, backlog, oldest age, in-flight, DLQ.
     ///
     /// RATE is messages settled per second over the last 10 s; DEPTH the messages waiting
@@ -210,6 +219,7 @@ pub fn main() -> ExitCode {
             | Command::Tail(_)
             | Command::Dlq(_)
             | Command::Stage(_)
+            | Command::State(_)
             | Command::Status(_)
             | Command::Reload(_)
             | Command::Data(_)
@@ -241,6 +251,7 @@ pub fn main() -> ExitCode {
         Command::Tail(args) => tail::run(args),
         Command::Dlq(command) => dlq::run(command),
         Command::Stage(command) => stage::run(command),
+        Command::State(command) => state::run(command),
         Command::Status(args) => status::run(args),
         Command::Reload(args) => reload::run(args),
         Command::Data(command) => data::run(command),
