@@ -121,6 +121,7 @@ impl DaemonBuilder {
             args.extend(["--broker".into(), broker]);
         }
         args.extend(self.args);
+        let http = client_for(&self.env);
         let mut daemon = Daemon {
             child: None,
             args,
@@ -128,15 +129,28 @@ impl DaemonBuilder {
             base: String::new(),
             addr: String::new(),
             log: Arc::default(),
-            http: reqwest::blocking::Client::builder()
-                .timeout(Duration::from_secs(60))
-                .build()
-                .expect("http client"),
+            http,
             _dir: self.dir,
         };
         daemon.spawn()?;
         Ok(daemon)
     }
+}
+
+/// The harness's own client: it sends the daemon's full token, if the
+/// daemon was given one (`SLUICE_ADMIN_TOKEN`), so its reads and publishes
+/// work on a daemon that requires one.
+fn client_for(env: &[(String, String)]) -> reqwest::blocking::Client {
+    let mut builder = reqwest::blocking::Client::builder().timeout(Duration::from_secs(60));
+    if let Some((_, token)) = env.iter().find(|(k, _)| k == "SLUICE_ADMIN_TOKEN") {
+        let mut headers = reqwest::header::HeaderMap::new();
+        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+            .expect("a token a header can carry");
+        value.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+        builder = builder.default_headers(headers);
+    }
+    builder.build().expect("http client")
 }
 
 /// How long [`Daemon::publish`] keeps resending a chunk the daemon

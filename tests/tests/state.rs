@@ -314,3 +314,73 @@ fn a_stage_without_state_refuses_the_plugin_and_nats_refuses_state() {
         "{said}"
     );
 }
+
+#[test]
+fn operators_list_keys_with_the_read_token_and_values_and_deletes_with_the_full_one() {
+    const FULL: &str = "full-token-state-6b1f";
+    const READ: &str = "read-token-state-02ac";
+    let daemon = Daemon::with_yaml(&pipeline("    state: true\n"))
+        .envs([
+            ("SLUICE_ADMIN_TOKEN", FULL),
+            ("SLUICE_ADMIN_READ_TOKEN", READ),
+        ])
+        .start();
+    daemon.publish(
+        "in",
+        &[
+            Msg::new("a1", "inc").key("a"),
+            Msg::new("a2", "inc").key("a"),
+            Msg::new("a3", "inc").key("a"),
+            Msg::new("b1", "inc").key("b"),
+        ],
+    );
+    daemon.wait_until("four outputs", LONG, |d| d.depth("out") >= 4);
+    let read = [("SLUICE_ADMIN_READ_TOKEN", READ)];
+    let full = [("SLUICE_ADMIN_TOKEN", FULL)];
+    let text = |o: &std::process::Output| {
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+    };
+
+    let listed = daemon.cli(&["state", "list", "st/count", "--prefix", "count/"], &read);
+    let said = text(&listed);
+    assert!(listed.status.success(), "{said}");
+    assert!(
+        said.contains("store st/count:") && said.contains("count/a") && said.contains("count/b"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("seen/"),
+        "the prefix was not applied: {said}"
+    );
+    // `count/a` holds "3": 7 + 1 bytes.
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with("count/a") && l.split_whitespace().nth(1) == Some("8")),
+        "{said}"
+    );
+
+    let refused = daemon.cli(&["state", "get", "st/count", "count/a"], &read);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused).contains("not its values"),
+        "{}",
+        text(&refused)
+    );
+
+    let got = daemon.cli(&["state", "get", "st/count", "count/a"], &full);
+    assert!(got.status.success(), "{}", text(&got));
+    assert_eq!(String::from_utf8_lossy(&got.stdout), "3");
+
+    let deleted = daemon.cli(&["state", "delete", "st/count", "count/a"], &full);
+    assert!(deleted.status.success(), "{}", text(&deleted));
+    assert!(text(&deleted).contains("deleted"), "{}", text(&deleted));
+    let gone = daemon.cli(&["state", "get", "st/count", "count/a"], &full);
+    assert!(!gone.status.success(), "{}", text(&gone));
+    // The handler starts the counter again.
+    daemon.publish("in", &[Msg::new("a4", "inc").key("a")]);
+    daemon.wait_until("the fifth output", LONG, |d| d.depth("out") >= 5);
+    assert!(payloads(&daemon.read_all("out")).contains(&"a 1".to_owned()));
+    // A stage without `state:` has no store to show.
+    let none = daemon.cli(&["state", "list", "st/nope"], &read);
+    assert!(!none.status.success());
+}
