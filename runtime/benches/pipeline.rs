@@ -37,6 +37,9 @@
 //!   holds its first message for a minute, while 1,000,000 messages of 64 B
 //!   are published through the admin API: the daemon's VmRSS at 100k, 500k
 //!   and 1M waiting. Target: under 150 MB and flat.
+//! - **state**: the `stateful` plugin with one increment (or one get and
+//!   one set) per message committed with the ack, against the same calls
+//!   with the state calls skipped. Target: at least 0.8x.
 //! - **rate**: the `uppercase` stage without and with a `rate` far above
 //!   what it does (1,000,000/s, burst 1,000): what the limiter costs when
 //!   it never waits. Target: ≥ 0.95, median of at least 9 samples.
@@ -96,11 +99,11 @@ fn main() {
             .expect("uppercase");
         let (mut native, mut wasm) = (Vec::new(), Vec::new());
         for _ in 0..SAMPLES {
-            native.push(rt.block_on(run_stage(MESSAGES, || {
+            native.push(rt.block_on(run_stage(MESSAGES, |_| {
                 Box::new(NativeUppercase) as Box<dyn StageHandler>
             })));
             let stage = stage("uppercase", &[]);
-            wasm.push(rt.block_on(run_stage(MESSAGES, || {
+            wasm.push(rt.block_on(run_stage(MESSAGES, |_| {
                 Box::new(uppercase.worker(stage.worker_settings())) as Box<dyn StageHandler>
             })));
         }
@@ -131,6 +134,9 @@ fn main() {
             SAMPLES,
             "uppercase stage, msgs/s, dedup off | on (key: id, payload_hash)",
         );
+    }
+    if wants("state") {
+        state_side_by_side(&rt, &host);
     }
     if wants("rate") {
         // Issue 26: a limit far above what the stage does must cost next
@@ -191,11 +197,11 @@ fn main() {
         let (mut unbatched, mut batch) = (Vec::new(), Vec::new());
         for _ in 0..SAMPLES {
             let settings = single.worker_settings();
-            unbatched.push(rt.block_on(run_stage_as(MESSAGES, single.clone(), || {
+            unbatched.push(rt.block_on(run_stage_as(MESSAGES, single.clone(), |_| {
                 Box::new(uppercase.worker(settings.clone())) as Box<dyn StageHandler>
             })));
             let settings = batched.worker_settings();
-            batch.push(rt.block_on(run_stage_as(MESSAGES, batched.clone(), || {
+            batch.push(rt.block_on(run_stage_as(MESSAGES, batched.clone(), |_| {
                 Box::new(upper_batch.worker(settings.clone())) as Box<dyn StageHandler>
             })));
         }
@@ -226,7 +232,7 @@ fn main() {
                     continue;
                 }
                 let stage = stage("fail", &[("fraction", fraction), ("mode", mode)]);
-                out.push(rt.block_on(run_stage(MESSAGES, || {
+                out.push(rt.block_on(run_stage(MESSAGES, |_| {
                     Box::new(fail.worker(stage.worker_settings())) as Box<dyn StageHandler>
                 })));
             }
@@ -261,12 +267,56 @@ fn stage(plugin: &str, config: &[(&str, &str)]) -> Stage {
 
 /// Publishes `n` messages, runs one stage over them until each is an output
 /// or a dead letter, and returns the rate of outputs, in msgs/s.
-async fn run_stage(n: usize, handler: impl Fn() -> Box<dyn StageHandler>) -> f64 {
+async fn run_stage(n: usize, handler: impl Fn(&Arc<dyn Broker>) -> Box<dyn StageHandler>) -> f64 {
     run_stage_as(n, stage("uppercase", &[]), handler).await
 }
 
 /// [`run_stage`] with the stage's settings given.
-async fn run_stage_as(n: usize, stage: Stage, handler: impl Fn() -> Box<dyn StageHandler>) -> f64 {
+/// `handler` is given the broker, for a handler that keeps state in it.
+async fn run_stage_as(
+    n: usize,
+    stage: Stage,
+    handler: impl Fn(&Arc<dyn Broker>) -> Box<dyn StageHandler>,
+) -> f64 {
+    let payload = bytes::Bytes::from(vec![b'a'; 64]);
+    run_stage_on(
+        n,
+        stage,
+        |i| Message::new(format!("m{i}"), "in", payload.clone()),
+        handler,
+    )
+    .await
+}
+
+/// [`run_stage_as`] over messages whose payload is `op`, with keys spread
+/// over 100.
+async fn run_keyed(
+    n: usize,
+    op: &str,
+    stage: Stage,
+    handler: impl Fn(&Arc<dyn Broker>) -> Box<dyn StageHandler>,
+) -> f64 {
+    let op = bytes::Bytes::from(op.as_bytes().to_vec());
+    run_stage_on(
+        n,
+        stage,
+        |i| {
+            let mut m = Message::new(format!("m{i}"), "in", op.clone());
+            m.key = Some(format!("k{}", i % 100));
+            m
+        },
+        handler,
+    )
+    .await
+}
+
+/// [`run_stage_as`] over the messages `message` makes.
+async fn run_stage_on(
+    n: usize,
+    stage: Stage,
+    message: impl Fn(usize) -> Message,
+    handler: impl Fn(&Arc<dyn Broker>) -> Box<dyn StageHandler>,
+) -> f64 {
     let dir = tempfile::tempdir().expect("dir");
     let embedded = EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
     let dedup: Arc<dyn sluice::dedup::DedupStore> = embedded.clone();
@@ -277,17 +327,15 @@ async fn run_stage_as(n: usize, stage: Stage, handler: impl Fn() -> Box<dyn Stag
             .await
             .expect("topic");
     }
-    let payload = bytes::Bytes::from(vec![b'a'; 64]);
     for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
-        let batch = chunk
-            .iter()
-            .map(|i| Message::new(format!("m{i}"), "in", payload.clone()))
-            .collect();
+        let batch = chunk.iter().map(|i| message(*i)).collect();
         broker.publish(batch).await.expect("publish");
     }
     let setup = StageSetup {
         pipeline: "s".into(),
-        handlers: (0..stage.concurrency.get()).map(|_| handler()).collect(),
+        handlers: (0..stage.concurrency.get())
+            .map(|_| handler(&broker))
+            .collect(),
         stage,
         shutdown_timeout: Duration::from_secs(5),
         plugin_sha256: None,
@@ -338,12 +386,55 @@ fn uppercase_side_by_side(
     for _ in 0..samples {
         for (stage, out) in stages.iter().zip(rates.iter_mut()) {
             let settings = stage.worker_settings();
-            out.push(rt.block_on(run_stage_as(MESSAGES, (*stage).clone(), || {
+            out.push(rt.block_on(run_stage_as(MESSAGES, (*stage).clone(), |_| {
                 Box::new(uppercase.worker(settings.clone())) as Box<dyn StageHandler>
             })));
         }
     }
     report(title, &rates[0], &rates[1]);
+}
+
+/// Issue 43: the `stateful` plugin's `inc` (one increment per message,
+/// keys spread over 100) against the same call with its state calls
+/// skipped (`dry`), on the same stage: what committing state with the ack
+/// costs. The inputs carry keys, as a counter per key would.
+fn state_side_by_side(rt: &tokio::runtime::Runtime, host: &PluginHost) {
+    let stateful = host
+        .load(sluice_harness::plugin("stateful"))
+        .expect("stateful");
+    for (op, title) in [
+        ("inc", "one increment per message"),
+        ("get-set", "one get and one set per message"),
+    ] {
+        let plain = stage("stateful", &[("dry", "1")]);
+        let with_state = stage("stateful", &[("bench", "1")]);
+        let mut rates = [Vec::new(), Vec::new()];
+        for _ in 0..SAMPLES {
+            for (stage, out) in [&plain, &with_state].into_iter().zip(rates.iter_mut()) {
+                let granted = !stage.config.contains_key("dry");
+                out.push(
+                    rt.block_on(run_keyed(MESSAGES, op, (*stage).clone(), |broker| {
+                        let mut settings = stage.worker_settings();
+                        if granted {
+                            settings.state = Some(sluice::state::StateAccess {
+                                reader: broker.state().expect("the embedded broker keeps state"),
+                                store: "s/s".into(),
+                                max_bytes: u64::MAX,
+                            });
+                        }
+                        Box::new(stateful.worker(settings)) as Box<dyn StageHandler>
+                    })),
+                );
+            }
+        }
+        report(
+            &format!(
+                "stateful stage, msgs/s, {title}: state calls skipped | committed with the ack"
+            ),
+            &rates[0],
+            &rates[1],
+        );
+    }
 }
 
 /// Issue 26, must show 3: a bulk backlog of 100,000, a stage at
@@ -446,7 +537,7 @@ fn languages(rt: &tokio::runtime::Runtime, host: &PluginHost) {
         let mut rates = [Vec::new(), Vec::new(), Vec::new()];
         for _ in 0..SAMPLES {
             for (plugin, out) in [&rust, &python, &js].into_iter().zip(rates.iter_mut()) {
-                out.push(rt.block_on(run_stage_as(MESSAGES, stage.clone(), || {
+                out.push(rt.block_on(run_stage_as(MESSAGES, stage.clone(), |_| {
                     Box::new(plugin.worker(settings.clone())) as Box<dyn StageHandler>
                 })));
             }
@@ -462,7 +553,7 @@ fn languages(rt: &tokio::runtime::Runtime, host: &PluginHost) {
         let batch_settings = batched.worker_settings();
         let mut js_batch = Vec::new();
         for _ in 0..SAMPLES {
-            js_batch.push(rt.block_on(run_stage_as(MESSAGES, batched.clone(), || {
+            js_batch.push(rt.block_on(run_stage_as(MESSAGES, batched.clone(), |_| {
                 Box::new(js_batched.worker(batch_settings.clone())) as Box<dyn StageHandler>
             })));
         }
@@ -534,7 +625,7 @@ fn stage_hop(rt: &tokio::runtime::Runtime, host: &PluginHost) {
             continue;
         }
         let before = cpu_time();
-        wasm.push(rt.block_on(run_stage_as(HOP_MESSAGES, stage.clone(), || {
+        wasm.push(rt.block_on(run_stage_as(HOP_MESSAGES, stage.clone(), |_| {
             Box::new(identity.worker(settings.clone())) as Box<dyn StageHandler>
         })));
         wasm_cpu.push(per_message_us(cpu_time() - before, HOP_MESSAGES));

@@ -4,7 +4,8 @@
 //! Built directly with `wit-bindgen` against `wit/v0.2/plugin.wit`.
 //!
 //! Config: `sleep_ms`, a pause (busy, on the wasm clock) between reading
-//! and returning, so concurrent calls overlap.
+//! and returning, so concurrent calls overlap; `dry`, for the benchmark:
+//! `inc` and `get-set` skip their state calls and emit the same shape.
 //!
 //! Per message, by payload (`K` is the message's key, `-` if none):
 //! - `inc`: increments `count/K` and emits `K N`;
@@ -16,7 +17,8 @@
 //!   absent, expiring after TTL_MS; emits `got HOLDER` or `held`;
 //! - `fill BYTES`: sets `fill/<message id>` to BYTES bytes; emits `filled`,
 //!   or rejects with the store's error;
-//! - `list PREFIX`: emits the keys under PREFIX, comma-separated.
+//! - `list PREFIX`: emits the keys under PREFIX, comma-separated;
+//! - `get-set`: reads `value/K` and sets it to the message id; emits `K`.
 
 mod bindings {
     #![allow(missing_docs, unsafe_code, clippy::all)]
@@ -75,6 +77,18 @@ impl Guest for Stateful {
         let text = String::from_utf8_lossy(&msg.payload).into_owned();
         let mut words = text.split_whitespace();
         match words.next().unwrap_or_default() {
+            "inc" if config_get("dry").is_some() => emit(format!("{key} 0")),
+            "get-set" if config_get("dry").is_some() => emit(key),
+            "get-set" => {
+                let k = format!("value/{key}");
+                state::get(&k).map_err(retry)?;
+                state::set(&k, msg.id.as_bytes(), None).map_err(retry)?;
+                emit(key)
+            }
+            "inc" if config_get("bench").is_some() => {
+                let n = state::increment(&format!("count/{key}"), 1).map_err(retry)?;
+                emit(format!("{key} {n}"))
+            }
             "inc" => {
                 let seen = format!("seen/{}", msg.id);
                 if state::get(&seen).map_err(retry)?.is_some() {
