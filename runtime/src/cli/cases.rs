@@ -69,6 +69,10 @@ pub(crate) struct Case {
     #[serde(default, deserialize_with = "config_map")]
     #[schemars(with = "BTreeMap<String, crate::config::ConfigValue>")]
     pub config: BTreeMap<String, String>,
+    /// What the stage's state store holds before the call (`sluice:plugin/state`):
+    /// key to text value. Empty when absent.
+    #[serde(default)]
+    pub state: BTreeMap<String, String>,
     /// What the handler must do.
     pub expect: Expect,
 }
@@ -129,6 +133,11 @@ pub(crate) struct Expect {
     /// undeclared-topic.
     #[serde(default)]
     pub fails: Option<FailsExpect>,
+    /// What the state store must hold after the call, for the keys listed:
+    /// key to text value, or `null` for absent. A call that does not end
+    /// `ok` commits nothing, so its store is the case's `state`.
+    #[serde(default)]
+    pub state: Option<BTreeMap<String, Option<String>>>,
 }
 
 /// `retry: true` or `retry: { after_ms: N }`.
@@ -314,6 +323,7 @@ impl Loaded {
             name: format!("dead letter {stage}/{seq} ({})", entry.summary.id),
             input: dlq_input(entry),
             config: BTreeMap::new(),
+            state: BTreeMap::new(),
             expect: Expect {
                 ok: Some(true),
                 ..Expect::default()
@@ -647,6 +657,29 @@ fn one_line(text: &str) -> String {
 
 /// What a case's call did, against what it expected: None when it passed,
 /// else the explanation (several lines).
+/// What differs between the store after a call and what the case expects
+/// of it (only the keys it lists), or None.
+pub(crate) fn check_state(expect: &Expect, got: &BTreeMap<String, Vec<u8>>) -> Option<String> {
+    let want = expect.state.as_ref()?;
+    let mut diffs = String::new();
+    for (key, value) in want {
+        let found = got
+            .get(key)
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        if found != *value {
+            let _ = writeln!(
+                diffs,
+                "      state `{key}`: expected {}, got {}",
+                value
+                    .as_deref()
+                    .map_or("absent".to_owned(), |v| format!("{v:?}")),
+                found.map_or("absent".to_owned(), |v| format!("{v:?}"))
+            );
+        }
+    }
+    (!diffs.is_empty()).then_some(diffs)
+}
+
 pub(crate) fn check(expect: &Expect, got: &Result<Vec<Emit>, Failure>) -> Option<String> {
     match (expect, got) {
         (

@@ -171,11 +171,12 @@ pub(crate) fn run(args: Args) -> ExitCode {
             }
         }
     }
-    let granted = if secrets.is_empty() {
-        Vec::new()
-    } else {
-        vec![crate::plugin::Capability::Secrets]
-    };
+    // State is always granted here: each run (each case) gets a store in
+    // memory of its own.
+    let mut granted = vec![crate::plugin::Capability::State];
+    if !secrets.is_empty() {
+        granted.push(crate::plugin::Capability::Secrets);
+    }
     if let Err(err) = plugin.check_grants("plugin test", &granted) {
         eprintln!("error: {err}; with `plugin test`, give each with --secret NAME=env:VAR");
         return ExitCode::from(2);
@@ -221,7 +222,21 @@ pub(crate) fn run(args: Args) -> ExitCode {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
     };
-    let outcome = runtime.block_on(async move { plugin.worker(settings).handle(&message).await });
+    let (settings, store) = with_memory_state(settings, std::iter::empty());
+    let (outcome, writes) = runtime.block_on(async move {
+        let mut worker = plugin.worker(settings);
+        let outcome = worker.handle(&message).await;
+        (outcome, worker.take_state())
+    });
+    // What the call would commit with its outputs, on stderr: the outputs
+    // stay alone on stdout for scripts.
+    if let (Ok(_), Some(writes)) = (&outcome, &writes)
+        && store.commit(writes, crate::broker::now_millis()).is_ok()
+    {
+        for (key, value) in store.values(crate::broker::now_millis()) {
+            eprintln!("state: {key} = {}", String::from_utf8_lossy(&value));
+        }
+    }
     match outcome {
         Ok(emits) => match print_emits(&emits) {
             Ok(()) => ExitCode::SUCCESS,
@@ -265,14 +280,31 @@ async fn run_cases(
             ..base.clone()
         };
         let message = case.input.message(i + 1, now);
-        let got = plugin.worker(settings).handle(&message).await;
+        let (settings, store) = with_memory_state(
+            settings,
+            case.state
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone().into_bytes())),
+        );
+        let mut worker = plugin.worker(settings);
+        let got = worker.handle(&message).await;
+        // As the daemon does: an `ok` commits the call's writes, anything
+        // else drops them.
+        if let (Ok(_), Some(writes)) = (&got, worker.take_state())
+            && let Err(why) = store.commit(&writes, now)
+        {
+            tracing::warn!("case {}: {why}", case.name);
+        }
+        let got_state = store.values(now);
         // A replayed dead letter has no file to point into.
         let place = if source.is_empty() {
             String::new()
         } else {
             format!(" ({source}:{}:{})", pos.line, pos.col)
         };
-        let line = match cases::check(&case.expect, &got) {
+        let line = match cases::check(&case.expect, &got)
+            .or_else(|| cases::check_state(&case.expect, &got_state))
+        {
             None => {
                 passed += 1;
                 format!("ok    {}{place}", case.name)
@@ -292,6 +324,20 @@ async fn run_cases(
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// `settings` with a store in memory holding `entries`, and the store.
+fn with_memory_state(
+    mut settings: WorkerSettings,
+    entries: impl IntoIterator<Item = (String, Vec<u8>)>,
+) -> (WorkerSettings, Arc<crate::state::MemoryState>) {
+    let store = Arc::new(crate::state::MemoryState::with(entries));
+    settings.state = Some(crate::state::StateAccess {
+        reader: store.clone(),
+        store: "plugin-test/state".into(),
+        max_bytes: crate::config::DEFAULT_STATE_MAX_BYTES.bytes(),
+    });
+    (settings, store)
 }
 
 fn read_payload(args: &Args) -> Result<Vec<u8>, String> {

@@ -24,8 +24,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+mod memory;
 #[cfg(test)]
 mod tests;
+
+pub use memory::MemoryState;
 
 /// The longest key, in bytes.
 pub const MAX_KEY_BYTES: usize = 1024;
