@@ -236,3 +236,72 @@ fn secrets_are_granted_with_their_source_never_their_value() {
         "{stderr}"
     );
 }
+
+/// A handler that uses state is tested offline: a case gives the store
+/// before the call and the keys it must hold after; a call that fails
+/// leaves the store as it was.
+#[test]
+fn cases_give_the_state_before_a_call_and_check_it_after() {
+    let dir = tempfile::tempdir().expect("dir");
+    let cases = dir.path().join("cases.yaml");
+    std::fs::write(
+        &cases,
+        r#"
+cases:
+  - name: counts on from the stored value
+    input: { payload: inc, key: a }
+    state: { count/a: "41" }
+    expect:
+      emits: [{ payload: "a 42" }]
+      state: { count/a: "42" }
+  - name: a rejected call writes nothing
+    input: { payload: reject, key: b }
+    expect:
+      rejected: "after a write"
+      state: { left/b: null }
+  - name: a lock held by another stays
+    input: { payload: lock B 1000 }
+    state: { lock: A }
+    expect:
+      emits: [{ payload: held }]
+      state: { lock: A }
+  - name: a wrong expectation is shown
+    input: { payload: inc, key: a }
+    expect:
+      ok: true
+      state: { count/a: "99" }
+"#,
+    )
+    .expect("write");
+    let out = sluice(&[
+        "plugin",
+        "test",
+        &plugin("stateful"),
+        "--cases",
+        &cases.display().to_string(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("3 passed, 1 failed"), "{text}");
+    assert!(
+        text.contains("FAIL  a wrong expectation is shown")
+            && text.contains(r#"state `count/a`: expected "99", got "1""#),
+        "{text}"
+    );
+
+    // One message: what the call would commit is said on stderr.
+    let out = sluice(&[
+        "plugin",
+        "test",
+        &plugin("stateful"),
+        "--data",
+        "inc",
+        "--key",
+        "k",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("state: count/k = 1"),
+        "{out:?}"
+    );
+}
