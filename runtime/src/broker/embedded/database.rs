@@ -163,7 +163,10 @@ impl Store {
             idempotency: probed("idempotency", SMALL_MEMTABLE_BYTES)?,
             // Read only from the front, in due order: no filters needed.
             delayed: ks("delayed", SMALL_MEMTABLE_BYTES)?,
-            state: ks("state", SMALL_MEMTABLE_BYTES)?,
+            // Every settle with state writes probes for its message's
+            // marker, which is almost never there, and reads the keys it
+            // writes: filters pinned, like the dedup window's.
+            state: probed("state", SMALL_MEMTABLE_BYTES)?,
             db,
         })
     }

@@ -195,10 +195,12 @@ pub(super) fn apply(group: &mut Group<'_>, writes: &StateWrites) -> Result<(), B
         tracing::debug!(store, message = %writes.writer, "state of this message was committed before; the writes of its redelivery are dropped");
         return Ok(());
     }
+    // Each key read once: the checks and the writes mostly name the same.
+    let mut current: HashMap<&str, Option<Entry>> = HashMap::new();
     for (key, revision) in &writes.checks {
-        let now = group
-            .state_entry(&entry_key(store, key))?
-            .map_or(0, |e| e.revision);
+        let found = group.state_entry(&entry_key(store, key))?;
+        let now = found.as_ref().map_or(0, |e| e.revision);
+        current.insert(key, found);
         if now != *revision {
             return Err(BrokerError::StateConflict(format!(
                 "state key `{key}` of store `{store}` changed (revision {revision} -> {now}) \
@@ -212,7 +214,10 @@ pub(super) fn apply(group: &mut Group<'_>, writes: &StateWrites) -> Result<(), B
     let mut keys = i128::from(meta.keys);
     for (key, write) in &writes.writes {
         let k = entry_key(store, key);
-        let old = group.state_entry(&k)?;
+        let old = match current.remove(key.as_str()) {
+            Some(found) => found,
+            None => group.state_entry(&k)?,
+        };
         bytes -= old.as_ref().map_or(0, |e| i128::from(e.size(key)));
         keys -= i128::from(old.is_some());
         let new = match write {
