@@ -10,6 +10,8 @@
 //!   conflicts show as `state-conflict` in the metrics;
 //! - an expiring lock refuses a second holder, then admits it;
 //! - a full store refuses a write and says why;
+//! - a stage with `timers: true` schedules work for itself with delayed
+//!   emits to its own input, and an undelayed one is dead-lettered;
 //! - a stage that does not grant `state:` is refused at `file:line:col`,
 //!   and NATS, which cannot commit state with the ack yet, refuses it at
 //!   start.
@@ -383,4 +385,108 @@ fn operators_list_keys_with_the_read_token_and_values_and_deletes_with_the_full_
     // A stage without `state:` has no store to show.
     let none = daemon.cli(&["state", "list", "st/nope"], &read);
     assert!(!none.status.success());
+}
+
+#[test]
+fn a_timer_stage_schedules_its_own_delayed_work_and_an_undelayed_emit_to_itself_is_dead_lettered() {
+    let yaml = format!(
+        r#"
+name: st
+topics: [in, out]
+shutdown_timeout: 5s
+stages:
+  - name: count
+    subscribe: in
+    plugin: {plugin}
+    publish: [out]
+    state: true
+    timers: true
+    config: {{self: in, delay_ms: 300}}
+"#,
+        plugin = plugin("stateful"),
+    );
+    let daemon = Daemon::with_yaml(&yaml).start();
+    let began = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    let keys = ["a", "b", "c", "d", "e"];
+    let mut messages: Vec<Msg> = keys
+        .iter()
+        .map(|k| Msg::new(format!("t-{k}"), "tick 3").key(*k))
+        .collect();
+    messages.push(Msg::new("t-now", "tick-now").key("z"));
+    daemon.publish("in", &messages);
+
+    daemon.wait_until("every timer's end", LONG, |d| d.depth("out") >= 5);
+    let out = daemon.read_all("out");
+    let mut done: Vec<String> = payloads(&out);
+    done.sort();
+    assert_eq!(
+        done,
+        keys.iter()
+            .map(|k| format!("done {k} 4"))
+            .collect::<Vec<_>>(),
+        "each key ticks four times (the first call and three timers), once each"
+    );
+    for m in &out {
+        let entered = m["published_at"].as_u64().expect("published_at");
+        assert!(
+            entered >= began + 900,
+            "three 300 ms timers ended {} ms after the start: {m}",
+            entered.saturating_sub(began)
+        );
+    }
+
+    daemon.wait_until("the undelayed emit's dead letter", LONG, |d| {
+        d.depth("st.count.dlq") >= 1
+    });
+    let dead = daemon.read_all("st.count.dlq");
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(
+        header(&dead[0], "sluice-dlq-kind"),
+        Some("undeclared-topic")
+    );
+    let reason = header(&dead[0], "sluice-dlq-error").unwrap_or_default();
+    assert!(
+        reason.contains("own input") && reason.contains("without a delay"),
+        "{reason}"
+    );
+    // Nothing of the refused call reached the topic or the store.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(daemon.depth("out"), 5);
+}
+
+#[test]
+fn a_stage_that_publishes_to_its_own_input_needs_timers() {
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = pipeline("    state: true\n").replace("publish: [out]", "publish: [out, in]");
+    let file = write_pipeline(dir.path(), "loop", &yaml);
+    let out = Command::new(sluice_bin())
+        .arg("validate")
+        .arg(&file)
+        .output()
+        .expect("validate");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("its own input"), "{stderr}");
+    assert!(stderr.contains("timers: true"), "{stderr}");
+    assert!(
+        stderr.contains(":9:"),
+        "the position of `publish`: {stderr}"
+    );
+
+    let yaml = pipeline("    state: true\n    timers: true\n")
+        .replace("publish: [out]", "publish: [out, in]");
+    let file = write_pipeline(dir.path(), "timers", &yaml);
+    let out = Command::new(sluice_bin())
+        .arg("validate")
+        .arg(&file)
+        .output()
+        .expect("validate");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

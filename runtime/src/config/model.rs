@@ -169,6 +169,12 @@ pub struct Stage {
     )]
     #[schemars(with = "Option<super::StateGrant>")]
     pub state: Option<super::StateGrant>,
+    /// Lets the handler schedule work for itself: an emit to the stage's
+    /// own input topic, delayed (`sluice-delay` or `sluice-deliver-at`).
+    /// An undelayed emit to its own input would come straight back, so it
+    /// is dead-lettered as `undeclared-topic`. Off by default.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timers: bool,
     /// The topics the plugin may emit to; the first is its default output.
     /// An emit to any other topic is dead-lettered as `undeclared-topic`.
     #[serde(default)]
@@ -434,6 +440,11 @@ impl Stage {
                     .collect(),
             ),
             outputs: Outputs::Declared(self.publish.clone()),
+            timer_topics: if self.timers {
+                self.subscribe.topics.clone()
+            } else {
+                Vec::new()
+            },
             secrets: crate::plugin::GuestSecrets::new(
                 &self.name,
                 self.secrets

@@ -519,12 +519,13 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
                     ),
                 );
             }
-            if subscribed.contains(topic.as_str()) {
+            if subscribed.contains(topic.as_str()) && !stage.timers {
                 report(
                     &path,
                     format!(
                         "{what} `{}` publishes to `{topic}`, its own input: every output would \
-                         come back to it",
+                         come back to it (a handler that schedules work for itself with \
+                         delayed emits sets `timers: true`)",
                         stage.name
                     ),
                 );

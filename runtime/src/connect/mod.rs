@@ -419,6 +419,7 @@ impl SinkDef {
             config: BTreeMap::new(),
             secrets: Vec::new(),
             state: None,
+            timers: false,
             publish: Vec::new(),
             concurrency: self.concurrency,
             ack_wait: self.ack_wait,

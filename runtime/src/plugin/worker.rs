@@ -88,6 +88,9 @@ pub struct WorkerSettings {
     pub config: Arc<BTreeMap<String, String>>,
     /// Where emits may go.
     pub outputs: Outputs,
+    /// The stage's own input topics, with `timers: true`: an emit may go
+    /// to one of them, but only delayed (a timer), never straight back.
+    pub timer_topics: Vec<String>,
     /// The secrets the stage grants (`sluice:plugin/secrets`); their values
     /// are removed from the guest's logs and failure reasons.
     pub secrets: super::GuestSecrets,
@@ -105,6 +108,7 @@ impl Default for WorkerSettings {
             outputs: Outputs::Any {
                 default: "out".into(),
             },
+            timer_topics: Vec::new(),
             secrets: super::GuestSecrets::default(),
             state: None,
             isolation: Isolation::Reuse,
@@ -342,7 +346,10 @@ impl Worker {
                         ));
                     }
                 },
-                Outputs::Declared(declared) if !declared.contains(&emit.topic) => {
+                Outputs::Declared(declared)
+                    if !declared.contains(&emit.topic)
+                        && !self.settings.timer_topics.contains(&emit.topic) =>
+                {
                     return Err(Failure::new(
                         FailureKind::UndeclaredTopic,
                         format!(
@@ -372,11 +379,29 @@ impl Worker {
                 ));
             }
             // A delay header the broker could not read: permanent too.
-            if let Err(err) = crate::delay::due_in(&emit.headers, crate::broker::now_millis()) {
+            let now = crate::broker::now_millis();
+            let due = match crate::delay::due_in(&emit.headers, now) {
+                Ok(due) => due,
+                Err(err) => {
+                    return Err(Failure::new(
+                        FailureKind::Rejected,
+                        format!(
+                            "handler emitted a message to `{}` with a delay that cannot be used: {err}",
+                            emit.topic
+                        ),
+                    ));
+                }
+            };
+            // A timer: to its own input only delayed, or every call would
+            // feed the next at once, forever.
+            if self.settings.timer_topics.contains(&emit.topic) && due.is_none_or(|at| at <= now) {
                 return Err(Failure::new(
-                    FailureKind::Rejected,
+                    FailureKind::UndeclaredTopic,
                     format!(
-                        "handler emitted a message to `{}` with a delay that cannot be used: {err}",
+                        "handler emitted to `{}`, the stage's own input, without a delay: \
+                         `timers: true` lets a stage emit to its own input only with \
+                         `sluice-delay` or `sluice-deliver-at` (a timer), so that no \
+                         message comes straight back",
                         emit.topic
                     ),
                 ));

@@ -18,7 +18,13 @@
 //! - `fill BYTES`: sets `fill/<message id>` to BYTES bytes; emits `filled`,
 //!   or rejects with the store's error;
 //! - `list PREFIX`: emits the keys under PREFIX, comma-separated;
-//! - `get-set`: reads `value/K` and sets it to the message id; emits `K`.
+//! - `get-set`: reads `value/K` and sets it to the message id; emits `K`;
+//! - `tick N` (a timer, on a stage with `timers: true`): increments
+//!   `ticks/K`; while N > 0, emits `tick N-1` with key K to its own input
+//!   (config `self`), delayed by config `delay_ms` (default 200); at 0,
+//!   emits `done K TICKS` to the default output;
+//! - `tick-now`: emits `tick 0` to its own input without a delay, which
+//!   the host refuses (`undeclared-topic`).
 
 mod bindings {
     #![allow(missing_docs, unsafe_code, clippy::all)]
@@ -161,6 +167,26 @@ impl Guest for Stateful {
                 let keys = state::list(prefix, 1000).map_err(retry)?;
                 emit(keys.join(","))
             }
+            "tick" => {
+                let left: u64 = words.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+                let ticks = state::increment(&format!("ticks/{key}"), 1).map_err(retry)?;
+                if left == 0 {
+                    return emit(format!("done {key} {ticks}"));
+                }
+                let delay = config_get("delay_ms").unwrap_or_else(|| "200".into());
+                Ok(vec![Emit {
+                    topic: config_get("self").unwrap_or_default(),
+                    key: msg.key.clone(),
+                    headers: vec![("sluice-delay".into(), format!("{delay}ms"))],
+                    payload: format!("tick {}", left - 1).into_bytes(),
+                }])
+            }
+            "tick-now" => Ok(vec![Emit {
+                topic: config_get("self").unwrap_or_default(),
+                key: msg.key.clone(),
+                headers: Vec::new(),
+                payload: b"tick 0".to_vec(),
+            }]),
             other => Err(HandlerError::Reject(format!("unknown command `{other}`"))),
         }
     }
