@@ -70,6 +70,7 @@ pub const PLUGINS: &[&str] = &[
     "digest",
     "secret-reader",
     "stateful",
+    "fetcher",
 ];
 
 /// The repository root (the directory of the root `Cargo.toml`), so paths work

@@ -10,6 +10,7 @@ pub mod edges;
 pub mod jetstream;
 pub mod otlp;
 pub mod plugins;
+pub mod receiver;
 
 pub use daemon::{Daemon, DaemonBuilder, Exited};
 

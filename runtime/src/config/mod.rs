@@ -15,12 +15,14 @@
 //! - `interpolate`: `${VAR}`, `${VAR:-default}`, `$$`;
 //! - `secrets`: the `secrets:` block and `{secret:name}`;
 //! - `state`: a stage's `state:` grant;
+//! - `http`: a stage's `http:` grant (outbound HTTP);
 //! - `validate`: loading many files and the checks across values;
 //! - `diagnostic`: what is reported.
 
 mod claim;
 mod dedup;
 mod diagnostic;
+mod http;
 mod interpolate;
 mod model;
 mod parse;
@@ -36,6 +38,7 @@ pub use claim::{
 };
 pub use dedup::{Dedup, DedupKey, MissingKey, default_dedup_ttl};
 pub use diagnostic::{Diagnostic, Diagnostics};
+pub use http::{AllowedHost, HttpGrant, is_reserved_header};
 pub use interpolate::interpolate;
 pub use model::*;
 pub(crate) use parse::parse_yaml;

@@ -175,6 +175,12 @@ pub struct Stage {
     /// is dead-lettered as `undeclared-topic`. Off by default.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub timers: bool,
+    /// The outbound HTTP the handler may make (`wasi:http`, contract
+    /// 0.2.0): the hosts it may call, the longest a request may take,
+    /// and headers the host adds. Not granted by default. (A sink's
+    /// `http:` block, the webhook, is another thing, under `sinks:`.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<super::HttpGrant>,
     /// The topics the plugin may emit to; the first is its default output.
     /// An emit to any other topic is dead-lettered as `undeclared-topic`.
     #[serde(default)]
@@ -397,6 +403,58 @@ impl Stage {
         ))
     }
 
+    /// The outbound sender this stage's `http:` grants, if any.
+    ///
+    /// # Errors
+    ///
+    /// The client cannot be set up (validation refuses bad grants first).
+    pub fn outbound(&self) -> Result<Option<Arc<crate::plugin::Outbound>>, String> {
+        let Some(grant) = &self.http else {
+            return Ok(None);
+        };
+        let allow = grant
+            .allow
+            .iter()
+            .map(|entry| super::AllowedHost::parse(entry))
+            .collect::<Result<Vec<_>, _>>()?;
+        let headers = grant
+            .headers
+            .iter()
+            .map(|(host, list)| {
+                Ok((
+                    super::AllowedHost::parse(host)?,
+                    list.iter()
+                        .map(|(name, value)| (name.clone(), value.expose().to_owned()))
+                        .collect(),
+                ))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let timeout = grant
+            .timeout
+            .map_or(self.timeout.get(), |t| t.get().min(self.timeout.get()));
+        crate::plugin::Outbound::new(
+            &self.name,
+            crate::plugin::OutboundPolicy {
+                allow,
+                allow_private: grant.allow_private,
+                timeout: Some(timeout),
+                headers,
+            },
+        )
+        .map(Some)
+    }
+
+    /// The secrets this stage's `http:` headers put in, by name.
+    fn header_secrets<'a>(&'a self, values: &'a super::SecretValues) -> BTreeMap<String, String> {
+        self.http
+            .iter()
+            .flat_map(|grant| grant.headers.values())
+            .flat_map(|list| list.values())
+            .flat_map(|text| super::secrets::referenced(text.written()))
+            .filter_map(|name| Some((name.to_owned(), values.expose(name)?.to_owned())))
+            .collect()
+    }
+
     /// The dead-letter topic of this stage in `pipeline`.
     pub fn dlq_topic(&self, pipeline: &str) -> String {
         self.dlq
@@ -409,6 +467,9 @@ impl Stage {
         let mut granted = Vec::new();
         if !self.secrets.is_empty() {
             granted.push(crate::plugin::Capability::Secrets);
+        }
+        if self.http.is_some() {
+            granted.push(crate::plugin::Capability::Http);
         }
         if self.state.is_some() {
             granted.push(crate::plugin::Capability::State);
@@ -451,9 +512,12 @@ impl Stage {
                     .iter()
                     .filter_map(|name| Some((name.clone(), secrets.expose(name)?.to_owned())))
                     .collect(),
-            ),
-            // The daemon adds the broker's store (`Stage::state_store`).
+            )
+            .also_redacting(self.header_secrets(secrets)),
+            // The daemon adds the broker's store (`Stage::state_store`)
+            // and the outbound sender (`Stage::outbound`).
             state: None,
+            http: None,
             isolation: Isolation::Reuse,
         }
     }

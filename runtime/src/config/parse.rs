@@ -175,6 +175,29 @@ fn mark_written_config(tree: &Node, pipeline: &mut Pipeline) {
             }
         }
     }
+    // The headers of a stage's `http:` grant, likewise.
+    for (node, stage) in stages.iter().zip(pipeline.stages.iter_mut()) {
+        let (Some(Kind::Map(hosts)), Some(grant)) = (
+            field(node, "http")
+                .and_then(|h| field(h, "headers"))
+                .map(|n| &n.kind),
+            stage.http.as_mut(),
+        ) else {
+            continue;
+        };
+        for (host, headers) in hosts {
+            let (Kind::Map(headers), Some(granted)) =
+                (&headers.kind, grant.headers.get_mut(&host.name))
+            else {
+                continue;
+            };
+            for (name, value) in headers {
+                if let (Some(written), Some(text)) = (&value.written, granted.get_mut(&name.name)) {
+                    text.written.clone_from(written);
+                }
+            }
+        }
+    }
 }
 
 /// The value of key `name` of mapping `node`.

@@ -248,6 +248,19 @@ pub(crate) fn with_values<T>(values: SecretValues, f: impl FnOnce() -> T) -> T {
 /// The opening of a reference.
 pub(crate) const OPEN: &str = "{secret:";
 
+/// The names `text` references as `{secret:name}`.
+pub fn referenced(text: &str) -> Vec<&str> {
+    let mut names = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(OPEN) {
+        let body = &rest[at + OPEN.len()..];
+        let Some(end) = body.find('}') else { break };
+        names.push(&body[..end]);
+        rest = &body[end + 1..];
+    }
+    names
+}
+
 /// `text` with every `{secret:name}` replaced by the secret's value, and
 /// the values put in (for a field that must mask them wherever they land).
 /// Text without a reference comes back as it is.

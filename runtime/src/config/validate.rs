@@ -246,6 +246,78 @@ fn check_state(
     }
 }
 
+/// A stage's `http:` grant: hosts that parse, headers only for listed
+/// hosts, header names and values HTTP can carry.
+fn check_http(
+    report: &mut impl FnMut(&[Seg<'_>], String),
+    at: &impl Fn(&[Seg<'static>]) -> Vec<Seg<'static>>,
+    grant: &super::HttpGrant,
+) {
+    use Seg::{Index as I, Key as K};
+    if grant.allow.is_empty() {
+        report(
+            &at(&[K("http"), K("allow")]),
+            "`allow` lists no host, so no request could be made; list the hosts the handler \
+             calls (e.g. `allow: [api.example.com]`)"
+                .into(),
+        );
+    }
+    let mut allowed = Vec::new();
+    for (i, entry) in grant.allow.iter().enumerate() {
+        match super::AllowedHost::parse(entry) {
+            Ok(host) => allowed.push(host),
+            Err(why) => report(&at(&[K("http"), K("allow"), I(i)]), why),
+        }
+    }
+    if grant.timeout.is_some_and(|t| t.get().is_zero()) {
+        report(
+            &at(&[K("http"), K("timeout")]),
+            "`timeout` must be more than 0 (e.g. `5s`)".into(),
+        );
+    }
+    let headers_at = at(&[K("http"), K("headers")]);
+    fn under<'a>(base: &[Seg<'static>], host: &'a str, name: Option<&'a str>) -> Vec<Seg<'a>> {
+        let mut path: Vec<Seg<'a>> = base.to_vec();
+        path.push(Seg::Key(host));
+        path.extend(name.map(Seg::Key));
+        path
+    }
+    for (host, headers) in &grant.headers {
+        let listed = super::AllowedHost::parse(host)
+            .is_ok_and(|h| allowed.iter().any(|a| a.host == h.host && a.port == h.port));
+        if !listed {
+            report(
+                &under(&headers_at, host, None),
+                format!(
+                    "`headers` for `{host}`, which is not in `allow`; headers go only to a \
+                     listed host (as written there, port included)"
+                ),
+            );
+        }
+        for (name, value) in headers {
+            let path = under(&headers_at, host, Some(name));
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                report(&path, format!("`{name}` is not an HTTP header name"));
+            } else if super::is_reserved_header(name) {
+                report(
+                    &path,
+                    format!("`{name}` belongs to the connection; the sender writes it"),
+                );
+            }
+            if http::HeaderValue::from_str(value.expose()).is_err() {
+                report(
+                    &path,
+                    format!(
+                        "header `{name}`: its value (`{}`) cannot be sent in a header (line \
+                         breaks or control characters, here or in a secret it uses)",
+                        value.written()
+                    ),
+                );
+            }
+        }
+    }
+}
+
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name
@@ -665,6 +737,9 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
         }
         if let Some(grant) = &stage.state {
             check_state(&mut report, &s, stage, grant, &mut stores);
+        }
+        if let Some(grant) = &stage.http {
+            check_http(&mut report, &s, grant);
         }
         if let Some(sink) = &stage.sink {
             let blocks = sink.connectors();

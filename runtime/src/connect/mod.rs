@@ -54,7 +54,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use health::Health;
-pub use secret::{Secret, SecretUrl};
+pub use secret::{Secret, SecretText, SecretUrl};
 pub use sink::{Sink, SinkError, SinkHandler};
 pub use source::{Source, SourceError, SourceMessage};
 
@@ -420,6 +420,7 @@ impl SinkDef {
             secrets: Vec::new(),
             state: None,
             timers: false,
+            http: None,
             publish: Vec::new(),
             concurrency: self.concurrency,
             ack_wait: self.ack_wait,

@@ -373,6 +373,68 @@ impl JsonSchema for Secret {
     }
 }
 
+/// Text that may carry `{secret:name}` references (a header a stage's
+/// `http:` grant adds): shown as written, references and all, and used
+/// with the secrets' values put in. A `${VAR}` in it is shown as written
+/// too (the loader notes the text before interpolation).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretText {
+    /// What is shown: the text as the file writes it.
+    pub(crate) written: String,
+    value: String,
+}
+
+impl SecretText {
+    /// The text with the secrets' values in, for the code that uses it.
+    pub fn expose(&self) -> &str {
+        &self.value
+    }
+
+    /// The text as written, references and all: what may be shown.
+    pub fn written(&self) -> &str {
+        &self.written
+    }
+}
+
+impl fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretText({:?})", self.written)
+    }
+}
+
+impl<'de> Deserialize<'de> for SecretText {
+    /// `{secret:name}` takes the value of a secret of the pipeline's
+    /// `secrets:` block (see `config::secrets`).
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        crate::config::secrets::resolve(&text)
+            .map(|(value, _)| SecretText {
+                written: text,
+                value,
+            })
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for SecretText {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.written)
+    }
+}
+
+impl JsonSchema for SecretText {
+    fn schema_name() -> Cow<'static, str> {
+        "SecretText".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "description": "Text; `{secret:name}` puts in a secret of the pipeline's `secrets:` block, which is never shown."
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -94,6 +94,11 @@ impl PluginHost {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| HostError::Engine(chain(&e)))?;
+        // Linked for every plugin; a plugin that imports it runs only on a
+        // stage whose `http:` grants it (`Inspection::check_grants`), and
+        // without a grant every request is refused.
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
+            .map_err(|e| HostError::Engine(chain(&e)))?;
         single::Handler::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |state| {
             state
         })

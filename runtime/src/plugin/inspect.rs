@@ -130,6 +130,12 @@ pub fn inspect(path: &Path, bytes: &[u8]) -> Result<Inspection, LoadError> {
     for import in &imports {
         let (version, capability) = match check_import(path, import)? {
             Imported::Wasi => continue,
+            Imported::Http => {
+                if !capabilities.contains(&Capability::Http) {
+                    capabilities.push(Capability::Http);
+                }
+                continue;
+            }
             Imported::Contract(version) => (version, None),
             Imported::Capability(version, capability) => (version, Some(capability)),
         };
@@ -153,6 +159,17 @@ pub fn inspect(path: &Path, bytes: &[u8]) -> Result<Inspection, LoadError> {
                 exported.as_str()
             ),
             contract: IMPLEMENTED,
+        });
+    }
+    if capabilities.contains(&Capability::Http) && !exported.offers(Capability::Http) {
+        return Err(LoadError::UnsupportedImport {
+            path: path.to_owned(),
+            import: "wasi:http/outgoing-handler".into(),
+            hint: format!(
+                "outbound HTTP is a capability of sluice:plugin@0.2.0, and this plugin is built \
+                 against sluice:plugin@{}: rebuild it against the 0.2.0 WIT",
+                exported.as_str()
+            ),
         });
     }
     Ok(Inspection {
@@ -192,6 +209,8 @@ enum Imported {
     Contract(Contract),
     /// A capability of the contract at this version.
     Capability(Contract, Capability),
+    /// `wasi:http`: outbound HTTP, a capability of contract 0.2.0.
+    Http,
 }
 
 /// Accepts an import the host links, saying what it is; refuses any other,
@@ -201,6 +220,10 @@ fn check_import(path: &Path, import: &str) -> Result<Imported, LoadError> {
         Some((name, version)) => (name, Some(version)),
         None => (import, None),
     };
+    // WASI's own interfaces carry WASI's version, not the contract's.
+    if name == "wasi:http/outgoing-handler" || name == "wasi:http/types" {
+        return Ok(Imported::Http);
+    }
     let capability = Capability::ALL
         .iter()
         .find(|c| name == c.interface())
@@ -239,9 +262,10 @@ fn check_import(path: &Path, import: &str) -> Result<Imported, LoadError> {
         return Ok(Imported::Wasi);
     }
     let hint = if name.starts_with("wasi:http/") {
-        "handlers get no network, so Sluice links no wasi:http. componentize-js links it \
-         unless told not to: build with `componentize-js ... -d http -d fetch-event` \
-         (`sluice plugin build` does)"
+        "a handler may make outbound requests (`wasi:http/outgoing-handler`, granted by the \
+         stage's `http:`), never serve them; componentize-js links the server side unless \
+         told not to: build with `componentize-js ... -d fetch-event` (`sluice plugin build` \
+         does)"
             .to_owned()
     } else {
         format!(
@@ -327,10 +351,15 @@ mod tests {
         ] {
             check_import(Path::new("p.wasm"), ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
         }
-        let http = refused("wasi:http/types@0.2.3");
+        assert!(matches!(
+            check_import(Path::new("p.wasm"), "wasi:http/outgoing-handler@0.2.12"),
+            Ok(Imported::Http)
+        ));
+        let serving = refused("wasi:http/incoming-handler@0.2.3");
         assert!(
-            http.contains("`wasi:http/types@0.2.3`") && http.contains("-d http -d fetch-event"),
-            "{http}"
+            serving.contains("`wasi:http/incoming-handler@0.2.3`")
+                && serving.contains("-d fetch-event"),
+            "{serving}"
         );
         let bare = refused("sluice:plugin/host");
         assert!(bare.contains("sluice:plugin/host@0.2.0"), "{bare}");

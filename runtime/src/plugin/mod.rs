@@ -22,6 +22,7 @@ mod clock;
 mod error;
 mod host;
 mod inspect;
+mod outbound;
 mod sandbox;
 mod secrets;
 mod stdio;
@@ -35,6 +36,7 @@ pub use cache::{CacheStatus, DEFAULT_CACHE_MAX_BYTES};
 pub use error::{HostError, LoadError};
 pub use host::{HostConfig, PluginHost, check_memory, plugin_file_sha256};
 pub use inspect::Inspection;
+pub use outbound::{Outbound, OutboundPolicy, is_private};
 pub use secrets::GuestSecrets;
 pub use worker::{Isolation, Limits, Outcome, Outputs, Worker, WorkerSettings};
 
@@ -80,7 +82,7 @@ impl Contract {
     /// Whether this version has `capability`.
     pub fn offers(self, capability: Capability) -> bool {
         match capability {
-            Capability::Secrets | Capability::State => self >= Contract::V0_2,
+            Capability::Secrets | Capability::State | Capability::Http => self >= Contract::V0_2,
         }
     }
 }
@@ -94,23 +96,31 @@ pub enum Capability {
     /// `sluice:plugin/state`: the stage's key-value store, committed with
     /// the ack.
     State,
+    /// `wasi:http/outgoing-handler` (and its `types`): outbound HTTP to
+    /// the hosts the stage allows.
+    Http,
 }
 
 impl Capability {
     /// Every capability.
-    pub const ALL: &[Capability] = &[Capability::Secrets, Capability::State];
+    pub const ALL: &[Capability] = &[Capability::Secrets, Capability::State, Capability::Http];
 
     /// The interface, without its version.
     pub fn interface(self) -> &'static str {
         match self {
             Capability::Secrets => "sluice:plugin/secrets",
             Capability::State => "sluice:plugin/state",
+            Capability::Http => "wasi:http/outgoing-handler",
         }
     }
 
-    /// The import's full name at `contract`.
+    /// The import's full name at `contract` (WASI's own interfaces carry
+    /// WASI's version, not the contract's).
     pub fn import(self, contract: Contract) -> String {
-        format!("{}@{}", self.interface(), contract.as_str())
+        match self {
+            Capability::Http => "wasi:http/outgoing-handler@0.2".to_owned(),
+            _ => format!("{}@{}", self.interface(), contract.as_str()),
+        }
     }
 
     /// What a stage adds to grant it.
@@ -122,6 +132,9 @@ impl Capability {
             }
             Capability::State => {
                 "add `state: true` to the stage (or `state: {store: NAME, max_bytes: 64MiB}`)"
+            }
+            Capability::Http => {
+                "add `http: {allow: [HOST, ...]}` to the stage, listing the hosts it calls"
             }
         }
     }

@@ -12,6 +12,9 @@ use std::time::Duration;
 use wasmtime::component::ResourceTable;
 use wasmtime::{ResourceLimiter, StoreContextMut, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+use super::outbound::{CallHooks, Outbound};
 
 use super::bindings::{Level, single::sluice::plugin::host, v2};
 use super::clock::TickClock;
@@ -57,6 +60,10 @@ pub(crate) struct StoreState {
     state: Option<StateAccess>,
     /// The current call's view of it.
     txn: Option<Txn>,
+    /// `wasi:http`'s own state (its limits).
+    http_ctx: WasiHttpCtx,
+    /// The stage's outbound HTTP, and the call under way.
+    http: CallHooks,
 }
 
 impl StoreState {
@@ -65,6 +72,7 @@ impl StoreState {
         config: Arc<BTreeMap<String, String>>,
         secrets: GuestSecrets,
         state: Option<StateAccess>,
+        outbound: Option<Arc<Outbound>>,
         memory_limit: usize,
         clock: TickClock,
     ) -> Self {
@@ -100,7 +108,15 @@ impl StoreState {
             deadline: None,
             state,
             txn: None,
+            http_ctx: WasiHttpCtx::new(),
+            http: CallHooks::new(outbound),
         }
+    }
+
+    /// Starts the outbound HTTP of a call handling message `id` (a
+    /// batch's first): its requests' idempotency keys count from 0.
+    pub(crate) fn begin_http(&mut self, id: &str) {
+        self.http.begin(id);
     }
 
     /// Starts the state view of a call handling message `id` (a call's
@@ -134,6 +150,7 @@ impl StoreState {
     /// Arms the deadline of the next guest execution.
     pub(crate) fn arm(&mut self, timeout: Duration) {
         self.deadline = Some((self.clock.deadline_after(timeout), timeout));
+        self.http.arm(std::time::Instant::now() + timeout);
     }
 
     /// Disarms it once the guest has returned.
@@ -153,6 +170,16 @@ impl StoreState {
                 Err(wasmtime::Error::new(DeadlineExceeded(timeout)))
             }
             _ => Ok(UpdateDeadline::Yield(1)),
+        }
+    }
+}
+
+impl WasiHttpView for StoreState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http_ctx,
+            table: &mut self.table,
+            hooks: &mut self.http,
         }
     }
 }

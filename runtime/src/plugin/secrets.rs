@@ -17,6 +17,10 @@ const MIN_CUT_PREFIX: usize = 4;
 pub struct GuestSecrets {
     stage: Arc<str>,
     values: Arc<BTreeMap<String, String>>,
+    /// Secrets the guest may not read but whose values are redacted all
+    /// the same: those the host puts into its HTTP headers, which a server
+    /// might echo back.
+    hidden: Arc<BTreeMap<String, String>>,
 }
 
 impl std::fmt::Debug for GuestSecrets {
@@ -34,7 +38,15 @@ impl GuestSecrets {
         GuestSecrets {
             stage: stage.into(),
             values: Arc::new(values),
+            hidden: Arc::default(),
         }
+    }
+
+    /// These secrets (name to value) redacted too, not readable.
+    #[must_use]
+    pub fn also_redacting(mut self, hidden: BTreeMap<String, String>) -> Self {
+        self.hidden = Arc::new(hidden);
+        self
     }
 
     /// Whether the stage grants any secret.
@@ -66,7 +78,8 @@ impl GuestSecrets {
     /// cut-off start of one at its very end by `[secret NAME, cut]`.
     pub(crate) fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
         let mut out = Cow::Borrowed(text);
-        for (name, value) in self.values.iter() {
+        let all = || self.values.iter().chain(self.hidden.iter());
+        for (name, value) in all() {
             if value.is_empty() {
                 continue;
             }
@@ -74,7 +87,7 @@ impl GuestSecrets {
                 out = Cow::Owned(out.replace(value.as_str(), &format!("[secret {name}]")));
             }
         }
-        for (name, value) in self.values.iter() {
+        for (name, value) in all() {
             // The longest proper prefix of the value the text ends with.
             let cut = (MIN_CUT_PREFIX..value.len())
                 .rev()

@@ -96,6 +96,8 @@ pub struct WorkerSettings {
     pub secrets: super::GuestSecrets,
     /// The store the stage grants (`sluice:plugin/state`), if any.
     pub state: Option<crate::state::StateAccess>,
+    /// The outbound HTTP the stage grants (`wasi:http`), if any.
+    pub http: Option<Arc<super::Outbound>>,
     /// Instance reuse policy.
     pub isolation: Isolation,
 }
@@ -111,6 +113,7 @@ impl Default for WorkerSettings {
             timer_topics: Vec::new(),
             secrets: super::GuestSecrets::default(),
             state: None,
+            http: None,
             isolation: Isolation::Reuse,
         }
     }
@@ -284,6 +287,7 @@ impl Worker {
                 self.settings.config.clone(),
                 self.settings.secrets.clone(),
                 self.settings.state.clone(),
+                self.settings.http.clone(),
                 limits.memory.min(self.plugin.inner.host.max_memory),
                 self.plugin.inner.host.clock.clone(),
             );
@@ -443,6 +447,7 @@ impl Live {
                 for msg in v2::messages(msgs) {
                     begin(&mut self.store, limits, 1);
                     self.store.data_mut().begin_state(&msg.id);
+                    self.store.data_mut().begin_http(&msg.id);
                     let guest = handler
                         .sluice_plugin_message_handler()
                         .call_handle(&mut self.store, &msg)
@@ -453,6 +458,9 @@ impl Live {
             }
             Exports::BatchV2(handler) => {
                 begin(&mut self.store, limits, msgs.len());
+                if let Some(first) = msgs.first() {
+                    self.store.data_mut().begin_http(&first.id);
+                }
                 let guest = handler
                     .sluice_plugin_batch_message_handler()
                     .call_handle_batch(&mut self.store, &v2::messages(msgs))

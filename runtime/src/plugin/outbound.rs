@@ -1,0 +1,510 @@
+//! Outbound HTTP for handlers: the sender behind `wasi:http/outgoing-handler`.
+//!
+//! `wasmtime-wasi-http` turns the guest's request into an `http::Request`
+//! and hands it to [`CallHooks::send_request`]; this module decides whether
+//! it may leave and sends it with its own client:
+//!
+//! - only a host the stage's `http.allow` lists (port included) is
+//!   reachable; `wasi:http` follows no redirects, so a redirect reaches the
+//!   handler as a response, and its next request passes the same check;
+//! - a name is resolved once, its addresses checked, and the connection
+//!   made to an address that passed ([`GuardedResolver`]): a name that
+//!   resolves to a loopback, private or link-local address is refused
+//!   unless the stage sets `allow_private`, and DNS rebinding cannot slip
+//!   past between the check and the connect. An IP address listed in
+//!   `allow` is reachable as listed;
+//! - every request counts against the stage's `timeout`: epoch ticks do
+//!   not interrupt an awaited host call, so the send, and each read of the
+//!   answer's body, is cut at the call's deadline (or the grant's shorter
+//!   `timeout`);
+//! - a `429` or `503` with `Retry-After` holds the stage's calls to that
+//!   host until then: a call meanwhile fails at once;
+//! - the host adds `Idempotency-Key: <message id>:<call index>` unless the
+//!   handler set one (a redelivered message repeats its keys), and the
+//!   grant's headers for the host (secrets put in, so the guest never holds
+//!   them).
+//!
+//! A refused request is an error the handler sees, and a log line naming
+//! the stage and the host; nothing leaves the machine.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
+
+use crate::config::AllowedHost;
+
+/// The header that makes a repeated call recognisable to its server.
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// A stage's outbound HTTP: its policy, its client and its holds. One per
+/// stage, shared by its workers.
+pub struct Outbound {
+    stage: Arc<str>,
+    client: reqwest::Client,
+    allow: Vec<AllowedHost>,
+    /// The grant's `timeout`: no request takes longer, even with more of
+    /// the call's time left.
+    timeout: Option<Duration>,
+    /// Headers put on each request to a host, by its `allow` entry.
+    headers: Vec<(AllowedHost, Vec<(HeaderName, HeaderValue)>)>,
+    /// Per `host:port`: no request before this (a `Retry-After`).
+    holds: Mutex<HashMap<String, Instant>>,
+}
+
+impl std::fmt::Debug for Outbound {
+    /// The stage and its hosts: never a header (they may carry secrets).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbound")
+            .field("stage", &self.stage)
+            .field("allow", &self.allow)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a stage's `http:` grant says, parsed.
+pub struct OutboundPolicy {
+    /// The hosts it may call.
+    pub allow: Vec<AllowedHost>,
+    /// Whether a name may resolve to a private or loopback address.
+    pub allow_private: bool,
+    /// The longest one request may take.
+    pub timeout: Option<Duration>,
+    /// Headers added per host, values with their secrets in.
+    pub headers: Vec<(AllowedHost, Vec<(String, String)>)>,
+}
+
+impl Outbound {
+    /// The sender for `stage` under `policy`.
+    ///
+    /// # Errors
+    ///
+    /// A header the grant gives that HTTP cannot carry (validation refuses
+    /// those first), or a client that cannot be built (no TLS set-up). The
+    /// message never quotes a header's value.
+    pub fn new(stage: &str, policy: OutboundPolicy) -> Result<Arc<Outbound>, String> {
+        let mut headers = Vec::new();
+        for (host, list) in policy.headers {
+            let mut parsed = Vec::new();
+            for (name, value) in list {
+                let name = HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| format!("`{name}` is not an HTTP header name"))?;
+                let mut value = HeaderValue::from_str(&value)
+                    .map_err(|_| format!("header `{name}` has a value HTTP cannot carry"))?;
+                value.set_sensitive(true);
+                parsed.push((name, value));
+            }
+            headers.push((host, parsed));
+        }
+        let mut tls = crate::connect::tls::client_config(None, None)?;
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let client = reqwest::Client::builder()
+            // The handler sees a redirect and decides; its next request
+            // is checked like any other.
+            .redirect(reqwest::redirect::Policy::none())
+            // Never through a proxy named by the environment: the check
+            // is on the host the handler named.
+            .no_proxy()
+            .dns_resolver(Arc::new(GuardedResolver {
+                allow_private: policy.allow_private,
+            }))
+            .tls_backend_preconfigured(tls)
+            .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| format!("cannot set up the HTTP client: {e}"))?;
+        Ok(Arc::new(Outbound {
+            stage: stage.into(),
+            client,
+            allow: policy.allow,
+            timeout: policy.timeout,
+            headers,
+            holds: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// Checks `request` against the policy and readies it for the client.
+    fn prepare(
+        &self,
+        request: http::Request<WasiBody>,
+        message_id: &str,
+        index: u32,
+    ) -> Result<(reqwest::Request, String), Error> {
+        let uri = request.uri().clone();
+        let https = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => return Err(Error::HttpProtocolError),
+        };
+        let host = uri
+            .host()
+            .unwrap_or_default()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_ascii_lowercase();
+        let default_port = if https { 443 } else { 80 };
+        let port = uri.port_u16().unwrap_or(default_port);
+        let target = format!("{host}:{port}");
+        if !self
+            .allow
+            .iter()
+            .any(|a| a.matches(&host, port, default_port))
+        {
+            tracing::warn!(
+                stage = %self.stage,
+                host = %target,
+                "outbound request refused: the host is not in the stage's `http.allow`"
+            );
+            return Err(Error::HttpRequestDenied);
+        }
+        if let Some(until) = self.held_until(&target) {
+            let left = until.saturating_duration_since(Instant::now());
+            return Err(Error::InternalError(Some(format!(
+                "calls to {target} are held for {} ms more: it answered with Retry-After",
+                left.as_millis()
+            ))));
+        }
+        let (mut parts, body) = request.into_parts();
+        // The client writes the connection's own headers.
+        parts.headers.remove(http::header::HOST);
+        if !parts.headers.contains_key(IDEMPOTENCY_KEY) {
+            let key = HeaderValue::from_str(&format!("{message_id}:{index}"))
+                .map_err(|_| Error::InternalError(Some("message id is not header text".into())))?;
+            parts.headers.insert(IDEMPOTENCY_KEY, key);
+        }
+        if let Some((_, headers)) = self
+            .headers
+            .iter()
+            .find(|(a, _)| a.matches(&host, port, default_port))
+        {
+            for (name, value) in headers {
+                parts.headers.insert(name.clone(), value.clone());
+            }
+        }
+        let url =
+            reqwest::Url::parse(&uri.to_string()).map_err(|_| Error::HttpRequestUriInvalid)?;
+        let mut out = reqwest::Request::new(parts.method, url);
+        *out.headers_mut() = parts.headers;
+        *out.body_mut() = Some(reqwest::Body::wrap_stream(body.into_data_stream()));
+        Ok((out, target))
+    }
+
+    /// The hosts it may call, as listed.
+    pub fn allowed(&self) -> impl Iterator<Item = &AllowedHost> {
+        self.allow.iter()
+    }
+
+    fn held_until(&self, target: &str) -> Option<Instant> {
+        let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
+        match holds.get(target) {
+            Some(until) if *until > Instant::now() => Some(*until),
+            Some(_) => {
+                holds.remove(target);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn hold(&self, target: &str, wait: Duration) {
+        let until = Instant::now() + wait;
+        let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = holds.entry(target.to_owned()).or_insert(until);
+        *entry = (*entry).max(until);
+    }
+
+    /// Sends `request` to `target`, all of it (the answer's body too) by
+    /// `deadline`.
+    async fn send(
+        self: Arc<Self>,
+        request: reqwest::Request,
+        target: String,
+        deadline: Instant,
+    ) -> Result<http::Response<WasiBody>, Error> {
+        let began = Instant::now();
+        let method = request.method().clone();
+        let sent = tokio::time::timeout_at(deadline.into(), self.client.execute(request)).await;
+        let response = match sent {
+            Ok(Ok(response)) => response,
+            Ok(Err(err)) => return Err(self.failed(&target, &err)),
+            Err(_) => {
+                tracing::warn!(
+                    stage = %self.stage,
+                    host = %target,
+                    "outbound request cut at the call's deadline (the stage's `timeout`, or `http.timeout`)"
+                );
+                return Err(Error::HttpResponseTimeout);
+            }
+        };
+        let status = response.status();
+        if matches!(status.as_u16(), 429 | 503)
+            && let Some(wait) =
+                crate::connect::http::sink::retry_after(response.headers(), SystemTime::now())
+            && !wait.is_zero()
+        {
+            tracing::warn!(
+                stage = %self.stage,
+                host = %target,
+                status = status.as_u16(),
+                hold_ms = wait.as_millis() as u64,
+                "outbound calls to the host held: it answered with Retry-After"
+            );
+            self.hold(&target, wait);
+        }
+        tracing::debug!(
+            stage = %self.stage,
+            host = %target,
+            %method,
+            status = status.as_u16(),
+            ms = began.elapsed().as_millis() as u64,
+            "outbound request"
+        );
+        let response: http::Response<reqwest::Body> = response.into();
+        Ok(response.map(|body| {
+            DeadlineBody {
+                inner: body,
+                deadline: Box::pin(tokio::time::sleep_until(deadline.into())),
+            }
+            .boxed_unsync()
+        }))
+    }
+
+    /// The guest's error for a request the client could not complete,
+    /// logged with the stage and the host.
+    fn failed(&self, target: &str, err: &reqwest::Error) -> Error {
+        let mut source = std::error::Error::source(err);
+        while let Some(cause) = source {
+            if let Some(refused) = cause.downcast_ref::<PrivateAddress>() {
+                tracing::warn!(stage = %self.stage, host = %target, "outbound request refused: {refused}");
+                return Error::DestinationIpProhibited;
+            }
+            source = cause.source();
+        }
+        tracing::warn!(stage = %self.stage, host = %target, error = %err, "outbound request failed");
+        if err.is_timeout() {
+            Error::ConnectionTimeout
+        } else if err.is_connect() {
+            Error::ConnectionRefused
+        } else {
+            Error::HttpProtocolError
+        }
+    }
+}
+
+/// The hooks of one worker's store: the stage's [`Outbound`] (none if the
+/// stage grants no `http:`), and the call under way.
+#[derive(Default)]
+pub struct CallHooks {
+    outbound: Option<Arc<Outbound>>,
+    /// The id of the message being handled (the first of a batch).
+    message_id: String,
+    /// Requests made so far in this call: the next one's index.
+    calls: u32,
+    /// When the call's time is up.
+    deadline: Option<Instant>,
+}
+
+impl CallHooks {
+    /// Hooks that send through `outbound`, or refuse every request.
+    pub fn new(outbound: Option<Arc<Outbound>>) -> Self {
+        CallHooks {
+            outbound,
+            ..CallHooks::default()
+        }
+    }
+
+    /// A call begins for message `message_id` (a batch's first).
+    pub fn begin(&mut self, message_id: &str) {
+        message_id.clone_into(&mut self.message_id);
+        self.calls = 0;
+    }
+
+    /// The guest's execution must end by `deadline`.
+    pub fn arm(&mut self, deadline: Instant) {
+        self.deadline = Some(deadline);
+    }
+}
+
+type SendFuture = Box<
+    dyn Future<
+            Output = Result<
+                (
+                    http::Response<WasiBody>,
+                    Box<dyn Future<Output = Result<(), Error>> + Send>,
+                ),
+                Error,
+            >,
+        > + Send,
+>;
+
+impl WasiHttpHooks for CallHooks {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        _fut: Box<dyn Future<Output = Result<(), Error>> + Send>,
+    ) -> SendFuture {
+        let Some(outbound) = self.outbound.clone() else {
+            return Box::new(async { Err(Error::HttpRequestDenied) });
+        };
+        let index = self.calls;
+        self.calls = self.calls.saturating_add(1);
+        // The call's deadline, the grant's timeout and the guest's own
+        // (connect, first byte): whichever comes first.
+        let now = Instant::now();
+        let mut deadline = self.deadline.unwrap_or(now + Duration::from_secs(30));
+        let guest = options.and_then(|o| match (o.connect_timeout, o.first_byte_timeout) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        });
+        for limit in [outbound.timeout, guest].into_iter().flatten() {
+            deadline = deadline.min(now + limit);
+        }
+        let prepared = outbound.prepare(request, &self.message_id, index);
+        Box::new(async move {
+            let (request, target) = prepared?;
+            let response = outbound.send(request, target, deadline).await?;
+            let io: Box<dyn Future<Output = Result<(), Error>> + Send> = Box::new(async { Ok(()) });
+            Ok((response, io))
+        })
+    }
+}
+
+/// A response body that ends in an error at the call's deadline: epoch
+/// ticks do not interrupt a guest waiting on a read.
+struct DeadlineBody {
+    inner: reqwest::Body,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Body for DeadlineBody {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        if self.deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(Error::ConnectionReadTimeout)));
+        }
+        Pin::new(&mut self.inner)
+            .poll_frame(cx)
+            .map_err(|_| Error::HttpResponseIncomplete)
+    }
+}
+
+/// Resolves a name and keeps only the addresses the stage may reach: the
+/// client connects to those, never to a second lookup's answer.
+struct GuardedResolver {
+    allow_private: bool,
+}
+
+impl reqwest::dns::Resolve for GuardedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let allow_private = self.allow_private;
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let found: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let reachable: Vec<SocketAddr> = found
+                .iter()
+                .copied()
+                .filter(|a| allow_private || !is_private(a.ip()))
+                .collect();
+            if reachable.is_empty() && !found.is_empty() {
+                return Err(
+                    Box::new(PrivateAddress { host }) as Box<dyn std::error::Error + Send + Sync>
+                );
+            }
+            Ok(Box::new(reachable.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// A name that resolves only to addresses the stage may not reach.
+#[derive(Debug)]
+struct PrivateAddress {
+    host: String,
+}
+
+impl std::fmt::Display for PrivateAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "`{}` resolves only to loopback, private or link-local addresses; list the address \
+             itself under `http.allow`, or set `http.allow_private: true`",
+            self.host
+        )
+    }
+}
+
+impl std::error::Error for PrivateAddress {}
+
+/// Loopback, private, link-local, shared (CGNAT), unspecified, broadcast,
+/// multicast and documentation addresses: none is a public service.
+pub fn is_private(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || v4.is_documentation()
+                || (a == 100 && (64..128).contains(&b))
+                || a == 0
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_private(IpAddr::V4(v4));
+            }
+            let first = v6.segments()[0];
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (first & 0xfe00) == 0xfc00
+                || (first & 0xffc0) == 0xfe80
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_addresses_are_private_and_public_ones_are_not() {
+        for private in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "::1",
+            "::",
+            "fd00::1",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+        ] {
+            assert!(is_private(private.parse().expect("ip")), "{private}");
+        }
+        for public in ["1.1.1.1", "8.8.8.8", "2606:4700::1111", "::ffff:1.1.1.1"] {
+            assert!(!is_private(public.parse().expect("ip")), "{public}");
+        }
+    }
+}
