@@ -49,6 +49,31 @@ pub struct StageLabels {
     pub stage: String,
 }
 
+/// `{pipeline, stage, host, status}`: a stage's outbound HTTP requests.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The stage.
+    pub stage: String,
+    /// The host as its `http.allow` entry lists it; empty for a host not
+    /// listed (so a handler cannot grow the label set).
+    pub host: String,
+    /// `2xx` .. `5xx`, or `refused`, `held`, `timeout`, `failed`.
+    pub status: String,
+}
+
+/// `{pipeline, stage, host}`: the latency of a stage's requests to a host.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpHostLabels {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The stage.
+    pub stage: String,
+    /// The host as its `http.allow` entry lists it.
+    pub host: String,
+}
+
 /// Labels of per-stage outcome counters.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -180,6 +205,12 @@ pub struct Metrics {
     pub next_due: Family<StageLabels, Gauge<f64, AtomicU64>>,
     /// `sluice_handler_duration_seconds{pipeline,stage}`.
     pub handler_duration: Family<StageLabels, Histogram>,
+    /// `sluice_http_requests_total{pipeline,stage,host,status}`: handlers'
+    /// outbound requests, by outcome.
+    pub http_requests: Family<HttpLabels, Counter>,
+    /// `sluice_http_request_duration_seconds{pipeline,stage,host}`: from
+    /// sending a request to its answer's headers.
+    pub http_duration: Family<HttpHostLabels, Histogram>,
     /// `sluice_lane_wait_seconds{pipeline,stage,topic}`: for a stage with
     /// priority lanes, how long each first delivery waited from its publish
     /// until a worker slot took it up.
@@ -262,6 +293,11 @@ impl Metrics {
         let handler_duration = Family::<StageLabels, Histogram>::new_with_constructor(|| {
             // 50 µs .. ~100 s.
             Histogram::new(exponential_buckets(0.000_05, 2.0, 22))
+        });
+        let http_requests = Family::<HttpLabels, Counter>::default();
+        let http_duration = Family::<HttpHostLabels, Histogram>::new_with_constructor(|| {
+            // 100 µs .. ~100 s.
+            Histogram::new(exponential_buckets(0.000_1, 2.0, 21))
         });
         let lane_wait = Family::<LaneLabels, Histogram>::new_with_constructor(|| {
             // 100 µs .. ~30 min.
@@ -349,6 +385,16 @@ impl Metrics {
             "sluice_handler_duration_seconds",
             "Time a stage's handler took per call",
             handler_duration.clone(),
+        );
+        registry.register(
+            "sluice_http_requests",
+            "Handlers' outbound HTTP requests per stage and host, by status class or why none was answered (refused, held, timeout, failed)",
+            http_requests.clone(),
+        );
+        registry.register(
+            "sluice_http_request_duration_seconds",
+            "Time from sending a handler's outbound request to its answer, per stage and host",
+            http_duration.clone(),
         );
         registry.register(
             "sluice_lane_wait_seconds",
@@ -478,6 +524,8 @@ impl Metrics {
             hold_until,
             concurrency_limit,
             handler_duration,
+            http_requests,
+            http_duration,
             lane_wait,
             lane_windows: std::sync::Mutex::default(),
             handler_windows: Family::default(),

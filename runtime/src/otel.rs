@@ -619,6 +619,58 @@ pub fn reparent(headers: &mut Vec<(String, String)>) {
     });
 }
 
+/// A span for one outbound HTTP request of the current attempt, its
+/// child, with the `traceparent` the request carries; None when export is
+/// off or no attempt is current (then the request carries the attempt's
+/// context as the handler passed it, if any).
+pub fn http_client_span(method: &str, host: &str) -> Option<(ClientSpan, String)> {
+    if !enabled() {
+        return None;
+    }
+    let tracer = tracer()?;
+    let parent = Context::current();
+    if !parent.has_active_span() {
+        return None;
+    }
+    let span = tracer
+        .span_builder(method.to_owned())
+        .with_kind(SpanKind::Client)
+        .with_attributes([
+            KeyValue::new("http.request.method", method.to_owned()),
+            KeyValue::new("server.address", host.to_owned()),
+        ])
+        .start_with_context(&tracer, &parent);
+    let header = traceparent(span.span_context());
+    Some((ClientSpan(parent.with_span(span)), header))
+}
+
+/// An outbound request's span ([`http_client_span`]); it ends when dropped.
+pub struct ClientSpan(Context);
+
+impl ClientSpan {
+    /// Records the answer's status, or why there was none.
+    pub fn finish(&self, status: Option<u16>, error: Option<&str>) {
+        let span = self.0.span();
+        if let Some(status) = status {
+            span.set_attribute(KeyValue::new(
+                "http.response.status_code",
+                i64::from(status),
+            ));
+        }
+        if let Some(error) = error {
+            span.set_status(Status::error(error.to_owned()));
+        } else if status.is_some_and(|s| s >= 500) {
+            span.set_status(Status::error(""));
+        }
+    }
+}
+
+impl Drop for ClientSpan {
+    fn drop(&mut self) {
+        self.0.span().end();
+    }
+}
+
 /// Records how the current attempt ended (`ok`, `retry`, `dead-lettered`,
 /// `held`, `duplicate`), and an error status for a failure.
 pub fn outcome(outcome: &'static str, error: Option<&crate::Failure>) {

@@ -108,6 +108,28 @@ fn a_listed_host_gets_the_request_with_its_idempotency_key_and_secret_header() {
     assert!(!stage.to_string().contains(TOKEN), "{stage}");
     assert!(stage.to_string().contains("{secret:api_token}"), "{stage}");
     assert!(!daemon.log().contains(TOKEN), "the token is in the log");
+    assert_eq!(requests(&daemon, &host, "2xx"), 1);
+    let metrics = daemon.metrics_text();
+    assert!(
+        metrics
+            .contains("sluice_http_request_duration_seconds_count{pipeline=\"out\",stage=\"call\""),
+        "{metrics}"
+    );
+    assert!(!metrics.contains(TOKEN));
+}
+
+/// `sluice_http_requests_total` of the stage for `host` and `status`.
+fn requests(daemon: &Daemon, host: &str, status: &str) -> u64 {
+    let (host, status) = (format!("host=\"{host}\""), format!("status=\"{status}\""));
+    daemon
+        .metrics_text()
+        .lines()
+        .filter(|l| {
+            l.starts_with("sluice_http_requests_total") && l.contains(&host) && l.contains(&status)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
 }
 
 #[test]
@@ -159,6 +181,17 @@ fn refused_requests_reach_the_handler_as_errors_and_the_server_sees_nothing() {
         "{log}"
     );
     assert!(log.contains("resolves only to loopback"), "{log}");
+    assert_eq!(requests(&daemon, "", "refused"), 2, "two hosts not listed");
+    assert_eq!(
+        requests(
+            &daemon,
+            &format!("localhost:{}", listed.addr.port()),
+            "refused"
+        ),
+        1,
+        "a name resolving to loopback"
+    );
+    assert_eq!(requests(&daemon, &redirecting.addr.to_string(), "3xx"), 1);
 }
 
 #[test]
@@ -203,6 +236,7 @@ fn a_slow_server_is_cut_at_the_timeout_and_the_worker_goes_on() {
         "{out:?}"
     );
     assert_eq!(out[1], "status 200 late");
+    assert_eq!(requests(&daemon, &slow.addr.to_string(), "timeout"), 1);
 }
 
 #[test]
@@ -226,6 +260,7 @@ fn a_429_with_retry_after_holds_the_host_and_the_next_call_fails_at_once() {
         "{out:?}"
     );
     assert_eq!(server.hits().len(), 1, "a held call reached the server");
+    assert_eq!(requests(&daemon, &server.addr.to_string(), "held"), 1);
 }
 
 #[test]

@@ -403,12 +403,16 @@ impl Stage {
         ))
     }
 
-    /// The outbound sender this stage's `http:` grants, if any.
+    /// The outbound sender this stage's `http:` grants, if any, counting
+    /// its requests in `metrics` (with the pipeline's name).
     ///
     /// # Errors
     ///
     /// The client cannot be set up (validation refuses bad grants first).
-    pub fn outbound(&self) -> Result<Option<Arc<crate::plugin::Outbound>>, String> {
+    pub fn outbound(
+        &self,
+        metrics: Option<(String, Arc<crate::metrics::Metrics>)>,
+    ) -> Result<Option<Arc<crate::plugin::Outbound>>, String> {
         let Some(grant) = &self.http else {
             return Ok(None);
         };
@@ -439,6 +443,7 @@ impl Stage {
                 allow_private: grant.allow_private,
                 timeout: Some(timeout),
                 headers,
+                metrics,
             },
         )
         .map(Some)

@@ -453,12 +453,14 @@ async fn stage_setup(
             max_bytes,
         });
     }
-    settings.http = stage.outbound().map_err(|why| {
-        DaemonError::Unsupported(format!(
-            "stage `{}` of pipeline `{}`: its `http:` cannot be set up: {why}",
-            stage.name, pipeline.name
-        ))
-    })?;
+    settings.http = stage
+        .outbound(Some((pipeline.name.clone(), metrics.clone())))
+        .map_err(|why| {
+            DaemonError::Unsupported(format!(
+                "stage `{}` of pipeline `{}`: its `http:` cannot be set up: {why}",
+                stage.name, pipeline.name
+            ))
+        })?;
     let handlers: Vec<Box<dyn StageHandler>> = (0..stage.concurrency.get())
         .map(|_| Box::new(plugin.worker(settings.clone())) as Box<dyn StageHandler>)
         .collect();

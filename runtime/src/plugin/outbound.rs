@@ -42,6 +42,8 @@ use http_body_util::BodyExt;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 use crate::config::AllowedHost;
+use crate::metrics::{HttpHostLabels, HttpLabels, Metrics};
+use crate::otel::ClientSpan;
 
 /// The header that makes a repeated call recognisable to its server.
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -50,6 +52,8 @@ const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// stage, shared by its workers.
 pub struct Outbound {
     stage: Arc<str>,
+    /// The pipeline and the registry its requests are counted in.
+    metrics: Option<(String, Arc<Metrics>)>,
     client: reqwest::Client,
     allow: Vec<AllowedHost>,
     /// The grant's `timeout`: no request takes longer, even with more of
@@ -82,6 +86,8 @@ pub struct OutboundPolicy {
     pub timeout: Option<Duration>,
     /// Headers added per host, values with their secrets in.
     pub headers: Vec<(AllowedHost, Vec<(String, String)>)>,
+    /// The stage's pipeline and the daemon's metrics, to count requests in.
+    pub metrics: Option<(String, Arc<Metrics>)>,
 }
 
 impl Outbound {
@@ -124,6 +130,7 @@ impl Outbound {
             .map_err(|e| format!("cannot set up the HTTP client: {e}"))?;
         Ok(Arc::new(Outbound {
             stage: stage.into(),
+            metrics: policy.metrics,
             client,
             allow: policy.allow,
             timeout: policy.timeout,
@@ -138,7 +145,7 @@ impl Outbound {
         request: http::Request<WasiBody>,
         message_id: &str,
         index: u32,
-    ) -> Result<(reqwest::Request, String), Error> {
+    ) -> Result<Prepared, Error> {
         let uri = request.uri().clone();
         let https = match uri.scheme_str() {
             Some("https") => true,
@@ -154,19 +161,22 @@ impl Outbound {
         let default_port = if https { 443 } else { 80 };
         let port = uri.port_u16().unwrap_or(default_port);
         let target = format!("{host}:{port}");
-        if !self
+        let Some(listed) = self
             .allow
             .iter()
-            .any(|a| a.matches(&host, port, default_port))
-        {
+            .find(|a| a.matches(&host, port, default_port))
+        else {
+            self.count("", "refused");
             tracing::warn!(
                 stage = %self.stage,
                 host = %target,
                 "outbound request refused: the host is not in the stage's `http.allow`"
             );
             return Err(Error::HttpRequestDenied);
-        }
+        };
+        let label = listed.to_string();
         if let Some(until) = self.held_until(&target) {
+            self.count(&label, "held");
             let left = until.saturating_duration_since(Instant::now());
             return Err(Error::InternalError(Some(format!(
                 "calls to {target} are held for {} ms more: it answered with Retry-After",
@@ -195,7 +205,41 @@ impl Outbound {
         let mut out = reqwest::Request::new(parts.method, url);
         *out.headers_mut() = parts.headers;
         *out.body_mut() = Some(reqwest::Body::wrap_stream(body.into_data_stream()));
-        Ok((out, target))
+        Ok(Prepared {
+            request: out,
+            target,
+            label,
+        })
+    }
+
+    /// Counts one request to `host` (its `allow` entry) that ended as
+    /// `status`.
+    fn count(&self, host: &str, status: &str) {
+        if let Some((pipeline, metrics)) = &self.metrics {
+            metrics
+                .http_requests
+                .get_or_create(&HttpLabels {
+                    pipeline: pipeline.clone(),
+                    stage: self.stage.to_string(),
+                    host: host.to_owned(),
+                    status: status.to_owned(),
+                })
+                .inc();
+        }
+    }
+
+    /// Records how long a request to `host` took to be answered.
+    fn observe(&self, host: &str, took: Duration) {
+        if let Some((pipeline, metrics)) = &self.metrics {
+            metrics
+                .http_duration
+                .get_or_create(&HttpHostLabels {
+                    pipeline: pipeline.clone(),
+                    stage: self.stage.to_string(),
+                    host: host.to_owned(),
+                })
+                .observe(took.as_secs_f64());
+        }
     }
 
     /// The hosts it may call, as listed.
@@ -226,17 +270,40 @@ impl Outbound {
     /// `deadline`.
     async fn send(
         self: Arc<Self>,
-        request: reqwest::Request,
-        target: String,
+        prepared: Prepared,
+        span: Option<ClientSpan>,
         deadline: Instant,
     ) -> Result<http::Response<WasiBody>, Error> {
+        let Prepared {
+            request,
+            target,
+            label,
+        } = prepared;
         let began = Instant::now();
         let method = request.method().clone();
         let sent = tokio::time::timeout_at(deadline.into(), self.client.execute(request)).await;
         let response = match sent {
             Ok(Ok(response)) => response,
-            Ok(Err(err)) => return Err(self.failed(&target, &err)),
+            Ok(Err(err)) => {
+                let error = self.failed(&target, &err);
+                let status = if matches!(error, Error::DestinationIpProhibited) {
+                    "refused"
+                } else if err.is_timeout() {
+                    "timeout"
+                } else {
+                    "failed"
+                };
+                self.count(&label, status);
+                if let Some(span) = &span {
+                    span.finish(None, Some(&error.to_string()));
+                }
+                return Err(error);
+            }
             Err(_) => {
+                self.count(&label, "timeout");
+                if let Some(span) = &span {
+                    span.finish(None, Some("cut at the call's deadline"));
+                }
                 tracing::warn!(
                     stage = %self.stage,
                     host = %target,
@@ -246,6 +313,12 @@ impl Outbound {
             }
         };
         let status = response.status();
+        self.observe(&label, began.elapsed());
+        self.count(&label, &format!("{}xx", status.as_u16() / 100));
+        if let Some(span) = &span {
+            span.finish(Some(status.as_u16()), None);
+        }
+        drop(span);
         if matches!(status.as_u16(), 429 | 503)
             && let Some(wait) =
                 crate::connect::http::sink::retry_after(response.headers(), SystemTime::now())
@@ -298,6 +371,15 @@ impl Outbound {
             Error::HttpProtocolError
         }
     }
+}
+
+/// A request that passed the checks, ready for the client.
+struct Prepared {
+    request: reqwest::Request,
+    /// `host:port`, for holds and logs.
+    target: String,
+    /// Its `allow` entry, for metrics.
+    label: String,
 }
 
 /// The hooks of one worker's store: the stage's [`Outbound`] (none if the
@@ -370,9 +452,29 @@ impl WasiHttpHooks for CallHooks {
             deadline = deadline.min(now + limit);
         }
         let prepared = outbound.prepare(request, &self.message_id, index);
+        // A child of the attempt's span, made here, where the attempt is
+        // current; the request carries it as its `traceparent`.
+        let span = match prepared {
+            Ok(mut prepared) => {
+                let span = crate::otel::http_client_span(
+                    prepared.request.method().as_str(),
+                    &prepared.target,
+                );
+                let span = span.and_then(|(span, header)| {
+                    let value = HeaderValue::from_str(&header).ok()?;
+                    prepared
+                        .request
+                        .headers_mut()
+                        .insert(crate::trace::TRACEPARENT, value);
+                    Some(span)
+                });
+                Ok((prepared, span))
+            }
+            Err(err) => Err(err),
+        };
         Box::new(async move {
-            let (request, target) = prepared?;
-            let response = outbound.send(request, target, deadline).await?;
+            let (prepared, span) = span?;
+            let response = outbound.send(prepared, span, deadline).await?;
             let io: Box<dyn Future<Output = Result<(), Error>> + Send> = Box::new(async { Ok(()) });
             Ok((response, io))
         })

@@ -98,7 +98,9 @@ fn call(method: &Method, url: &str, body: &[u8]) -> Result<Answer, String> {
         .first()
         .map(|v| String::from_utf8_lossy(v).into_owned());
     let incoming = response.consume().map_err(|()| "no body".to_owned())?;
-    let stream = incoming.stream().map_err(|()| "no body stream".to_owned())?;
+    let stream = incoming
+        .stream()
+        .map_err(|()| "no body stream".to_owned())?;
     let mut data = Vec::new();
     loop {
         match stream.blocking_read(64 * 1024) {
