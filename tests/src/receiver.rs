@@ -223,8 +223,11 @@ async fn handle(
     };
     let reply = {
         let mut hits = hits.lock().unwrap_or_else(|e| e.into_inner());
-        let key = hit.key();
-        let earlier = hits.iter().filter(|h| h.key() == key).count();
+        let key = hit.header("idempotency-key").unwrap_or_default();
+        let earlier = hits
+            .iter()
+            .filter(|h| h.header("idempotency-key").unwrap_or_default() == key)
+            .count();
         let reply = behaviour(&hit, earlier);
         hit.status = if reply.hang.is_some() {
             0

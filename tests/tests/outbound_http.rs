@@ -14,17 +14,21 @@
 //! - a `429` with `Retry-After` holds the host: the next call fails at once
 //!   without reaching the server;
 //! - a plugin that imports `wasi:http` on a stage without `http:` is
-//!   refused at `file:line:col`.
+//!   refused at `file:line:col`;
+//! - one POST per message, 10,000 messages, two kill -9s, on both brokers:
+//!   the server sees every message, and each message's repeated calls
+//!   carry the same `Idempotency-Key`.
 //!
 //! Waits are generous; nothing asserts on speed.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
 use sluice_tests::receiver::{Receiver, Reply, always};
-use sluice_tests::{Daemon, Msg, plugin, sluice_bin, write_pipeline};
+use sluice_tests::{Backend, Daemon, Msg, on_both_brokers, plugin, sluice_bin, write_pipeline};
 
 const LONG: Duration = Duration::from_secs(120);
 const TOKEN: &str = "tok-Outb0und-7c1e";
@@ -288,4 +292,78 @@ fn a_plugin_that_imports_http_on_a_stage_without_http_is_refused_where_it_is_nam
     );
     assert!(text.contains("wasi:http/outgoing-handler"), "{text}");
     assert!(text.contains("http: {allow:"), "{text}");
+}
+
+on_both_brokers!(every_message_reaches_the_server_through_two_kill_9s_with_one_key_each);
+
+fn every_message_reaches_the_server_through_two_kill_9s_with_one_key_each(backend: &Backend) {
+    let server = Receiver::start(always(200));
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = format!(
+        r#"
+name: out
+topics: [in, out]
+shutdown_timeout: 5s
+stages:
+  - name: call
+    subscribe: in
+    plugin: {plugin}
+    publish: [out]
+    concurrency: 8
+    config: {{retry_on_error: "1"}}
+    retry: {{max_attempts: 20, backoff: {{initial: 50ms, max: 1s}}}}
+    http:
+      allow: ["{host}"]
+"#,
+        plugin = plugin("fetcher"),
+        host = server.addr,
+    );
+    let file = write_pipeline(dir.path(), "out", &yaml);
+    let mut daemon = Daemon::start_on(backend, &[&file], &dir.path().join("data"));
+    let n = 10_000;
+    let url = server.url("http", "/charge");
+    let messages: Vec<Msg> = (0..n)
+        .map(|i| Msg::new(format!("m{i}"), format!("POST {url} m{i}")))
+        .collect();
+    // Paused while the inputs go in, so the kills land mid-run.
+    daemon.post("/v1/stages/out/call/pause", serde_json::json!({}));
+    daemon.publish("in", &messages);
+    daemon.post("/v1/stages/out/call/resume", serde_json::json!({}));
+    let mut seen_at_kill = Vec::new();
+    for round in 0..2u64 {
+        std::thread::sleep(Duration::from_millis(
+            500 + fastrand::u64(0..800) + round * 300,
+        ));
+        seen_at_kill.push(server.hits().len());
+        daemon.kill9();
+        daemon.restart();
+    }
+    daemon.wait_until("every call's output", LONG * 3, |d| d.depth("out") >= n);
+    let hits = server.hits();
+    let mut keys: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for hit in &hits {
+        keys.entry(hit.text()).or_default().insert(hit.key());
+    }
+    let missing: Vec<String> = (0..n)
+        .map(|i| format!("m{i}"))
+        .filter(|id| !keys.contains_key(id))
+        .collect();
+    assert!(missing.is_empty(), "never reached the server: {missing:?}");
+    let mixed: Vec<_> = keys
+        .iter()
+        .filter(|(id, k)| k.len() != 1 || !k.contains(&format!("{id}:0")))
+        .collect();
+    assert!(
+        mixed.is_empty(),
+        "calls of one message with other keys: {mixed:?}"
+    );
+    eprintln!(
+        "requests: {} for {n} messages ({} repeated); seen at each kill: {seen_at_kill:?}",
+        hits.len(),
+        hits.len() - n
+    );
+    assert!(
+        seen_at_kill.iter().any(|s| *s > 0 && *s < n),
+        "the kills should land mid-run: {seen_at_kill:?}"
+    );
 }
