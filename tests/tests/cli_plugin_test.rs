@@ -305,3 +305,77 @@ cases:
         "{out:?}"
     );
 }
+
+#[test]
+fn cases_answer_http_requests_from_their_exchanges_without_a_server() {
+    let dir = tempfile::tempdir().expect("dir");
+    let cases = dir.path().join("cases.yaml");
+    std::fs::write(
+        &cases,
+        r#"
+cases:
+  - name: a charge is answered
+    input: { payload: "POST https://payments.example.com/charge order-7" }
+    http:
+      - request: { method: POST, url: "https://payments.example.com/charge" }
+        response: { status: 201, body: created }
+    expect:
+      emits: [{ payload: "status 201 created" }]
+  - name: a redirect is followed with a new request
+    input: { payload: "GET https://a.example.com/old" }
+    http:
+      - request: { url: "https://b.example.com/new" }
+        response: { body: moved }
+      - request: { url: "https://a.example.com/old" }
+        response: { status: 302, headers: { location: "https://b.example.com/new" } }
+    expect:
+      emits: [{ payload: "status 200 moved" }]
+  - name: a request no exchange matches
+    input: { payload: "GET https://elsewhere.example.com/x" }
+    expect: { ok: true }
+  - name: an exchange that is never used
+    input: { payload: "GET https://a.example.com/one" }
+    http:
+      - request: { url: "https://a.example.com/one" }
+      - request: { url: "https://a.example.com/two" }
+    expect: { ok: true }
+"#,
+    )
+    .expect("write");
+    let out = sluice(&[
+        "plugin",
+        "test",
+        &plugin("fetcher"),
+        "--cases",
+        &cases.display().to_string(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("2 passed, 2 failed"), "{text}");
+    assert!(
+        text.contains("http: unexpected request GET https://elsewhere.example.com/x"),
+        "{text}"
+    );
+    assert!(
+        text.contains("http: expected request ANY https://a.example.com/two was not made"),
+        "{text}"
+    );
+
+    // One message, no cases: the request is refused, and said so.
+    let out = sluice(&[
+        "plugin",
+        "test",
+        &plugin("fetcher"),
+        "--data",
+        "GET https://api.example.com/",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("error"),
+        "{out:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("a single run makes no requests"),
+        "{out:?}"
+    );
+}

@@ -73,8 +73,103 @@ pub(crate) struct Case {
     /// key to text value. Empty when absent.
     #[serde(default)]
     pub state: BTreeMap<String, String>,
+    /// The HTTP exchanges the handler makes (`wasi:http`), in any order:
+    /// each request is answered by the first unused exchange that matches
+    /// it. A request none matches fails in the handler and fails the case,
+    /// and so does an exchange no request used.
+    #[serde(default)]
+    pub http: Vec<Exchange>,
     /// What the handler must do.
     pub expect: Expect,
+}
+
+/// One HTTP exchange of a case: the request matched, the answer given.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Exchange {
+    /// The request it answers.
+    pub request: ExchangeRequest,
+    /// The answer (default `200` with an empty body).
+    #[serde(default)]
+    pub response: ExchangeResponse,
+}
+
+/// What a request must be to match.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ExchangeRequest {
+    /// Its method (`POST`); any when absent.
+    #[serde(default)]
+    pub method: Option<String>,
+    /// Its URL, exactly: `https://api.example.com/v1/charge?x=1`.
+    pub url: String,
+}
+
+/// A scripted answer.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ExchangeResponse {
+    /// The status.
+    #[serde(default = "ok_status")]
+    pub status: u16,
+    /// Its headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Its body, as text.
+    #[serde(default)]
+    pub body: String,
+}
+
+impl Default for ExchangeResponse {
+    fn default() -> Self {
+        ExchangeResponse {
+            status: ok_status(),
+            headers: BTreeMap::new(),
+            body: String::new(),
+        }
+    }
+}
+
+fn ok_status() -> u16 {
+    200
+}
+
+impl Case {
+    /// The case's exchanges as the host's script.
+    pub(crate) fn script(&self) -> crate::plugin::Script {
+        crate::plugin::Script::new(
+            self.http
+                .iter()
+                .map(|e| crate::plugin::ScriptedExchange {
+                    method: e.request.method.clone(),
+                    url: e.request.url.clone(),
+                    status: e.response.status,
+                    headers: e
+                        .response
+                        .headers
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect(),
+                    body: e.response.body.clone().into_bytes(),
+                })
+                .collect(),
+        )
+    }
+}
+
+/// The differences between a case's exchanges and the requests made.
+pub(crate) fn check_http(script: &crate::plugin::Script) -> Option<String> {
+    let mut diff = String::new();
+    for request in script.unexpected() {
+        let _ = writeln!(
+            diff,
+            "      http: unexpected request {request} (no exchange matches it)"
+        );
+    }
+    for exchange in script.unused() {
+        let _ = writeln!(diff, "      http: expected request {exchange} was not made");
+    }
+    (!diff.is_empty()).then(|| diff.trim_end().to_owned())
 }
 
 /// The message a case delivers. At most one of `payload`,
@@ -324,6 +419,7 @@ impl Loaded {
             input: dlq_input(entry),
             config: BTreeMap::new(),
             state: BTreeMap::new(),
+            http: Vec::new(),
             expect: Expect {
                 ok: Some(true),
                 ..Expect::default()

@@ -171,9 +171,13 @@ pub(crate) fn run(args: Args) -> ExitCode {
             }
         }
     }
-    // State is always granted here: each run (each case) gets a store in
-    // memory of its own.
-    let mut granted = vec![crate::plugin::Capability::State];
+    // State and HTTP are always granted here: each run (each case) gets a
+    // store in memory of its own, and a script of HTTP answers (a case's
+    // `http:`; none for a single run, which refuses every request).
+    let mut granted = vec![
+        crate::plugin::Capability::State,
+        crate::plugin::Capability::Http,
+    ];
     if !secrets.is_empty() {
         granted.push(crate::plugin::Capability::Secrets);
     }
@@ -222,12 +226,20 @@ pub(crate) fn run(args: Args) -> ExitCode {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
     };
-    let (settings, store) = with_memory_state(settings, std::iter::empty());
+    let (mut settings, store) = with_memory_state(settings, std::iter::empty());
+    let script = Arc::new(crate::plugin::Script::default());
+    settings.http = Some(crate::plugin::HttpSender::Script(script.clone()));
     let (outcome, writes) = runtime.block_on(async move {
         let mut worker = plugin.worker(settings);
         let outcome = worker.handle(&message).await;
         (outcome, worker.take_state())
     });
+    for request in script.unexpected() {
+        eprintln!(
+            "http: {request} was refused: a single run makes no requests (give a cases file \
+             with the case's `http:` exchanges)"
+        );
+    }
     // What the call would commit with its outputs, on stderr: the outputs
     // stay alone on stdout for scripts.
     if let (Ok(_), Some(writes)) = (&outcome, &writes)
@@ -280,12 +292,14 @@ async fn run_cases(
             ..base.clone()
         };
         let message = case.input.message(i + 1, now);
-        let (settings, store) = with_memory_state(
+        let (mut settings, store) = with_memory_state(
             settings,
             case.state
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone().into_bytes())),
         );
+        let script = Arc::new(case.script());
+        settings.http = Some(crate::plugin::HttpSender::Script(script.clone()));
         let mut worker = plugin.worker(settings);
         let got = worker.handle(&message).await;
         // As the daemon does: an `ok` commits the call's writes, anything
@@ -302,7 +316,8 @@ async fn run_cases(
         } else {
             format!(" ({source}:{}:{})", pos.line, pos.col)
         };
-        let line = match cases::check(&case.expect, &got)
+        let line = match cases::check_http(&script)
+            .or_else(|| cases::check(&case.expect, &got))
             .or_else(|| cases::check_state(&case.expect, &got_state))
         {
             None => {

@@ -455,6 +455,7 @@ async fn stage_setup(
     }
     settings.http = stage
         .outbound(Some((pipeline.name.clone(), metrics.clone())))
+        .map(|sender| sender.map(crate::plugin::HttpSender::Live))
         .map_err(|why| {
             DaemonError::Unsupported(format!(
                 "stage `{}` of pipeline `{}`: its `http:` cannot be set up: {why}",

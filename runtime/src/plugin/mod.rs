@@ -36,7 +36,7 @@ pub use cache::{CacheStatus, DEFAULT_CACHE_MAX_BYTES};
 pub use error::{HostError, LoadError};
 pub use host::{HostConfig, PluginHost, check_memory, plugin_file_sha256};
 pub use inspect::Inspection;
-pub use outbound::{Outbound, OutboundPolicy, is_private};
+pub use outbound::{HttpSender, Outbound, OutboundPolicy, Script, ScriptedExchange, is_private};
 pub use secrets::GuestSecrets;
 pub use worker::{Isolation, Limits, Outcome, Outputs, Worker, WorkerSettings};
 

@@ -382,11 +382,114 @@ struct Prepared {
     label: String,
 }
 
-/// The hooks of one worker's store: the stage's [`Outbound`] (none if the
-/// stage grants no `http:`), and the call under way.
+/// Where a worker's requests go: out, through the stage's [`Outbound`], or
+/// to a script of answers (`plugin test` cases, which need no server).
+#[derive(Debug, Clone)]
+pub enum HttpSender {
+    /// The network, through the stage's policy.
+    Live(Arc<Outbound>),
+    /// Scripted exchanges: each request is answered by the first unused
+    /// exchange that matches it.
+    Script(Arc<Script>),
+}
+
+/// A request a script answers.
+#[derive(Debug, Clone)]
+pub struct ScriptedExchange {
+    /// The method it must have, if given (`POST`).
+    pub method: Option<String>,
+    /// The URL it must have, exactly (`https://api.example.com/v1/charge`).
+    pub url: String,
+    /// The answer's status.
+    pub status: u16,
+    /// The answer's headers.
+    pub headers: Vec<(String, String)>,
+    /// The answer's body.
+    pub body: Vec<u8>,
+}
+
+/// Scripted exchanges, and what the handler asked of them.
+#[derive(Debug, Default)]
+pub struct Script {
+    exchanges: Vec<ScriptedExchange>,
+    state: Mutex<ScriptState>,
+}
+
+#[derive(Debug, Default)]
+struct ScriptState {
+    used: Vec<bool>,
+    /// Requests no exchange matched, as `METHOD URL`.
+    unexpected: Vec<String>,
+}
+
+impl Script {
+    /// A script of `exchanges`, none used yet.
+    pub fn new(exchanges: Vec<ScriptedExchange>) -> Script {
+        let used = vec![false; exchanges.len()];
+        Script {
+            exchanges,
+            state: Mutex::new(ScriptState {
+                used,
+                unexpected: Vec::new(),
+            }),
+        }
+    }
+
+    /// Requests that no exchange matched, as `METHOD URL`.
+    pub fn unexpected(&self) -> Vec<String> {
+        self.lock().unexpected.clone()
+    }
+
+    /// Exchanges no request used, as `METHOD URL`.
+    pub fn unused(&self) -> Vec<String> {
+        let state = self.lock();
+        self.exchanges
+            .iter()
+            .zip(&state.used)
+            .filter(|(_, used)| !**used)
+            .map(|(e, _)| format!("{} {}", e.method.as_deref().unwrap_or("ANY"), e.url))
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ScriptState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The answer to `method url`, from the first unused exchange that
+    /// matches it.
+    fn answer(&self, method: &str, url: &str) -> Result<http::Response<WasiBody>, Error> {
+        let mut state = self.lock();
+        let found = self.exchanges.iter().enumerate().find(|(i, e)| {
+            !state.used[*i]
+                && e.url == url
+                && e.method
+                    .as_deref()
+                    .is_none_or(|m| m.eq_ignore_ascii_case(method))
+        });
+        let Some((i, exchange)) = found else {
+            state.unexpected.push(format!("{method} {url}"));
+            return Err(Error::HttpRequestDenied);
+        };
+        state.used[i] = true;
+        let mut response = http::Response::builder().status(exchange.status);
+        for (name, value) in &exchange.headers {
+            response = response.header(name, value);
+        }
+        response
+            .body(
+                http_body_util::Full::new(Bytes::from(exchange.body.clone()))
+                    .map_err(|never| match never {})
+                    .boxed_unsync(),
+            )
+            .map_err(|e| Error::InternalError(Some(format!("a scripted answer: {e}"))))
+    }
+}
+
+/// The hooks of one worker's store: where the stage's requests go (none if
+/// the stage grants no `http:`), and the call under way.
 #[derive(Default)]
 pub struct CallHooks {
-    outbound: Option<Arc<Outbound>>,
+    outbound: Option<HttpSender>,
     /// The id of the message being handled (the first of a batch).
     message_id: String,
     /// Requests made so far in this call: the next one's index.
@@ -397,7 +500,7 @@ pub struct CallHooks {
 
 impl CallHooks {
     /// Hooks that send through `outbound`, or refuse every request.
-    pub fn new(outbound: Option<Arc<Outbound>>) -> Self {
+    pub fn new(outbound: Option<HttpSender>) -> Self {
         CallHooks {
             outbound,
             ..CallHooks::default()
@@ -435,8 +538,21 @@ impl WasiHttpHooks for CallHooks {
         options: Option<RequestOptions>,
         _fut: Box<dyn Future<Output = Result<(), Error>> + Send>,
     ) -> SendFuture {
-        let Some(outbound) = self.outbound.clone() else {
-            return Box::new(async { Err(Error::HttpRequestDenied) });
+        let outbound = match self.outbound.clone() {
+            Some(HttpSender::Live(outbound)) => outbound,
+            Some(HttpSender::Script(script)) => {
+                let method = request.method().to_string();
+                let url = request.uri().to_string();
+                return Box::new(async move {
+                    // Read what the handler sends, as a server would.
+                    let _ = request.into_body().collect().await;
+                    let response = script.answer(&method, &url)?;
+                    let io: Box<dyn Future<Output = Result<(), Error>> + Send> =
+                        Box::new(async { Ok(()) });
+                    Ok((response, io))
+                });
+            }
+            None => return Box::new(async { Err(Error::HttpRequestDenied) }),
         };
         let index = self.calls;
         self.calls = self.calls.saturating_add(1);

@@ -14,7 +14,7 @@ use wasmtime::{ResourceLimiter, StoreContextMut, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use super::outbound::{CallHooks, Outbound};
+use super::outbound::{CallHooks, HttpSender};
 
 use super::bindings::{Level, single::sluice::plugin::host, v2};
 use super::clock::TickClock;
@@ -72,7 +72,7 @@ impl StoreState {
         config: Arc<BTreeMap<String, String>>,
         secrets: GuestSecrets,
         state: Option<StateAccess>,
-        outbound: Option<Arc<Outbound>>,
+        outbound: Option<HttpSender>,
         memory_limit: usize,
         clock: TickClock,
     ) -> Self {

@@ -97,7 +97,7 @@ pub struct WorkerSettings {
     /// The store the stage grants (`sluice:plugin/state`), if any.
     pub state: Option<crate::state::StateAccess>,
     /// The outbound HTTP the stage grants (`wasi:http`), if any.
-    pub http: Option<Arc<super::Outbound>>,
+    pub http: Option<super::HttpSender>,
     /// Instance reuse policy.
     pub isolation: Isolation,
 }
