@@ -19,8 +19,16 @@
 //!   once with `sync: os`, to tell the durable ack's share from the HTTP
 //!   path's.
 //!
+//! - **C, handler**: a stage whose handler makes the request (the `fetcher`
+//!   test plugin, through `wasi:http` and the guarded sender of the stage's
+//!   `http:`), `concurrency: 8`, over the same backlog: fetch, call the
+//!   handler, which POSTs, then publish its output and ack in one
+//!   transaction (`sync: always`). Timed to the receiver's N-th request.
+//!
 //! The sink does more per message than the raw loop (a durable ack, the
-//! `Sluice-*` headers); the target is sink ≥ 0.8 × raw.
+//! `Sluice-*` headers); the target is sink ≥ 0.8 × raw. The handler stage
+//! also runs a wasm call and publishes an output; its target is ≥ 0.7 × raw
+//! (issue 43).
 //!
 //! Environment: `SLUICE_BENCH_N` (20,000; 300 in a debug build),
 //! `SLUICE_BENCH_SAMPLES` (5; 1 in a debug build).
@@ -78,13 +86,19 @@ fn main() {
         .build()
         .expect("tokio runtime");
 
-    let (mut raw, mut sink, mut sink_os, mut noop) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let host = sluice::plugin::PluginHost::new(sluice::plugin::HostConfig::default())
+        .expect("plugin host");
+    let fetcher = host
+        .load(sluice_harness::plugin("fetcher"))
+        .expect("the fetcher plugin (cargo xtask plugins)");
+    let (mut raw, mut sink, mut sink_os, mut noop, mut handler) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..samples {
         raw.push(rt.block_on(raw_loop(n, &url, &count)));
         sink.push(rt.block_on(sink_stage(n, &url, &count, SyncMode::Always)));
         sink_os.push(rt.block_on(sink_stage(n, &url, &count, SyncMode::Os)));
         noop.push(rt.block_on(noop_stage(n)));
+        handler.push(rt.block_on(handler_stage(n, addr, &count, &fetcher)));
     }
     println!("| case | raw reqwest msgs/s | sink msgs/s | sink/raw |");
     println!("|---|---|---|---|");
@@ -92,6 +106,10 @@ fn main() {
     for (name, b) in [
         ("broker sync: always (default)", median(&sink)),
         ("broker sync: os", median(&sink_os)),
+        (
+            "a handler's POST (wasi:http, fetcher plugin), sync: always",
+            median(&handler),
+        ),
     ] {
         println!(
             "| {n} × {PAYLOAD} B, {CONCURRENCY} in flight, 200 OK, {name} | {a:.0} | {b:.0} | {:.2} |",
@@ -236,6 +254,77 @@ async fn sink_stage(n: usize, url: &str, count: &AtomicUsize, sync: SyncMode) ->
     let engine = Engine::start(broker.clone(), metrics, None, None, vec![setup])
         .await
         .expect("engine");
+    while count.load(Ordering::Relaxed) - before < n {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let elapsed = started.elapsed();
+    engine.shutdown().await;
+    n as f64 / elapsed.as_secs_f64()
+}
+
+/// C: a stage whose handler POSTs each message (the `fetcher` plugin
+/// through `wasi:http`), draining a pre-published backlog; msgs/s.
+async fn handler_stage(
+    n: usize,
+    addr: SocketAddr,
+    count: &AtomicUsize,
+    fetcher: &sluice::plugin::Plugin,
+) -> f64 {
+    let dir = tempfile::tempdir().expect("dir");
+    let broker: Arc<dyn Broker> =
+        EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
+    for name in ["in", "out", "bench.call.dlq"] {
+        broker
+            .ensure_topic(&TopicSpec::new(name))
+            .await
+            .expect("topic");
+    }
+    let body = format!(
+        "POST http://{addr}/hook {}",
+        String::from_utf8_lossy(&payload())
+    );
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let batch = chunk
+            .iter()
+            .map(|i| Message::new(format!("m{i}"), "in", Bytes::from(body.clone())))
+            .collect();
+        broker.publish(batch).await.expect("publish");
+    }
+    let stage: sluice::config::Stage = serde_saphyr::from_str(&format!(
+        "name: call
+subscribe: in
+plugin: fetcher.wasm
+publish: [out]
+concurrency: {CONCURRENCY}
+http: {{allow: ['{addr}']}}
+"
+    ))
+    .expect("stage yaml");
+    let mut settings = stage.worker_settings();
+    settings.http = stage
+        .outbound(None)
+        .expect("the sender")
+        .map(sluice::plugin::HttpSender::Live);
+    let setup = StageSetup {
+        pipeline: "bench".into(),
+        handlers: (0..CONCURRENCY)
+            .map(|_| Box::new(fetcher.worker(settings.clone())) as Box<dyn StageHandler>)
+            .collect(),
+        stage,
+        shutdown_timeout: Duration::from_secs(5),
+        plugin_sha256: None,
+    };
+    let before = count.load(Ordering::Relaxed);
+    let started = Instant::now();
+    let engine = Engine::start(
+        broker.clone(),
+        Arc::new(Metrics::new()),
+        None,
+        None,
+        vec![setup],
+    )
+    .await
+    .expect("engine");
     while count.load(Ordering::Relaxed) - before < n {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
