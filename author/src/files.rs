@@ -14,6 +14,14 @@ pub type File = (&'static str, &'static str);
 /// `wit/plugin.wit`.
 pub const WIT: File = ("wit/plugin.wit", include_str!("../../wit/plugin.wit"));
 
+/// The contract `sluice:plugin@0.2.0`, with the capabilities (state,
+/// secrets; `wasi:http` beside it), which the Rust SDK is built on: a Rust
+/// project has it at `wit/v0.2/plugin.wit`.
+pub const WIT_V0_2: File = (
+    "wit/v0.2/plugin.wit",
+    include_str!("../../wit/v0.2/plugin.wit"),
+);
+
 /// The Python SDK, a single module beside `app.py`.
 pub const PYTHON_SDK: File = (
     "sluice.py",
@@ -37,8 +45,8 @@ pub const COMPONENTIZE_JS: &str = "0.23.0";
 pub const PREVIEW2_SHIM: &str = "0.25.0";
 
 /// The Rust SDK, vendored into `vendor/sluice-sdk/` of a Rust project until
-/// it is published. Its bindings read `../../wit`, which from there is the
-/// project's own `wit/`.
+/// it is published. Its bindings read `../../wit/v0.2`, which from there is
+/// the project's own `wit/v0.2/`.
 pub const RUST_SDK: &[File] = &[
     ("vendor/sluice-sdk/Cargo.toml", RUST_SDK_MANIFEST),
     (
@@ -52,6 +60,18 @@ pub const RUST_SDK: &[File] = &[
     (
         "vendor/sluice-sdk/src/error.rs",
         include_str!("../../plugins/sdk/src/error.rs"),
+    ),
+    (
+        "vendor/sluice-sdk/src/http.rs",
+        include_str!("../../plugins/sdk/src/http.rs"),
+    ),
+    (
+        "vendor/sluice-sdk/src/secrets.rs",
+        include_str!("../../plugins/sdk/src/secrets.rs"),
+    ),
+    (
+        "vendor/sluice-sdk/src/state.rs",
+        include_str!("../../plugins/sdk/src/state.rs"),
     ),
     (
         "vendor/sluice-sdk/src/log.rs",
@@ -81,13 +101,17 @@ const QUICKJS_MANIFEST: &str = include_str!("../../plugins/js/engine-quickjs/Car
 
 /// The QuickJS engine crate as `sluice plugin build` writes it out to
 /// build it: its sources, the Rust SDK vendored beside them and the WIT
-/// the SDK reads (`vendor/sluice-sdk/../../wit`).
+/// the SDK reads (`vendor/sluice-sdk/../../wit/v0.2`).
 pub fn quickjs_engine() -> Vec<(&'static str, String)> {
     let manifest = QUICKJS_MANIFEST.replace(
         r#"sluice-sdk = { path = "../../sdk""#,
         r#"sluice-sdk = { path = "vendor/sluice-sdk""#,
     );
-    let mut files = vec![("Cargo.toml", manifest), (WIT.0, WIT.1.to_owned())];
+    let mut files = vec![
+        ("Cargo.toml", manifest),
+        (WIT.0, WIT.1.to_owned()),
+        (WIT_V0_2.0, WIT_V0_2.1.to_owned()),
+    ];
     files.extend(
         QUICKJS_ENGINE
             .iter()
@@ -138,6 +162,7 @@ json = ["dep:serde", "dep:serde_json"]
 serde = { version = "1", default-features = false, features = ["std"], optional = true }
 serde_json = { version = "1", optional = true }
 wit-bindgen = { version = "0.61.1", default-features = false, features = ["macros", "realloc", "std"] }
+wasip2 = { version = "2", default-features = false, features = ["std"] }
 "#;
 
 #[cfg(test)]
@@ -154,6 +179,7 @@ mod tests {
         );
         for wanted in [
             "wit/plugin.wit",
+            "wit/v0.2/plugin.wit",
             "src/lib.rs",
             "vendor/sluice-sdk/src/lib.rs",
         ] {
@@ -169,7 +195,11 @@ mod tests {
             "the plugins workspace moved wit-bindgen: update RUST_SDK_MANIFEST"
         );
         let sdk = include_str!("../../plugins/sdk/src/lib.rs");
-        assert!(sdk.contains(r#"path: "../../wit""#));
+        assert!(sdk.contains(r#"path: "../../wit/v0.2""#));
+        assert!(
+            repo.contains(r#"wasip2 = { version = "2""#),
+            "the plugins workspace moved wasip2: update RUST_SDK_MANIFEST"
+        );
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/sdk/src");
         let mut on_disk: Vec<String> = std::fs::read_dir(src)
             .expect("test step")

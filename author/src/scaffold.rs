@@ -72,6 +72,7 @@ fn project_files(name: &str, lang: Lang) -> Vec<(String, String)> {
         Lang::Rust => {
             add(("Cargo.toml", include_str!("templates/rust/Cargo.toml")));
             add(("src/lib.rs", include_str!("templates/rust/src/lib.rs")));
+            add(files::WIT_V0_2);
             files::RUST_SDK.iter().copied().for_each(&mut add);
         }
         Lang::Python => {

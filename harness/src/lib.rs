@@ -50,6 +50,9 @@ pub const PLUGINS: &[&str] = &[
     // Examples.
     "uppercase",
     "router",
+    "charge",
+    "enrich",
+    "window",
     "upper-batch",
     // Test kit.
     "identity",

@@ -24,4 +24,18 @@ fn handle(msg: Message) -> Outcome {
     ])
 }
 
+// What a stage can grant a handler, each only when its YAML says so (see
+// the SDK's docs, `cargo doc --open -p sluice-sdk`):
+//
+// - `state: true`: a key-value store whose writes commit with the message's
+//   outputs and ack, so a counter counts each message exactly once:
+//       let n = sluice_sdk::state::increment("seen", 1)?;
+// - `http: {allow: [api.example.com]}`: outbound requests to listed hosts,
+//   each with an `Idempotency-Key` that a redelivery repeats:
+//       let answer = sluice_sdk::http::Request::get("https://api.example.com/v1/x").send()?;
+// - `secrets: [api_key]`: a secret of the pipeline's `secrets:` block:
+//       let key = sluice_sdk::secrets::get("api_key")?;
+//
+// A handler that calls none of them needs none of them granted.
+
 sluice_sdk::export_handler!(handle);
