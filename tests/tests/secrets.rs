@@ -29,6 +29,8 @@ const HOOK_KEY: &str = "hook-key-V4lu3-from-env";
 const REDIS_PW: &str = "redis-pw-F1le-s3cret";
 /// A stage `config:` value from the environment.
 const API_KEY: &str = "api-key-Cf9-from-env";
+/// A token the host puts into a handler's outbound requests.
+const CALL_TOKEN: &str = "call-t0ken-Hdr-injected";
 
 /// One HTTP request as the receiver saw it: its headers, lowercased
 /// names, and body.
@@ -37,8 +39,8 @@ struct Request {
     body: Vec<u8>,
 }
 
-/// A one-thread HTTP receiver answering `204` to every request and
-/// handing each one over.
+/// An HTTP receiver (a thread per connection) answering `204` to every
+/// request and handing each one over.
 fn receiver() -> (String, mpsc::Receiver<Request>) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -46,39 +48,42 @@ fn receiver() -> (String, mpsc::Receiver<Request>) {
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                    break;
-                }
-                let mut headers = Vec::new();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
                 loop {
-                    let mut h = String::new();
-                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
                         break;
                     }
-                    if let Some((k, v)) = h.trim_end().split_once(':') {
-                        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+                    let mut headers = Vec::new();
+                    loop {
+                        let mut h = String::new();
+                        if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
+                            break;
+                        }
+                        if let Some((k, v)) = h.trim_end().split_once(':') {
+                            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+                        }
+                    }
+                    let len = headers
+                        .iter()
+                        .find(|(k, _)| k == "content-length")
+                        .and_then(|(_, v)| v.parse::<usize>().ok())
+                        .unwrap_or(0);
+                    let mut body = vec![0; len];
+                    if reader.read_exact(&mut body).is_err() {
+                        break;
+                    }
+                    let _ = tx.send(Request { headers, body });
+                    if stream
+                        .write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")
+                        .is_err()
+                    {
+                        break;
                     }
                 }
-                let len = headers
-                    .iter()
-                    .find(|(k, _)| k == "content-length")
-                    .and_then(|(_, v)| v.parse::<usize>().ok())
-                    .unwrap_or(0);
-                let mut body = vec![0; len];
-                if reader.read_exact(&mut body).is_err() {
-                    break;
-                }
-                let _ = tx.send(Request { headers, body });
-                if stream
-                    .write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")
-                    .is_err()
-                {
-                    break;
-                }
-            }
+            });
         }
     });
     (format!("http://{addr}/in"), rx)
@@ -109,13 +114,22 @@ name: shop
 secrets:
   hook_key: {{env: SLUICE_TEST_HOOK_KEY}}
   redis_pw: {{file: "{pw_file}"}}
-topics: [in, out]
+  call_token: {{env: SLUICE_TEST_CALL_TOKEN}}
+topics: [in, out, calls, called]
 stages:
   - name: work
     subscribe: in
     plugin: {plugin}
     publish: [out]
     config: {{api_key: "${{SLUICE_TEST_API_KEY}}", plain: visible}}
+  - name: call
+    subscribe: calls
+    plugin: {fetcher}
+    publish: [called]
+    http:
+      allow: ["{hook_host}"]
+      headers:
+        "{hook_host}": {{Authorization: "Bearer {{secret:call_token}}"}}
 sinks:
   - name: hook
     subscribe: out
@@ -126,16 +140,19 @@ sinks:
 "#,
         pw_file = pw_file.display(),
         plugin = plugin("uppercase"),
+        fetcher = plugin("fetcher"),
+        hook_host = hook.trim_start_matches("http://").trim_end_matches("/in"),
     );
     let env = [
         ("SLUICE_ADMIN_TOKEN", FULL),
         ("SLUICE_ADMIN_READ_TOKEN", READ),
         ("SLUICE_TEST_HOOK_KEY", HOOK_KEY),
         ("SLUICE_TEST_API_KEY", API_KEY),
+        ("SLUICE_TEST_CALL_TOKEN", CALL_TOKEN),
         ("SLUICE_LOG", "debug"),
     ];
     let d = Daemon::with_yaml(&yaml).envs(env).start();
-    let secret_values = [HOOK_KEY, REDIS_PW, API_KEY];
+    let secret_values = [HOOK_KEY, REDIS_PW, API_KEY, CALL_TOKEN];
     let assert_clean = |what: &str, text: &str| {
         for value in secret_values {
             assert!(
@@ -181,6 +198,25 @@ sinks:
         signature(HOOK_KEY, &t, &request.body),
         "signed with the secret"
     );
+    // A handler's request carries the token the host put in.
+    let called = http
+        .post(d.url("/v1/topics/calls/messages"))
+        .bearer_auth(FULL)
+        .body(format!("GET {hook}"))
+        .send()
+        .expect("POST");
+    assert_eq!(called.status(), 202);
+    let request = requests
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the handler's request");
+    assert!(
+        request
+            .headers
+            .iter()
+            .any(|(k, v)| k == "authorization" && *v == format!("Bearer {CALL_TOKEN}")),
+        "the injected header: {:?}",
+        request.headers
+    );
     // The Redis sink's outage is said, with its URL (masked) in the reason.
     d.wait_until("the cache sink down", Duration::from_secs(60), |_| {
         get("/v1/status", READ).1.contains("redis://:***@127.0.0.1")
@@ -205,7 +241,7 @@ sinks:
             continue;
         }
         let stages: &[&str] = if path.contains("{stage}") {
-            &["work", "hook", "cache"]
+            &["work", "call", "hook", "cache"]
         } else {
             &["work"]
         };

@@ -45,6 +45,9 @@ use crate::config::AllowedHost;
 use crate::metrics::{HttpHostLabels, HttpLabels, Metrics};
 use crate::otel::ClientSpan;
 
+/// The largest request body a handler may send.
+const MAX_REQUEST_BODY: usize = 16 << 20;
+
 /// The header that makes a repeated call recognisable to its server.
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
@@ -204,9 +207,9 @@ impl Outbound {
             reqwest::Url::parse(&uri.to_string()).map_err(|_| Error::HttpRequestUriInvalid)?;
         let mut out = reqwest::Request::new(parts.method, url);
         *out.headers_mut() = parts.headers;
-        *out.body_mut() = Some(reqwest::Body::wrap_stream(body.into_data_stream()));
         Ok(Prepared {
             request: out,
+            body,
             target,
             label,
         })
@@ -275,10 +278,29 @@ impl Outbound {
         deadline: Instant,
     ) -> Result<http::Response<WasiBody>, Error> {
         let Prepared {
-            request,
+            mut request,
+            body,
             target,
             label,
         } = prepared;
+        let limited = http_body_util::Limited::new(body, MAX_REQUEST_BODY);
+        match tokio::time::timeout_at(deadline.into(), limited.collect()).await {
+            Ok(Ok(body)) => *request.body_mut() = Some(body.to_bytes().into()),
+            Ok(Err(err)) => {
+                self.count(&label, "failed");
+                if err.is::<http_body_util::LengthLimitError>() {
+                    return Err(Error::HttpRequestBodySize(Some(MAX_REQUEST_BODY as u64)));
+                }
+                return Err(Error::InternalError(Some(format!(
+                    "reading the request's body: {err}"
+                ))));
+            }
+            Err(_) => {
+                // The handler did not finish its body by the deadline.
+                self.count(&label, "timeout");
+                return Err(Error::ConnectionWriteTimeout);
+            }
+        }
         let began = Instant::now();
         let method = request.method().clone();
         let sent = tokio::time::timeout_at(deadline.into(), self.client.execute(request)).await;
@@ -375,7 +397,12 @@ impl Outbound {
 
 /// A request that passed the checks, ready for the client.
 struct Prepared {
+    /// Without its body, which is read into memory first.
     request: reqwest::Request,
+    /// What the handler writes, read whole before sending: the request
+    /// then has a `Content-Length` (many servers refuse a chunked upload),
+    /// and the handler's writes stay bounded by [`MAX_REQUEST_BODY`].
+    body: WasiBody,
     /// `host:port`, for holds and logs.
     target: String,
     /// Its `allow` entry, for metrics.
