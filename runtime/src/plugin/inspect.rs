@@ -167,7 +167,10 @@ pub fn inspect(path: &Path, bytes: &[u8]) -> Result<Inspection, LoadError> {
             import: "wasi:http/outgoing-handler".into(),
             hint: format!(
                 "outbound HTTP is a capability of sluice:plugin@0.2.0, and this plugin is built \
-                 against sluice:plugin@{}: rebuild it against the 0.2.0 WIT",
+                 against sluice:plugin@{}: rebuild it against the 0.2.0 WIT. If it does not \
+                 mean to make requests: componentize-js links wasi:http unless told not to, so \
+                 build with `componentize-js ... -d http -d fetch-event` (`sluice plugin build` \
+                 does)",
                 exported.as_str()
             ),
         });
