@@ -115,7 +115,8 @@ impl Request {
     /// Adds a header (names may repeat).
     #[must_use]
     pub fn header(mut self, name: &str, value: impl AsRef<[u8]>) -> Request {
-        self.headers.push((name.to_owned(), value.as_ref().to_vec()));
+        self.headers
+            .push((name.to_owned(), value.as_ref().to_vec()));
         self
     }
 
@@ -219,7 +220,12 @@ impl Request {
             .headers()
             .entries()
             .into_iter()
-            .map(|(n, v)| (n.to_ascii_lowercase(), String::from_utf8_lossy(&v).into_owned()))
+            .map(|(n, v)| {
+                (
+                    n.to_ascii_lowercase(),
+                    String::from_utf8_lossy(&v).into_owned(),
+                )
+            })
             .collect();
         let incoming = response
             .consume()
@@ -425,7 +431,12 @@ mod tests {
             "/?q=1",
             "a query without a path"
         );
-        for bad in ["ftp://h/", "api.example.com/x", "http:///x", "https://u:p@h/"] {
+        for bad in [
+            "ftp://h/",
+            "api.example.com/x",
+            "http:///x",
+            "https://u:p@h/",
+        ] {
             assert!(
                 matches!(split_url(bad), Err(HttpError::InvalidUrl(_))),
                 "{bad}"
@@ -461,7 +472,10 @@ mod tests {
     fn refusals_reject_and_timeouts_retry() {
         let refused = from_code(ErrorCode::HttpRequestDenied);
         assert!(matches!(refused, HttpError::Refused(_)));
-        assert!(matches!(HandlerError::from(refused), HandlerError::Reject(_)));
+        assert!(matches!(
+            HandlerError::from(refused),
+            HandlerError::Reject(_)
+        ));
         let slow = from_code(ErrorCode::HttpResponseTimeout);
         assert_eq!(HandlerError::from(slow), HandlerError::Retry(None));
         let held = from_code(ErrorCode::InternalError(Some("held for 900 ms".into())));

@@ -25,7 +25,9 @@ use sluice_sdk::{Emit, HandlerError, Message, Outcome, http, state};
 fn handle(msg: Message) -> Outcome {
     let order: serde_json::Value = msg.json()?;
     let Some(id) = order.get("order").and_then(|o| o.as_str()) else {
-        return Err(HandlerError::reject("the order has no string field `order`"));
+        return Err(HandlerError::reject(
+            "the order has no string field `order`",
+        ));
     };
     let done = format!("charged/{id}");
     if let Some(receipt) = state::get_text(&done)? {

@@ -20,8 +20,14 @@ use sluice_sdk::{Emit, HandlerError, Message, Outcome, http, state};
 
 fn handle(msg: Message) -> Outcome {
     let mut doc: serde_json::Value = msg.json()?;
-    let Some(customer) = doc.get("customer").and_then(|c| c.as_str()).map(str::to_owned) else {
-        return Err(HandlerError::reject("the message has no string field `customer`"));
+    let Some(customer) = doc
+        .get("customer")
+        .and_then(|c| c.as_str())
+        .map(str::to_owned)
+    else {
+        return Err(HandlerError::reject(
+            "the message has no string field `customer`",
+        ));
     };
     let cache = format!("customer/{customer}");
     let info = match state::get_text(&cache)? {

@@ -27,7 +27,9 @@ const TIMER: &str = "window-timer";
 fn handle(msg: Message) -> Outcome {
     let window: u64 = sluice_sdk::config_parse("window_ms")?.unwrap_or(60_000);
     if window == 0 {
-        return Err(HandlerError::reject("config `window_ms` must be more than 0"));
+        return Err(HandlerError::reject(
+            "config `window_ms` must be more than 0",
+        ));
     }
     let key = msg.key.clone().unwrap_or_else(|| "-".to_owned());
     if let Some(start) = msg.header(TIMER) {
