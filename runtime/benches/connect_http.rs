@@ -198,22 +198,7 @@ async fn raw_loop(n: usize, url: &str, count: &AtomicUsize) -> f64 {
 /// B: the sink stage draining a pre-published backlog; msgs/s.
 async fn sink_stage(n: usize, url: &str, count: &AtomicUsize, sync: SyncMode) -> f64 {
     let dir = tempfile::tempdir().expect("dir");
-    let broker: Arc<dyn Broker> =
-        EmbeddedBroker::open(EmbeddedOptions::new(dir.path()).sync(sync)).expect("broker");
-    for name in ["in", "bench.notify.dlq"] {
-        broker
-            .ensure_topic(&TopicSpec::new(name))
-            .await
-            .expect("topic");
-    }
-    let body = payload();
-    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
-        let batch = chunk
-            .iter()
-            .map(|i| Message::new(format!("m{i}"), "in", body.clone()))
-            .collect();
-        broker.publish(batch).await.expect("publish");
-    }
+    let broker = backlog(dir.path(), sync, &["in", "bench.notify.dlq"], n, payload()).await;
     let def: SinkDef = serde_saphyr::from_str(&format!(
         "name: notify\nsubscribe: in\nconcurrency: {CONCURRENCY}\nhttp: {{url: '{url}'}}\n"
     ))
@@ -271,25 +256,18 @@ async fn handler_stage(
     fetcher: &sluice::plugin::Plugin,
 ) -> f64 {
     let dir = tempfile::tempdir().expect("dir");
-    let broker: Arc<dyn Broker> =
-        EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
-    for name in ["in", "out", "bench.call.dlq"] {
-        broker
-            .ensure_topic(&TopicSpec::new(name))
-            .await
-            .expect("topic");
-    }
     let body = format!(
         "POST http://{addr}/hook {}",
         String::from_utf8_lossy(&payload())
     );
-    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
-        let batch = chunk
-            .iter()
-            .map(|i| Message::new(format!("m{i}"), "in", Bytes::from(body.clone())))
-            .collect();
-        broker.publish(batch).await.expect("publish");
-    }
+    let broker = backlog(
+        dir.path(),
+        SyncMode::Always,
+        &["in", "out", "bench.call.dlq"],
+        n,
+        Bytes::from(body),
+    )
+    .await;
     let stage: sluice::config::Stage = serde_saphyr::from_str(&format!(
         "name: call
 subscribe: in
@@ -333,6 +311,33 @@ http: {{allow: ['{addr}']}}
     n as f64 / elapsed.as_secs_f64()
 }
 
+/// An embedded broker in `dir` with `topics`, and `n` messages of `body`
+/// waiting in `in`.
+async fn backlog(
+    dir: &std::path::Path,
+    sync: SyncMode,
+    topics: &[&str],
+    n: usize,
+    body: Bytes,
+) -> Arc<dyn Broker> {
+    let broker: Arc<dyn Broker> =
+        EmbeddedBroker::open(EmbeddedOptions::new(dir).sync(sync)).expect("broker");
+    for name in topics {
+        broker
+            .ensure_topic(&TopicSpec::new(*name))
+            .await
+            .expect("topic");
+    }
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let batch = chunk
+            .iter()
+            .map(|i| Message::new(format!("m{i}"), "in", body.clone()))
+            .collect();
+        broker.publish(batch).await.expect("publish");
+    }
+    broker
+}
+
 /// A handler that takes every message at once.
 struct Noop;
 
@@ -347,22 +352,14 @@ impl StageHandler for Noop {
 /// handler; msgs/s.
 async fn noop_stage(n: usize) -> f64 {
     let dir = tempfile::tempdir().expect("dir");
-    let broker: Arc<dyn Broker> =
-        EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
-    for name in ["in", "bench.notify.dlq"] {
-        broker
-            .ensure_topic(&TopicSpec::new(name))
-            .await
-            .expect("topic");
-    }
-    let body = payload();
-    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
-        let batch = chunk
-            .iter()
-            .map(|i| Message::new(format!("m{i}"), "in", body.clone()))
-            .collect();
-        broker.publish(batch).await.expect("publish");
-    }
+    let broker = backlog(
+        dir.path(),
+        SyncMode::Always,
+        &["in", "bench.notify.dlq"],
+        n,
+        payload(),
+    )
+    .await;
     let def: SinkDef = serde_saphyr::from_str(&format!(
         "name: notify\nsubscribe: in\nconcurrency: {CONCURRENCY}\nhttp: {{url: 'http://127.0.0.1:9/'}}\n"
     ))
