@@ -303,7 +303,20 @@ impl NatsServer {
     /// server exits or is not ready within 30 s (the error quotes its log),
     /// or, after 5 tries on fresh ports, other processes keep taking them.
     pub fn start() -> anyhow::Result<NatsServer> {
-        NatsServer::start_with(None)
+        NatsServer::start_with(None, false)
+    }
+
+    /// [`start`](Self::start), its store in `/dev/shm` (where there is
+    /// one), so a sync costs nothing: for tests whose subject is the
+    /// daemon's crash rather than the server's disk, that would otherwise
+    /// wait on this machine's fsyncs (`sync_interval: always`, and a
+    /// single-replica atomic batch syncs too).
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_on_tmpfs() -> anyhow::Result<NatsServer> {
+        NatsServer::start_with(None, true)
     }
 
     /// [`start`](Self::start), a server that also takes TLS clients
@@ -315,15 +328,16 @@ impl NatsServer {
     ///
     /// As [`start`](Self::start), or when the files cannot be written.
     pub fn start_with_tls(cert: &str, key: &str) -> anyhow::Result<NatsServer> {
-        NatsServer::start_with(Some((cert, key)))
+        NatsServer::start_with(Some((cert, key)), false)
     }
 
-    fn start_with(tls: Option<(&str, &str)>) -> anyhow::Result<NatsServer> {
+    fn start_with(tls: Option<(&str, &str)>, tmpfs: bool) -> anyhow::Result<NatsServer> {
         let binary = nats_server_binary()?;
         let mut attempt = 1;
         loop {
             let ports = free_ports(2)?;
-            let mut server = NatsServer::create(&binary, unique_name(), ports[0], ports[1], None)?;
+            let mut server =
+                NatsServer::create(&binary, unique_name(), ports[0], ports[1], None, tmpfs)?;
             if let Some((cert, key)) = tls {
                 let files = (
                     server.dir.path().join("cert.pem"),
@@ -352,11 +366,17 @@ impl NatsServer {
         port: u16,
         monitor_port: u16,
         cluster: Option<Clustering>,
+        tmpfs: bool,
     ) -> anyhow::Result<NatsServer> {
-        let dir = tempfile::Builder::new()
-            .prefix("sluice-nats-")
-            .tempdir()
-            .context("creating a temporary directory for nats-server")?;
+        let shm = Path::new("/dev/shm");
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("sluice-nats-");
+        let dir = if tmpfs && shm.is_dir() {
+            builder.tempdir_in(shm)
+        } else {
+            builder.tempdir()
+        }
+        .context("creating a temporary directory for nats-server")?;
         let server = NatsServer {
             name,
             port,
@@ -798,6 +818,7 @@ mod tests {
             first.port,
             first.monitor_port,
             None,
+            false,
         )?;
         second.spawn()?;
         // Fails as soon as the process exits, well before the deadline.
@@ -822,7 +843,7 @@ mod tests {
             port: 3,
             peers: vec![4, 5],
         };
-        let server = NatsServer::create(&bin, "n".into(), 1, 2, Some(cluster))?;
+        let server = NatsServer::create(&bin, "n".into(), 1, 2, Some(cluster), false)?;
         let text = std::fs::read_to_string(&server.config)?;
         assert!(text.contains("listen: \"127.0.0.1:1\""), "{text}");
         assert!(text.contains("http: \"127.0.0.1:2\""), "{text}");

@@ -251,6 +251,15 @@ impl Backend {
         Backend::Nats(Box::new(server))
     }
 
+    /// [`nats`](Self::nats), its store on tmpfs
+    /// ([`NatsServer::start_on_tmpfs`]): for tests that kill the daemon,
+    /// not the server.
+    pub fn nats_on_tmpfs() -> Backend {
+        let server =
+            NatsServer::start_on_tmpfs().unwrap_or_else(|e| panic!("starting nats-server: {e:#}"));
+        Backend::Nats(Box::new(server))
+    }
+
     /// The `--broker` value, `None` for the embedded broker.
     pub fn broker_url(&self) -> Option<String> {
         match self {

@@ -58,6 +58,7 @@ impl NatsCluster {
                     p[0],
                     p[1],
                     Some(clustering),
+                    false,
                 )?);
             }
             let mut cluster = NatsCluster { name, nodes };

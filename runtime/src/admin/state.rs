@@ -117,13 +117,17 @@ pub(super) async fn list(
 ) -> Result<Json<StateListing>, ApiError> {
     let Path(StagePath { pipeline, stage }) = path?;
     let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    Ok(Json(state.state_list(
-        &pipeline,
-        &stage,
-        query.prefix.as_deref().unwrap_or(""),
-        query.after.as_deref(),
-        query.limit.unwrap_or(MAX_LISTING),
-    )?))
+    Ok(Json(
+        state
+            .state_list(
+                &pipeline,
+                &stage,
+                query.prefix.as_deref().unwrap_or(""),
+                query.after.as_deref(),
+                query.limit.unwrap_or(MAX_LISTING),
+            )
+            .await?,
+    ))
 }
 
 /// `GET /v1/state/{pipeline}/{stage}/keys/{key}`.
@@ -152,7 +156,7 @@ pub(super) async fn get(
                 .into(),
         ));
     }
-    Ok(Json(state.state_get(&pipeline, &stage, &key)?))
+    Ok(Json(state.state_get(&pipeline, &stage, &key).await?))
 }
 
 /// `DELETE /v1/state/{pipeline}/{stage}/keys/{key}`.
@@ -221,7 +225,7 @@ impl AdminState {
     /// # Errors
     ///
     /// The stage is unknown or keeps no state, or the store cannot be read.
-    pub fn state_list(
+    pub async fn state_list(
         &self,
         pipeline: &str,
         stage: &str,
@@ -232,7 +236,7 @@ impl AdminState {
         let (store, max_bytes) = self.state_store(pipeline, stage)?;
         let reader = self.state_reader()?;
         let unreadable = |e: String| ApiError::Unavailable(format!("state store {store}: {e}"));
-        let meta = reader.meta(&store).map_err(unreadable)?;
+        let meta = reader.meta(&store).await.map_err(unreadable)?;
         let limit = limit.clamp(1, MAX_LISTING);
         let now = crate::broker::now_millis();
         let mut entries = Vec::new();
@@ -242,6 +246,7 @@ impl AdminState {
         'pages: loop {
             let page = reader
                 .list(&store, prefix, cursor.as_deref(), limit + 1)
+                .await
                 .map_err(unreadable)?;
             let full = page.len() > limit;
             for (key, entry) in &page {
@@ -275,7 +280,7 @@ impl AdminState {
     ///
     /// The stage is unknown or keeps no state, the key is absent or
     /// expired, or the store cannot be read.
-    pub fn state_get(
+    pub async fn state_get(
         &self,
         pipeline: &str,
         stage: &str,
@@ -285,6 +290,7 @@ impl AdminState {
         let reader = self.state_reader()?;
         let entry = reader
             .get(&store, key)
+            .await
             .map_err(|e| ApiError::Unavailable(format!("state store {store}: {e}")))?
             .filter(|e| !e.expired(crate::broker::now_millis()))
             .ok_or_else(|| ApiError::NotFound(format!("no key `{key}` in state store {store}")))?;

@@ -477,8 +477,8 @@ pub trait Broker: Send + Sync + 'static {
     }
 
     /// Where handler state is read, for a broker that commits it with the
-    /// ack ([`Completion::state`]). `None` (the default, and NATS for now):
-    /// a stage with `state:` is refused at start.
+    /// ack ([`Completion::state`]). `None` (the default, e.g. the test
+    /// broker): a stage with `state:` is refused at start.
     fn state(&self) -> Option<Arc<dyn StateReader>> {
         None
     }

@@ -444,6 +444,7 @@ impl Client {
                 direct
                     .state
                     .state_list(pipeline, stage, prefix, after, 1000)
+                    .await
             }),
         }
     }
@@ -461,7 +462,7 @@ impl Client {
                 DEFAULT_TIMEOUT,
             ),
             Transport::Direct(direct) => {
-                direct.call(async { direct.state.state_get(pipeline, stage, key) })
+                direct.call(async { direct.state.state_get(pipeline, stage, key).await })
             }
         }
     }

@@ -442,8 +442,7 @@ async fn stage_setup(
         let Some(reader) = broker.state() else {
             return Err(DaemonError::Unsupported(format!(
                 "stage `{}` of pipeline `{}` has `state:`, which this broker cannot commit with \
-                 the ack yet: handler state runs on the embedded broker (NATS KV support is \
-                 planned); remove `state:` or run on the embedded broker",
+                 the ack; remove `state:` or run on the embedded broker or NATS",
                 stage.name, pipeline.name
             )));
         };

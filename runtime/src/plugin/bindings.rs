@@ -39,6 +39,8 @@ pub(crate) mod v2 {
             path: "../wit/v0.2",
             world: "sluice:plugin/handler@0.2.0",
             exports: { default: async },
+            // A state read is a round trip to the server on NATS.
+            imports: { "sluice:plugin/state": async },
         });
     }
 

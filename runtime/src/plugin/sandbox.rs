@@ -290,41 +290,44 @@ impl From<StateError> for v2::StateError {
 }
 
 impl v2::single::sluice::plugin::state::Host for StoreState {
-    fn get(&mut self, key: String) -> Result<Option<v2::StateEntry>, v2::StateError> {
-        Ok(self.txn()?.get(&key)?.map(|seen| v2::StateEntry {
+    async fn get(&mut self, key: String) -> Result<Option<v2::StateEntry>, v2::StateError> {
+        Ok(self.txn()?.get(&key).await?.map(|seen| v2::StateEntry {
             value: seen.value,
             revision: seen.revision,
         }))
     }
 
-    fn set(
+    async fn set(
         &mut self,
         key: String,
         value: Vec<u8>,
         ttl_ms: Option<u64>,
     ) -> Result<(), v2::StateError> {
-        Ok(self.txn()?.set(&key, value, ttl_ms)?)
+        Ok(self.txn()?.set(&key, value, ttl_ms).await?)
     }
 
-    fn delete(&mut self, key: String) -> Result<(), v2::StateError> {
-        Ok(self.txn()?.delete(&key)?)
+    async fn delete(&mut self, key: String) -> Result<(), v2::StateError> {
+        Ok(self.txn()?.delete(&key).await?)
     }
 
-    fn compare_and_set(
+    async fn compare_and_set(
         &mut self,
         key: String,
         revision: u64,
         value: Vec<u8>,
         ttl_ms: Option<u64>,
     ) -> Result<bool, v2::StateError> {
-        Ok(self.txn()?.compare_and_set(&key, revision, value, ttl_ms)?)
+        Ok(self
+            .txn()?
+            .compare_and_set(&key, revision, value, ttl_ms)
+            .await?)
     }
 
-    fn increment(&mut self, key: String, delta: i64) -> Result<i64, v2::StateError> {
-        Ok(self.txn()?.increment(&key, delta)?)
+    async fn increment(&mut self, key: String, delta: i64) -> Result<i64, v2::StateError> {
+        Ok(self.txn()?.increment(&key, delta).await?)
     }
 
-    fn list(&mut self, prefix: String, limit: u32) -> Result<Vec<String>, v2::StateError> {
-        Ok(self.txn()?.list(&prefix, limit)?)
+    async fn list(&mut self, prefix: String, limit: u32) -> Result<Vec<String>, v2::StateError> {
+        Ok(self.txn()?.list(&prefix, limit).await?)
     }
 }

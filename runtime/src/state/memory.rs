@@ -88,13 +88,14 @@ impl MemoryState {
     }
 }
 
+#[async_trait::async_trait]
 impl StateReader for MemoryState {
-    fn get(&self, _store: &str, key: &str) -> Result<Option<Entry>, String> {
+    async fn get(&self, _store: &str, key: &str) -> Result<Option<Entry>, String> {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         Ok(inner.0.get(key).cloned())
     }
 
-    fn list(
+    async fn list(
         &self,
         _store: &str,
         prefix: &str,
@@ -112,7 +113,7 @@ impl StateReader for MemoryState {
             .collect())
     }
 
-    fn meta(&self, _store: &str) -> Result<StoreMeta, String> {
+    async fn meta(&self, _store: &str) -> Result<StoreMeta, String> {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         Ok(StoreMeta {
             revision: inner.1,

@@ -131,14 +131,18 @@ pub enum StateError {
     Unavailable(String),
 }
 
-/// Reads a broker's committed state.
+/// Reads a broker's committed state (async: on NATS a read is a round
+/// trip to the server).
+#[async_trait::async_trait]
 pub trait StateReader: Send + Sync + 'static {
-    /// The entry at `key` of `store`, expired or not.
-    fn get(&self, store: &str, key: &str) -> Result<Option<Entry>, String>;
+    /// The entry at `key` of `store`, expired or not. A broker whose
+    /// deleted keys keep a revision (a NATS KV delete marker) answers an
+    /// entry already expired, so the call's check names that revision.
+    async fn get(&self, store: &str, key: &str) -> Result<Option<Entry>, String>;
 
     /// Up to `limit` entries of `store` whose keys start with `prefix`, in
     /// key order, after `after` if given; expired ones included.
-    fn list(
+    async fn list(
         &self,
         store: &str,
         prefix: &str,
@@ -147,7 +151,7 @@ pub trait StateReader: Send + Sync + 'static {
     ) -> Result<Vec<(String, Entry)>, String>;
 
     /// The store's bookkeeping (zero for a store never written).
-    fn meta(&self, store: &str) -> Result<StoreMeta, String>;
+    async fn meta(&self, store: &str) -> Result<StoreMeta, String>;
 }
 
 /// A stage's grant of state, as a worker holds it.
@@ -211,7 +215,7 @@ impl Txn {
     }
 
     /// The committed entry at `key` (cached for the call).
-    fn fetch(&mut self, key: &str) -> Result<Option<Entry>, StateError> {
+    async fn fetch(&mut self, key: &str) -> Result<Option<Entry>, StateError> {
         if let Some(found) = self.fetched.get(key) {
             return Ok(found.clone());
         }
@@ -219,6 +223,7 @@ impl Txn {
             .access
             .reader
             .get(&self.access.store, key)
+            .await
             .map_err(|e| {
                 StateError::Unavailable(format!(
                     "state store `{}` could not be read: {e}",
@@ -231,7 +236,7 @@ impl Txn {
 
     /// The value at `key` as this call sees it, noting the committed
     /// revision it depends on.
-    pub fn get(&mut self, key: &str) -> Result<Option<Seen>, StateError> {
+    pub async fn get(&mut self, key: &str) -> Result<Option<Seen>, StateError> {
         check_key(key)?;
         match self.writes.get(key) {
             Some(Write::Put { value, .. }) => {
@@ -243,7 +248,7 @@ impl Txn {
             Some(Write::Delete) => return Ok(None),
             None => {}
         }
-        let found = self.fetch(key)?;
+        let found = self.fetch(key).await?;
         let revision = found.as_ref().map_or(0, |e| e.revision);
         self.checks.entry(key.to_owned()).or_insert(revision);
         Ok(found.filter(|e| !e.expired(self.now)).map(|e| Seen {
@@ -267,7 +272,7 @@ impl Txn {
     }
 
     /// Buffers `value` at `key`, expiring `ttl_ms` from now if given.
-    pub fn set(
+    pub async fn set(
         &mut self,
         key: &str,
         value: Vec<u8>,
@@ -290,36 +295,36 @@ impl Txn {
             }
             Some(ms) => self.now.saturating_add(ms),
         };
-        self.put(key, Write::Put { value, expires_at })
+        self.put(key, Write::Put { value, expires_at }).await
     }
 
     /// Buffers the removal of `key`.
-    pub fn delete(&mut self, key: &str) -> Result<(), StateError> {
+    pub async fn delete(&mut self, key: &str) -> Result<(), StateError> {
         check_key(key)?;
-        self.put(key, Write::Delete)
+        self.put(key, Write::Delete).await
     }
 
     /// Sets `key` to `value` if its revision is `revision` (0: absent or
     /// expired). Returns whether it did.
-    pub fn compare_and_set(
+    pub async fn compare_and_set(
         &mut self,
         key: &str,
         revision: u64,
         value: Vec<u8>,
         ttl_ms: Option<u64>,
     ) -> Result<bool, StateError> {
-        let current = self.get(key)?.map_or(0, |seen| seen.revision);
+        let current = self.get(key).await?.map_or(0, |seen| seen.revision);
         if current != revision {
             return Ok(false);
         }
-        self.set(key, value, ttl_ms)?;
+        self.set(key, value, ttl_ms).await?;
         Ok(true)
     }
 
     /// Adds `delta` to the integer at `key` (absent: 0), stored as decimal
     /// text, keeping its expiry. Returns the new value.
-    pub fn increment(&mut self, key: &str, delta: i64) -> Result<i64, StateError> {
-        let current = match self.get(key)? {
+    pub async fn increment(&mut self, key: &str, delta: i64) -> Result<i64, StateError> {
+        let current = match self.get(key).await? {
             None => 0,
             Some(seen) => std::str::from_utf8(&seen.value)
                 .ok()
@@ -343,14 +348,15 @@ impl Txn {
                 value: next.to_string().into_bytes(),
                 expires_at,
             },
-        )?;
+        )
+        .await?;
         Ok(next)
     }
 
     /// Up to `limit` keys that start with `prefix`, in order, as this call
     /// sees them. Not part of the conflict check: a key another call adds
     /// meanwhile does not retry this one.
-    pub fn list(&mut self, prefix: &str, limit: u32) -> Result<Vec<String>, StateError> {
+    pub async fn list(&mut self, prefix: &str, limit: u32) -> Result<Vec<String>, StateError> {
         if limit > MAX_LIST {
             return Err(StateError::Invalid(format!(
                 "list asks for {limit} keys; at most {MAX_LIST} per call"
@@ -366,6 +372,7 @@ impl Txn {
                 .access
                 .reader
                 .list(&self.access.store, prefix, after.as_deref(), limit.max(1))
+                .await
                 .map_err(|e| {
                     StateError::Unavailable(format!(
                         "state store `{}` could not be read: {e}",
@@ -396,7 +403,7 @@ impl Txn {
     }
 
     /// Buffers one write, within the call's and the store's limits.
-    fn put(&mut self, key: &str, write: Write) -> Result<(), StateError> {
+    async fn put(&mut self, key: &str, write: Write) -> Result<(), StateError> {
         if !self.writes.contains_key(key) && self.writes.len() >= MAX_WRITES_PER_CALL {
             return Err(StateError::Invalid(format!(
                 "a call may write at most {MAX_WRITES_PER_CALL} keys"
@@ -418,11 +425,11 @@ impl Txn {
         }
         // The store's size after this write, against `max_bytes`: what
         // the call's writes add over what they replace.
-        let committed = self.fetch(key)?;
+        let committed = self.fetch(key).await?;
         let grows = new_len as u64 > committed.as_ref().map_or(0, |e| e.size(key));
         if grows {
-            let store_bytes = self.store_bytes()?;
-            let after = self.size_after(store_bytes, key, new_len)?;
+            let store_bytes = self.store_bytes().await?;
+            let after = self.size_after(store_bytes, key, new_len).await?;
             if after > self.access.max_bytes {
                 return Err(StateError::StoreFull(format!(
                     "state store `{}` is full: this write would take it to {after} bytes, over \
@@ -436,22 +443,27 @@ impl Txn {
         Ok(())
     }
 
-    fn store_bytes(&mut self) -> Result<u64, StateError> {
+    async fn store_bytes(&mut self) -> Result<u64, StateError> {
         if let Some(bytes) = self.store_bytes {
             return Ok(bytes);
         }
-        let meta = self.access.reader.meta(&self.access.store).map_err(|e| {
-            StateError::Unavailable(format!(
-                "state store `{}` could not be read: {e}",
-                self.access.store
-            ))
-        })?;
+        let meta = self
+            .access
+            .reader
+            .meta(&self.access.store)
+            .await
+            .map_err(|e| {
+                StateError::Unavailable(format!(
+                    "state store `{}` could not be read: {e}",
+                    self.access.store
+                ))
+            })?;
         self.store_bytes = Some(meta.bytes);
         Ok(meta.bytes)
     }
 
     /// The store's bytes if the call's writes, with `key` at `new_len`, commit.
-    fn size_after(
+    async fn size_after(
         &mut self,
         store_bytes: u64,
         key: &str,
@@ -463,7 +475,7 @@ impl Txn {
             keys.push(key.to_owned());
         }
         for k in keys {
-            let old = self.fetch(&k)?.map_or(0, |e| e.size(&k)) as i128;
+            let old = self.fetch(&k).await?.map_or(0, |e| e.size(&k)) as i128;
             let new = if k == key {
                 new_len as i128
             } else {

@@ -81,8 +81,9 @@ impl Reader {
     }
 }
 
+#[async_trait::async_trait]
 impl StateReader for Reader {
-    fn get(&self, store: &str, key: &str) -> Result<Option<Entry>, String> {
+    async fn get(&self, store: &str, key: &str) -> Result<Option<Entry>, String> {
         let ks = self.keyspace()?;
         match ks.get(entry_key(store, key)).map_err(|e| e.to_string())? {
             Some(bytes) => decode(&bytes).map(Some).map_err(|e| e.to_string()),
@@ -90,7 +91,7 @@ impl StateReader for Reader {
         }
     }
 
-    fn list(
+    async fn list(
         &self,
         store: &str,
         prefix: &str,
@@ -120,7 +121,7 @@ impl StateReader for Reader {
         Ok(out)
     }
 
-    fn meta(&self, store: &str) -> Result<StoreMeta, String> {
+    async fn meta(&self, store: &str) -> Result<StoreMeta, String> {
         let ks = self.keyspace()?;
         match ks.get(meta_key(store)).map_err(|e| e.to_string())? {
             Some(bytes) => decode(&bytes).map_err(|e| e.to_string()),
@@ -192,7 +193,7 @@ pub(super) fn apply(group: &mut Group<'_>, writes: &StateWrites) -> Result<(), B
         && group.state_applied(marker)?
     {
         // This message's state is in: its effect is not applied twice.
-        tracing::debug!(store, message = %writes.writer, "state of this message was committed before; the writes of its redelivery are dropped");
+        tracing::info!(store, message = %writes.writer, "state of this message was committed before; the writes of its redelivery are dropped");
         return Ok(());
     }
     // Each key read once: the checks and the writes mostly name the same.

@@ -33,6 +33,7 @@ mod options;
 mod provision;
 mod rates;
 mod schedules;
+mod state;
 mod versions;
 
 pub use codec::{KEY as KEY_HEADER, MSG_ID as MSG_ID_HEADER};
@@ -97,6 +98,8 @@ pub struct NatsBroker {
     batcher: batcher::Batcher,
     /// Stage dedup buckets by consumer name, looked up once.
     dedup_buckets: RwLock<HashMap<String, jetstream::kv::Store>>,
+    /// Handler state: a KV bucket per store.
+    state: Arc<state::NatsState>,
     /// When each topic's next delayed message is due, as last read.
     next_due: schedules::NextDue,
 }
@@ -171,6 +174,11 @@ impl NatsBroker {
         }
         let js = jetstream::new(client.clone());
         let batcher = batcher::Batcher::start(js.clone(), client.clone());
+        let state = Arc::new(state::NatsState::new(
+            client.clone(),
+            js.clone(),
+            options.replicas,
+        ));
         Ok(Arc::new(NatsBroker {
             batcher,
             client,
@@ -179,6 +187,7 @@ impl NatsBroker {
             streams: RwLock::new(HashMap::new()),
             consumers: RwLock::new(HashMap::new()),
             dedup_buckets: RwLock::new(HashMap::new()),
+            state,
             next_due: schedules::NextDue::default(),
         }))
     }
@@ -662,13 +671,20 @@ impl Broker for NatsBroker {
             ticket,
             state,
         } = completion;
-        if state.is_some() {
-            // The daemon refuses a stage with `state:` on NATS at start;
-            // this is the last line, so nothing is acked without its state.
-            return Err(BrokerError::Provision(
-                "handler state is not supported on the NATS broker yet".into(),
-            ));
-        }
+        // The state first, as one atomic batch with the message's marker
+        // (see `state`); a rerun after a crash publishes what the first
+        // run did.
+        let kept;
+        let outputs = match state {
+            None => outputs,
+            Some(writes) => match self.state.commit(writes, outputs).await? {
+                state::Commit::Applied | state::Commit::AlreadyApplied(None) => outputs,
+                state::Commit::AlreadyApplied(Some(first)) => {
+                    kept = first;
+                    &kept
+                }
+            },
+        };
         if let Some(ticket) = ticket {
             return self
                 .complete_recorded(ticket, receipt, outputs.clone())
@@ -691,6 +707,14 @@ impl Broker for NatsBroker {
         self.batcher
             .settle(outputs.clone(), live_handle(receipt)?, AckKind::Ack)
             .await
+    }
+
+    fn state(&self) -> Option<Arc<dyn crate::state::StateReader>> {
+        Some(self.state.clone())
+    }
+
+    async fn delete_state(&self, store: &str, key: &str) -> Result<bool, BrokerError> {
+        self.state.delete(store, key).await
     }
 
     async fn nak(&self, receipt: &Receipt, delay: Duration) -> Result<(), BrokerError> {
