@@ -151,7 +151,9 @@ sinks:
         ("SLUICE_TEST_CALL_TOKEN", CALL_TOKEN),
         ("SLUICE_LOG", "debug"),
     ];
-    let d = Daemon::with_yaml(&yaml).envs(env).start();
+    // Spans exported over OTLP are scanned too.
+    let otlp = sluice_tests::otlp::OtlpReceiver::start();
+    let d = Daemon::with_yaml(&yaml).envs(env).envs(otlp.env()).start();
     let secret_values = [HOOK_KEY, REDIS_PW, API_KEY, CALL_TOKEN];
     let assert_clean = |what: &str, text: &str| {
         for value in secret_values {
@@ -289,6 +291,17 @@ sinks:
     assert_clean("sluice validate", &said);
 
     assert_clean("the daemon's log at debug", &d.log());
+
+    // The handler's HTTP call was exported as a client span (whose
+    // request carried the injected header): no span holds a value.
+    let spans = otlp.wait_for("the handler's HTTP client span", |spans| {
+        // OTLP's SpanKind CLIENT is 3.
+        spans.iter().any(|s| s["kind"] == 3 && s["name"] == "GET")
+    });
+    assert_clean(
+        "the exported spans",
+        &serde_json::to_string(&spans).expect("JSON"),
+    );
 }
 
 /// A handler on contract 0.2.0 reads the secrets its stage lists, end to
