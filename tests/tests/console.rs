@@ -22,6 +22,11 @@
 //! This file then checks the outcome independently over the API: exactly
 //! the redriven orders came out of `done`, the rest stayed in the DLQ.
 //!
+//! A second test drives the state view (`tests/console/state.mjs`) over a
+//! stage running the `stateful` test plugin: keys, sizes and totals against
+//! the API, prefix and paging, a value, a delete (the handler then counts
+//! the key from 1 again), and the read token seeing no value.
+//!
 //! Screenshots of each view go to a temporary directory, or to
 //! `SLUICE_SCREENSHOTS` (relative to the repository root:
 //! `SLUICE_SCREENSHOTS=docs/console` refreshes the documentation's).
@@ -223,4 +228,136 @@ fn the_console_shows_the_pipeline_and_redrives_a_selection() {
             .all(|s| s["paused"] == false),
         "{status}"
     );
+}
+
+/// `st`: `in` -> `count` (the `stateful` plugin, `state: true`) -> `out`
+/// -> `relay` (identity, no state) -> `done`.
+fn state_yaml() -> String {
+    format!(
+        r#"name: st
+topics: [in, out, done]
+stages:
+  - name: count
+    subscribe: in
+    plugin: {stateful}
+    publish: [out]
+    state: true
+  - name: relay
+    subscribe: out
+    plugin: {identity}
+    publish: [done]
+"#,
+        stateful = plugin("stateful"),
+        identity = plugin("identity"),
+    )
+}
+
+/// The state view (`#/state/st/count`): `tests/console/state.mjs` checks
+/// the totals, keys, sizes and revisions against the API, the prefix
+/// filter, paging with `after`, a value, a delete through the dialog, the
+/// links from the overview and the stage view (only for the stage with
+/// `state:`), and that the read token lists keys and sizes but is never
+/// shown nor sent a value. Then, over the API: the cancelled delete left
+/// `count/red` at 3, and the deleted key starts again from 1 when the
+/// handler increments it next.
+#[test]
+fn the_console_shows_a_stages_state_and_deletes_a_key() {
+    const MARKUP: &str = "<b>blue</b>&";
+    let console = repo_root().join("tests").join("console");
+    let chromium = check_tools(&console);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = write_pipeline(dir.path(), "st", &state_yaml());
+    let d = Daemon::builder(&[&file], &dir.path().join("data"))
+        .envs([
+            ("SLUICE_ADMIN_TOKEN", FULL),
+            ("SLUICE_ADMIN_READ_TOKEN", READ),
+        ])
+        .start();
+    let publish = |id: &str, key: &str| {
+        let line = json!({"id": id, "key": key, "payload": "inc"}).to_string() + "\n";
+        let r = http()
+            .post(d.url("/v1/topics/in/batch"))
+            .bearer_auth(FULL)
+            .header("content-type", "application/x-ndjson")
+            .body(line)
+            .send()
+            .expect("publish");
+        assert_eq!(r.status(), 202, "{}", r.text().unwrap_or_default());
+    };
+    for (i, key) in ["red", MARKUP, "red", MARKUP, "red"].iter().enumerate() {
+        publish(&format!("m-{i}"), key);
+    }
+    let value = |d: &Daemon, key: &str| -> Option<String> {
+        let path = format!("/v1/state/st/count/keys/{}", path_segment(key));
+        let r = http()
+            .get(d.url(&path))
+            .bearer_auth(FULL)
+            .send()
+            .expect("GET a value");
+        if r.status() == 404 {
+            return None;
+        }
+        assert!(r.status().is_success(), "GET {path}: {}", r.status());
+        let v: Value = r.json().expect("JSON");
+        Some(v["value"].as_str().expect("text").to_owned())
+    };
+    d.wait_until("five increments committed", LONG, |d| {
+        value(d, "count/red").as_deref() == Some("3")
+            && value(d, &format!("count/{MARKUP}")).as_deref() == Some("2")
+            && get(d, "/v1/state/st/count")["keys"] == 7
+    });
+
+    let shots = match std::env::var("SLUICE_SCREENSHOTS") {
+        Ok(dir) if !dir.is_empty() => {
+            let dir = repo_root().join(dir);
+            std::fs::create_dir_all(&dir).expect("the screenshot directory");
+            dir
+        }
+        _ => dir.path().join("screenshots"),
+    };
+    let output = Command::new("node")
+        .arg(console.join("state.mjs"))
+        .current_dir(&console)
+        .env("SLUICE_URL", d.admin_url())
+        .env("SLUICE_FULL_TOKEN", FULL)
+        .env("SLUICE_READ_TOKEN", READ)
+        .env("SLUICE_CHROMIUM", &chromium)
+        .env("SLUICE_SCREENSHOT_DIR", &shots)
+        .output()
+        .expect("run node tests/console/state.mjs (is Node.js installed?)");
+    let said = format!(
+        "node state.mjs: {:?}\nstdout:\n{}\nstderr:\n{}\ndaemon log:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+        d.log()
+    );
+    assert!(output.status.success(), "{said}");
+    println!("{said}");
+
+    // The outcome, over the API: the cancelled delete changed nothing, the
+    // confirmed one reached the handler's store (its counter restarts).
+    assert_eq!(value(&d, "count/red").as_deref(), Some("3"));
+    assert_eq!(value(&d, &format!("count/{MARKUP}")), None);
+    publish("m-5", MARKUP);
+    d.wait_until("the deleted counter restarted", LONG, |d| {
+        value(d, &format!("count/{MARKUP}")).is_some()
+    });
+    assert_eq!(
+        value(&d, &format!("count/{MARKUP}")).as_deref(),
+        Some("1"),
+        "the handler saw the deleted key absent"
+    );
+}
+
+/// `key` as one path segment.
+fn path_segment(key: &str) -> String {
+    key.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }

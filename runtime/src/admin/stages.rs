@@ -42,13 +42,17 @@ pub struct StageDetail {
     /// `${VAR}` expanded, secrets shown as `***`).
     #[schema(value_type = Object)]
     pub config: serde_json::Value,
+    /// The state store its handler keeps (`<pipeline>/<store>`), when its
+    /// YAML has `state:`; its keys are at `GET /v1/state/{pipeline}/{stage}`.
+    #[serde(default)]
+    pub state_store: Option<String>,
     /// Its last 15 minutes, a point every 10 s.
     pub history: super::history::StageHistory,
 }
 
 /// `GET /v1/stages/{pipeline}/{stage}`.
 #[utoipa::path(get, path = "/v1/stages/{pipeline}/{stage}", operation_id = "get_stage", tag = "stages",
-    description = "A stage's config as loaded and its last 15 minutes: throughput, handler latency p50/p99 and deliveries by outcome, a point every 10 s.",
+    description = "A stage's config as loaded, the state store it keeps (`state_store`, null when none) and its last 15 minutes: throughput, handler latency p50/p99 and deliveries by outcome, a point every 10 s.",
     params(StagePath),
     responses(
         (status = 200, description = "The stage.", body = StageDetail),
@@ -130,6 +134,7 @@ impl AdminState {
                 stage: stage.to_owned(),
                 kind: catalog.stages[index].kind.clone(),
                 config: to_json(serde_json::to_value(config))?,
+                state_store: config.state_store(pipeline).map(|(store, _)| store),
                 history: catalog.history.snapshot(index),
             });
         }
@@ -143,6 +148,7 @@ impl AdminState {
             stage: stage.to_owned(),
             kind: "source".into(),
             config: to_json(serde_json::to_value(source))?,
+            state_store: None,
             history: super::history::StageHistory {
                 interval_seconds: super::history::INTERVAL.as_secs(),
                 points: Vec::new(),

@@ -2,8 +2,9 @@
 //
 // No framework, no build step, no external assets: the server's CSP allows
 // only this file's own origin, no inline script or style, no eval. Routes
-// live in the hash (#/, #/stage/P/S, #/dlq/P/S, #/dlq/P/S/SEQ, #/topic/T);
-// each view polls what it shows and stops when the route changes.
+// live in the hash (#/, #/stage/P/S, #/dlq/P/S, #/dlq/P/S/SEQ, #/state/P/S,
+// #/topic/T); each view polls what it shows and stops when the route
+// changes.
 'use strict';
 
 /** How often the overview and stage views poll /v1/status (ms). */
@@ -256,6 +257,7 @@ function route() {
   else if (view === 'stage' && rest.length === 2) stageView(rest[0], rest[1]);
   else if (view === 'dlq' && rest.length === 2) dlqView(rest[0], rest[1], query);
   else if (view === 'dlq' && rest.length === 3) dlqEntryView(rest[0], rest[1], rest[2]);
+  else if (view === 'state' && rest.length === 2) stateView(rest[0], rest[1], query);
   else if (view === 'topic' && rest.length === 1) topicView(rest[0]);
   else {
     crumbs({ text: 'not found' });
@@ -467,7 +469,9 @@ function stageNode(pipeline, st, detail) {
         limit === null ? fmtInt(st.in_flight) : `${fmtInt(st.in_flight)} / ${fmtInt(limit)}`
           + (st.concurrency_max ? ` (max ${st.concurrency_max})` : '')),
       st.delayed ? stat('delayed', `stage-delayed-${key}`, st.delayed, fmtInt(st.delayed)) : null,
-      [h('dt', { text: 'DLQ' }), h('dd', {}, dlqLink)]));
+      [h('dt', { text: 'DLQ' }), h('dd', {}, dlqLink)],
+      detail && detail.state_store ? [h('dt', { text: 'state' }), h('dd', {},
+        h('a', { href: `#/state/${pathPart(pipeline)}/${pathPart(st.stage)}`, testid: `stage-state-${key}`, title: `state store ${detail.state_store}`, text: 'keys' }))] : null));
 }
 
 function sourceNode(pipeline, src) {
@@ -664,6 +668,9 @@ function stageView(pipeline, stage) {
   const pause = h('button', { type: 'button', testid: 'stage-pause', text: 'Pause', on: { click: () => setPaused(true) } });
   const resume = h('button', { type: 'button', testid: 'stage-resume', text: 'Resume', on: { click: () => setPaused(false) } });
   controls.append(h('a', { class: 'button', href: `#/dlq/${pathPart(pipeline)}/${pathPart(stage)}`, testid: 'stage-dlq-link', text: 'Dead letters' }));
+  // Shown once the stage's detail says it keeps state (`state_store`).
+  const stateLink = h('a', { class: 'button', href: `#/state/${pathPart(pipeline)}/${pathPart(stage)}`, testid: 'stage-state-link', text: 'State', hidden: true });
+  controls.append(stateLink);
   if (canWrite()) controls.append(pause, resume);
 
   async function setPaused(on) {
@@ -712,6 +719,8 @@ function stageView(pipeline, stage) {
       const detail = await api('GET', base);
       if (gen !== generation) return;
       kind.textContent = detail.kind;
+      stateLink.hidden = !detail.state_store;
+      stateLink.title = detail.state_store ? `state store ${detail.state_store}` : '';
       config.textContent = JSON.stringify(detail.config, null, 2);
       const points = (detail.history && detail.history.points) || [];
       const now = Date.now();
@@ -1033,6 +1042,203 @@ function dlqEntryView(pipeline, stage, seq) {
       }
     }
   })();
+}
+
+// ----------------------------------------------------------------------- state
+
+function fmtBytes(n) {
+  if (n === null || n === undefined) return '–';
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let x = Number(n);
+  let u = 0;
+  while (x >= 1024 && u < units.length - 1) {
+    x /= 1024;
+    u += 1;
+  }
+  return u === 0 ? `${x} B` : `${x.toFixed(x >= 100 ? 0 : 1)} ${units[u]}`;
+}
+
+/**
+ * A stage's state store (`state:`): its totals, its keys by prefix, a page
+ * at a time (`after`), and, with the full token, a key's value and its
+ * delete. The read token lists keys and sizes only: the server refuses it
+ * values (403), so the page never asks.
+ */
+function stateView(pipeline, stage, query) {
+  const gen = generation;
+  const base = `/v1/state/${pathPart(pipeline)}/${pathPart(stage)}`;
+  const here = `#/state/${pathPart(pipeline)}/${pathPart(stage)}`;
+  crumbs({ text: 'overview', href: '#/' }, { text: pipeline },
+    { text: stage, href: `#/stage/${pathPart(pipeline)}/${pathPart(stage)}` }, { text: 'state' });
+  const prefix = query.get('prefix') || '';
+  const limit = query.get('limit') || '100';
+
+  const prefixInput = h('input', { name: 'prefix', class: 'mono', placeholder: 'key prefix', testid: 'state-prefix' });
+  prefixInput.value = prefix;
+  const form = h('form', { class: 'toolbar panel', testid: 'state-search', on: { submit: search } },
+    h('label', {}, 'prefix', prefixInput),
+    h('button', { type: 'submit', testid: 'state-search-submit', text: 'Filter' }),
+    h('button', { type: 'button', class: 'quiet', text: 'Clear', on: { click: () => { location.hash = here; } } }));
+
+  function search(event) {
+    event.preventDefault();
+    const q = new URLSearchParams();
+    if (prefixInput.value) q.set('prefix', prefixInput.value);
+    if (limit !== '100') q.set('limit', limit);
+    const target = `${here}${q.toString() ? `?${q}` : ''}`;
+    if (location.hash === target) route();
+    else location.hash = target;
+  }
+
+  const totals = h('div', { class: 'panel stats', testid: 'state-totals' }, h('span', { class: 'muted', text: 'Loading…' }));
+  const summary = h('p', { class: 'muted', testid: 'state-summary', text: 'Loading…' });
+  const table = h('div', { testid: 'state-list' });
+  const more = h('button', { type: 'button', testid: 'state-more', hidden: true, text: 'More', on: { click: () => load(true) } });
+  const valueBox = h('div', { testid: 'state-value-box', hidden: true });
+  const readNote = canWrite() ? null : h('p', { class: 'muted', testid: 'state-read-only',
+    text: 'Signed in with the read token: keys and sizes only. A value is the handler\'s data; it needs the full token.' });
+
+  show(h('h1', {}, `State of ${pipeline} / ${stage}`), totals, form, readNote, summary, table,
+    h('div', { class: 'toolbar' }, more), valueBox);
+
+  /** The keys shown so far (every page loaded), and whether more follow. */
+  let entries = [];
+  let hasMore = false;
+  /** The key whose value is shown, if any. */
+  let shownKey = null;
+  let busy = false;
+
+  function drawTotals(list) {
+    const item = (label, testid, value, text) => h('div', {},
+      h('b', { testid, dataset: { value: String(value) }, text }), h('span', { text: label }));
+    const pct = list.max_bytes ? (100 * list.bytes) / list.max_bytes : null;
+    const used = pct === null ? '' : ` (${list.bytes > 0 && pct < 0.01 ? '<0.01' : pct.toFixed(pct < 1 ? 2 : 1)}% of the limit)`;
+    totals.replaceChildren(
+      item('store', 'state-store', list.store, list.store),
+      item('keys', 'state-keys', list.keys, fmtInt(list.keys)),
+      item('bytes', 'state-bytes', list.bytes, `${fmtBytes(list.bytes)}${used}`),
+      item('max bytes', 'state-max-bytes', list.max_bytes, fmtBytes(list.max_bytes)));
+  }
+
+  function drawTable() {
+    summary.textContent = `${entries.length} key${entries.length === 1 ? '' : 's'} shown${prefix ? ` under prefix ${prefix}` : ''}`
+      + `${hasMore ? '; more follow' : ''}.`;
+    more.hidden = !hasMore;
+    if (!entries.length) {
+      table.replaceChildren(h('p', { class: 'muted', text: prefix ? 'No key has this prefix.' : 'The store is empty.' }));
+      return;
+    }
+    const rows = entries.map((e) => h('tr', { testid: 'state-row', dataset: { key: e.key }, class: e.key === shownKey ? 'selected' : null },
+      h('td', { class: 'mono', testid: 'state-key', text: e.key }),
+      h('td', { class: 'mono', testid: 'state-size', dataset: { value: String(e.size) }, text: fmtInt(e.size) }),
+      h('td', { class: 'mono', testid: 'state-revision', text: String(e.revision) }),
+      h('td', { class: 'mono', testid: 'state-expires', text: e.expires_at ? fmtTime(e.expires_at) : 'never' }),
+      h('td', { class: 'mono', text: fmtTime(e.written_at) }),
+      h('td', { class: 'mono', text: e.writer || '(operator)' }),
+      canWrite() ? h('td', { class: 'actions' },
+        h('button', { type: 'button', class: 'toggle', testid: 'state-show', text: 'Value', on: { click: () => showValue(e.key) } }),
+        h('button', { type: 'button', class: 'danger', testid: 'state-delete', text: 'Delete', on: { click: () => remove(e.key) } }))
+        : null));
+    table.replaceChildren(h('table', {},
+      h('thead', {}, h('tr', {}, ['key', 'size (bytes)', 'revision', 'expires', 'written', 'writer']
+        .map((t) => h('th', { text: t })), canWrite() ? h('th', { text: '' }) : null)),
+      h('tbody', {}, rows)));
+  }
+
+  function listPath(after, pageLimit) {
+    const q = new URLSearchParams();
+    if (prefix) q.set('prefix', prefix);
+    if (after !== null && after !== undefined) q.set('after', after);
+    q.set('limit', String(pageLimit));
+    return `${base}?${q}`;
+  }
+
+  /** The first page again, or (`next`) the page after the last key shown. */
+  async function load(next) {
+    if (busy) return;
+    busy = true;
+    more.disabled = true;
+    try {
+      const after = next && entries.length ? entries[entries.length - 1].key : null;
+      const list = await api('GET', listPath(after, limit));
+      if (gen !== generation) return;
+      entries = next ? entries.concat(list.entries) : list.entries;
+      hasMore = list.more;
+      drawTotals(list);
+      drawTable();
+    } catch (err) {
+      if (gen === generation) {
+        summary.textContent = '';
+        fail(err);
+      }
+    } finally {
+      busy = false;
+      more.disabled = false;
+    }
+  }
+
+  /** The totals, every poll (the table stays as paged). */
+  async function pollTotals() {
+    try {
+      const list = await api('GET', listPath(null, 1));
+      if (gen === generation) drawTotals(list);
+    } catch (err) {
+      if (gen === generation) fail(err);
+    }
+  }
+
+  async function showValue(key) {
+    try {
+      const v = await api('GET', `${base}/keys/${pathPart(key)}`);
+      if (gen !== generation) return;
+      shownKey = key;
+      const text = v.value !== null && v.value !== undefined;
+      const kv = (pairs) => h('dl', { class: 'kv' }, pairs.map(([k, val, testid]) => [h('dt', { text: k }), h('dd', { testid, text: val ?? '–' })]));
+      valueBox.replaceChildren(
+        h('h2', {}, 'Value of ', h('span', { class: 'mono', testid: 'state-value-key', text: key })),
+        h('div', { class: 'panel' }, kv([
+          ['size', `${fmtInt(v.size)} bytes (key and value)`], ['revision', String(v.revision), 'state-value-revision'],
+          ['written', fmtTime(v.written_at)], ['writer', v.writer || '(operator)'],
+          ['expires', v.expires_at ? fmtTime(v.expires_at) : 'never'],
+          ['encoding', text ? 'text (UTF-8)' : 'base64 (not UTF-8)', 'state-value-encoding'],
+        ])),
+        h('pre', { testid: 'state-value', dataset: { encoding: text ? 'text' : 'base64' }, text: text ? v.value : (v.value_base64 || '') }));
+      valueBox.hidden = false;
+      drawTable();
+    } catch (err) {
+      if (gen !== generation) return;
+      if (err instanceof ApiError && err.status === 403) {
+        // The server's own refusal (the read token): said, never worked around.
+        valueBox.replaceChildren(h('p', { class: 'err', testid: 'state-value-refused', text: err.body && err.body.error ? err.body.error : err.message }));
+        valueBox.hidden = false;
+      }
+      fail(err);
+    }
+  }
+
+  async function remove(key) {
+    try {
+      const ok = await confirmDialog('Delete state key',
+        ['Delete ', h('b', { class: 'mono', testid: 'confirm-key', text: key }), ` from the store of ${pipeline}/${stage}? `
+          + 'The handler sees it absent from its next call; a call that read it meanwhile runs again. This cannot be undone.'],
+        'Delete');
+      if (!ok || gen !== generation) return;
+      const done = await api('DELETE', `${base}/keys/${pathPart(key)}`);
+      notice(done.deleted ? `Deleted ${done.key}.` : `${done.key} was already gone.`);
+      if (shownKey === key) {
+        shownKey = null;
+        valueBox.replaceChildren();
+        valueBox.hidden = true;
+      }
+      entries = [];
+      await load(false);
+    } catch (err) {
+      fail(err);
+    }
+  }
+
+  load(false);
+  every(POLL_MS, pollTotals);
 }
 
 // ----------------------------------------------------------------------- topic
