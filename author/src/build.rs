@@ -26,9 +26,14 @@ use crate::{AuthorError, io};
 pub use crate::toolchain::{RUST_TARGET, SCRUBBED_ENV};
 
 /// The WASI features componentize-js links by default that Sluice does not
-/// offer: without `-d http -d fetch-event` the component imports
-/// `wasi:http` and cannot load.
+/// offer to a component on contract 0.1.0: without `-d http -d
+/// fetch-event` the component imports `wasi:http` and cannot load.
 pub const JS_DISABLED_FEATURES: &[&str] = &["http", "fetch-event"];
+
+/// Where a build on contract 0.2.0 writes the WIT it gives componentize-js
+/// (the contract, and a world of what the handler imports), under the
+/// project's `target/`.
+const JS_BUILD_WIT: &str = "target/wit-v0.2";
 
 /// What a build produced.
 #[derive(Debug, Clone)]
@@ -66,6 +71,19 @@ fn build_quickjs(project: &Project) -> Result<BuildReport, AuthorError> {
         Some(engine) => format!("prebuilt {}", blake3::hash(engine).to_hex()),
         None => format!("local {}", engine_hashes().1),
     };
+    let uses = crate::js::scan(&project.dir, Lang::Js.marker())?;
+    uses.contract()?;
+    let capabilities = uses.capabilities();
+    if !capabilities.is_empty() {
+        return Err(AuthorError::Invalid(format!(
+            "{} uses {}, and the QuickJS engine runs no capability yet: build it on \
+             SpiderMonkey (`\"sluice\": {{ \"engine\": \"spidermonkey\" }}` in package.json, \
+             and `npm install --save-dev @bytecodealliance/componentize-js@{COMPONENTIZE_JS} \
+             @bytecodealliance/preview2-shim@{PREVIEW2_SHIM}` there)",
+            project.dir.display(),
+            capabilities.join(" and "),
+        )));
+    }
     let stamp = inputs_hash(&project.dir, &[world.name(), "quickjs", &engine_id])?;
     let output = Stamped::new(project, stamp)?;
     if let Some(fresh) = output.fresh() {
@@ -198,7 +216,7 @@ fn build_componentized(project: &Project) -> Result<BuildReport, AuthorError> {
     let world = project.world()?;
     let (mut cmd, version) = match project.lang {
         Lang::Python => python_command(project, world.name())?,
-        _ => js_command(project, world.name())?,
+        _ => js_command(project, world)?,
     };
     let stamp = inputs_hash(&project.dir, &[world.name(), &version])?;
     let output = Stamped::new(project, stamp)?;
@@ -276,9 +294,11 @@ fn python_command(project: &Project, world: &str) -> Result<(Command, String), A
     Ok((cmd, version))
 }
 
-/// `node componentize-js handler.js -w wit -n WORLD -d http -d fetch-event`,
-/// and the tool's version.
-fn js_command(project: &Project, world: &str) -> Result<(Command, String), AuthorError> {
+/// `node componentize-js handler.js -w wit -n WORLD -d http -d fetch-event`
+/// on contract 0.1.0; on 0.2.0 (what the modules import says, [`crate::js`])
+/// `-w target/wit-v0.2 -n sluice-build -d fetch-event`, with `-d http` too
+/// unless the code uses `fetch`. And the tool's version.
+fn js_command(project: &Project, world: World) -> Result<(Command, String), AuthorError> {
     let node_version = tool_version(Command::new("node").arg("--version")).ok_or_else(|| {
         missing(
             "node (Node.js)",
@@ -312,13 +332,48 @@ fn js_command(project: &Project, world: &str) -> Result<(Command, String), Autho
         &format!("npm install --save-dev @bytecodealliance/componentize-js@{COMPONENTIZE_JS}"),
     );
     let mut cmd = Command::new("node");
-    cmd.current_dir(&project.dir)
-        .arg(&cli)
-        .args(["handler.js", "-w", "wit", "-n", world]);
-    for feature in JS_DISABLED_FEATURES {
-        cmd.args(["-d", feature]);
+    cmd.current_dir(&project.dir).arg(&cli).arg("handler.js");
+    let uses = crate::js::scan(&project.dir, Lang::Js.marker())?;
+    if uses.contract()? == crate::js::V0_1 {
+        cmd.args(["-w", "wit", "-n", world.name()]);
+        for feature in JS_DISABLED_FEATURES {
+            cmd.args(["-d", feature]);
+        }
+    } else {
+        js_build_wit(project, &uses, world)?;
+        cmd.args(["-w", JS_BUILD_WIT, "-n", crate::js::BUILD_WORLD]);
+        // No server side; the client side (`fetch`) when the code uses it.
+        cmd.args(["-d", "fetch-event"]);
+        if !uses.fetch {
+            cmd.args(["-d", "http"]);
+        }
     }
     Ok((cmd, format!("{version} {node_version}")))
+}
+
+/// Writes [`JS_BUILD_WIT`] for a build on contract 0.2.0: the project's
+/// `wit/v0.2/plugin.wit` (the contract `sluice` carries when the project
+/// has none) and the world of what its modules import.
+fn js_build_wit(
+    project: &Project,
+    uses: &crate::js::Uses,
+    world: World,
+) -> Result<(), AuthorError> {
+    let dir = project.dir.join(JS_BUILD_WIT);
+    std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+    let own = project.dir.join(crate::files::WIT_V0_2.0);
+    let contract = match std::fs::read_to_string(&own) {
+        Ok(text) => text,
+        Err(_) => crate::files::WIT_V0_2.1.to_owned(),
+    };
+    for (name, text) in [
+        ("plugin.wit", contract),
+        ("world.wit", uses.world_wit(world)?),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(io(format!("writing {}", path.display())))?;
+    }
+    Ok(())
 }
 
 /// `node_modules/.bin/componentize-js` in `dir` or the nearest ancestor

@@ -28,8 +28,39 @@ pub const PYTHON_SDK: File = (
     include_str!("../../plugins/python/sdk/sluice.py"),
 );
 
-/// The JavaScript SDK, a single module beside `handler.js`.
+/// The JavaScript SDK on contract 0.1.0, a single module beside
+/// `handler.js`.
 pub const JS_SDK: File = ("sluice.js", include_str!("../../plugins/js/sdk/sluice.js"));
+
+/// The JavaScript SDK's capability modules (contract 0.2.0), beside
+/// `sluice.js`: a handler imports the ones it uses, and its component
+/// imports only those capabilities.
+pub const JS_CAPABILITIES: &[File] = &[
+    (
+        "sluice-state.js",
+        include_str!("../../plugins/js/sdk/sluice-state.js"),
+    ),
+    (
+        "sluice-secrets.js",
+        include_str!("../../plugins/js/sdk/sluice-secrets.js"),
+    ),
+];
+
+/// The JavaScript SDK on contract 0.2.0: `sluice.js` importing
+/// `sluice:plugin/host@0.2.0`, and [`JS_CAPABILITIES`].
+pub fn js_sdk_v0_2() -> Vec<(&'static str, String)> {
+    let mut files = vec![(
+        JS_SDK.0,
+        JS_SDK
+            .1
+            .replace(JS_HOST_V0_1, "\"sluice:plugin/host@0.2.0\""),
+    )];
+    files.extend(JS_CAPABILITIES.iter().map(|(p, t)| (*p, (*t).to_owned())));
+    files
+}
+
+/// The specifier of the host import in [`JS_SDK`].
+const JS_HOST_V0_1: &str = "\"sluice:plugin/host@0.1.0\"";
 
 /// The componentize-py release the Python SDK is written and tested
 /// against.
@@ -185,6 +216,20 @@ mod tests {
         ] {
             assert!(files.iter().any(|(p, _)| *p == wanted), "{wanted}");
         }
+    }
+
+    #[test]
+    fn the_javascript_sdk_on_0_2_imports_host_at_0_2_only() {
+        assert_eq!(JS_SDK.1.matches(JS_HOST_V0_1).count(), 1);
+        let files = js_sdk_v0_2();
+        let sdk = &files[0].1;
+        assert!(
+            !sdk.contains("@0.1.0"),
+            "sluice.js on 0.2.0 still names 0.1.0"
+        );
+        assert!(sdk.contains(r#"from "sluice:plugin/host@0.2.0";"#));
+        let names: Vec<&str> = files.iter().map(|(p, _)| *p).collect();
+        assert_eq!(names, ["sluice.js", "sluice-state.js", "sluice-secrets.js"]);
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //!   tool with the command that installs it, and skipping a rebuild when
 //!   nothing changed (neither Python nor JS tooling gives the same bytes
 //!   twice, and every new byte means a new compile in the daemon).
+//! - [`js`]: what a JS project's modules import (the contract's version,
+//!   its capabilities, `fetch`), so its build imports only those.
 //! - [`quickjs`]: a JS project on QuickJS needs no toolchain: its scripts
 //!   are injected into a prebuilt engine.
 //! - [`scaffold`]: a new project that builds and passes its test cases.
@@ -16,6 +18,7 @@
 
 pub mod build;
 pub mod files;
+pub mod js;
 pub mod project;
 pub mod quickjs;
 pub mod scaffold;

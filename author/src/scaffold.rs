@@ -82,10 +82,15 @@ fn project_files(name: &str, lang: Lang) -> Vec<(String, String)> {
         Lang::Js => {
             add(("handler.js", include_str!("templates/js/handler.js")));
             add(("package.json", include_str!("templates/js/package.json")));
-            add(files::JS_SDK);
+            add(files::WIT_V0_2);
         }
     }
     add(("README.md", README));
+    if lang == Lang::Js {
+        for (path, text) in files::js_sdk_v0_2() {
+            files.push((path.to_owned(), text));
+        }
+    }
     let readme = readme_values(name, lang);
     files
         .into_iter()
@@ -159,15 +164,19 @@ fn readme_values(name: &str, lang: Lang) -> Vec<(&'static str, String)> {
                  `throw new Retry()` (or `new Retry(afterMs)`) retries. `msg.text()` and \
                  `msg.json()` reject what does not parse; `config(key, fallback)` reads the \
                  stage's `config:`; `log.info` logs. `sluice.js` documents the rest.\n\n\
+                 The project is on contract 0.2.0 (`wit/v0.2/plugin.wit`): its capabilities \
+                 are `sluice-state.js` (the stage's key-value store, `state: true`), \
+                 `sluice-secrets.js` (`secrets: [name]`) and the standard `fetch` (`http: \
+                 {{ allow: [host] }}`); the component imports only those the code uses \
+                 (`handler.js` shows each).\n\n\
                  The handler runs in QuickJS (`\"sluice\": {{ \"engine\": \"quickjs\" }}` in \
                  `package.json`): a call costs a fourth to a sixth of SpiderMonkey's, and the build \
                  only puts the project's `.js` and `.mjs` files into the engine `sluice` \
-                 carries. To run it in SpiderMonkey (componentize-js) instead, set `\"engine\": \
-                 \"spidermonkey\"` and `npm install --save-dev \
-                 @bytecodealliance/componentize-js@{COMPONENTIZE_JS} \
+                 carries. QuickJS runs no capability yet: to use one, run it in SpiderMonkey \
+                 (componentize-js): set `\"engine\": \"spidermonkey\"` and `npm install \
+                 --save-dev @bytecodealliance/componentize-js@{COMPONENTIZE_JS} \
                  @bytecodealliance/preview2-shim@{PREVIEW2_SHIM}`; its builds need Node.js \
-                 then, and disable componentize-js's `http` and `fetch-event` features (Sluice \
-                 links no wasi:http)."
+                 then."
             ),
             "exception",
         ),
@@ -226,8 +235,17 @@ mod tests {
             project.js_engine().expect("test step"),
             crate::JsEngine::QuickJs
         );
-        // The SDK is written in: no npm.
-        assert!(dir.join("sluice.js").is_file());
+        // The SDK is written in: no npm. On contract 0.2.0, and the
+        // template's code (its comments aside) imports no capability, so
+        // QuickJS runs it and any stage grants it.
+        for sdk in ["sluice.js", "sluice-state.js", "sluice-secrets.js"] {
+            assert!(dir.join(sdk).is_file(), "{sdk}");
+        }
+        let uses = crate::js::scan(&dir, "handler.js").expect("test step");
+        assert_eq!(uses.contract().expect("one version"), crate::js::V0_2);
+        let names: Vec<&str> = uses.interfaces.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["host"]);
+        assert!(!uses.fetch, "fetch is only in the template's comments");
         std::fs::remove_dir_all(parent).expect("test step");
     }
 

@@ -577,6 +577,12 @@ fn test(extra: &[&str]) -> anyhow::Result<()> {
         ])
         .args(["--", "-D", "warnings"])
         .env("CARGO_TARGET_DIR", target_dir().join("plugins-build")))?;
+    // The JavaScript SDK's own logic (emits, errors, the capabilities'
+    // conversions), with the host's imports faked; setup installed Node.js.
+    println!("== JavaScript SDK unit tests (node --test)");
+    run(Command::new("node")
+        .args(["--test", "plugins/js/sdk/test/"])
+        .current_dir(sluice_harness::repo_root()))?;
     println!("== plugins");
     plugins()?;
     // The end-to-end tests run the `sluice` binary, which no test target

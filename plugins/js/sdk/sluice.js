@@ -7,8 +7,47 @@
 //     return msg.text().toUpperCase(); // one emit to the stage's default output
 //   });
 //
-// Build it with `sluice plugin build` (componentize-js with `-d http -d
-// fetch-event`: Sluice links no wasi:http) and try it with `sluice plugin test`.
+// Build it with `sluice plugin build` and try it with `sluice plugin test`.
+//
+// The contract. The import below names the contract's version: a project
+// that `sluice plugin new` wrote before the capabilities has it at 0.1.0,
+// and a newer one at 0.2.0, with the capabilities as modules of their own
+// beside this one, so that a handler imports only those it uses (a stage
+// refuses a component that imports a capability it does not grant):
+//
+// - `import * as state from "./sluice-state.js"`: the stage's key-value
+//   store (`state: true`), committed with the call's outcome;
+// - `import * as secrets from "./sluice-secrets.js"`: the secrets the stage
+//   lists (`secrets: [name]`);
+// - `fetch`, the standard one: outbound HTTP to the hosts the stage's
+//   `http.allow` lists. `sluice plugin build` links it (componentize-js's
+//   `http` feature, `wasi:http/outgoing-handler`) only when the handler's
+//   code names `fetch`.
+//
+// The capabilities need SpiderMonkey (componentize-js): the QuickJS engine
+// runs a project on 0.2.0 that uses none of them.
+//
+// A handler that uses `fetch` is `async` (it returns a Promise), and the
+// engine runs the call's Promise to its end before the call returns:
+//
+//   export const messageHandler = handler(async (msg) => {
+//     const answer = await fetch("https://api.example.com/v1/charge", {
+//       method: "POST",
+//       headers: { "content-type": "application/json" },
+//       body: msg.payload,
+//     });
+//     if (answer.status >= 500 || answer.status === 429) throw new Retry();
+//     if (!answer.ok) throw new Reject(`charge refused: ${answer.status}`);
+//     return await answer.text();
+//   });
+//
+// Only the hosts the stage's `http.allow` lists are reachable; a request to
+// another makes `fetch` reject. The host adds `Idempotency-Key: <message
+// id>:<n>` to the call's n-th request unless it has one (so a redelivered
+// message repeats the same keys) and the stage's `http.headers` (secrets
+// included), and the request counts against the stage's `timeout`. A
+// rejected `fetch` the handler does not catch is a bug: the call traps and
+// is retried.
 //
 // What a handler may return (emits are published only if the call succeeds):
 //
@@ -30,6 +69,9 @@
 // - `throw new Retry()` or `new Retry(afterMs)`: transient; delivered again
 //   after the stage's backoff (or `afterMs`), and dead-lettered with kind
 //   `retry` once `max_attempts` is spent.
+// - an error a capability throws (`StateError`, `SecretError`) and the
+//   handler does not catch: a store that is unavailable or full retries,
+//   anything else (a missing grant, an invalid key) rejects with its reason.
 // - anything else thrown: a bug. Its message and stack go to the stage's log
 //   and the call traps; the runtime retries it and dead-letters it as `trap`,
 //   quoting the error's first lines.
@@ -225,13 +267,15 @@ function toEmit(value, raw) {
 
 const isOne = (v) => v instanceof Emit || v instanceof Uint8Array || typeof v === "string";
 
+const isPromise = (value) =>
+  value !== null && typeof value === "object" && typeof value.then === "function";
+
 function notAsync(value) {
-  // A Promise would be written out as `{}` and a Reject thrown in it lost:
-  // a handler runs to completion within its call.
-  if (value !== null && typeof value === "object" && typeof value.then === "function") {
+  // A Promise would be written out as `{}` and a Reject thrown in it lost.
+  if (isPromise(value)) {
     throw new TypeError(
-      "the handler returned a Promise (an async function?); handlers must be synchronous: " +
-        "return the emits, or throw Reject/Retry",
+      "a Promise where a value belongs (an async batch handler, or a Promise in the results?): " +
+        "a batch handler is synchronous; return the results, or throw Reject/Retry",
     );
   }
   return value;
@@ -242,6 +286,17 @@ function toEmits(value, raw) {
   if (value === undefined || value === null) return [];
   if (Array.isArray(value) && value.every(isOne)) return value.map((v) => toEmit(v, raw));
   return [toEmit(value, raw)];
+}
+
+/**
+ * The `Reject` or `Retry` that `e` stands for, or undefined when it is a
+ * bug: a capability's error (`StateError`, `SecretError`) carries its own
+ * as `handlerError`.
+ */
+export function handlerErrorOf(e) {
+  if (e instanceof Reject || e instanceof Retry) return e;
+  const mapped = e !== null && typeof e === "object" ? e.handlerError : undefined;
+  return mapped instanceof Reject || mapped instanceof Retry ? mapped : undefined;
 }
 
 function toError(e) {
@@ -258,16 +313,28 @@ function report(e) {
   console.error(e instanceof Error ? `${e.name}: ${e.message}\n${e.stack ?? ""}` : `thrown: ${e}`);
 }
 
-/** The `messageHandler` export for `fn(msg) => emits`. */
+/**
+ * The `messageHandler` export for `fn(msg) => emits`. `fn` may be async
+ * (to `await fetch(...)`): `handle` then returns a Promise of the outcome,
+ * which the engine runs to its end within the call.
+ */
 export function handler(fn) {
+  const failed = (e) => {
+    const known = handlerErrorOf(e);
+    if (known !== undefined) return toError(known);
+    report(e);
+    throw e;
+  };
   return {
     handle(raw) {
       try {
-        return { tag: "ok", val: toEmits(fn(new Message(raw)), raw) };
+        const value = fn(new Message(raw));
+        if (isPromise(value)) {
+          return value.then((v) => ({ tag: "ok", val: toEmits(v, raw) })).catch(failed);
+        }
+        return { tag: "ok", val: toEmits(value, raw) };
       } catch (e) {
-        if (e instanceof Reject || e instanceof Retry) return toError(e);
-        report(e);
-        throw e;
+        return failed(e);
       }
     },
   };
@@ -288,13 +355,15 @@ export function batchHandler(fn) {
           );
         }
       } catch (e) {
-        if (e instanceof Reject || e instanceof Retry) return raws.map(() => toError(e));
+        const known = handlerErrorOf(e);
+        if (known !== undefined) return raws.map(() => toError(known));
         report(e);
         throw e;
       }
-      return results.map((r, i) =>
-        r instanceof Reject || r instanceof Retry ? toError(r) : { tag: "ok", val: toEmits(r, raws[i]) },
-      );
+      return results.map((r, i) => {
+        const known = handlerErrorOf(r);
+        return known !== undefined ? toError(known) : { tag: "ok", val: toEmits(r, raws[i]) };
+      });
     },
   };
 }

@@ -65,8 +65,11 @@ static FILES: OnceLock<Vec<(&'static str, &'static [u8])>> = OnceLock::new();
 
 /// The module the handler is exported from.
 const ENTRY: &str = "handler.js";
-/// The contract's host interface, as componentize-js names it.
-const HOST_MODULE: &str = "sluice:plugin/host@0.1.0";
+/// The contract's host interface, as componentize-js names it, at each
+/// version: the SDK of a project names one. The engine implements
+/// `sluice:plugin@0.2.0`, whose `host` is 0.1.0's; it links none of 0.2.0's
+/// capabilities (`sluice plugin build` refuses a project that imports one).
+const HOST_MODULES: [&str; 2] = ["sluice:plugin/host@0.1.0", "sluice:plugin/host@0.2.0"];
 /// QuickJS's own stack guard, below the 1 MiB shadow stack Rust gives a
 /// wasm32 program: deep recursion throws a RangeError instead of running
 /// off the stack into the heap.
@@ -399,7 +402,7 @@ impl Loader for Scripts {
         name: &str,
         _attributes: Option<rquickjs::loader::ImportAttributes<'js>>,
     ) -> rquickjs::Result<Module<'js, Declared>> {
-        if name == HOST_MODULE {
+        if HOST_MODULES.contains(&name) {
             return Module::declare_def::<HostModule, _>(ctx.clone(), name);
         }
         match file(name) {
@@ -414,7 +417,7 @@ impl Loader for Scripts {
     }
 }
 
-/// `sluice:plugin/host@0.1.0`: `log(level, text)` and `configGet(key)`.
+/// `sluice:plugin/host`: `log(level, text)` and `configGet(key)`.
 struct HostModule;
 
 impl ModuleDef for HostModule {
