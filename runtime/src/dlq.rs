@@ -27,6 +27,11 @@ pub const ERROR: &str = "sluice-dlq-error";
 pub const FIRST_FAILURE: &str = "sluice-dlq-first-failure";
 /// Header with the last failure time, in ms since the Unix epoch.
 pub const LAST_FAILURE: &str = "sluice-dlq-last-failure";
+/// Header with the keys of its stage's state store the last attempt read,
+/// as a JSON array (see [`stamp_state_read`]); only on a stage with
+/// `state:` whose handler read some. Values stay in the store: `sluice dlq
+/// show --as-case` fetches them with the full token.
+pub const STATE_READ: &str = "sluice-dlq-state-read";
 
 /// Set on a redriven message: how many times it has been redriven.
 pub const REDRIVES: &str = "sluice-redrives";
@@ -36,7 +41,7 @@ pub const REDRIVES: &str = "sluice-redrives";
 pub const REDRIVE_TO: &str = "sluice-redrive-to";
 
 /// Every provenance header, so a redrive can strip them.
-pub const PROVENANCE: [&str; 10] = [
+pub const PROVENANCE: [&str; 11] = [
     PIPELINE,
     STAGE,
     SOURCE_TOPIC,
@@ -47,7 +52,54 @@ pub const PROVENANCE: [&str; 10] = [
     ERROR,
     FIRST_FAILURE,
     LAST_FAILURE,
+    STATE_READ,
 ];
+
+/// The most bytes of keys [`STATE_READ`] carries: the keys past it are left
+/// out (the header says how many).
+pub const STATE_READ_MAX: usize = 2048;
+
+/// Appends [`STATE_READ`] to a dead letter: the state keys its last
+/// attempt read, as many as fit in [`STATE_READ_MAX`] bytes, then `"…N
+/// more"` if some did not.
+pub fn stamp_state_read(message: &mut Message, keys: &[String]) {
+    if keys.is_empty() {
+        return;
+    }
+    let mut kept: Vec<String> = Vec::new();
+    let mut bytes = 0;
+    for key in keys {
+        bytes += key.len() + 3;
+        if bytes > STATE_READ_MAX {
+            break;
+        }
+        kept.push(key.clone());
+    }
+    let left = keys.len() - kept.len();
+    if left > 0 {
+        kept.push(format!("…{left} more"));
+    }
+    // JSON escapes line breaks, so the value stays one NATS header line.
+    let value = serde_json::to_string(&kept).unwrap_or_default();
+    message.headers.push((STATE_READ.into(), value));
+}
+
+/// The state keys a dead letter's last attempt read ([`STATE_READ`]), and
+/// how many more it read than the header kept.
+pub fn state_read(headers: &[(String, String)]) -> (Vec<String>, usize) {
+    let Some((_, value)) = headers.iter().find(|(k, _)| k == STATE_READ) else {
+        return (Vec::new(), 0);
+    };
+    let mut keys: Vec<String> = serde_json::from_str(value).unwrap_or_default();
+    let more = keys
+        .last()
+        .and_then(|k| k.strip_prefix('…')?.strip_suffix(" more")?.parse().ok())
+        .unwrap_or(0);
+    if more > 0 {
+        keys.pop();
+    }
+    (keys, more)
+}
 
 /// Where a dead-lettered message came from and why it failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -257,5 +309,25 @@ mod tests {
         let second = redrive_message(&again, &p2);
         assert_eq!(second.id, "m1~r2@orders/route");
         assert_eq!(second.header(REDRIVES), Some("2"));
+    }
+
+    #[test]
+    fn the_state_keys_read_round_trip_and_are_capped() {
+        let mut m = Message::new("m1", "t", "x");
+        stamp_state_read(&mut m, &[]);
+        assert!(m.headers.is_empty(), "no keys, no header");
+        let keys = vec!["a/1".to_owned(), "line\nbreak".to_owned()];
+        stamp_state_read(&mut m, &keys);
+        assert!(!m.header(STATE_READ).unwrap_or_default().contains('\n'));
+        assert_eq!(state_read(&m.headers), (keys, 0));
+
+        let many: Vec<String> = (0..500).map(|i| format!("key-{i:04}")).collect();
+        let mut m = Message::new("m2", "t", "x");
+        stamp_state_read(&mut m, &many);
+        assert!(m.header(STATE_READ).unwrap_or_default().len() <= STATE_READ_MAX + 32);
+        let (kept, more) = state_read(&m.headers);
+        assert!(!kept.is_empty() && more > 0);
+        assert_eq!(kept.len() + more, 500);
+        assert_eq!(kept[..], many[..kept.len()]);
     }
 }

@@ -115,6 +115,9 @@ pub struct Failure {
     pub message: String,
     /// A delay the handler asked for with `retry(some(ms))`.
     pub retry_after: Option<Duration>,
+    /// The keys of its stage's state store the failed call read, for the
+    /// dead letter ([`crate::dlq::STATE_READ`]).
+    pub state_read: Vec<String>,
 }
 
 impl Failure {
@@ -124,6 +127,7 @@ impl Failure {
             kind,
             message: message.into(),
             retry_after: None,
+            state_read: Vec::new(),
         }
     }
 }

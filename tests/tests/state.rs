@@ -565,3 +565,59 @@ fn data_check_and_salvage_keep_the_state() {
         );
     }
 }
+
+/// A dead letter names the state keys its last attempt read, and `dlq show
+/// --as-case` turns it into a case that starts from their values: with
+/// the full token. The read token gets the keys without the values.
+#[test]
+fn a_dead_letters_case_starts_from_the_state_its_handler_read() {
+    const FULL: &str = "full-token-case-77a1";
+    const READ: &str = "read-token-case-3c90";
+    let daemon = Daemon::with_yaml(&pipeline("    state: true\n"))
+        .envs([
+            ("SLUICE_ADMIN_TOKEN", FULL),
+            ("SLUICE_ADMIN_READ_TOKEN", READ),
+        ])
+        .start();
+    daemon.publish("in", &[Msg::new("a1", "inc").key("a")]);
+    daemon.wait_until("the increment", LONG, |d| d.depth("out") >= 1);
+    daemon.publish("in", &[Msg::new("r1", "read-reject count/a count/nobody")]);
+    daemon.wait_until("the dead letter", LONG, |d| d.depth("st.count.dlq") >= 1);
+    let dead = daemon.read_all("st.count.dlq");
+    let named = header(&dead[0], "sluice-dlq-state-read").unwrap_or_default();
+    assert_eq!(named, r#"["count/a","count/nobody"]"#, "{}", dead[0]);
+    let seq = dead[0]["seq"].as_u64().expect("seq");
+    let seq = seq.to_string();
+    let text = |o: &std::process::Output| {
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+    };
+
+    let full = daemon.cli(
+        &["dlq", "show", "st/count", &seq, "--as-case"],
+        &[("SLUICE_ADMIN_TOKEN", FULL)],
+    );
+    let case = text(&full);
+    assert!(full.status.success(), "{case}");
+    assert!(
+        case.contains("    state:\n      \"count/a\": \"1\"\n"),
+        "{case}"
+    );
+    assert!(case.contains("# \"count/nobody\": (absent"), "{case}");
+    assert!(!case.contains("sluice-dlq-state-read"), "{case}");
+
+    let read = daemon.cli(
+        &["dlq", "show", "st/count", &seq, "--as-case"],
+        &[("SLUICE_ADMIN_TOKEN", READ)],
+    );
+    let case = text(&read);
+    assert!(read.status.success(), "{case}");
+    assert!(case.contains("values left out"), "{case}");
+    assert!(
+        case.contains("# \"count/a\": (absent, not text, or withheld)"),
+        "{case}"
+    );
+    assert!(
+        !case.contains("\"count/a\": \"1\""),
+        "the read token saw a value: {case}"
+    );
+}

@@ -684,7 +684,26 @@ fn yaml_quoted(text: &str) -> String {
 /// A dead letter as one case, in YAML: a list item to append under a cases
 /// file's `cases:`, expecting success (`ok: true`) until the author says
 /// what the fixed handler must emit.
-pub(crate) fn dlq_case_yaml(stage: &str, seq: u64, entry: &DlqEntryDetail) -> String {
+/// The state a dead letter's case starts from: the keys its last attempt
+/// read ([`crate::dlq::STATE_READ`]), with their values as the store holds
+/// them now.
+#[derive(Debug, Default)]
+pub(crate) struct CaseState {
+    /// Each key with its value as text; `None` when it is absent now, not
+    /// text, or withheld.
+    pub values: Vec<(String, Option<String>)>,
+    /// Why values are left out (the read token), if they are.
+    pub withheld: Option<String>,
+    /// Keys the attempt read beyond those the dead letter names.
+    pub more: usize,
+}
+
+pub(crate) fn dlq_case_yaml(
+    stage: &str,
+    seq: u64,
+    entry: &DlqEntryDetail,
+    state: &CaseState,
+) -> String {
     let input = dlq_input(entry);
     let q = yaml_quoted;
     let mut y = String::new();
@@ -733,6 +752,33 @@ pub(crate) fn dlq_case_yaml(stage: &str, seq: u64, entry: &DlqEntryDetail) -> St
     }
     if let Some(t) = &input.topic {
         let _ = writeln!(y, "      topic: {}", q(t));
+    }
+    if !state.values.is_empty() {
+        let _ = writeln!(
+            y,
+            "    # the state keys the last attempt read, with their values as the store holds them now"
+        );
+        if let Some(why) = &state.withheld {
+            let _ = writeln!(y, "    # values left out: {}", one_line(why));
+        }
+        if state.more > 0 {
+            let _ = writeln!(
+                y,
+                "    # and {} more keys the dead letter does not name",
+                state.more
+            );
+        }
+        let _ = writeln!(y, "    state:");
+        for (key, value) in &state.values {
+            match value {
+                Some(v) => {
+                    let _ = writeln!(y, "      {}: {}", q(key), q(v));
+                }
+                None => {
+                    let _ = writeln!(y, "      # {}: (absent, not text, or withheld)", q(key));
+                }
+            }
+        }
     }
     let _ = writeln!(y, "    expect: {{ ok: true }}");
     y

@@ -348,10 +348,41 @@ fn show(args: &ShowArgs) -> Result<(), ClientError> {
         if let Some(why) = super::cases::dlq_case_refusal(&stage, args.seq, &entry) {
             return Err(ClientError::Usage(why));
         }
-        let yaml = super::cases::dlq_case_yaml(&stage, args.seq, &entry);
+        let state = case_state(&client, &args.stage, &entry);
+        let yaml = super::cases::dlq_case_yaml(&stage, args.seq, &entry, &state);
         return print_line(yaml.trim_end());
     }
     print_json(&entry)
+}
+
+/// The values of the state keys `entry`'s last attempt read, as the store
+/// holds them now: with the read token, none (the keys only).
+fn case_state(
+    client: &Client,
+    stage: &StageRef,
+    entry: &crate::admin::DlqEntryDetail,
+) -> super::cases::CaseState {
+    let (keys, more) = crate::dlq::state_read(&entry.headers);
+    let mut state = super::cases::CaseState {
+        more,
+        ..Default::default()
+    };
+    for key in keys {
+        if state.withheld.is_some() {
+            state.values.push((key, None));
+            continue;
+        }
+        let value = match client.state_get(&stage.pipeline, &stage.stage, &key) {
+            Ok(found) => found.value,
+            Err(ClientError::Api { status, message }) if status.as_u16() == 403 => {
+                state.withheld = Some(message);
+                None
+            }
+            Err(_) => None,
+        };
+        state.values.push((key, value));
+    }
+    state
 }
 
 fn redrive(args: &RedriveArgs) -> Result<(), ClientError> {

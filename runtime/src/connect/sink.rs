@@ -117,6 +117,7 @@ impl SinkHandler {
                     kind: FailureKind::Retry,
                     message: reason,
                     retry_after: after.map(|a| a.min(self.backoff_max)),
+                    state_read: Vec::new(),
                 })
             }
             Err(SinkError::Unavailable(why)) => {

@@ -32,6 +32,12 @@ pub trait StageHandler: Send {
     fn take_state(&mut self) -> Option<StateWrites> {
         None
     }
+
+    /// The state keys the last call read, for its dead letter (none if
+    /// the handler has no state).
+    fn state_read(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 #[async_trait]
@@ -50,5 +56,9 @@ impl StageHandler for Worker {
 
     fn take_state(&mut self) -> Option<StateWrites> {
         Worker::take_state(self)
+    }
+
+    fn state_read(&self) -> Vec<String> {
+        Worker::state_read(self)
     }
 }

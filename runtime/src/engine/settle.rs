@@ -455,6 +455,7 @@ impl Settler {
         let mut entry = delivery.message.clone();
         entry.topic.clone_from(&self.dlq_topic);
         provenance.stamp(&mut entry);
+        crate::dlq::stamp_state_read(&mut entry, &failure.state_read);
         // The dead letter sits in the failed attempt's trace (one started
         // by it, if the message came without a context).
         crate::otel::reparent(&mut entry.headers);

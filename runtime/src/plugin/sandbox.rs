@@ -129,6 +129,11 @@ impl StoreState {
             .map(|access| Txn::new(access, id.to_owned(), crate::broker::now_millis()));
     }
 
+    /// The keys the current (or last) call read.
+    pub(crate) fn state_read(&self) -> Vec<String> {
+        self.txn.as_ref().map(Txn::read_keys).unwrap_or_default()
+    }
+
     /// What the last call wrote, taken.
     pub(crate) fn take_state(&mut self) -> Option<StateWrites> {
         self.txn.take().and_then(Txn::finish)

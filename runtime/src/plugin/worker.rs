@@ -170,6 +170,15 @@ impl Worker {
         self.live.as_mut()?.store.data_mut().take_state()
     }
 
+    /// The state keys the last call read (for a dead letter), before
+    /// [`Worker::take_state`].
+    pub fn state_read(&self) -> Vec<String> {
+        self.live
+            .as_ref()
+            .map(|live| live.store.data().state_read())
+            .unwrap_or_default()
+    }
+
     /// How many instances this worker has created so far (1 + replacements).
     pub fn instantiations(&self) -> u64 {
         self.instantiations
@@ -515,6 +524,7 @@ fn from_handler_error(err: HandlerError) -> Failure {
                 None => "handler asked to retry".to_owned(),
             },
             retry_after: after.map(Duration::from_millis),
+            state_read: Vec::new(),
         },
         HandlerError::Reject(reason) => Failure::new(FailureKind::Rejected, reason),
     }

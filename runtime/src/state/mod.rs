@@ -489,6 +489,12 @@ impl Txn {
         Ok(total.max(0) as u64)
     }
 
+    /// The keys the call read from the store, in order (a dead letter
+    /// names them, so its case can be tested with their values).
+    pub fn read_keys(&self) -> Vec<String> {
+        self.checks.keys().cloned().collect()
+    }
+
     /// What the call commits if it ends `ok`; none if it wrote nothing.
     pub fn finish(self) -> Option<StateWrites> {
         if self.writes.is_empty() {

@@ -13,6 +13,7 @@
 //! - `cas-inc`: reads `shared`, then compare-and-sets it to one more on the
 //!   revision it read; emits the new value;
 //! - `retry`, `reject`, `trap`: writes `left/K`, then fails that way;
+//! - `read-reject KEY...`: reads each KEY, then rejects;
 //! - `lock HOLDER TTL_MS`: compare-and-sets `lock` to HOLDER, only if
 //!   absent, expiring after TTL_MS; emits `got HOLDER` or `held`;
 //! - `fill BYTES`: sets `fill/<message id>` to BYTES bytes; emits `filled`,
@@ -137,6 +138,14 @@ impl Guest for Stateful {
                     ));
                 }
                 emit(next)
+            }
+            "read-reject" => {
+                // Reads the keys named, then rejects: its dead letter
+                // names them.
+                for k in words {
+                    state::get(k).map_err(retry)?;
+                }
+                Err(HandlerError::Reject("rejected after reading".into()))
             }
             "retry" | "reject" | "trap" => {
                 state::set(&format!("left/{key}"), b"written", None).map_err(retry)?;

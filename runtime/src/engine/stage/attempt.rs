@@ -19,6 +19,10 @@ use crate::plugin::Message as PluginMessage;
 use crate::state::StateWrites;
 
 /// How one try of a delivery ended, before its settle.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned once per try and matched at once, never stored in bulk"
+)]
 pub(super) enum Tried {
     /// Shutdown began before the handler call: the delivery is left
     /// unsettled, its lease for `drain` to hand back.
@@ -416,7 +420,11 @@ impl StageRunner {
         };
         self.settler.observe(started.elapsed());
         let mut state = None;
+        let mut outcome = outcome;
         if let Some(mut handler) = handler {
+            if let Err(failure) = &mut outcome {
+                failure.state_read = handler.state_read();
+            }
             // Taken on every outcome, so a failed call's writes are
             // dropped here and never reach the next call.
             state = handler.take_state().filter(|_| outcome.is_ok());
