@@ -215,7 +215,7 @@ fn cache_dir() -> PathBuf {
 fn build_componentized(project: &Project) -> Result<BuildReport, AuthorError> {
     let world = project.world()?;
     let (mut cmd, version) = match project.lang {
-        Lang::Python => python_command(project, world.name())?,
+        Lang::Python => python_command(project, world)?,
         _ => js_command(project, world)?,
     };
     let stamp = inputs_hash(&project.dir, &[world.name(), &version])?;
@@ -281,17 +281,40 @@ impl Stamped {
 }
 
 /// `componentize-py -d wit -w WORLD componentize app -p .`, and the tool's
-/// version.
-fn python_command(project: &Project, world: &str) -> Result<(Command, String), AuthorError> {
+/// version. A project on 0.2.0 (with `wit/v0.2/plugin.wit`) is built
+/// against the world [`crate::python::write_world`] writes, which imports
+/// only the capabilities its handler uses; the version then names them, so
+/// the build stamp changes with them.
+fn python_command(project: &Project, world: World) -> Result<(Command, String), AuthorError> {
     let install = format!("pip install componentize-py=={COMPONENTIZE_PY}");
     let version = tool_version(Command::new("componentize-py").arg("--version"))
         .ok_or_else(|| missing("componentize-py", &install))?;
     warn_version("componentize-py", &version, COMPONENTIZE_PY, &install);
     let mut cmd = Command::new("componentize-py");
-    cmd.current_dir(&project.dir)
-        .args(["-d", "wit", "-w", world, "componentize", "app", "-p", "."])
+    cmd.current_dir(&project.dir);
+    let mut stamp = version;
+    if crate::python::on_v0_2(&project.dir) {
+        let mut texts = Vec::new();
+        for (rel, path) in sources(&project.dir)? {
+            if rel.ends_with(".py") {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(io(format!("reading {}", path.display())))?;
+                texts.push((rel, text));
+            }
+        }
+        let (wit, uses) = crate::python::write_world(&project.dir, world, &texts)?;
+        cmd.arg("-d").arg(wit);
+        stamp = format!(
+            "{stamp} v0.2 wasi:http@{} [{}]",
+            crate::python::WASI_HTTP,
+            uses.names().join(",")
+        );
+    } else {
+        cmd.args(["-d", "wit"]);
+    }
+    cmd.args(["-w", world.name(), "componentize", "app", "-p", "."])
         .env("PYTHONDONTWRITEBYTECODE", "1");
-    Ok((cmd, version))
+    Ok((cmd, stamp))
 }
 
 /// `node componentize-js handler.js -w wit -n WORLD -d http -d fetch-event`

@@ -28,6 +28,25 @@ pub const PYTHON_SDK: File = (
     include_str!("../../plugins/python/sdk/sluice.py"),
 );
 
+/// wasi:http's WIT (0.2.12, with wasi:io and wasi:clocks, which it uses),
+/// for a Python project on 0.2.0 whose handler makes requests: the build
+/// writes it beside the world it generates ([`crate::python`]), as paths
+/// inside that world's directory.
+pub const PYTHON_WASI_HTTP: &[File] = &[
+    (
+        "deps/wasi-http/http.wit",
+        include_str!("../../plugins/python/sdk/wasi-wit/http.wit"),
+    ),
+    (
+        "deps/wasi-io/io.wit",
+        include_str!("../../plugins/python/sdk/wasi-wit/io.wit"),
+    ),
+    (
+        "deps/wasi-clocks/clocks.wit",
+        include_str!("../../plugins/python/sdk/wasi-wit/clocks.wit"),
+    ),
+];
+
 /// The JavaScript SDK on contract 0.1.0, a single module beside
 /// `handler.js`.
 pub const JS_SDK: File = ("sluice.js", include_str!("../../plugins/js/sdk/sluice.js"));

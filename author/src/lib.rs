@@ -20,6 +20,7 @@ pub mod build;
 pub mod files;
 pub mod js;
 pub mod project;
+pub mod python;
 pub mod quickjs;
 pub mod scaffold;
 mod toolchain;

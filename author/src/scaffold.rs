@@ -78,6 +78,8 @@ fn project_files(name: &str, lang: Lang) -> Vec<(String, String)> {
         Lang::Python => {
             add(("app.py", include_str!("templates/python/app.py")));
             add(files::PYTHON_SDK);
+            // On 0.2.0: the build imports the capabilities the handler uses.
+            add(files::WIT_V0_2);
         }
         Lang::Js => {
             add(("handler.js", include_str!("templates/js/handler.js")));
@@ -142,7 +144,11 @@ fn readme_values(name: &str, lang: Lang) -> Vec<(&'static str, String)> {
              `raise sluice.Reject(reason)` rejects; `raise sluice.Retry()` (or \
              `Retry(after_ms)`) retries. `msg.text()` and `msg.json()` reject what does not \
              parse; `sluice.config(key, default)` reads the stage's `config:`; `sluice.log.info` \
-             logs. `sluice.py` documents the rest."
+             logs. `sluice.py` documents the rest.\n\n\
+             The project is on contract 0.2.0 (`wit/v0.2/plugin.wit`): its capabilities are \
+             `sluice.state` (the stage's key-value store, `state: true`), `sluice.secrets` \
+             (`secrets: [name]`) and `sluice.http` (`http: {allow: [host]}`); the build imports \
+             only those the code names (`app.py` shows each)."
                 .to_owned(),
             "exception",
         ),

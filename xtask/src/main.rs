@@ -294,6 +294,8 @@ const PYTHON_PACKAGES: &[&str] = &[
     // The OTLP receiver the trace tests and the trace benchmark start
     // (tests/otlp/receiver.py): the official protobuf types.
     "opentelemetry-proto==1.45.2",
+    // The Python SDK's unit tests (plugins/python/sdk/tests).
+    "pytest==9.2.0",
 ];
 
 /// `cargo xtask setup`: everything the tests need that cargo does not fetch.
@@ -620,6 +622,14 @@ fn test(extra: &[&str]) -> anyhow::Result<()> {
         .args(["test", "--quiet", "--manifest-path", plugins_manifest])
         .args(["--package", "sluice-sdk", "--lib"])
         .env("CARGO_TARGET_DIR", target_dir().join("sdk-host")))?;
+    // The Python SDK's own logic, on CPython over fakes of the bindings
+    // componentize-py generates.
+    println!("== Python SDK unit tests");
+    run(Command::new("python3")
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .arg(sluice_harness::repo_root().join("plugins/python/sdk/tests"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(std::process::Stdio::null()))?;
     // The parsers of files, bodies and stored bytes under random input,
     // 30 seconds a target, from the seeds in fuzz/corpus.
     report_disk();

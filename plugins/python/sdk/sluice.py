@@ -45,6 +45,23 @@ instance (returned, not raised) for that item alone::
 
 Stage config (YAML ``config:``) is read with :func:`config`; logs go through
 :func:`log` (or ``print``, which reaches the stage's log as stdout).
+
+On contract 0.2.0 (a project with ``wit/v0.2/plugin.wit``), a stage can
+grant capabilities in YAML, and the handler uses them through ``sluice``:
+
+- ``sluice.state`` (``state: true``): the stage's key-value store, committed
+  with the message's outputs and ack: ``get``, ``get_text``,
+  ``set(key, value, ttl=)``, ``delete``, ``compare_and_set``, ``increment``,
+  ``list(prefix, limit)``;
+- ``sluice.secrets`` (``secrets: [name]``): ``get(name)``;
+- ``sluice.http`` (``http: {allow: [host]}``): ``get(url, headers=,
+  timeout=)``, ``post(url, body= or json=)``, ... returning a
+  :class:`Response`.
+
+Their errors are exceptions (:class:`StateError`, :class:`SecretError`,
+:class:`HttpError` and their subclasses); one the handler does not catch
+retries the message when a later attempt may work (a store full or
+unavailable, a timeout, a failed connection) and rejects it otherwise.
 """
 
 import json as _json
@@ -55,7 +72,34 @@ from datetime import datetime, timedelta, timezone
 
 from componentize_py_types import Err, Ok
 from wit_world.imports import host as _host
-from wit_world.imports import types as _types
+
+try:
+    from wit_world.imports import types as _types
+except ImportError:
+    # A world that imports wasi:http too has two `types` interfaces, and
+    # componentize-py names both by their package.
+    from wit_world.imports import sluice_plugin_types as _types
+
+
+def _optional_import(*names):
+    """The first generated import module of ``names`` the world has, or None.
+
+    Imported when the app is, so at build time: a capability the world does
+    not import (a 0.1.0 project, or a handler that does not use it) is None.
+    """
+    for name in names:
+        try:
+            return __import__("wit_world.imports." + name, fromlist=[name])
+        except ImportError:
+            pass
+    return None
+
+
+_state = _optional_import("state")
+_secrets = _optional_import("secrets")
+_outgoing = _optional_import("outgoing_handler")
+_http_types = _optional_import("wasi_http_types") if _outgoing is not None else None
+_streams = _optional_import("streams") if _outgoing is not None else None
 
 __all__ = [
     "DELAY_HEADER",
@@ -64,10 +108,15 @@ __all__ = [
     "Message",
     "Reject",
     "Retry",
+    "SecretError",
+    "StateError",
     "batch_handler",
     "config",
     "handler",
+    "http",
     "log",
+    "secrets",
+    "state",
 ]
 
 # The input's key and headers, when an emit does not give its own.
@@ -201,6 +250,592 @@ class _Log:
 log = _Log()
 
 
+# --- Capabilities (sluice:plugin@0.2.0) -------------------------------------
+#
+# Each is granted by the stage in YAML (`state: true`, `secrets: [...]`,
+# `http: {allow: [...]}`), and a component imports only those its handler
+# uses: `sluice plugin build` puts a capability in the world when the
+# handler's source names it (`sluice.state`, `sluice.secrets`,
+# `sluice.http`, or `from sluice import state`), so a handler that never
+# reads a secret loads on a stage without `secrets:`.
+#
+# A capability's error that the handler does not catch settles the message
+# as Rust's `?` does: what may work later (a store that cannot be read now
+# or is full, a request that timed out or failed) is retried; what never
+# will (a missing grant, an invalid key, a refused host or a bad URL) is
+# rejected, with the reason.
+
+
+def _missing(what, use):
+    return RuntimeError(
+        f"this component does not import {what}: `sluice plugin build` imports it when the "
+        f"handler's source names `{use}` (a project on sluice:plugin@0.2.0, with "
+        f"wit/v0.2/plugin.wit); reading it through another name hides it from the build"
+    )
+
+
+class StateError(Exception):
+    """Why a state operation failed; ``reason`` says why in the host's words.
+
+    Its subclasses are the kinds: :class:`StateNotGranted` (the stage has no
+    ``state:``), :class:`StateStoreFull` (the store is at its ``max_bytes``),
+    :class:`StateInvalid` (a key or value the store does not take) and
+    :class:`StateUnavailable` (the store cannot be read now). Uncaught in a
+    handler, full and unavailable retry the message, the others reject it.
+    """
+
+    prefix = "state error"
+    retry = False
+
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = str(reason)
+
+    def __str__(self):
+        return f"{self.prefix}: {self.reason}"
+
+
+class StateNotGranted(StateError):
+    prefix = "state not granted"
+
+
+class StateStoreFull(StateError):
+    prefix = "state store full"
+    retry = True
+
+
+class StateInvalid(StateError):
+    prefix = "invalid state operation"
+
+
+class StateUnavailable(StateError):
+    prefix = "state unavailable"
+    retry = True
+
+
+_STATE_ERRORS = {
+    "NotGranted": StateNotGranted,
+    "StoreFull": StateStoreFull,
+    "Invalid": StateInvalid,
+    "Unavailable": StateUnavailable,
+}
+
+
+class SecretError(Exception):
+    """Why a secret could not be read: :class:`SecretNotGranted`, the stage
+    does not list it. Uncaught in a handler, it rejects the message (the
+    reason names the secret, never a value)."""
+
+    prefix = "secret error"
+    retry = False
+
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = str(reason)
+
+    def __str__(self):
+        return f"{self.prefix}: {self.reason}"
+
+
+class SecretNotGranted(SecretError):
+    prefix = "secret not granted"
+
+
+def _variant_kind(value, prefix):
+    """``StoreFull`` for a generated ``StateError_StoreFull(...)``."""
+    name = type(value).__name__
+    return name[len(prefix) :] if name.startswith(prefix) else name
+
+
+def _state_error(err):
+    """The :class:`StateError` for the host's ``Err(state-error)``."""
+    value = err.value
+    cls = _STATE_ERRORS.get(_variant_kind(value, "StateError_"), StateError)
+    return cls(getattr(value, "value", value))
+
+
+def _ttl_ms(ttl):
+    """A TTL in seconds (int or float) or a ``timedelta``, in whole ms."""
+    if ttl is None:
+        return None
+    if isinstance(ttl, timedelta):
+        ms = ttl / timedelta(milliseconds=1)
+    elif isinstance(ttl, (int, float)) and not isinstance(ttl, bool):
+        ms = ttl * 1000
+    else:
+        raise TypeError(f"ttl takes seconds (int or float) or a timedelta, not {type(ttl).__name__}")
+    if ms != ms or ms < 0:
+        raise ValueError(f"ttl must be a number of seconds >= 0, not {ttl!r}")
+    # Millisecond precision, saturating as the host's u64 does.
+    return min(int(ms), 2**64 - 1) if ms != float("inf") else 2**64 - 1
+
+
+def _value_bytes(value):
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise TypeError(f"a state value is bytes or str, not {type(value).__name__}")
+
+
+class _State:
+    """``sluice.state``: the stage's key-value store (``state: true``).
+
+    A call's writes are buffered and the call reads its own writes; they
+    commit with the message's outputs and its ack only if the call
+    succeeds (no ``Reject``, ``Retry`` or exception), so a counter per key
+    counts each message exactly once::
+
+        n = sluice.state.increment(f"count/{msg.key}")
+
+    Concurrency is optimistic: if a value the call read changed before the
+    commit, the call runs again on the new value (kind ``state-conflict``).
+    ``compare_and_set(key, 0, value, ttl=30)`` is an expiring lock. The
+    ``batch-handler`` world has no state.
+    """
+
+    Error = StateError
+    NotGranted = StateNotGranted
+    StoreFull = StateStoreFull
+    Invalid = StateInvalid
+    Unavailable = StateUnavailable
+
+    def _raw(self):
+        if _state is None:
+            raise _missing("sluice:plugin/state", "sluice.state")
+        return _state
+
+    def _call(self, name, *args):
+        raw = self._raw()
+        try:
+            return getattr(raw, name)(*args)
+        except Err as e:
+            raise _state_error(e) from None
+
+    def get(self, key):
+        """The entry at ``key`` (``.value`` bytes, ``.revision``), or None if
+        absent or expired. A value this call wrote has revision 2**64 - 1."""
+        return self._call("get", key)
+
+    def get_text(self, key):
+        """The value at ``key`` as text, or None; a value that is not UTF-8
+        raises :class:`StateInvalid`."""
+        entry = self.get(key)
+        if entry is None:
+            return None
+        try:
+            return bytes(entry.value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise StateInvalid(f"the value at `{key}` is not UTF-8") from None
+
+    def set(self, key, value, ttl=None):
+        """Sets ``key`` to ``value`` (bytes or str), expiring after ``ttl``
+        (seconds or a ``timedelta``, millisecond precision) if given."""
+        self._call("set", key, _value_bytes(value), _ttl_ms(ttl))
+
+    def delete(self, key):
+        """Deletes ``key`` (absent is fine)."""
+        self._call("delete", key)
+
+    def compare_and_set(self, key, revision, value, ttl=None):
+        """Sets ``key`` to ``value`` only if its revision is still
+        ``revision`` (0: only if absent); returns whether it did."""
+        return self._call("compare_and_set", key, revision, _value_bytes(value), _ttl_ms(ttl))
+
+    def increment(self, key, delta=1):
+        """Adds ``delta`` to the decimal number at ``key`` (absent counts as
+        0) and returns the new value; the value keeps its expiry."""
+        return self._call("increment", key, delta)
+
+    def list(self, prefix="", limit=1000):
+        """The keys starting with ``prefix``, in order, at most ``limit``
+        (at most 1,000)."""
+        return self._call("list", prefix, limit)
+
+    @staticmethod
+    def describe(error):
+        """What went wrong, in words."""
+        return str(error)
+
+
+state = _State()
+
+
+class _Secrets:
+    """``sluice.secrets``: the secrets the stage lists under ``secrets:``.
+
+    The host removes every value from the handler's log lines, stdout,
+    stderr and reject reasons. A secret that only goes into a request
+    header need not be read at all: the stage's ``http.headers`` can put it
+    in (``Bearer {secret:api_token}``), so the handler never holds it.
+    """
+
+    Error = SecretError
+    NotGranted = SecretNotGranted
+
+    def get(self, name):
+        """The value of the secret ``name``; :class:`SecretNotGranted` when
+        the stage does not list it."""
+        if _secrets is None:
+            raise _missing("sluice:plugin/secrets", "sluice.secrets")
+        try:
+            return _secrets.get(name)
+        except Err as e:
+            value = e.value
+            if _variant_kind(value, "SecretError_") == "NotGranted":
+                raise SecretNotGranted(value.value) from None
+            raise SecretError(getattr(value, "value", value)) from None
+
+    @staticmethod
+    def describe(error):
+        """What went wrong, in words."""
+        return str(error)
+
+
+secrets = _Secrets()
+
+
+class HttpError(Exception):
+    """Why a request got no answer: :class:`Refused` (a host the stage's
+    ``http.allow`` does not list, a redirect to one, or a private address),
+    :class:`Timeout`, :class:`Failed` (connection, TLS, a host held after a
+    ``Retry-After``) or :class:`InvalidUrl`. Uncaught in a handler, a
+    timeout or failure retries the message; a refusal or bad URL rejects
+    it. An answer with any status is not an error: check ``status``."""
+
+    prefix = "request error"
+    retry = False
+
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = str(reason)
+
+    def __str__(self):
+        return f"{self.prefix}: {self.reason}"
+
+
+class Refused(HttpError):
+    prefix = "request refused"
+
+
+class Timeout(HttpError):
+    prefix = "request timed out"
+    retry = True
+
+
+class Failed(HttpError):
+    prefix = "request failed"
+    retry = True
+
+
+class InvalidUrl(HttpError):
+    prefix = "invalid URL"
+
+
+class Response:
+    """An answer, its body read in full: ``status``, ``headers`` (a list of
+    ``(name, value)`` pairs, names lowercase, in order) and ``body``
+    (bytes)."""
+
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status, headers, body):
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def __repr__(self):
+        return f"Response(status={self.status}, {len(self.body)} bytes)"
+
+    @property
+    def ok(self):
+        """Whether the status is 2xx."""
+        return 200 <= self.status < 300
+
+    def header(self, name, default=None):
+        """The first value of header ``name`` (any case), or ``default``."""
+        name = name.lower()
+        for k, v in self.headers:
+            if k.lower() == name:
+                return v
+        return default
+
+    def text(self):
+        """The body as text (invalid UTF-8 replaced)."""
+        return self.body.decode("utf-8", errors="replace")
+
+    def json(self):
+        """The body parsed as JSON; a body that is not JSON rejects the
+        message (raise it yourself to do otherwise: catch ``Reject``)."""
+        try:
+            return _json.loads(self.body)
+        except ValueError as e:
+            raise Reject(f"the answer is not the JSON expected: {e}") from None
+
+
+# The largest chunk written to a request body at once (wasi:io allows 4,096
+# bytes per blocking write).
+_WRITE_CHUNK = 4096
+_REDIRECTS = (301, 302, 303, 307, 308)
+_NO_JSON = object()
+
+
+def _split_url(url):
+    """``(https, authority, path_with_query)`` of an http(s) URL."""
+    if not isinstance(url, str):
+        raise InvalidUrl(f"a URL is a str, not {type(url).__name__}")
+    if url.startswith("https://"):
+        https, rest = True, url[len("https://") :]
+    elif url.startswith("http://"):
+        https, rest = False, url[len("http://") :]
+    else:
+        raise InvalidUrl(f"`{url}` is not an http:// or https:// URL")
+    end = len(rest)
+    for c in "/?#":
+        i = rest.find(c)
+        if i != -1:
+            end = min(end, i)
+    authority, path = rest[:end], rest[end:]
+    if not authority or "@" in authority:
+        raise InvalidUrl(f"`{url}` has no host, or carries credentials (put those in headers)")
+    path = path.split("#", 1)[0]
+    if not path.startswith("/"):
+        path = "/" + path
+    return https, authority, path
+
+
+def _redirect(response):
+    """The ``Location`` of a redirect the client follows, or None."""
+    if response.status in _REDIRECTS:
+        return response.header("location")
+    return None
+
+
+def _resolve_location(base, location):
+    """``location`` against the URL that answered it."""
+    if location.startswith("http://") or location.startswith("https://"):
+        return location
+    https, authority, path = _split_url(base)
+    scheme = "https" if https else "http"
+    if location.startswith("//"):
+        return f"{scheme}:{location}"
+    if location.startswith("/"):
+        return f"{scheme}://{authority}{location}"
+    directory = path.rsplit("/", 1)[0]
+    return f"{scheme}://{authority}{directory}/{location}"
+
+
+def _from_code(code):
+    """The :class:`HttpError` for a wasi:http ``error-code``."""
+    kind = _variant_kind(code, "ErrorCode_")
+    if kind == "HttpRequestDenied":
+        return Refused("the host is not in the stage's `http.allow`")
+    if kind == "DestinationIpProhibited":
+        return Refused("the host resolves to a private address the stage does not allow")
+    if kind in ("ConnectionTimeout", "ConnectionReadTimeout", "HttpResponseTimeout"):
+        return Timeout(kind)
+    if kind == "InternalError" and getattr(code, "value", None):
+        return Failed(code.value)
+    return Failed(kind)
+
+
+def _request_headers(headers):
+    if headers is None:
+        return []
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    out = []
+    for name, value in pairs:
+        if isinstance(value, str):
+            value = value.encode("utf-8")
+        elif isinstance(value, (bytearray, memoryview)):
+            value = bytes(value)
+        elif not isinstance(value, bytes):
+            value = str(value).encode("utf-8")
+        out.append((str(name), value))
+    return out
+
+
+def _timeout_ns(timeout):
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise TypeError(f"timeout takes seconds or a timedelta, not {type(timeout).__name__}")
+    if seconds != seconds or seconds < 0:
+        raise ValueError(f"timeout must be seconds >= 0, not {timeout!r}")
+    return min(int(seconds * 1e9), 2**64 - 1)
+
+
+def _method(t, name):
+    simple = {
+        "GET": "Method_Get",
+        "HEAD": "Method_Head",
+        "POST": "Method_Post",
+        "PUT": "Method_Put",
+        "DELETE": "Method_Delete",
+        "PATCH": "Method_Patch",
+        "OPTIONS": "Method_Options",
+    }
+    if name in simple:
+        return getattr(t, simple[name])()
+    return t.Method_Other(name)
+
+
+def _send_once(method, url, headers, body, timeout_ns):
+    """One request over wasi:http/outgoing-handler, its answer read in full."""
+    t, streams = _http_types, _streams
+    https, authority, path = _split_url(url)
+    fields = t.Fields()
+    for name, value in headers:
+        try:
+            fields.append(name, value)
+        except Err as e:
+            raise Failed(f"header `{name}`: {type(e.value).__name__}") from None
+    request = t.OutgoingRequest(fields)
+
+    def setting(what, setter, value):
+        try:
+            setter(value)
+        except Err:
+            raise InvalidUrl(f"{what} of {url}") from None
+
+    setting("the method", request.set_method, _method(t, method))
+    setting("the scheme", request.set_scheme, t.Scheme_Https() if https else t.Scheme_Http())
+    setting("the host", request.set_authority, authority)
+    setting("the path", request.set_path_with_query, path)
+    options = None
+    if timeout_ns is not None:
+        options = t.RequestOptions()
+        for setter in (options.set_connect_timeout, options.set_first_byte_timeout):
+            try:
+                setter(timeout_ns)
+            except Err:
+                pass
+    outgoing = request.body()
+    with outgoing.write() as stream:
+        for i in range(0, len(body), _WRITE_CHUNK):
+            try:
+                stream.blocking_write_and_flush(body[i : i + _WRITE_CHUNK])
+            except Err as e:
+                raise Failed(f"writing the body: {type(e.value).__name__}") from None
+    try:
+        pending = _outgoing.handle(request, options)
+    except Err as e:
+        raise _from_code(e.value) from None
+    try:
+        t.OutgoingBody.finish(outgoing, None)
+    except Err as e:
+        raise _from_code(e.value) from None
+    with pending:
+        while True:
+            result = pending.get()
+            if result is not None:
+                break
+            with pending.subscribe() as pollable:
+                pollable.block()
+    # option<result<result<incoming-response, error-code>>>, as values.
+    if isinstance(result, Err):
+        raise Failed("the answer was taken twice")
+    inner = result.value
+    if isinstance(inner, Err):
+        raise _from_code(inner.value)
+    with inner.value as response:
+        status = response.status()
+        with response.headers() as answer_headers:
+            pairs = [
+                (n.lower(), bytes(v).decode("utf-8", errors="replace"))
+                for n, v in answer_headers.entries()
+            ]
+        chunks = []
+        with response.consume() as incoming:
+            with incoming.stream() as stream:
+                while True:
+                    try:
+                        chunks.append(stream.blocking_read(64 * 1024))
+                    except Err as e:
+                        if _variant_kind(e.value, "StreamError_") == "Closed":
+                            break
+                        raise Failed("reading the answer failed") from None
+    return Response(status, pairs, b"".join(chunks))
+
+
+class _Http:
+    """``sluice.http``: a small blocking client over the standard
+    ``wasi:http/outgoing-handler`` (``http: {allow: [...]}`` on the stage)::
+
+        answer = sluice.http.post("https://api.example.com/charge", json=order, timeout=5)
+        if not answer.ok:
+            raise sluice.Retry()
+        return answer.json()
+
+    Only the hosts the stage's ``http.allow`` lists are reachable. The host
+    adds ``Idempotency-Key: <message id>:<n>`` to the call's n-th request
+    unless the handler sets one, and the stage's ``http.headers`` (secrets
+    included). One redirect (301, 302, 303, 307, 308) is followed with a new
+    request, which the host checks like the first. A request counts against
+    the stage's ``timeout``; ``timeout=`` (seconds or a ``timedelta``)
+    bounds connecting and the answer's start further.
+    """
+
+    Response = Response
+    Error = HttpError
+    Refused = Refused
+    Timeout = Timeout
+    Failed = Failed
+    InvalidUrl = InvalidUrl
+
+    def request(self, method, url, *, headers=None, body=None, json=_NO_JSON, timeout=None):
+        """Sends ``method`` to ``url`` and returns the :class:`Response`.
+
+        ``headers`` is a dict or a list of pairs (names may repeat);
+        ``body`` bytes or str; ``json`` a value sent as JSON with
+        ``content-type: application/json`` (unless ``headers`` sets one).
+        """
+        if _outgoing is None or _http_types is None:
+            raise _missing("wasi:http/outgoing-handler", "sluice.http")
+        method = str(method).upper()
+        pairs = _request_headers(headers)
+        if json is not _NO_JSON:
+            if body is not None:
+                raise ValueError("a request takes body= or json=, not both")
+            body = _json.dumps(json, separators=(",", ":")).encode("utf-8")
+            if not any(n.lower() == "content-type" for n, _ in pairs):
+                pairs.append(("content-type", b"application/json"))
+        body = b"" if body is None else _value_bytes(body)
+        timeout_ns = _timeout_ns(timeout)
+        first = _send_once(method, url, pairs, body, timeout_ns)
+        location = _redirect(first)
+        if location is None:
+            return first
+        if first.status == 303:
+            method, body = "GET", b""
+        return _send_once(method, _resolve_location(url, location), pairs, body, timeout_ns)
+
+    def get(self, url, **kwargs):
+        """A ``GET`` to ``url``; takes ``headers=`` and ``timeout=``."""
+        return self.request("GET", url, **kwargs)
+
+    def post(self, url, **kwargs):
+        """A ``POST`` to ``url``; takes ``body=`` or ``json=``, ``headers=``, ``timeout=``."""
+        return self.request("POST", url, **kwargs)
+
+    def put(self, url, **kwargs):
+        """A ``PUT`` to ``url``."""
+        return self.request("PUT", url, **kwargs)
+
+    def delete(self, url, **kwargs):
+        """A ``DELETE`` to ``url``."""
+        return self.request("DELETE", url, **kwargs)
+
+
+http = _Http()
+
+
 def _payload(value):
     if isinstance(value, bytes):
         return value
@@ -299,7 +934,19 @@ def _emits(value, raw):
     return [_emit(value, raw)]
 
 
+# What a handler raises that settles its message (the rest trap).
+_SETTLING = (Reject, Retry, StateError, SecretError, HttpError)
+
+
+def _failure(e):
+    """The ``Reject`` or ``Retry`` an exception of :data:`_SETTLING` means."""
+    if isinstance(e, (Reject, Retry)):
+        return e
+    return Retry() if e.retry else Reject(str(e))
+
+
 def _error(e):
+    e = _failure(e)
     if isinstance(e, Reject):
         return _types.HandlerError_Reject(e.reason)
     return _types.HandlerError_Retry(e.after_ms)
@@ -308,7 +955,7 @@ def _error(e):
 def _outcome(fn, raw):
     try:
         return Ok(_emits(fn(Message(raw)), raw))
-    except (Reject, Retry) as e:
+    except _SETTLING as e:
         return Err(_error(e))
     except BaseException:
         # Printed first, so the trap's error (which quotes the first and last
@@ -344,14 +991,14 @@ def batch_handler(fn):
                         f"({len(msgs)}), not {type(results).__name__}"
                         + (f" of {len(results)}" if isinstance(results, list) else "")
                     )
-            except (Reject, Retry) as e:
+            except _SETTLING as e:
                 return [Err(_error(e)) for _ in msgs]
             except BaseException:
                 traceback.print_exc(file=sys.stderr)
                 raise
             out = []
             for r, raw in zip(results, msgs):
-                if isinstance(r, (Reject, Retry)):
+                if isinstance(r, _SETTLING):
                     out.append(Err(_error(r)))
                 else:
                     out.append(Ok(_emits(r, raw)))
