@@ -846,3 +846,111 @@ fn the_router_examples_route_in_a_pipeline() {
         }
     }
 }
+
+/// A Python handler on contract 0.2.0, from `plugin new`, that counts the
+/// messages of each key in the stage's state and reads a secret, in a real
+/// pipeline on the embedded broker, through a kill -9: every count from 1
+/// to the key's number of messages is emitted exactly once (the increments
+/// commit with the outputs and the ack), each output carries the secret's
+/// length, and a stage that grants state but not the secret refuses the
+/// component at validation, while the plain template's component (which
+/// uses neither) loads on a stage that grants nothing.
+#[test]
+fn a_python_handler_counts_per_key_in_state_and_reads_a_secret() {
+    let parent = tempfile::tempdir().expect("dir");
+    let (plain_dir, plain) = new_project(parent.path(), "plain", "python");
+    assert!(plain_dir.join("wit/v0.2/plugin.wit").is_file());
+    let (dir, _) = new_project(parent.path(), "counter", "python");
+    std::fs::write(
+        dir.join("app.py"),
+        "import sluice\n\n\n\
+         def handle(msg):\n    \
+             n = sluice.state.increment(f\"count/{msg.key}\")\n    \
+             token = sluice.secrets.get(\"token\")\n    \
+             return f\"{msg.key} {n} {len(token)}\"\n\n\n\
+         MessageHandler = sluice.handler(handle)\n",
+    )
+    .expect("write");
+    let wasm = build(&dir, "python");
+    let check = tempfile::tempdir().expect("dir");
+    let token = "t0ken-of-17-chars";
+    let token_file = check.path().join("token");
+    std::fs::write(&token_file, format!("{token}\n")).expect("write");
+    let stage = |plugin: &Path, grants: &str| {
+        format!(
+            r#"
+name: counts
+secrets:
+  token: {{ file: {} }}
+topics: [in, out]
+stages:
+  - name: count
+    subscribe: in
+    plugin: {}
+    publish: [out]
+    concurrency: 4
+    ordering: {{ key: key }}
+{grants}"#,
+            token_file.display(),
+            plugin.display()
+        )
+    };
+    // Without `secrets:`, the counter is refused; the plain handler is not.
+    let refused = write_pipeline(check.path(), "refused", &stage(&wasm, "    state: true\n"));
+    let out = sluice(check.path(), &["validate", &refused.display().to_string()]);
+    let err = text(&out.stderr) + &text(&out.stdout);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("imports `sluice:plugin/secrets@0.2.0`, which stage `count` does not grant"),
+        "{err}"
+    );
+    let plain_yaml = write_pipeline(check.path(), "plain", &stage(&plain, ""));
+    let out = sluice(
+        check.path(),
+        &["validate", &plain_yaml.display().to_string()],
+    );
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+
+    let yaml = stage(&wasm, "    state: true\n    secrets: [token]\n");
+    let mut daemon = Daemon::with_yaml(&yaml).start();
+    let keys = ["a", "b", "c"];
+    let n = 300;
+    let messages: Vec<Msg> = (0..n)
+        .map(|i| Msg::new(format!("m{i}"), "x").key(keys[i % keys.len()]))
+        .collect();
+    daemon.publish("in", &messages[..n / 2]);
+    daemon.wait_until("some counted", LONG_WAIT, |d| d.depth("out") >= 20);
+    daemon.kill9();
+    daemon.restart();
+    daemon.publish("in", &messages[n / 2..]);
+    daemon.wait_until("all counted", LONG_WAIT, |d| d.depth("out") >= n);
+    std::thread::sleep(Duration::from_millis(300));
+    let out = daemon.read_all("out");
+    assert_eq!(out.len(), n, "one output per message");
+    let mut counts: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for m in &out {
+        let payload = m["payload"].as_str().expect("text payload");
+        let parts: Vec<&str> = payload.split(' ').collect();
+        assert_eq!(parts.len(), 3, "{payload}");
+        assert_eq!(parts[2], token.len().to_string(), "{payload}");
+        counts
+            .entry(parts[0].to_owned())
+            .or_default()
+            .push(parts[1].parse().expect("a count"));
+    }
+    for key in keys {
+        let mut seen = counts.remove(key).unwrap_or_default();
+        seen.sort_unstable();
+        let want: Vec<u64> = (1..=(n / keys.len()) as u64).collect();
+        assert_eq!(seen, want, "key {key}: each count once");
+    }
+    assert!(counts.is_empty(), "unexpected keys: {counts:?}");
+    assert_eq!(daemon.depth("counts.count.dlq"), 0);
+}
+
+const LONG_WAIT: Duration = Duration::from_secs(300);
