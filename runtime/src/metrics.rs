@@ -210,7 +210,10 @@ pub struct Metrics {
     pub http_requests: Family<HttpLabels, Counter>,
     /// `sluice_http_request_duration_seconds{pipeline,stage,host}`: from
     /// sending a request to its answer's headers.
-    pub http_duration: Family<HttpHostLabels, Histogram>,
+    http_duration: Family<HttpHostLabels, Histogram>,
+    /// The hosts each stage's `http_duration` has a series for, so a
+    /// removed stage's can be dropped.
+    http_hosts: std::sync::Mutex<HashMap<StageLabels, std::collections::BTreeSet<String>>>,
     /// `sluice_lane_wait_seconds{pipeline,stage,topic}`: for a stage with
     /// priority lanes, how long each first delivery waited from its publish
     /// until a worker slot took it up.
@@ -526,6 +529,7 @@ impl Metrics {
             handler_duration,
             http_requests,
             http_duration,
+            http_hosts: std::sync::Mutex::default(),
             lane_wait,
             lane_windows: std::sync::Mutex::default(),
             handler_windows: Family::default(),
@@ -587,6 +591,39 @@ impl Metrics {
         self.concurrency_limit.remove(&labels);
         self.handler_duration.remove(&labels);
         self.handler_windows.remove(&labels);
+        let hosts = self
+            .http_hosts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&labels)
+            .unwrap_or_default();
+        for host in hosts {
+            self.http_duration.remove(&HttpHostLabels {
+                pipeline: pipeline.to_owned(),
+                stage: stage.to_owned(),
+                host,
+            });
+        }
+    }
+
+    /// Records how long a handler's request to `host` (its `allow` entry,
+    /// empty if not listed) took to be answered.
+    pub fn observe_http(&self, pipeline: &str, stage: &str, host: &str, seconds: f64) {
+        let labels = HttpHostLabels {
+            pipeline: pipeline.to_owned(),
+            stage: stage.to_owned(),
+            host: host.to_owned(),
+        };
+        self.http_duration.get_or_create(&labels).observe(seconds);
+        self.http_hosts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(StageLabels {
+                pipeline: pipeline.to_owned(),
+                stage: stage.to_owned(),
+            })
+            .or_default()
+            .insert(host.to_owned());
     }
 
     /// The wait recorder of one priority lane (created on first use).
@@ -1138,6 +1175,43 @@ impl LaneWaits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_removed_stage_loses_its_http_latency_series_and_keeps_its_counts() {
+        let metrics = Metrics::new();
+        metrics.observe_http("p", "gone", "api.example.com", 0.01);
+        metrics.observe_http("p", "gone", "", 0.02);
+        metrics.observe_http("p", "kept", "api.example.com", 0.03);
+        metrics
+            .http_requests
+            .get_or_create(&HttpLabels {
+                pipeline: "p".into(),
+                stage: "gone".into(),
+                host: "api.example.com".into(),
+                status: "2xx".into(),
+            })
+            .inc();
+        let series = |text: &str, stage: &str| {
+            text.lines()
+                .filter(|l| {
+                    l.starts_with("sluice_http_request_duration_seconds_count")
+                        && l.contains(&format!("stage=\"{stage}\""))
+                })
+                .count()
+        };
+        let before = metrics.encode();
+        assert_eq!(series(&before, "gone"), 2, "{before}");
+        metrics.forget_stage("p", "gone");
+        let after = metrics.encode();
+        assert_eq!(series(&after, "gone"), 0, "{after}");
+        assert_eq!(series(&after, "kept"), 1, "{after}");
+        assert!(
+            after.lines().any(
+                |l| l.starts_with("sluice_http_requests_total") && l.contains("stage=\"gone\"")
+            ),
+            "counters stay: {after}"
+        );
+    }
 
     #[test]
     fn a_latency_window_reads_quantiles_within_a_bucket_and_empties() {

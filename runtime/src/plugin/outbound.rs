@@ -42,7 +42,7 @@ use http_body_util::BodyExt;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 use crate::config::AllowedHost;
-use crate::metrics::{HttpHostLabels, HttpLabels, Metrics};
+use crate::metrics::{HttpLabels, Metrics};
 use crate::otel::ClientSpan;
 
 /// The largest request body a handler may send.
@@ -234,14 +234,7 @@ impl Outbound {
     /// Records how long a request to `host` took to be answered.
     fn observe(&self, host: &str, took: Duration) {
         if let Some((pipeline, metrics)) = &self.metrics {
-            metrics
-                .http_duration
-                .get_or_create(&HttpHostLabels {
-                    pipeline: pipeline.clone(),
-                    stage: self.stage.to_string(),
-                    host: host.to_owned(),
-                })
-                .observe(took.as_secs_f64());
+            metrics.observe_http(pipeline, &self.stage, host, took.as_secs_f64());
         }
     }
 
