@@ -19,12 +19,14 @@
 //! runs again, its batch meets the marker, and the outputs the marker kept
 //! are published instead of the rerun's, then the message is acked: the
 //! writes are applied once, even after the streams' duplicate window has
-//! passed. A marker keeps outputs up to [`MAX_MARKER_OUTPUTS`] bytes; past
-//! that, a replay publishes the rerun's outputs (same ids).
+//! passed (for [`MARKER_TTL`]). A marker keeps outputs up to
+//! [`MAX_MARKER_OUTPUTS`] bytes; past that, a replay publishes the rerun's
+//! outputs (same ids).
 //!
 //! **Size.** `max_bytes` is checked against the bucket's stored bytes as
-//! the server counts them (entries with their overhead, markers included),
-//! when a call writes; concurrent calls may pass it by their own writes.
+//! the server counts them (entries with their overhead, and the last
+//! hour's markers), when a call writes; concurrent calls may pass it by
+//! their own writes.
 
 use std::collections::HashMap;
 use std::sync::RwLock;
@@ -39,13 +41,14 @@ use super::{naming, read, write};
 use crate::broker::{BrokerError, Message, now_millis};
 use crate::state::{Entry, StateReader, StateWrites, StoreMeta, Write};
 
-/// How long a message's applied-marker is kept: longer than any
-/// redelivery of an unacked message is expected to take.
-pub const MARKER_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How long a message's applied-marker is kept: far past the duplicate
+/// window and a daemon's restart, which is when an unacked message comes
+/// back. Markers count against the store's `max_bytes`, so not longer.
+pub const MARKER_TTL: Duration = Duration::from_secs(3600);
 
-/// The most bytes of outputs a marker keeps (the NATS default max payload
-/// is 1 MiB).
-pub const MAX_MARKER_OUTPUTS: usize = 512 * 1024;
+/// The most bytes of outputs a marker keeps; past it the marker keeps
+/// none (a replay then publishes the rerun's outputs, under the same ids).
+pub const MAX_MARKER_OUTPUTS: usize = 64 * 1024;
 
 /// The most writes one batch carries (the server's limit is 1,000
 /// messages, the marker included).
