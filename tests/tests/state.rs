@@ -12,6 +12,10 @@
 //! - a full store refuses a write and says why;
 //! - operators list keys with the read token, read and delete values with
 //!   the full one;
+//! - (embedded) `data check` reads the state and `data salvage` keeps it,
+//!   a reload that restarts the stage keeps it, and a dead letter names
+//!   the keys its handler read, which `dlq show --as-case` turns into the
+//!   case's starting state;
 //! - (embedded) a stage with `timers: true` schedules work for itself with
 //!   delayed emits to its own input, and an undelayed one is dead-lettered;
 //! - a stage that does not grant `state:` is refused at `file:line:col`.
@@ -619,5 +623,50 @@ fn a_dead_letters_case_starts_from_the_state_its_handler_read() {
     assert!(
         !case.contains("\"count/a\": \"1\""),
         "the read token saw a value: {case}"
+    );
+}
+
+/// A reload that restarts a stage with state (its concurrency changed)
+/// keeps its store: the counters carry on from where they were.
+#[test]
+fn a_reload_that_restarts_a_stage_keeps_its_state() {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = write_pipeline(dir.path(), "st", &pipeline("    state: true\n"));
+    let daemon = Daemon::start(&[&file], &dir.path().join("data"));
+    let incs = |from: usize| -> Vec<Msg> {
+        (from..from + 10)
+            .map(|i| Msg::new(format!("i{i}"), "inc").key("a"))
+            .collect()
+    };
+    daemon.publish("in", &incs(0));
+    daemon.wait_until("ten increments", LONG, |d| d.depth("out") >= 10);
+
+    write_pipeline(
+        dir.path(),
+        "st",
+        &pipeline("    state: true\n    concurrency: 3\n"),
+    );
+    let reloaded = reqwest::blocking::Client::new()
+        .post(daemon.url("/v1/reload"))
+        .json(&json!({}))
+        .timeout(LONG)
+        .send()
+        .expect("POST /v1/reload");
+    assert_eq!(reloaded.status().as_u16(), 200);
+    let report: Value = reloaded.json().expect("a JSON report");
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(
+        report["changes"]["stages_restarted"][0]["name"], "st/count",
+        "the stage was restarted: {report}"
+    );
+
+    daemon.publish("in", &incs(10));
+    daemon.wait_until("ten more", LONG, |d| d.depth("out") >= 20);
+    daemon.publish("in", &[Msg::new("g", "get a")]);
+    daemon.wait_until("the counter", LONG, |d| d.depth("out") >= 21);
+    let out = payloads(&daemon.read_all("out"));
+    assert!(
+        out.contains(&"a=20".to_owned()),
+        "the counter restarted with the stage: {out:?}"
     );
 }
