@@ -102,6 +102,7 @@ _http_types = _optional_import("wasi_http_types") if _outgoing is not None else 
 _streams = _optional_import("streams") if _outgoing is not None else None
 
 __all__ = [
+    "CapabilityError",
     "DELAY_HEADER",
     "DELIVER_AT_HEADER",
     "Emit",
@@ -274,7 +275,23 @@ def _missing(what, use):
     )
 
 
-class StateError(Exception):
+class CapabilityError(Exception):
+    """A capability's error (state, secrets, HTTP): the host's reason under
+    a prefix naming the kind, and whether an uncaught one retries the
+    message (``retry``) or rejects it."""
+
+    prefix = "capability error"
+    retry = False
+
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = str(reason)
+
+    def __str__(self):
+        return f"{self.prefix}: {self.reason}"
+
+
+class StateError(CapabilityError):
     """Why a state operation failed; ``reason`` says why in the host's words.
 
     Its subclasses are the kinds: :class:`StateNotGranted` (the stage has no
@@ -286,13 +303,6 @@ class StateError(Exception):
 
     prefix = "state error"
     retry = False
-
-    def __init__(self, reason):
-        super().__init__(reason)
-        self.reason = str(reason)
-
-    def __str__(self):
-        return f"{self.prefix}: {self.reason}"
 
 
 class StateNotGranted(StateError):
@@ -321,20 +331,13 @@ _STATE_ERRORS = {
 }
 
 
-class SecretError(Exception):
+class SecretError(CapabilityError):
     """Why a secret could not be read: :class:`SecretNotGranted`, the stage
     does not list it. Uncaught in a handler, it rejects the message (the
     reason names the secret, never a value)."""
 
     prefix = "secret error"
     retry = False
-
-    def __init__(self, reason):
-        super().__init__(reason)
-        self.reason = str(reason)
-
-    def __str__(self):
-        return f"{self.prefix}: {self.reason}"
 
 
 class SecretNotGranted(SecretError):
@@ -497,7 +500,7 @@ class _Secrets:
 secrets = _Secrets()
 
 
-class HttpError(Exception):
+class HttpError(CapabilityError):
     """Why a request got no answer: :class:`Refused` (a host the stage's
     ``http.allow`` does not list, a redirect to one, or a private address),
     :class:`Timeout`, :class:`Failed` (connection, TLS, a host held after a
@@ -507,13 +510,6 @@ class HttpError(Exception):
 
     prefix = "request error"
     retry = False
-
-    def __init__(self, reason):
-        super().__init__(reason)
-        self.reason = str(reason)
-
-    def __str__(self):
-        return f"{self.prefix}: {self.reason}"
 
 
 class Refused(HttpError):
