@@ -953,4 +953,78 @@ stages:
     assert_eq!(daemon.depth("counts.count.dlq"), 0);
 }
 
+/// A Python handler's HTTP calls in a running pipeline: a POST to the
+/// listed host arrives with the host's `Idempotency-Key` and the JSON the
+/// handler sent, and a call to a host the stage does not list raises
+/// `sluice.http.Refused` in the handler, with nothing sent there.
+#[test]
+fn a_python_handler_posts_to_a_listed_host_and_is_refused_an_unlisted_one() {
+    use sluice_tests::receiver::{Receiver, always};
+    let listed = Receiver::start(always(201));
+    let unlisted = Receiver::start(always(200));
+    let parent = tempfile::tempdir().expect("dir");
+    let (dir, _) = new_project(parent.path(), "caller", "python");
+    std::fs::write(
+        dir.join("app.py"),
+        "import sluice\n\n\n\
+         def handle(msg):\n    \
+             url = sluice.config(\"url\")\n    \
+             other = sluice.config(\"other\")\n    \
+             answer = sluice.http.post(url, json={\"id\": msg.id})\n    \
+             try:\n        \
+                 sluice.http.get(other)\n        \
+                 refused = \"no\"\n    \
+             except sluice.http.Refused:\n        \
+                 refused = \"yes\"\n    \
+             return f\"{answer.status} refused={refused}\"\n\n\n\
+         MessageHandler = sluice.handler(handle)\n",
+    )
+    .expect("write");
+    let wasm = build(&dir, "python");
+    let host = listed.addr.to_string();
+    let yaml = format!(
+        r#"
+name: calls
+topics: [in, out]
+stages:
+  - name: call
+    subscribe: in
+    plugin: {plugin}
+    publish: [out]
+    config: {{url: "{url}", other: "{other}"}}
+    http:
+      allow: ["{host}"]
+      allow_private: true
+"#,
+        plugin = wasm.display(),
+        url = listed.url("http", "/orders"),
+        other = unlisted.url("http", "/nope"),
+    );
+    let daemon = Daemon::with_yaml(&yaml).start();
+    daemon.publish("in", &[Msg::new("m1", "x")]);
+    daemon.wait_until("the answer", LONG_WAIT, |d| {
+        d.depth("out") >= 1 || d.depth("calls.call.dlq") >= 1
+    });
+    let dead = daemon.read_all("calls.call.dlq");
+    assert!(dead.is_empty(), "dead-lettered: {dead:?}");
+    let out: Vec<String> = daemon
+        .read_all("out")
+        .iter()
+        .map(|m| m["payload"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(out, ["201 refused=yes"]);
+    let hits = listed.hits();
+    assert_eq!(hits.len(), 1, "{hits:?}");
+    assert_eq!(hits[0].method, "POST");
+    assert_eq!(hits[0].path, "/orders");
+    assert_eq!(hits[0].key(), "m1:0", "message id and call index");
+    let body: serde_json::Value = serde_json::from_slice(&hits[0].body).expect("JSON body");
+    assert_eq!(body["id"], "m1");
+    assert!(
+        unlisted.hits().is_empty(),
+        "the unlisted host was reached: {:?}",
+        unlisted.hits()
+    );
+}
+
 const LONG_WAIT: Duration = Duration::from_secs(300);
