@@ -7,10 +7,13 @@
 //! ```text
 //! in --stamp--> mid --route--> out.b --deliver-b--> receiver /b   (router: rejects 1 %, dead-lettered)
 //!                   \--copy--> out.c --deliver-c--> receiver /c   (identity: every message)
+//!                   \--tally                                       (state: 16 counters)
 //! ```
 //!
-//! `route` and `copy` both subscribe `mid`, so every message of `mid` goes
-//! to both. Input `i` (id `soak-<i>`) is chosen by `i % 100`: one in a
+//! `route`, `copy` and `tally` all subscribe `mid`, so every message of
+//! `mid` goes to each. `tally` (the `stateful` test plugin) increments one
+//! of 16 state counters per message, committed with its ack; at the end
+//! they must add up to the inputs. Input `i` (id `soak-<i>`) is chosen by `i % 100`: one in a
 //! hundred starts with `{"retry"`, which `stamp` (`fail_prefix`,
 //! `fail_until_attempt: 2`) fails on its first attempt and passes on its
 //! second; another one in a hundred has no `type` field, which `router`
@@ -129,6 +132,10 @@ const OUT_C: &str = "out.c";
 const DLQ_STAMP: &str = "soak.stamp.dlq";
 const DLQ_ROUTE: &str = "soak.route.dlq";
 const DLQ_COPY: &str = "soak.copy.dlq";
+const DLQ_TALLY: &str = "soak.tally.dlq";
+/// How many counters the `tally` stage spreads its increments over
+/// (`tally/0` ..): the `stateful` plugin's `tally` mode.
+const TALLY_COUNTERS: u32 = 16;
 
 /// The pipeline, with `{stamp}`, `{router}` and `{identity}` standing for
 /// the plugins' absolute paths and `{receiver}` for the receiver's URL.
@@ -162,6 +169,14 @@ stages:
     plugin: {identity}
     publish: [out.c]
     concurrency: 2
+  # Handler state: every message of mid increments one of 16 counters,
+  # committed with its ack.
+  - name: tally
+    subscribe: mid
+    plugin: {stateful}
+    state: true
+    concurrency: 4
+    config: {tally: "1"}
 # The outputs leave through webhooks, as they would in production.
 sinks:
   - name: deliver-b
@@ -278,6 +293,7 @@ fn write_pipeline(dir: &Path, receiver: &str) -> anyhow::Result<PathBuf> {
         .replace("{stamp}", &plugin("stamp")?)
         .replace("{router}", &plugin("router")?)
         .replace("{identity}", &plugin("identity")?)
+        .replace("{stateful}", &plugin("stateful")?)
         .replace("{receiver}", receiver);
     let path = dir.join("soak.yaml");
     std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
@@ -1072,6 +1088,9 @@ struct Check {
     /// Messages left in the topics once drained (0 when every stage and
     /// sink is done).
     left_in_topics: u64,
+    /// The `tally` stage's counters summed at the end: every input passed
+    /// `mid` once, so it must equal the inputs.
+    tallied: u64,
 }
 
 /// The value of header `name` of a message as the read API shows it.
@@ -1094,10 +1113,11 @@ impl Check {
         let (b, _) = lock(&delivered.b);
         let (c, (retried, redelivered)) = lock(&delivered.c);
         let mut tallies = vec![b, c];
-        let dlqs: [(&'static str, Expect); 3] = [
+        let dlqs: [(&'static str, Expect); 4] = [
             (DLQ_ROUTE, |i| class(i) == Class::Reject),
             (DLQ_STAMP, |_| false),
             (DLQ_COPY, |_| false),
+            (DLQ_TALLY, |_| false),
         ];
         for (topic, expect) in dlqs {
             let mut ledger = Ledger::new(topic, expect, true);
@@ -1113,7 +1133,22 @@ impl Check {
                 .as_u64()
                 .unwrap_or(0);
         }
+        let mut tallied = 0;
+        for slot in 0..TALLY_COUNTERS {
+            let path = format!("/v1/state/soak/tally/keys/tally%2F{slot}");
+            let counter = match daemon.get(&path) {
+                Ok(counter) => counter,
+                // A counter no message's id chose.
+                Err(e) if e.to_string().contains("404") => continue,
+                Err(e) => return Err(e),
+            };
+            tallied += counter["value"]
+                .as_str()
+                .and_then(|v| v.parse::<u64>().ok())
+                .with_context(|| format!("tally/{slot} is not a number: {counter}"))?;
+        }
         Ok(Check {
+            tallied,
             tallies,
             retry_inputs: (0..inputs).filter(|&i| class(i) == Class::Retry).count() as u64,
             retried,
@@ -1217,6 +1252,17 @@ impl Report<'_> {
                 thousands(self.dead_letters_logged)
             ),
         );
+        row(
+            "state counters (tally)",
+            thousands(c.tallied),
+            format!("of {} inputs, one increment each", thousands(self.inputs)),
+        );
+        if c.tallied != self.inputs {
+            failures.push(format!(
+                "the tally stage's counter is {}, not the {} inputs: an increment lost or applied twice",
+                c.tallied, self.inputs
+            ));
+        }
         if c.left_in_topics != 0 {
             failures.push(format!(
                 "{} messages are still stored in `{IN}`, `mid`, `{OUT_B}` and `{OUT_C}` after the drain",
@@ -1419,7 +1465,7 @@ mod tests {
     #[test]
     fn the_pipeline_marks_retries_with_the_same_prefix() {
         assert!(PIPELINE_YAML.contains(&format!("fail_prefix: '{RETRY_PREFIX}'")));
-        for dlq in [DLQ_STAMP, DLQ_ROUTE, DLQ_COPY] {
+        for dlq in [DLQ_STAMP, DLQ_ROUTE, DLQ_COPY, DLQ_TALLY] {
             let stage = dlq.split('.').nth(1).expect("stage");
             assert!(PIPELINE_YAML.contains(&format!("- name: {stage}\n")));
         }

@@ -5,7 +5,9 @@
 //!
 //! Config: `sleep_ms`, a pause (busy, on the wasm clock) between reading
 //! and returning, so concurrent calls overlap; `dry`, for the benchmark:
-//! `inc` and `get-set` skip their state calls and emit the same shape.
+//! `inc` and `get-set` skip their state calls and emit the same shape;
+//! `tally` (the soak): any message increments one of 16 counters
+//! `tally/0` .. `tally/15` (by its id) and emits nothing.
 //!
 //! Per message, by payload (`K` is the message's key, `-` if none):
 //! - `inc`: increments `count/K` and emits `K N`;
@@ -81,6 +83,13 @@ fn pause() {
 impl Guest for Stateful {
     fn handle(msg: Message) -> Outcome {
         let key = msg.key.clone().unwrap_or_else(|| "-".into());
+        if config_get("tally").is_some() {
+            // Spread over 16 counters by the id, so concurrent calls
+            // seldom touch the same one.
+            let slot = msg.id.bytes().map(u32::from).sum::<u32>() % 16;
+            state::increment(&format!("tally/{slot}"), 1).map_err(retry)?;
+            return Ok(Vec::new());
+        }
         let text = String::from_utf8_lossy(&msg.payload).into_owned();
         let mut words = text.split_whitespace();
         match words.next().unwrap_or_default() {
