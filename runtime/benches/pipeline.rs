@@ -40,6 +40,11 @@
 //! - **state**: the `stateful` plugin with one increment (or one get and
 //!   one set) per message committed with the ack, against the same calls
 //!   with the state calls skipped. Target: at least 0.8x.
+//! - **state-rss**: 1,000,000 keys (16-byte values) committed into one
+//!   store of the embedded broker, 1,000 a completion as a handler's writes
+//!   are, then 100,000 reads through its state reader: this process's
+//!   VmRSS above what it was with the broker open and empty. Target: under
+//!   150 MB (the keys live on disk).
 //! - **rate**: the `uppercase` stage without and with a `rate` far above
 //!   what it does (1,000,000/s, burst 1,000): what the limiter costs when
 //!   it never waits. Target: ≥ 0.95, median of at least 9 samples.
@@ -137,6 +142,9 @@ fn main() {
     }
     if wants("state") {
         state_side_by_side(&rt, &host);
+    }
+    if wants("state-rss") {
+        rt.block_on(state_rss());
     }
     if wants("rate") {
         // Issue 26: a limit far above what the stage does must cost next
@@ -863,4 +871,104 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// This process's resident memory, in bytes.
+fn self_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Issue 43: RSS with 1,000,000 keys in a store (see the module docs).
+async fn state_rss() {
+    use sluice::broker::{Completion, ConsumerSpec};
+    use sluice::state::{StateWrites, Write};
+    const KEYS: usize = 1_000_000;
+    const PER_CALL: usize = 1_000;
+    let dir = tempfile::tempdir().expect("dir");
+    let broker = EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
+    broker
+        .ensure_topic(&TopicSpec::new("in"))
+        .await
+        .expect("topic");
+    broker
+        .ensure_consumer(&ConsumerSpec {
+            name: "s.s".into(),
+            topic: "in".into(),
+            filter: std::collections::BTreeMap::new(),
+            ack_wait: Duration::from_secs(60),
+            max_ack_pending: None,
+            max_deliver: None,
+        })
+        .await
+        .expect("consumer");
+    let idle = self_rss();
+    let calls = KEYS / PER_CALL;
+    let inputs = (0..calls)
+        .map(|i| Message::new(format!("m{i}"), "in", "x"))
+        .collect();
+    broker.publish(inputs).await.expect("publish");
+    let started = Instant::now();
+    let mut done = 0;
+    while done < calls {
+        let deliveries = broker
+            .fetch("s.s", 64, Duration::from_secs(1))
+            .await
+            .expect("fetch");
+        for d in deliveries {
+            let writes = (0..PER_CALL)
+                .map(|k| {
+                    let n = done * PER_CALL + k;
+                    (
+                        format!("key/{n:08}"),
+                        Write::Put {
+                            value: format!("{n:016}").into_bytes(),
+                            expires_at: 0,
+                        },
+                    )
+                })
+                .collect();
+            let mut completion = Completion::new(&d.receipt, Vec::new());
+            completion.state = Some(StateWrites {
+                store: "s/s".into(),
+                max_bytes: u64::MAX,
+                writer: d.message.id.clone(),
+                checks: Vec::new(),
+                writes,
+            });
+            broker.complete(&completion).await.expect("complete");
+            done += 1;
+        }
+    }
+    let written = started.elapsed();
+    let after_writes = self_rss();
+    let reader = broker.state().expect("the embedded broker keeps state");
+    let mut found = 0;
+    for i in 0..100_000u64 {
+        let n = (i * 7_919) % KEYS as u64;
+        if reader
+            .get("s/s", &format!("key/{n:08}"))
+            .await
+            .expect("get")
+            .is_some()
+        {
+            found += 1;
+        }
+    }
+    assert_eq!(found, 100_000, "every key read back");
+    let after_reads = self_rss();
+    let mb = |b: u64| b as f64 / (1024.0 * 1024.0);
+    println!(
+        "| state store, 1,000,000 keys ({:.1} s to commit): VmRSS above idle after the writes | {:.1} MB | after 100,000 reads | {:.1} MB |",
+        written.as_secs_f64(),
+        mb(after_writes.saturating_sub(idle)),
+        mb(after_reads.saturating_sub(idle)),
+    );
 }
