@@ -8,126 +8,24 @@
 // pipeline file) and SLUICE_PIPELINE_FIXED (the same with `work` fixed).
 // Exits 0 when every check holds; otherwise prints what failed, saves a
 // screenshot of the page to $TMPDIR/sluice-console-failure.png and exits 1.
+// The browser, sign-in, polling and that exit are page.mjs's, shared with
+// state.mjs.
 
-import { copyFileSync, mkdirSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { chromium } from 'playwright-core';
+import { copyFileSync } from 'node:fs';
+import { check, env, openConsole, testid, until, WAIT } from './page.mjs';
 
-const env = (name) => {
-  const value = process.env[name];
-  if (!value) throw new Error(`${name} is not set`);
-  return value;
-};
 const URL_BASE = env('SLUICE_URL');
 const FULL = env('SLUICE_FULL_TOKEN');
 const READ = env('SLUICE_READ_TOKEN');
-const SHOTS = env('SLUICE_SCREENSHOT_DIR');
 const PIPELINE = 'shop';
 const STAGE = 'work';
 /** How many of the `red` matches are selected and redriven (console.rs: REDRIVEN). */
 const REDRIVE = 3;
-/** Generous limits for things to appear: waits, not timing assertions. */
-const WAIT = 30000;
 
-mkdirSync(SHOTS, { recursive: true });
-
-function check(cond, what) {
-  if (!cond) throw new Error(`check failed: ${what}`);
-  console.log(`ok - ${what}`);
-}
-
-const testid = (id) => `[data-testid="${id}"]`;
-
-/** Polls `fn` until it returns a truthy value. */
-async function until(fn, what, timeout = WAIT) {
-  const deadline = Date.now() + timeout;
-  let last;
-  for (;;) {
-    try {
-      last = await fn();
-      if (last) return last;
-    } catch (err) {
-      last = err;
-    }
-    if (Date.now() > deadline) throw new Error(`gave up waiting for ${what} (last: ${last && last.stack ? last.stack : JSON.stringify(last)})`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
-
-const browser = await chromium.launch({
-  executablePath: env('SLUICE_CHROMIUM'),
-  args: ['--no-sandbox'],
+const { page, pageFetch, getJson, shot, go, bannerText, noBanner, signIn, noPageProblems, runAndExit } = await openConsole({
+  /** Resource failures the test causes on purpose: the sign-in probe (401), refused writes (403). */
+  tolerate: /Failed to load resource: the server responded with a status of (401|403)/,
 });
-const context = await browser.newContext({ viewport: { width: 1360, height: 860 } });
-const page = await context.newPage();
-
-// Everything the page logs at error or warning level, page errors, and CSP
-// violations (an init script registers for them before the app runs).
-const problems = [];
-/** Resource failures the test causes on purpose: the sign-in probe (401), refused writes (403). */
-const expectedStatuses = /Failed to load resource: the server responded with a status of (401|403)/;
-page.on('console', (msg) => {
-  if (msg.type() !== 'error' && msg.type() !== 'warning') return;
-  if (expectedStatuses.test(msg.text())) return;
-  problems.push(`console ${msg.type()}: ${msg.text()}`);
-});
-page.on('pageerror', (err) => problems.push(`page error: ${err.message}`));
-await context.addInitScript(() => {
-  window.__cspViolations = [];
-  document.addEventListener('securitypolicyviolation', (e) => {
-    window.__cspViolations.push(`${e.violatedDirective}: ${e.blockedURI} ${e.sourceFile}:${e.lineNumber}`);
-  });
-});
-
-/** fetch from the page: with its cookie, as the app would. */
-async function pageFetch(method, path, { body, csrf, contentType } = {}) {
-  return page.evaluate(async ({ method, path, body, csrf, contentType }) => {
-    const headers = {};
-    if (csrf !== undefined) headers['X-Sluice-CSRF'] = csrf;
-    if (body !== undefined) headers['Content-Type'] = contentType || 'application/json';
-    const r = await fetch(path, {
-      method, headers, credentials: 'same-origin',
-      body: body === undefined ? undefined : (typeof body === 'string' ? body : JSON.stringify(body)),
-    });
-    const text = await r.text();
-    let json = null;
-    try { json = JSON.parse(text); } catch { /* not JSON */ }
-    return { status: r.status, json, text };
-  }, { method, path, body, csrf, contentType });
-}
-
-async function getJson(path) {
-  const r = await pageFetch('GET', path);
-  if (r.status !== 200) throw new Error(`GET ${path}: ${r.status} ${r.text}`);
-  return r.json;
-}
-
-async function shot(name) {
-  await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
-  console.log(`screenshot ${name}.png`);
-}
-
-async function go(hash) {
-  await page.evaluate((h) => { location.hash = h; }, hash);
-}
-
-async function bannerText() {
-  return page.evaluate(() => (document.getElementById('banner').hidden ? '' : document.getElementById('banner-text').textContent));
-}
-
-async function noBanner(where) {
-  const text = await bannerText();
-  check(text === '', `no error banner ${where}${text ? ` (it says: ${text})` : ''}`);
-}
-
-async function signIn(token, role) {
-  await page.waitForSelector(testid('signin-token'));
-  await page.fill(testid('signin-token'), token);
-  await page.click(testid('signin-submit'));
-  await page.waitForSelector(`${testid('role')}:has-text("${role}")`);
-  check(true, `signed in as ${role}`);
-}
 
 async function run() {
   // ---- 5 (first half): the CSP header on /ui and its assets.
@@ -364,26 +262,7 @@ async function run() {
   check((await getJson(`/v1/dlq/${PIPELINE}/${STAGE}`)).entries.length === 10 - REDRIVE, 'nothing purged without CSRF');
 
   // ---- 5 (second half): no console errors, no CSP violations.
-  const violations = await page.evaluate(() => window.__cspViolations);
-  check(violations.length === 0, `no CSP violations (${violations.join('; ')})`);
-  check(problems.length === 0, `no console errors or page errors (${problems.join(' | ')})`);
+  await noPageProblems();
 }
 
-let failed = false;
-try {
-  await run();
-  console.log('console.mjs: every check passed');
-} catch (err) {
-  failed = true;
-  console.error(err && err.stack ? err.stack : err);
-  if (problems.length) console.error(`page problems so far:\n${problems.join('\n')}`);
-  try {
-    console.error(`banner: ${await bannerText()}`);
-    const where = join(tmpdir(), 'sluice-console-failure.png');
-    await page.screenshot({ path: where, fullPage: true });
-    console.error(`screenshot ${where}`);
-  } catch { /* the page may be gone */ }
-} finally {
-  await browser.close();
-}
-process.exit(failed ? 1 : 0);
+await runAndExit('console.mjs', 'sluice-console-failure.png', run);

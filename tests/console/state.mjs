@@ -9,72 +9,26 @@
 // SLUICE_CHROMIUM, SLUICE_SCREENSHOT_DIR. Exits 0 when every check holds;
 // otherwise prints what failed, saves a screenshot to
 // $TMPDIR/sluice-console-state-failure.png and exits 1.
+// The browser, sign-in, polling and that exit are page.mjs's, shared with
+// console.mjs.
 
-import { mkdirSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { chromium } from 'playwright-core';
+import { check, env, openConsole, testid, until } from './page.mjs';
 
-const env = (name) => {
-  const value = process.env[name];
-  if (!value) throw new Error(`${name} is not set`);
-  return value;
-};
 const URL_BASE = env('SLUICE_URL');
 const FULL = env('SLUICE_FULL_TOKEN');
 const READ = env('SLUICE_READ_TOKEN');
-const SHOTS = env('SLUICE_SCREENSHOT_DIR');
 const API = '/v1/state/st/count';
 const RED = 'count/red';
 /** A key with markup: shown as text, and escaped in the value's and delete's paths. */
 const MARKUP = 'count/<b>blue</b>&';
 const SEEN = ['seen/m-0', 'seen/m-1', 'seen/m-2', 'seen/m-3', 'seen/m-4'];
 const ALL_KEYS = [MARKUP, RED, ...SEEN];
-const WAIT = 30000;
 
-mkdirSync(SHOTS, { recursive: true });
-
-function check(cond, what) {
-  if (!cond) throw new Error(`check failed: ${what}`);
-  console.log(`ok - ${what}`);
-}
-
-const testid = (id) => `[data-testid="${id}"]`;
 const row = (key) => `tr[data-key=${JSON.stringify(key)}]`;
 
-async function until(fn, what, timeout = WAIT) {
-  const deadline = Date.now() + timeout;
-  let last;
-  for (;;) {
-    try {
-      last = await fn();
-      if (last) return last;
-    } catch (err) {
-      last = err;
-    }
-    if (Date.now() > deadline) throw new Error(`gave up waiting for ${what} (last: ${last && last.stack ? last.stack : JSON.stringify(last)})`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
-
-const browser = await chromium.launch({ executablePath: env('SLUICE_CHROMIUM'), args: ['--no-sandbox'] });
-const context = await browser.newContext({ viewport: { width: 1360, height: 860 } });
-const page = await context.newPage();
-
-const problems = [];
-/** The sign-in probe (401) and the read session's value request made on purpose (403). */
-const expectedStatuses = /Failed to load resource: the server responded with a status of (401|403)/;
-page.on('console', (msg) => {
-  if (msg.type() !== 'error' && msg.type() !== 'warning') return;
-  if (expectedStatuses.test(msg.text())) return;
-  problems.push(`console ${msg.type()}: ${msg.text()}`);
-});
-page.on('pageerror', (err) => problems.push(`page error: ${err.message}`));
-await context.addInitScript(() => {
-  window.__cspViolations = [];
-  document.addEventListener('securitypolicyviolation', (e) => {
-    window.__cspViolations.push(`${e.violatedDirective}: ${e.blockedURI} ${e.sourceFile}:${e.lineNumber}`);
-  });
+const { page, pageFetch, getJson, shot, go, noBanner, signIn, noPageProblems, runAndExit } = await openConsole({
+  /** The sign-in probe (401) and the read session's value request made on purpose (403). */
+  tolerate: /Failed to load resource: the server responded with a status of (401|403)/,
 });
 /** Every request the page makes for a value (`.../keys/...`), by method. */
 const valueRequests = [];
@@ -83,51 +37,7 @@ page.on('request', (r) => {
   if (path.startsWith(`${API}/keys/`)) valueRequests.push(`${r.method()} ${path}`);
 });
 
-async function pageFetch(method, path, { csrf } = {}) {
-  return page.evaluate(async ({ method, path, csrf }) => {
-    const headers = {};
-    if (csrf !== undefined) headers['X-Sluice-CSRF'] = csrf;
-    const r = await fetch(path, { method, headers, credentials: 'same-origin' });
-    const text = await r.text();
-    let json = null;
-    try { json = JSON.parse(text); } catch { /* not JSON */ }
-    return { status: r.status, json, text };
-  }, { method, path, csrf });
-}
-
-async function getJson(path) {
-  const r = await pageFetch('GET', path);
-  if (r.status !== 200) throw new Error(`GET ${path}: ${r.status} ${r.text}`);
-  return r.json;
-}
-
 const keyPath = (key) => `${API}/keys/${encodeURIComponent(key)}`;
-
-async function shot(name) {
-  await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
-  console.log(`screenshot ${name}.png`);
-}
-
-async function go(hash) {
-  await page.evaluate((h) => { location.hash = h; }, hash);
-}
-
-async function bannerText() {
-  return page.evaluate(() => (document.getElementById('banner').hidden ? '' : document.getElementById('banner-text').textContent));
-}
-
-async function noBanner(where) {
-  const text = await bannerText();
-  check(text === '', `no error banner ${where}${text ? ` (it says: ${text})` : ''}`);
-}
-
-async function signIn(token, role) {
-  await page.waitForSelector(testid('signin-token'));
-  await page.fill(testid('signin-token'), token);
-  await page.click(testid('signin-submit'));
-  await page.waitForSelector(`${testid('role')}:has-text("${role}")`);
-  check(true, `signed in as ${role}`);
-}
 
 /** The rows of the state table: [key, size] as shown. */
 const shownRows = () => page.$$eval('tr[data-key]', (rows) => rows.map((r) => [
@@ -271,26 +181,7 @@ async function run() {
   const del = await pageFetch('DELETE', keyPath(RED), { csrf: readCsrf });
   check(del.status === 403, `read: DELETE is 403 (${del.status})`);
 
-  const violations = await page.evaluate(() => window.__cspViolations);
-  check(violations.length === 0, `no CSP violations (${violations.join('; ')})`);
-  check(problems.length === 0, `no console errors or page errors (${problems.join(' | ')})`);
+  await noPageProblems();
 }
 
-let failed = false;
-try {
-  await run();
-  console.log('state.mjs: every check passed');
-} catch (err) {
-  failed = true;
-  console.error(err && err.stack ? err.stack : err);
-  if (problems.length) console.error(`page problems so far:\n${problems.join('\n')}`);
-  try {
-    console.error(`banner: ${await bannerText()}`);
-    const where = join(tmpdir(), 'sluice-console-state-failure.png');
-    await page.screenshot({ path: where, fullPage: true });
-    console.error(`screenshot ${where}`);
-  } catch { /* the page may be gone */ }
-} finally {
-  await browser.close();
-}
-process.exit(failed ? 1 : 0);
+await runAndExit('state.mjs', 'sluice-console-state-failure.png', run);
