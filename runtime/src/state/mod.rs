@@ -214,6 +214,14 @@ impl Txn {
         }
     }
 
+    /// Why the store could not be read, as the guest sees it.
+    fn unreadable(&self, e: &str) -> StateError {
+        StateError::Unavailable(format!(
+            "state store `{}` could not be read: {e}",
+            self.access.store
+        ))
+    }
+
     /// The committed entry at `key` (cached for the call).
     async fn fetch(&mut self, key: &str) -> Result<Option<Entry>, StateError> {
         if let Some(found) = self.fetched.get(key) {
@@ -224,12 +232,7 @@ impl Txn {
             .reader
             .get(&self.access.store, key)
             .await
-            .map_err(|e| {
-                StateError::Unavailable(format!(
-                    "state store `{}` could not be read: {e}",
-                    self.access.store
-                ))
-            })?;
+            .map_err(|e| self.unreadable(&e))?;
         self.fetched.insert(key.to_owned(), found.clone());
         Ok(found)
     }
@@ -373,12 +376,7 @@ impl Txn {
                 .reader
                 .list(&self.access.store, prefix, after.as_deref(), limit.max(1))
                 .await
-                .map_err(|e| {
-                    StateError::Unavailable(format!(
-                        "state store `{}` could not be read: {e}",
-                        self.access.store
-                    ))
-                })?;
+                .map_err(|e| self.unreadable(&e))?;
             let full = page.len() >= limit.max(1);
             for (key, entry) in &page {
                 if !entry.expired(self.now) && !matches!(self.writes.get(key), Some(Write::Delete))
@@ -452,12 +450,7 @@ impl Txn {
             .reader
             .meta(&self.access.store)
             .await
-            .map_err(|e| {
-                StateError::Unavailable(format!(
-                    "state store `{}` could not be read: {e}",
-                    self.access.store
-                ))
-            })?;
+            .map_err(|e| self.unreadable(&e))?;
         self.store_bytes = Some(meta.bytes);
         Ok(meta.bytes)
     }
