@@ -162,35 +162,17 @@ fn the_console_shows_the_pipeline_and_redrives_a_selection() {
         })
     });
 
-    let shots = match std::env::var("SLUICE_SCREENSHOTS") {
-        Ok(dir) if !dir.is_empty() => {
-            let dir = repo_root().join(dir);
-            std::fs::create_dir_all(&dir).expect("the screenshot directory");
-            dir
-        }
-        _ => dir.path().join("screenshots"),
-    };
-    let output = Command::new("node")
-        .arg(console.join("console.mjs"))
-        .current_dir(&console)
-        .env("SLUICE_URL", d.admin_url())
-        .env("SLUICE_FULL_TOKEN", FULL)
-        .env("SLUICE_READ_TOKEN", READ)
-        .env("SLUICE_CHROMIUM", &chromium)
-        .env("SLUICE_SCREENSHOT_DIR", &shots)
-        .env("SLUICE_PIPELINE_FILE", &file)
-        .env("SLUICE_PIPELINE_FIXED", &fixed_file)
-        .output()
-        .expect("run node tests/console/console.mjs (is Node.js installed?)");
-    let said = format!(
-        "node console.mjs: {:?}\nstdout:\n{}\nstderr:\n{}\ndaemon log:\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr),
-        d.log()
+    run_script(
+        &console,
+        "console.mjs",
+        &d,
+        &chromium,
+        dir.path(),
+        &[
+            ("SLUICE_PIPELINE_FILE", file.as_os_str()),
+            ("SLUICE_PIPELINE_FIXED", fixed_file.as_os_str()),
+        ],
     );
-    assert!(output.status.success(), "{said}");
-    println!("{said}");
 
     // The outcome, checked here over the API as well: `done` holds exactly
     // REDRIVEN red orders (and the two messages the tail saw published
@@ -307,33 +289,7 @@ fn the_console_shows_a_stages_state_and_deletes_a_key() {
             && get(d, "/v1/state/st/count")["keys"] == 7
     });
 
-    let shots = match std::env::var("SLUICE_SCREENSHOTS") {
-        Ok(dir) if !dir.is_empty() => {
-            let dir = repo_root().join(dir);
-            std::fs::create_dir_all(&dir).expect("the screenshot directory");
-            dir
-        }
-        _ => dir.path().join("screenshots"),
-    };
-    let output = Command::new("node")
-        .arg(console.join("state.mjs"))
-        .current_dir(&console)
-        .env("SLUICE_URL", d.admin_url())
-        .env("SLUICE_FULL_TOKEN", FULL)
-        .env("SLUICE_READ_TOKEN", READ)
-        .env("SLUICE_CHROMIUM", &chromium)
-        .env("SLUICE_SCREENSHOT_DIR", &shots)
-        .output()
-        .expect("run node tests/console/state.mjs (is Node.js installed?)");
-    let said = format!(
-        "node state.mjs: {:?}\nstdout:\n{}\nstderr:\n{}\ndaemon log:\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr),
-        d.log()
-    );
-    assert!(output.status.success(), "{said}");
-    println!("{said}");
+    run_script(&console, "state.mjs", &d, &chromium, dir.path(), &[]);
 
     // The outcome, over the API: the cancelled delete changed nothing, the
     // confirmed one reached the handler's store (its counter restarts).
@@ -360,4 +316,46 @@ fn path_segment(key: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+/// Runs `tests/console/<script>` in Node against daemon `d` with both
+/// tokens, `chromium` and the screenshot directory (`SLUICE_SCREENSHOTS`,
+/// else one under `tmp`), plus `extra` variables; fails the test with
+/// what the script, and the daemon, said unless it exits 0.
+fn run_script(
+    console: &Path,
+    script: &str,
+    d: &Daemon,
+    chromium: &str,
+    tmp: &Path,
+    extra: &[(&str, &std::ffi::OsStr)],
+) {
+    let shots = match std::env::var("SLUICE_SCREENSHOTS") {
+        Ok(dir) if !dir.is_empty() => {
+            let dir = repo_root().join(dir);
+            std::fs::create_dir_all(&dir).expect("the screenshot directory");
+            dir
+        }
+        _ => tmp.join("screenshots"),
+    };
+    let output = Command::new("node")
+        .arg(console.join(script))
+        .current_dir(console)
+        .env("SLUICE_URL", d.admin_url())
+        .env("SLUICE_FULL_TOKEN", FULL)
+        .env("SLUICE_READ_TOKEN", READ)
+        .env("SLUICE_CHROMIUM", chromium)
+        .env("SLUICE_SCREENSHOT_DIR", &shots)
+        .envs(extra.iter().copied())
+        .output()
+        .unwrap_or_else(|e| panic!("run node tests/console/{script} (is Node.js installed?): {e}"));
+    let said = format!(
+        "node {script}: {:?}\nstdout:\n{}\nstderr:\n{}\ndaemon log:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+        d.log()
+    );
+    assert!(output.status.success(), "{said}");
+    println!("{said}");
 }
