@@ -530,15 +530,13 @@ impl StateReader for NatsState {
 
     async fn meta(&self, store: &str) -> Result<StoreMeta, String> {
         self.bucket(store).await?;
-        let mut stream = self
+        // One request: getting the stream answers with its info.
+        let stream = self
             .js
             .get_stream(format!("KV_{}", bucket_name(store)))
             .await
             .map_err(|e| unreadable("reading the bucket", &e))?;
-        let info = stream
-            .info()
-            .await
-            .map_err(|e| unreadable("reading the bucket", &e))?;
+        let info = stream.cached_info();
         Ok(StoreMeta {
             revision: info.state.last_sequence,
             bytes: info.state.bytes,
