@@ -144,6 +144,10 @@ const QUICKJS_ENGINE: &[File] = &[
         "src/lib.rs",
         include_str!("../../plugins/js/engine-quickjs/src/lib.rs"),
     ),
+    (
+        "src/capabilities.rs",
+        include_str!("../../plugins/js/engine-quickjs/src/capabilities.rs"),
+    ),
 ];
 
 /// The engine's manifest in the repository, whose SDK is `../../sdk`.
@@ -235,6 +239,32 @@ mod tests {
         ] {
             assert!(files.iter().any(|(p, _)| *p == wanted), "{wanted}");
         }
+    }
+
+    #[test]
+    fn every_source_of_the_quickjs_engine_is_carried() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../plugins/js/engine-quickjs/src");
+        let mut on_disk: Vec<String> = std::fs::read_dir(src)
+            .expect("test step")
+            .map(|e| {
+                format!(
+                    "src/{}",
+                    e.expect("test step").file_name().to_string_lossy()
+                )
+            })
+            .collect();
+        on_disk.sort();
+        let mut carried: Vec<String> = QUICKJS_ENGINE
+            .iter()
+            .map(|(p, _)| (*p).to_owned())
+            .filter(|p| p.starts_with("src/"))
+            .collect();
+        carried.sort();
+        assert_eq!(
+            carried, on_disk,
+            "a file was added to plugins/js/engine-quickjs/src: carry it in QUICKJS_ENGINE"
+        );
     }
 
     #[test]

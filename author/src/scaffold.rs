@@ -173,13 +173,15 @@ fn readme_values(name: &str, lang: Lang) -> Vec<(&'static str, String)> {
                  The project is on contract 0.2.0 (`wit/v0.2/plugin.wit`): its capabilities \
                  are `sluice-state.js` (the stage's key-value store, `state: true`), \
                  `sluice-secrets.js` (`secrets: [name]`) and the standard `fetch` (`http: \
-                 {{ allow: [host] }}`); the component imports only those the code uses \
-                 (`handler.js` shows each).\n\n\
+                 {{ allow: [host] }}`) (`handler.js` shows each).\n\n\
                  The handler runs in QuickJS (`\"sluice\": {{ \"engine\": \"quickjs\" }}` in \
                  `package.json`): a call costs a fourth to a sixth of SpiderMonkey's, and the build \
                  only puts the project's `.js` and `.mjs` files into the engine `sluice` \
-                 carries. QuickJS runs no capability yet: to use one, run it in SpiderMonkey \
-                 (componentize-js): set `\"engine\": \"spidermonkey\"` and `npm install \
+                 carries. That engine imports every capability: on a stage that does not grant \
+                 one, each call of it fails with an error naming the stage and the grant to add. \
+                 The same project also runs in SpiderMonkey (componentize-js), whose component \
+                 imports only the capabilities the code uses, so a stage that does not grant \
+                 one refuses it at load: set `\"engine\": \"spidermonkey\"` and `npm install \
                  --save-dev @bytecodealliance/componentize-js@{COMPONENTIZE_JS} \
                  @bytecodealliance/preview2-shim@{PREVIEW2_SHIM}`; its builds need Node.js \
                  then."

@@ -24,8 +24,11 @@
 //   `http` feature, `wasi:http/outgoing-handler`) only when the handler's
 //   code names `fetch`.
 //
-// The capabilities need SpiderMonkey (componentize-js): the QuickJS engine
-// runs a project on 0.2.0 that uses none of them.
+// Both engines run them. On SpiderMonkey (componentize-js) the component
+// imports only what the code uses, and a stage that does not grant one
+// refuses it at load; the QuickJS engine imports every capability, and on
+// a stage that does not grant one each call of it fails, naming the stage
+// and the grant to add.
 //
 // A handler that uses `fetch` is `async` (it returns a Promise), and the
 // engine runs the call's Promise to its end before the call returns:

@@ -438,6 +438,10 @@ async fn stage_setup(
         .map_err(DaemonError::PluginPin)?;
     plugin.check_grants(&stage.name, &stage.grants())?;
     let mut settings = stage.worker_settings_with(&pipeline.secret_values);
+    // Errors the guest meets name the stage with its pipeline.
+    settings.secrets = settings
+        .secrets
+        .for_stage(&format!("{}/{}", pipeline.name, stage.name));
     if let Some((store, max_bytes)) = stage.state_store(&pipeline.name) {
         let Some(reader) = broker.state() else {
             return Err(DaemonError::Unsupported(format!(

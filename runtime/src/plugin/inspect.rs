@@ -29,11 +29,24 @@ pub struct Inspection {
     /// The sum of the initial sizes of the memories its core modules
     /// define, in bytes: less than this and it cannot even start.
     pub min_memory: u64,
+    /// The engine it is, when it is one that `sluice` builds for its
+    /// users and that imports every capability (the QuickJS engine, whose
+    /// core module has an [`ENGINE_SECTION`] custom section): its stage is
+    /// not refused for a capability it does not grant; each call of one
+    /// fails instead, naming the stage and the grant.
+    pub engine: Option<String>,
 }
+
+/// The custom section that names an engine which imports every capability
+/// (`plugins/js/engine-quickjs`: `quickjs`).
+pub const ENGINE_SECTION: &str = "sluice-engine";
 
 impl Inspection {
     /// Refuses a component that imports a capability `granted` lacks,
-    /// naming the import, the stage and what to add to it.
+    /// naming the import, the stage and what to add to it. An engine
+    /// ([`Inspection::engine`]) is not refused: the host answers each call
+    /// of a capability its stage does not grant with an error that names
+    /// the stage and the grant.
     ///
     /// # Errors
     ///
@@ -44,6 +57,9 @@ impl Inspection {
         stage: &str,
         granted: &[Capability],
     ) -> Result<(), LoadError> {
+        if self.engine.is_some() {
+            return Ok(());
+        }
         match self.capabilities.iter().find(|c| !granted.contains(c)) {
             None => Ok(()),
             Some(missing) => Err(LoadError::NotGranted {
@@ -90,6 +106,7 @@ pub fn inspect(path: &Path, bytes: &[u8]) -> Result<Inspection, LoadError> {
     let mut imports = Vec::new();
     let mut exports = Vec::new();
     let mut min_memory = 0u64;
+    let mut engine = None;
     // Nesting: 1 inside the outer component; deeper inside nested modules
     // and components, whose imports and exports are internal.
     let mut depth = 0usize;
@@ -114,6 +131,9 @@ pub fn inspect(path: &Path, bytes: &[u8]) -> Result<Inspection, LoadError> {
                 for export in reader {
                     exports.push(export.map_err(malformed)?.name.name.to_owned());
                 }
+            }
+            Payload::CustomSection(reader) if reader.name() == ENGINE_SECTION => {
+                engine = Some(String::from_utf8_lossy(reader.data()).into_owned());
             }
             Payload::MemorySection(reader) => {
                 for memory in reader {
@@ -180,6 +200,7 @@ pub fn inspect(path: &Path, bytes: &[u8]) -> Result<Inspection, LoadError> {
         contract: exported,
         capabilities,
         min_memory,
+        engine,
     })
 }
 
@@ -380,6 +401,29 @@ mod tests {
         assert!(old.contains("built against sluice:plugin@0.0.9"), "{old}");
         let other = refused("acme:kv/store@1.0.0");
         assert!(other.contains("may import only"), "{other}");
+    }
+
+    #[test]
+    fn an_engine_is_not_refused_for_what_its_stage_does_not_grant() {
+        let mut inspection = Inspection {
+            world: World::Handler,
+            contract: Contract::V0_2,
+            capabilities: vec![Capability::Secrets, Capability::State, Capability::Http],
+            min_memory: 0,
+            engine: None,
+        };
+        let err = inspection
+            .check_grants(Path::new("p.wasm"), "s", &[Capability::State])
+            .expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains("`sluice:plugin/secrets@0.2.0`, which stage `s` does not grant"),
+            "{err}"
+        );
+        inspection.engine = Some("quickjs".into());
+        inspection
+            .check_grants(Path::new("p.wasm"), "s", &[])
+            .expect("an engine's calls fail instead");
     }
 
     #[test]

@@ -510,6 +510,8 @@ impl Script {
 #[derive(Default)]
 pub struct CallHooks {
     outbound: Option<HttpSender>,
+    /// The stage, as errors name it.
+    stage: Arc<str>,
     /// The id of the message being handled (the first of a batch).
     message_id: String,
     /// Requests made so far in this call: the next one's index.
@@ -519,10 +521,12 @@ pub struct CallHooks {
 }
 
 impl CallHooks {
-    /// Hooks that send through `outbound`, or refuse every request.
-    pub fn new(outbound: Option<HttpSender>) -> Self {
+    /// Hooks that send through `outbound`, or refuse every request of
+    /// stage `stage` (naming it and the grant to add).
+    pub fn new(outbound: Option<HttpSender>, stage: &str) -> Self {
         CallHooks {
             outbound,
+            stage: stage.into(),
             ..CallHooks::default()
         }
     }
@@ -572,7 +576,18 @@ impl WasiHttpHooks for CallHooks {
                     Ok((response, io))
                 });
             }
-            None => return Box::new(async { Err(Error::HttpRequestDenied) }),
+            None => {
+                // Only an engine that imports every capability gets here
+                // (a component importing wasi:http on such a stage is
+                // refused at load).
+                tracing::warn!(stage = %self.stage, "outbound request refused: the stage does not grant http");
+                let why = format!(
+                    "stage `{}` does not grant http; add `http: {{allow: [HOST, ...]}}` to it, \
+                     listing the hosts it calls",
+                    self.stage
+                );
+                return Box::new(async { Err(Error::InternalError(Some(why))) });
+            }
         };
         let index = self.calls;
         self.calls = self.calls.saturating_add(1);

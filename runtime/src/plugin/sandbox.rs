@@ -94,6 +94,7 @@ impl StoreState {
             .allow_udp(false)
             .allow_ip_name_lookup(false)
             .build();
+        let http = CallHooks::new(outbound, secrets.stage());
         StoreState {
             wasi,
             table: ResourceTable::new(),
@@ -109,7 +110,7 @@ impl StoreState {
             state,
             txn: None,
             http_ctx: WasiHttpCtx::new(),
-            http: CallHooks::new(outbound),
+            http,
         }
     }
 
@@ -144,10 +145,11 @@ impl StoreState {
         match &mut self.txn {
             Some(txn) => Ok(txn),
             None => {
-                tracing::warn!(target: "sluice::guest", plugin = %self.plugin, "a handler used state its stage does not grant");
-                Err(v2::StateError::NotGranted(
-                    "this stage does not grant state; add `state: true` to it".into(),
-                ))
+                let stage = self.secrets.stage();
+                tracing::warn!(target: "sluice::guest", plugin = %self.plugin, stage, "a handler used state its stage does not grant");
+                Err(v2::StateError::NotGranted(format!(
+                    "stage `{stage}` does not grant state; add `state: true` to it"
+                )))
             }
         }
     }
@@ -276,6 +278,17 @@ impl v2::single::sluice::plugin::types::Host for StoreState {}
 
 impl v2::single::sluice::plugin::secrets::Host for StoreState {
     fn get(&mut self, name: String) -> Result<String, v2::SecretError> {
+        if self.secrets.is_empty() {
+            // Only an engine that imports every capability gets here (a
+            // component importing secrets on such a stage is refused at
+            // load).
+            let stage = self.secrets.stage();
+            tracing::warn!(target: "sluice::guest", plugin = %self.plugin, stage, secret = %name, "a handler asked for a secret on a stage that grants none");
+            return Err(v2::SecretError::NotGranted(format!(
+                "stage `{stage}` does not grant secrets; list the ones it may read under its \
+                 `secrets:` (names from the pipeline's `secrets:` block)"
+            )));
+        }
         self.secrets.get(&name).map_err(|why| {
             tracing::warn!(target: "sluice::guest", plugin = %self.plugin, secret = %name, "a handler asked for a secret its stage does not list");
             v2::SecretError::NotGranted(why)

@@ -42,6 +42,19 @@ impl GuestSecrets {
         }
     }
 
+    /// The same secrets, for a stage named `stage` in errors (the daemon
+    /// names it `pipeline/stage`).
+    #[must_use]
+    pub fn for_stage(mut self, stage: &str) -> Self {
+        self.stage = stage.into();
+        self
+    }
+
+    /// The stage, as errors name it.
+    pub(crate) fn stage(&self) -> &str {
+        &self.stage
+    }
+
     /// These secrets (name to value) redacted too, not readable.
     #[must_use]
     pub fn also_redacting(mut self, hidden: BTreeMap<String, String>) -> Self {

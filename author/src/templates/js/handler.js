@@ -4,10 +4,11 @@
 
 import { Reject, Retry, handler } from "./sluice.js";
 
-// Capabilities (contract 0.2.0), each granted by the stage in YAML; the
+// Capabilities (contract 0.2.0), each granted by the stage in YAML. On
+// QuickJS (this project's engine) a capability the stage does not grant
+// fails each call, naming the stage and the grant; on SpiderMonkey the
 // component imports only those this code uses, and a stage that does not
-// grant one refuses it. They need SpiderMonkey: `"engine": "spidermonkey"`
-// in package.json (see README.md).
+// grant one refuses it at load (see README.md).
 //
 // The stage's key-value store (`state: true`), committed with the call's
 // outcome, so a counter counts each message once across retries:

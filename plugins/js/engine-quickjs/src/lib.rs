@@ -12,6 +12,15 @@
 //! `batch` feature), and converts its `{ tag, val }` result back. So the SDK (`sluice.js`) and
 //! handlers on the raw bindings run unchanged on either engine, and the
 //! call path is Rust's, not a generic lifting layer's.
+//!
+//! The capabilities of contract 0.2.0 (state, secrets and outbound HTTP)
+//! are in [`capabilities`]: the engine imports all of its world's, so a
+//! project uses any of them with no build of its own, and a stage that does
+//! not grant one answers each call with an error naming the stage and the
+//! grant (componentize-js imports only what a project uses, and such a
+//! stage refuses that component at load).
+
+mod capabilities;
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
@@ -60,6 +69,14 @@ static SLOT: Slot = Slot {
     len: 0,
 };
 
+/// Marks this component as Sluice's QuickJS engine for the runtime, which
+/// then links each capability its stage does not grant to an error naming
+/// the grant, instead of refusing the component at load (the engine imports
+/// every capability, whatever the project's scripts use).
+#[used]
+#[cfg_attr(target_family = "wasm", unsafe(link_section = "sluice-engine"))]
+static ENGINE_MARKER: [u8; 7] = *b"quickjs";
+
 /// The project's files, read from [`SCRIPTS`] by the first call.
 static FILES: OnceLock<Vec<(&'static str, &'static [u8])>> = OnceLock::new();
 
@@ -67,8 +84,8 @@ static FILES: OnceLock<Vec<(&'static str, &'static [u8])>> = OnceLock::new();
 const ENTRY: &str = "handler.js";
 /// The contract's host interface, as componentize-js names it, at each
 /// version: the SDK of a project names one. The engine implements
-/// `sluice:plugin@0.2.0`, whose `host` is 0.1.0's; it links none of 0.2.0's
-/// capabilities (`sluice plugin build` refuses a project that imports one).
+/// `sluice:plugin@0.2.0`, whose `host` is 0.1.0's; its capabilities are
+/// [`capabilities::STATE_MODULE`] and [`capabilities::SECRETS_MODULE`].
 const HOST_MODULES: [&str; 2] = ["sluice:plugin/host@0.1.0", "sluice:plugin/host@0.2.0"];
 /// QuickJS's own stack guard, below the 1 MiB shadow stack Rust gives a
 /// wasm32 program: deep recursion throws a RangeError instead of running
@@ -235,6 +252,8 @@ impl Engine {
             let exported = || -> rquickjs::Result<_> {
                 let prelude: Function<'_> = ctx.eval(PRELUDE)?;
                 prelude.call::<_, ()>((natives(&ctx)?,))?;
+                let fetch: Function<'_> = ctx.eval(capabilities::FETCH)?;
+                fetch.call::<_, ()>((natives(&ctx)?,))?;
                 let source = file(ENTRY).ok_or_else(|| {
                     Exception::throw_message(&ctx, &format!("the project has no {ENTRY}"))
                 })?;
@@ -362,6 +381,7 @@ fn natives<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<Object<'js>> {
             },
         ),
     )?;
+    native.set("fetch", capabilities::native_fetch(ctx)?)?;
     Ok(native)
 }
 
@@ -404,6 +424,23 @@ impl Loader for Scripts {
     ) -> rquickjs::Result<Module<'js, Declared>> {
         if HOST_MODULES.contains(&name) {
             return Module::declare_def::<HostModule, _>(ctx.clone(), name);
+        }
+        if name == capabilities::SECRETS_MODULE {
+            return Module::declare_def::<capabilities::SecretsModule, _>(ctx.clone(), name);
+        }
+        #[cfg(not(feature = "batch"))]
+        if name == capabilities::STATE_MODULE {
+            return Module::declare_def::<capabilities::StateModule, _>(ctx.clone(), name);
+        }
+        #[cfg(feature = "batch")]
+        if name == capabilities::STATE_MODULE {
+            return Err(Exception::throw_reference(
+                ctx,
+                &format!(
+                    "a batch handler cannot use state (`{name}` is in the `handler` world only: \
+                     a batch's items settle one by one); export a `messageHandler` instead"
+                ),
+            ));
         }
         match file(name) {
             Some(source) => Module::declare(ctx.clone(), name, source),
