@@ -234,8 +234,9 @@ pub struct Stage {
     #[serde(default)]
     pub hold_on_retry_after: bool,
     /// The most messages delivered but not yet acked for this stage, across
-    /// all daemons (JetStream's MaxAckPending). No limit beyond
-    /// `concurrency` when absent.
+    /// all daemons (JetStream's MaxAckPending), and what one daemon holds
+    /// at once. When absent: the larger of 2 × concurrency × batch size
+    /// and 512 (`engine::DEFAULT_IN_FLIGHT`).
     #[serde(default)]
     pub max_ack_pending: Option<u32>,
     /// Handler-level idempotency: handle each dedup key once per `ttl`.
