@@ -778,6 +778,34 @@ fn two_daemons_share_one_group(backend: &Backend) {
         "one daemon did all the reading: {ra} + {rb}"
     );
     assert_eq!(ra + rb, n, "entries read more than once: {ra} + {rb}");
+    // And the stage between them: each daemon counts its own handler
+    // calls, and together they called the handler once per message. The
+    // outputs cannot show this: a second call's output has the first's id,
+    // which the broker's duplicate window (or the sink's) drops. Nothing
+    // here is redelivered (no kill, every call far inside its lease), so
+    // no extra call is allowed.
+    // (The sink's writes are timed in the same histogram, hence the
+    // stage's own series.)
+    let calls = |d: &Daemon| -> usize {
+        d.metrics_text()
+            .lines()
+            .filter(|l| {
+                l.starts_with("sluice_handler_duration_seconds_count{")
+                    && l.contains("stage=\"upper\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as usize
+    };
+    let (ca, cb) = (calls(&a), calls(&b));
+    assert!(
+        ca > 0 && cb > 0,
+        "one daemon's stage did all the work: {ca} + {cb} handler calls"
+    );
+    assert_eq!(
+        ca + cb,
+        n,
+        "the stage's handler calls across both daemons: {ca} + {cb}, for {n} messages"
+    );
 }
 
 #[test]
