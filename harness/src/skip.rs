@@ -33,6 +33,12 @@ pub enum Reason {
     /// The kernel lacks something the test needs. Holds when this machine
     /// indeed lacks it.
     KernelFeature(KernelFeature),
+    /// The machine lacks what building Wasm with C in it needs (cargo with
+    /// the `wasm32-wasip2` target, and clang with wasi-libc's headers or a
+    /// wasi-sdk), so `sluice` was built without its prebuilt QuickJS
+    /// engine. Holds when one of them is missing, found as the engine's
+    /// build looks for them.
+    NoWasmToolchain,
 }
 
 /// What a test may find missing from the kernel it runs on.
@@ -85,10 +91,11 @@ impl KernelFeature {
 
 impl Reason {
     /// Every reason, in the order of the enums.
-    pub const ALL: [Reason; 3] = [
+    pub const ALL: [Reason; 4] = [
         Reason::NotRoot,
         Reason::KernelFeature(KernelFeature::ThpStatusLine),
         Reason::KernelFeature(KernelFeature::AddressOnLoopback),
+        Reason::NoWasmToolchain,
     ];
 
     /// The reason's word in the skip log.
@@ -97,6 +104,7 @@ impl Reason {
             Reason::NotRoot => "not-root",
             Reason::KernelFeature(KernelFeature::ThpStatusLine) => "kernel:thp-status-line",
             Reason::KernelFeature(KernelFeature::AddressOnLoopback) => "kernel:address-on-lo",
+            Reason::NoWasmToolchain => "no-wasm-toolchain",
         }
     }
 
@@ -115,9 +123,29 @@ impl Reason {
                 Ok(()) => Err("this machine has that feature".to_owned()),
                 Err(_) => Ok(()),
             },
+            Reason::NoWasmToolchain => match wasm_toolchain() {
+                Ok(()) => Err("this machine has the Wasm toolchain".to_owned()),
+                Err(_) => Ok(()),
+            },
         }
     }
 }
+
+/// The tools that build the prebuilt QuickJS engine, looked for as its
+/// build (`author/build.rs`) looks for them: `Ok(())` when all are here,
+/// else the first one missing.
+pub fn wasm_toolchain() -> Result<(), String> {
+    let missing = |m: toolchain::Missing| format!("{} was not found", m.tool);
+    toolchain::cargo().map_err(missing)?;
+    toolchain::WasmC::find().map_err(missing)?;
+    Ok(())
+}
+
+/// The author crate's toolchain search, the same file its build script
+/// includes.
+#[allow(dead_code)]
+#[path = "../../author/src/toolchain.rs"]
+mod toolchain;
 
 /// Whether this process runs as root (uid 0).
 pub fn is_root() -> bool {
@@ -317,6 +345,7 @@ mod tests {
         match reason {
             Reason::NotRoot => Err("this runs as root".to_owned()),
             Reason::KernelFeature(_) => Err("this machine has that feature".to_owned()),
+            Reason::NoWasmToolchain => Err("this machine has the Wasm toolchain".to_owned()),
         }
     }
 
