@@ -2,7 +2,9 @@
 //!
 //! - systemd's notify protocol, through the test's own `NOTIFY_SOCKET`
 //!   (systemd is not PID 1 here): `READY=1` once the daemon answers,
-//!   watchdog pings at the interval asked for, `STOPPING=1` on SIGTERM;
+//!   watchdog pings at the interval asked for (at least one per
+//!   `WATCHDOG_USEC`), `RELOADING=1` then `READY=1` on a reload,
+//!   `STOPPING=1` on SIGTERM;
 //! - the daemon runs with transparent huge pages off (`THP_enabled: 0`,
 //!   BENCHMARKS.md "The soak's RSS"), unless the operator's
 //!   `MIMALLOC_ALLOW_THP` leaves them to mimalloc;
@@ -81,14 +83,17 @@ fn notify_socket() -> (tempfile::TempDir, std::path::PathBuf, UnixDatagram) {
     (dir, path, socket)
 }
 
+/// The `WATCHDOG_USEC` the notify test asks for: 200 ms, so pings every
+/// 100 ms.
+const WATCHDOG_USEC: u64 = 200_000;
+
 #[test]
 fn the_daemon_speaks_systemds_notify_protocol() {
     let (_dir, socket_path, socket) = notify_socket();
     let mut daemon = Daemon::with_yaml(&pipeline())
         .envs([
             ("NOTIFY_SOCKET", socket_path.to_str().expect("utf-8 path")),
-            // 200 ms: pings every 100 ms.
-            ("WATCHDOG_USEC", "200000"),
+            ("WATCHDOG_USEC", &WATCHDOG_USEC.to_string()),
         ])
         .start();
 
@@ -105,12 +110,60 @@ fn the_daemon_speaks_systemds_notify_protocol() {
     // Ready means the admin API answers and the stages run.
     assert_eq!(daemon.readiness().0, "ready");
 
-    // The watchdog: pings keep coming (three more after READY).
-    let mut pings = 0;
+    // The watchdog: pings at half the interval, 40 in a window of 20
+    // intervals. systemd kills a service that misses one whole interval,
+    // so fewer than 20 (one per interval) is a watchdog that fails its
+    // purpose; the slack to 40 is for a loaded machine, and nothing bounds
+    // the pings from above.
+    let window = Duration::from_micros(WATCHDOG_USEC * 20);
+    let first = receive_until(&socket, |n| n.lines().any(|l| l == "WATCHDOG=1"));
+    let started = Instant::now();
+    let mut pings = 1;
     receive_until(&socket, |n| {
         pings += usize::from(n.lines().any(|l| l == "WATCHDOG=1"));
-        pings >= 3
+        started.elapsed() >= window
     });
+    assert!(
+        pings >= 20,
+        "{pings} watchdog pings in {window:?} with WATCHDOG_USEC={WATCHDOG_USEC}: \
+         at least one per interval is needed, two are sent (after {first:?})"
+    );
+
+    // A reload: RELOADING=1 (with MONOTONIC_USEC, as Type=notify-reload
+    // units need), then READY=1 again with a status.
+    let reloaded = reqwest::blocking::Client::new()
+        .post(daemon.url("/v1/reload"))
+        .json(&serde_json::json!({}))
+        .timeout(LONG)
+        .send()
+        .expect("POST /v1/reload");
+    assert!(
+        reloaded.status().is_success(),
+        "reload: {}",
+        reloaded.text().unwrap_or_default()
+    );
+    let reload = receive_until(&socket, |n| n.lines().any(|l| l == "READY=1"));
+    let reloading = reload
+        .iter()
+        .position(|n| n.lines().any(|l| l == "RELOADING=1"))
+        .unwrap_or_else(|| panic!("no RELOADING=1 before the READY=1 of a reload: {reload:?}"));
+    let monotonic: u64 = reload[reloading]
+        .lines()
+        .find_map(|l| l.strip_prefix("MONOTONIC_USEC="))
+        .and_then(|us| us.parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "RELOADING=1 comes with MONOTONIC_USEC: {:?}",
+                reload[reloading]
+            )
+        });
+    assert!(monotonic > 0, "{:?}", reload[reloading]);
+    assert!(
+        reload
+            .last()
+            .is_some_and(|n| n.lines().any(|l| l.starts_with("STATUS="))),
+        "the READY=1 after a reload comes with a status: {reload:?}"
+    );
 
     daemon.term();
     let stopping = receive_until(&socket, |n| n.lines().any(|l| l == "STOPPING=1"));
