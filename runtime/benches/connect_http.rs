@@ -31,7 +31,11 @@
 //! (issue 43).
 //!
 //! Environment: `SLUICE_BENCH_N` (20,000; 300 in a debug build),
-//! `SLUICE_BENCH_SAMPLES` (5; 1 in a debug build).
+//! `SLUICE_BENCH_SAMPLES` (5; 1 in a debug build), `SLUICE_BENCH_CASES`
+//! (which cases run, comma-separated from `raw`, `sink`, `sink-os`,
+//! `noop`, `handler`; all unless given): e.g. `SLUICE_BENCH_CASES=raw,handler`
+//! for C against A alone; `SLUICE_BENCH_ANSWER` (0): the bytes of the
+//! receiver's answer body (each side reads it whole).
 
 #![allow(missing_docs)]
 
@@ -79,7 +83,8 @@ fn main() {
         .build()
         .expect("receiver runtime");
     let count = Arc::new(AtomicUsize::new(0));
-    let addr = receiver_rt.block_on(receiver(count.clone()));
+    let answer = Bytes::from(vec![b'y'; env("SLUICE_BENCH_ANSWER", 0, 0)]);
+    let addr = receiver_rt.block_on(receiver(count.clone(), answer));
     let url = format!("http://{addr}/hook");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -91,14 +96,38 @@ fn main() {
     let fetcher = host
         .load(sluice_harness::plugin("fetcher"))
         .expect("the fetcher plugin (cargo xtask plugins)");
+    let cases = std::env::var("SLUICE_BENCH_CASES").unwrap_or_default();
+    let run = |case: &str| cases.is_empty() || cases.split(',').any(|c| c.trim() == case);
     let (mut raw, mut sink, mut sink_os, mut noop, mut handler) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..samples {
-        raw.push(rt.block_on(raw_loop(n, &url, &count)));
-        sink.push(rt.block_on(sink_stage(n, &url, &count, SyncMode::Always)));
-        sink_os.push(rt.block_on(sink_stage(n, &url, &count, SyncMode::Os)));
-        noop.push(rt.block_on(noop_stage(n)));
-        handler.push(rt.block_on(handler_stage(n, addr, &count, &fetcher)));
+        if run("raw") {
+            raw.push(rt.block_on(raw_loop(n, &url, &count)));
+        }
+        if run("sink") {
+            sink.push(rt.block_on(sink_stage(n, &url, &count, SyncMode::Always)));
+        }
+        if run("sink-os") {
+            sink_os.push(rt.block_on(sink_stage(n, &url, &count, SyncMode::Os)));
+        }
+        if run("noop") {
+            noop.push(rt.block_on(noop_stage(n)));
+        }
+        if run("handler") {
+            handler.push(rt.block_on(handler_stage(n, addr, &count, &fetcher)));
+        }
+    }
+    for (name, samples) in [
+        ("raw", &raw),
+        ("sink", &sink),
+        ("sink-os", &sink_os),
+        ("noop", &noop),
+        ("handler", &handler),
+    ] {
+        if !samples.is_empty() {
+            let each: Vec<String> = samples.iter().map(|s| format!("{s:.0}")).collect();
+            println!("{name}: {} msgs/s (each sample, in order)", each.join(", "));
+        }
     }
     println!("| case | raw reqwest msgs/s | sink msgs/s | sink/raw |");
     println!("|---|---|---|---|");
@@ -111,19 +140,24 @@ fn main() {
             median(&handler),
         ),
     ] {
+        if !b.is_nan() {
+            println!(
+                "| {n} × {PAYLOAD} B, {CONCURRENCY} in flight, 200 OK, {name} | {a:.0} | {b:.0} | {:.2} |",
+                b / a
+            );
+        }
+    }
+    if !noop.is_empty() {
         println!(
-            "| {n} × {PAYLOAD} B, {CONCURRENCY} in flight, 200 OK, {name} | {a:.0} | {b:.0} | {:.2} |",
-            b / a
+            "| (the engine alone: the same backlog, a handler that does nothing, sync: always) | | {:.0} | |",
+            median(&noop)
         );
     }
-    println!(
-        "| (the engine alone: the same backlog, a handler that does nothing, sync: always) | | {:.0} | |",
-        median(&noop)
-    );
 }
 
-/// A hyper server answering 200 to everything, counting requests.
-async fn receiver(count: Arc<AtomicUsize>) -> SocketAddr {
+/// A hyper server answering 200 (and `answer`) to everything, counting
+/// requests.
+async fn receiver(count: Arc<AtomicUsize>, answer: Bytes) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -133,14 +167,14 @@ async fn receiver(count: Arc<AtomicUsize>) -> SocketAddr {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
-            let count = count.clone();
+            let (count, answer) = (count.clone(), answer.clone());
             tokio::spawn(async move {
                 let service = service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let count = count.clone();
+                    let (count, answer) = (count.clone(), answer.clone());
                     async move {
                         let _ = req.into_body().collect().await;
                         count.fetch_add(1, Ordering::Relaxed);
-                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+                        Ok::<_, Infallible>(Response::new(Full::new(answer)))
                     }
                 });
                 let _ = http1::Builder::new()
@@ -396,7 +430,11 @@ async fn noop_stage(n: usize) -> f64 {
     n as f64 / elapsed.as_secs_f64()
 }
 
+/// The median of `samples`; NaN for none (a case not run).
 fn median(samples: &[f64]) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
     let mut sorted = samples.to_vec();
     sorted.sort_by(f64::total_cmp);
     sorted[sorted.len() / 2]
