@@ -159,6 +159,8 @@ pub fn round_trip_over_tls(up: &mut dyn Upstream, n: usize, dupes: Duplicates, u
             status == "degraded" && reasons.contains("edge/held") && reasons.contains("not trusted")
         },
     );
+    // The quiet window is the check: a held message leaves no event, and
+    // one whose attempts were spent would be in the DLQ by now.
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(daemon.depth("edge.held.dlq"), 0, "held, not dead-lettered");
     let log = daemon.log();
@@ -209,7 +211,8 @@ pub fn round_trip_under_faults(up: &mut dyn Upstream, n: usize, dupes: Duplicate
     daemon.kill9();
     daemon.restart();
     wait_for_deliveries(&daemon, up, n, "at the end");
-    // Anything redelivered late would land now.
+    // Anything redelivered late would land now: the quiet window is the
+    // check, as a redelivery that does not happen leaves no event.
     std::thread::sleep(Duration::from_secs(3));
     let got = up.delivered();
     let report = check_exact_set(&got, n, dupes, &|| {

@@ -193,7 +193,8 @@ fn redis_to_postgres_under_faults(backend: &Backend, daemon_count: usize) {
     stop.store(true, Ordering::Relaxed);
     feeder.join().expect("the producer");
     // Anything redelivered late (a reclaimed entry, an expired lease)
-    // would land now.
+    // would land now: the quiet window is the check, as a redelivery that
+    // does not happen leaves no event to wait for.
     std::thread::sleep(Duration::from_secs(4));
 
     for (fault, rows_then) in &at_fault {

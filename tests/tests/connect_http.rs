@@ -339,7 +339,8 @@ fn an_unreachable_target_holds_messages_without_spending_attempts(backend: &Back
         status == "degraded" && reasons.contains("hooks/notify")
     });
     // Many rounds of backoff (max 500ms) pass: with 3 attempts each, a
-    // message whose attempts were spent would be dead-lettered by now.
+    // message whose attempts were spent would be dead-lettered by now. The
+    // quiet window is the check: a held message leaves no event.
     std::thread::sleep(Duration::from_secs(4));
     assert!(dlq(&daemon, "hooks", "notify").is_empty());
     let (_, reasons) = daemon.readiness();
@@ -360,6 +361,8 @@ fn an_unreachable_target_holds_messages_without_spending_attempts(backend: &Back
         let (status, reasons) = daemon.readiness();
         status == "degraded" && reasons.contains("hooks/notify")
     });
+    // As above: the window outlasts three attempts' backoff many times,
+    // and no dead letter is the check.
     std::thread::sleep(Duration::from_secs(4));
     assert!(dlq(&daemon, "hooks", "notify").is_empty());
 

@@ -444,6 +444,8 @@ fn a_broker_killed_in_a_three_node_cluster_loses_nothing() {
         .start_node(1)
         .expect("the killed broker starts again");
     wait_for_deliveries(&daemon, &mut up, n, "at the end");
+    // The quiet window is the check: a duplicate redelivered late would
+    // land in it, after the last first delivery; none leaves no event.
     std::thread::sleep(Duration::from_secs(3));
     let got = up.delivered();
     let report = check_exact_set(&got, n, Duplicates::SameId, &|| {
@@ -585,7 +587,8 @@ sinks:
     assert_eq!(sink["up"], false, "{sink}");
     let sources = daemon.get("/v1/sources");
     assert!(sources.to_string().contains("\"up\":false"), "{sources}");
-    // The held message spends no attempts: nothing in the DLQ.
+    // The held message spends no attempts: nothing in the DLQ. The quiet
+    // window is the check: a held message leaves no event to wait for.
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(daemon.depth("kd.out.dlq"), 0);
     let ready = daemon.get("/health/ready").to_string();
@@ -652,7 +655,8 @@ stages:
         .start();
     daemon.post("/v1/stages/kp/pass/pause", json!({}));
     daemon.wait_until("the topic at its mark", LONG, |d| d.depth("in") >= 50);
-    // Twice the session: a member that stopped polling would be gone.
+    // Twice the session: a member that stopped polling would be gone. The
+    // quiet window is the check (the log is read for it below).
     std::thread::sleep(Duration::from_secs(12));
     let held = daemon.depth("in");
     assert!(held <= 50 + 10, "the mark holds: {held} in the topic");

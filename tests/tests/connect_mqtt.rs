@@ -530,6 +530,9 @@ fn a_broker_outage_holds_sink_writes_without_spending_attempts() {
     up.produce(0, 2_000);
     daemon.wait_until("some delivered", LONG, |_| distinct(&up.delivered()) >= 200);
     up.broker.stop();
+    // The outage lasts: the sink's 2 attempts (backoff up to 50 ms) would
+    // be spent many times over in it, so an outage that spent attempts
+    // would dead-letter (checked at the end). Part of the fault.
     std::thread::sleep(Duration::from_secs(3));
     daemon.wait_until("the outage shown", LONG, |d| d.readiness().0 == "degraded");
     up.broker.start_again().expect("back");

@@ -283,7 +283,8 @@ impl Upstream for Sqs {
     }
 
     fn restart(&mut self) {
-        // moto keeps nothing across a restart: a pause stands in for it.
+        // moto keeps nothing across a restart: a pause stands in for it,
+        // as long as an outage (the fault itself, not a check).
         self.moto.pause().expect("SIGSTOP moto");
         std::thread::sleep(Duration::from_secs(5));
         self.moto.resume().expect("SIGCONT moto");
@@ -546,7 +547,9 @@ fn an_outage_is_shown_spends_no_attempts_and_loses_nothing() {
         "{}",
         metrics(&daemon)
     );
-    // Long enough for the sink's writes in flight to time out too.
+    // Long enough for the sink's writes in flight to time out too: the
+    // quiet window is the check that an outage this long is held, not
+    // dead-lettered or crashed, which leaves no event to wait for.
     std::thread::sleep(Duration::from_secs(12));
     let ready = daemon.get("/health/ready").to_string();
     up.moto.resume().expect("SIGCONT moto");

@@ -532,7 +532,10 @@ fn a_handler_slower_than_ack_wait_is_not_redelivered(backend: &Backend) {
     let messages: Vec<Msg> = (0..3).map(|i| Msg::new(format!("s{i}"), "x")).collect();
     daemon.publish("in", &messages);
     daemon.wait_until("3 outputs", LONG, |d| d.read_all("out").len() >= 3);
-    // Give a wrongful redelivery time to show up.
+    // The quiet window is the check (a redelivery that does not happen
+    // leaves no event to wait for): with ack_wait 1 s and 3 s calls, a
+    // wrongful redelivery would start about 1 s into the first call and
+    // publish its output about 3 s later, within these 4 s.
     std::thread::sleep(Duration::from_secs(4));
     let out = daemon.read_all("out");
     assert_eq!(out.len(), 3);
@@ -822,6 +825,9 @@ stages:
     });
     let waiting: Vec<Msg> = (0..5).map(|i| Msg::new(format!("w{i}"), "x")).collect();
     daemon.publish("in", &waiting);
+    // The quiet window is the check: the five are in the topic (`publish`
+    // returned), and a paused stage that fetched one would publish its
+    // output within it; a fetch that does not happen leaves no event.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(daemon.depth("out"), 1, "a paused stage fetched");
     let status = daemon.get("/v1/status");
@@ -837,6 +843,8 @@ stages:
 
     daemon.kill9();
     daemon.restart();
+    // `restart` returns once the daemon is ready, its stages running; the
+    // quiet window is the check that the restarted stage fetches nothing.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(
         daemon.depth("out"),

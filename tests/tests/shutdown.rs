@@ -234,7 +234,9 @@ fn nats_down_sigterm_still_keeps_the_deadline_and_loses_nothing() {
     daemon.publish("in", &inputs("d", n));
     daemon.wait_until("two calls running", LONG, |d| call_starts(&d.log()) >= 2);
     server.kill().expect("kill nats-server");
-    // Let the running calls end and their settles hang on the dead server.
+    // Let the running calls (2 s each) end and their settles hang on the
+    // dead server: setup for the drain below, not a check; 3 s outlasts
+    // the calls.
     std::thread::sleep(Duration::from_secs(3));
     let (status, took) = daemon.sigterm();
     let log = daemon.log();

@@ -290,6 +290,8 @@ fn a_damaged_table_block_is_reported_and_quarantined() {
     let messages: Vec<Msg> = (0..n).map(|i| Msg::new(format!("t{i}"), big(i))).collect();
     // Over the 4 MiB memtable, so most of them are flushed to a table.
     daemon.publish("side", &messages);
+    // Setup, not a check: time for the memtable to flush to a table (the
+    // SIGTERM below flushes what is left too); the damage comes after.
     std::thread::sleep(Duration::from_secs(3));
     let (status, _) = daemon.sigterm();
     assert!(status.success());
