@@ -34,6 +34,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::ApiError;
+use super::role::Role;
 use super::session::{self, Sessions};
 use super::throttle::Throttle;
 
@@ -80,27 +81,6 @@ impl AccessConfig {
     /// without one).
     pub fn has_token(&self) -> bool {
         self.full.is_some() || self.read.is_some()
-    }
-}
-
-/// The role a request was let in with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Role {
-    /// No token is configured: everyone is let in.
-    Open,
-    /// The full-access token.
-    Full,
-    /// The read-only token.
-    Read,
-}
-
-impl Role {
-    pub(super) fn as_str(self) -> &'static str {
-        match self {
-            Role::Open => "open",
-            Role::Full => "full",
-            Role::Read => "read",
-        }
     }
 }
 

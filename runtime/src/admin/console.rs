@@ -26,7 +26,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
-use super::access::{Role, role_of};
+use super::access::role_of;
+use super::role::Role;
 use super::session::{self, SESSION_TTL};
 use super::{AdminState, ApiError, ErrorBody};
 

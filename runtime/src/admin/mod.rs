@@ -45,6 +45,7 @@ mod history;
 mod ingest;
 mod openapi;
 mod reload;
+mod role;
 mod scrape;
 mod server;
 mod session;

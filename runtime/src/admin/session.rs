@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::access::Role;
+use super::role::Role;
 
 /// The cookie that carries the session id.
 pub const COOKIE: &str = "sluice_session";

@@ -13,8 +13,8 @@ use axum::extract::{Path, Query, State};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use super::access::Role;
 use super::openapi::{StageErrors, StagePath};
+use super::role::Role;
 use super::{AdminState, ApiError};
 
 /// The most entries one listing returns.
