@@ -48,6 +48,10 @@ use crate::otel::ClientSpan;
 /// The largest request body a handler may send.
 const MAX_REQUEST_BODY: usize = 16 << 20;
 
+/// The largest response body read whole before the handler gets the
+/// answer; a larger one (or one of unknown length) streams to it.
+const SMALL_RESPONSE_BODY: u64 = 64 << 10;
+
 /// The header that makes a repeated call recognisable to its server.
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
@@ -356,14 +360,30 @@ impl Outbound {
             ms = began.elapsed().as_millis() as u64,
             "outbound request"
         );
-        let response: http::Response<reqwest::Body> = response.into();
-        Ok(response.map(|body| {
+        let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
+        let body = if body
+            .size_hint()
+            .upper()
+            .is_some_and(|n| n <= SMALL_RESPONSE_BODY)
+        {
+            // A small body is read here, in the task that waited for the
+            // answer, and handed over whole: the handler's reads then find
+            // it at once instead of each waiting for a frame (a hop between
+            // tasks per wait), and the connection is back in the pool
+            // before the handler reads.
+            match tokio::time::timeout_at(deadline.into(), body.collect()).await {
+                Ok(Ok(whole)) => whole.map_err(|never| match never {}).boxed_unsync(),
+                Ok(Err(_)) => Broken(Some(Error::HttpResponseIncomplete)).boxed_unsync(),
+                Err(_) => Broken(Some(Error::ConnectionReadTimeout)).boxed_unsync(),
+            }
+        } else {
             DeadlineBody {
                 inner: body,
                 deadline: Box::pin(tokio::time::sleep_until(deadline.into())),
             }
             .boxed_unsync()
-        }))
+        };
+        Ok(http::Response::from_parts(parts, body))
     }
 
     /// The guest's error for a request the client could not complete,
@@ -629,6 +649,23 @@ impl WasiHttpHooks for CallHooks {
             let io: Box<dyn Future<Output = Result<(), Error>> + Send> = Box::new(async { Ok(()) });
             Ok((response, io))
         })
+    }
+}
+
+/// A response body whose reading, done before the handler got the answer,
+/// failed: the handler's first read gets the error, as it would have
+/// reading the body itself.
+struct Broken(Option<Error>);
+
+impl Body for Broken {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        Poll::Ready(self.0.take().map(Err))
     }
 }
 
