@@ -16,6 +16,7 @@
 //! - [`cli`]: the `sluice` command line.
 //! - [`timestamp`]: RFC 3339 times and durations back from now, as text.
 //! - [`trace`]: W3C Trace Context: the `traceparent` a message carries on.
+//! - [`retry_after`]: the wait an HTTP `Retry-After` asks for.
 
 pub mod admin;
 pub mod broker;
@@ -36,6 +37,7 @@ pub mod metrics;
 pub mod otel;
 pub mod plugin;
 pub mod reload;
+pub mod retry_after;
 pub mod service;
 pub mod state;
 pub mod timestamp;

@@ -339,8 +339,7 @@ impl Outbound {
         }
         drop(span);
         if matches!(status.as_u16(), 429 | 503)
-            && let Some(wait) =
-                crate::connect::http::sink::retry_after(response.headers(), SystemTime::now())
+            && let Some(wait) = crate::retry_after::wait(response.headers(), SystemTime::now())
             && !wait.is_zero()
         {
             tracing::warn!(

@@ -230,7 +230,7 @@ impl HttpSink {
             }
             return Ok(());
         }
-        let after = retry_after(response.headers(), SystemTime::now());
+        let after = crate::retry_after::wait(response.headers(), SystemTime::now());
         let mut body = Vec::new();
         while body.len() < EXCERPT_BYTES {
             match response.chunk().await {
@@ -329,21 +329,6 @@ pub fn status_reason(status: StatusCode, body: &[u8]) -> String {
     } else {
         format!("HTTP {}: {line}", status.as_u16())
     }
-}
-
-/// The wait a `Retry-After` asks for: delta seconds, or an HTTP date
-/// (a date in the past is no wait). `None` when absent or unreadable.
-pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let value = headers
-        .get(reqwest::header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    let when = httpdate::parse_http_date(value).ok()?;
-    Some(when.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 /// `Sluice-Header-<name>` for a message header: the name's bytes that an
@@ -508,26 +493,6 @@ mod tests {
         // A multi-byte character cut at byte 256 is replaced, not a panic.
         let body = format!("a{}", "é".repeat(200));
         assert!(status_reason(StatusCode::BAD_REQUEST, body.as_bytes()).ends_with('\u{fffd}'));
-    }
-
-    #[test]
-    fn retry_after_takes_seconds_and_http_dates() {
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        let mut headers = HeaderMap::new();
-        assert_eq!(retry_after(&headers, now), None);
-        headers.insert("retry-after", HeaderValue::from_static(" 2 "));
-        assert_eq!(retry_after(&headers, now), Some(Duration::from_secs(2)));
-        let later = httpdate::fmt_http_date(now + Duration::from_secs(90));
-        headers.insert("retry-after", HeaderValue::from_str(&later).expect("date"));
-        assert_eq!(retry_after(&headers, now), Some(Duration::from_secs(90)));
-        let earlier = httpdate::fmt_http_date(now - Duration::from_secs(90));
-        headers.insert(
-            "retry-after",
-            HeaderValue::from_str(&earlier).expect("date"),
-        );
-        assert_eq!(retry_after(&headers, now), Some(Duration::ZERO));
-        headers.insert("retry-after", HeaderValue::from_static("soon"));
-        assert_eq!(retry_after(&headers, now), None);
     }
 
     #[test]
