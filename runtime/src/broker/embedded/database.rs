@@ -9,7 +9,6 @@ use std::sync::RwLock;
 use fjall::config::{BloomConstructionPolicy, FilterPolicy, FilterPolicyEntry, PinningPolicy};
 use fjall::{AbstractTree, Database, Keyspace, KeyspaceCreateOptions, OwnedWriteBatch};
 
-use super::memtables::LARGE_RECORD_BYTES;
 use super::store::{MessageRecord, decode_message, key_seq, msg_key, storage};
 use super::window::DedupWindow;
 use crate::broker::{BrokerError, KeyspaceMemory, StoreMemory};
@@ -25,6 +24,10 @@ use crate::broker::{BrokerError, KeyspaceMemory, StoreMemory};
 const CACHE_BYTES: u64 = 8 * 1024 * 1024;
 /// Write buffer of the `messages` keyspace: the biggest writer.
 pub(super) const MESSAGES_MEMTABLE_BYTES: u64 = 4 * 1024 * 1024;
+/// A message record of this size or more counts as large: fjall keeps it
+/// in a blob file once flushed, and the committer seals the memtable
+/// after large writes (`memtables.rs`).
+pub(super) const LARGE_RECORD_BYTES: usize = 64 * 1024;
 /// Write buffer of each duplicate-window generation.
 const DEDUP_MEMTABLE_BYTES: u64 = 4 * 1024 * 1024;
 /// Write buffer of the small bookkeeping keyspaces.

@@ -14,15 +14,12 @@
 //! time is its release time, so a topic's age retention and oldest-age
 //! count from when it could first be delivered.
 
-use std::sync::Arc;
-
 use super::Shared;
-use super::commit::Group;
+use super::commit::group::Group;
 use super::database::Store;
 use super::store::{
     MessageRecordRef, decode_message, delayed_due, delayed_key, encode_message, storage,
 };
-use super::topic::Topic;
 use crate::broker::BrokerError;
 
 /// Most delayed messages moved in one group: a million falling due at once
@@ -70,19 +67,6 @@ pub(super) fn next_due(shared: &Shared) -> Option<u64> {
         .map(|t| t.snapshot().next_due)
         .filter(|&due| due > 0)
         .min()
-}
-
-/// Adds a delayed message (its record already encoded, delay headers
-/// removed) to `group`: stored under its due time, counted on its topic.
-pub(super) fn add(group: &mut Group<'_>, topic: &Arc<Topic>, due: u64, value: fjall::Slice) {
-    let st = group.topic_state(topic);
-    st.delay_seq += 1;
-    st.delayed += 1;
-    if st.next_due == 0 || due < st.next_due {
-        st.next_due = due;
-    }
-    let key = delayed_key(topic.id, due, st.delay_seq);
-    group.batch.insert(&group.store.delayed, key, value);
 }
 
 /// Moves what is due (up to [`RELEASE_BATCH`] messages) into its topics,

@@ -24,10 +24,6 @@ use std::time::{Duration, Instant};
 
 use super::database::{MESSAGES_MEMTABLE_BYTES, Store};
 
-/// A message record of this size or more counts as large (and fjall keeps
-/// it in a blob file once flushed: see `database.rs`).
-pub(super) const LARGE_RECORD_BYTES: usize = 64 * 1024;
-
 /// Unflushed memtable bytes (all keyspaces) above which the committer
 /// waits for the flushes before it writes the next group. The small
 /// keyspaces' memtables stay far below this together.

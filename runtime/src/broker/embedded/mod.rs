@@ -150,6 +150,10 @@ pub(super) struct Shared {
     dedup_sweep: idempotency::SweepCursor,
     /// Where the next sweep of expired state entries starts.
     state_sweep: state::SweepCursor,
+    /// What the committer knows of the state keyspace without reading it.
+    state_known: Mutex<commit::state_writes::Known>,
+    /// State keys that settles in flight write, for reads to wait on.
+    state_writing: state::Writing,
     /// Large records sealed whose memtables fjall still holds.
     large_records: memtables::LargeRecords,
 }
@@ -280,6 +284,8 @@ impl EmbeddedBroker {
             holds: idempotency::Holds::default(),
             dedup_sweep: idempotency::SweepCursor::default(),
             state_sweep: state::SweepCursor::default(),
+            state_known: Mutex::default(),
+            state_writing: state::Writing::default(),
             large_records: memtables::LargeRecords::default(),
         });
         let (tx, rx) = mpsc::channel();
@@ -329,6 +335,10 @@ impl EmbeddedBroker {
         state: Option<crate::state::StateWrites>,
     ) -> Result<(), BrokerError> {
         let consumer = self.take_for_settle(receipt, &outputs)?;
+        // Reads of the keys it writes wait for its reply.
+        let _writing = state
+            .as_ref()
+            .map(|writes| self.shared.state_writing.register(writes));
         let result = self
             .call(|reply| Op::Settle {
                 consumer: consumer.clone(),

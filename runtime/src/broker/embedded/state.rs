@@ -1,70 +1,27 @@
 //! Handler state in the embedded store: the `state` keyspace, read by
-//! handlers through [`Reader`] and written only by the committer, in the
-//! same batch as the settle it belongs to ([`apply`]).
-//!
-//! Keys: `e` + store + `0x00` + key for an entry ([`crate::state::Entry`]),
-//! `m` + store for the store's [`StoreMeta`] (last revision, bytes, keys),
-//! `a` + store + `0x00` + message id for a message whose call committed
-//! state (so a redelivery does not apply its effect twice), swept after
-//! the duplicate window and at least ten minutes.
-//! A store name (`<pipeline>/<store>`) holds no NUL byte, so an entry key
-//! names its store without doubt whatever the handler's key holds.
+//! handlers through [`Reader`], swept of expired entries and old markers,
+//! and deleted from by operators. Writes go only through the committer,
+//! in the same batch as the settle they belong to
+//! ([`super::commit::state_writes`], which also has the key layout).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
 
 use super::Shared;
-use super::commit::Group;
-use super::store::{decode, encode, storage};
+use super::commit::group::Group;
+use super::commit::state_writes::{APPLIED, ENTRY, apply, entry_key, meta_key, split_entry_key};
+use super::store::{decode, storage};
 use crate::broker::BrokerError;
 use crate::state::{Entry, StateReader, StateWrites, StoreMeta, Write};
-
-const ENTRY: u8 = b'e';
-const META: u8 = b'm';
-const APPLIED: u8 = b'a';
 
 /// How long the store remembers that a message's call committed state,
 /// at least: a redelivery of that message within it (after a crash,
 /// where the broker can hand out again a message whose settle it wrote)
 /// commits its outputs and ack but not its state writes a second time.
 const APPLIED_AT_LEAST_MS: u64 = 10 * 60 * 1000;
-
-/// The marker that `writer`'s call committed state to `store`.
-fn applied_key(store: &str, writer: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(2 + store.len() + writer.len());
-    k.push(APPLIED);
-    k.extend_from_slice(store.as_bytes());
-    k.push(0);
-    k.extend_from_slice(writer.as_bytes());
-    k
-}
-
-/// The keyspace key of `key` in `store`.
-fn entry_key(store: &str, key: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(2 + store.len() + key.len());
-    k.push(ENTRY);
-    k.extend_from_slice(store.as_bytes());
-    k.push(0);
-    k.extend_from_slice(key.as_bytes());
-    k
-}
-
-fn meta_key(store: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(1 + store.len());
-    k.push(META);
-    k.extend_from_slice(store.as_bytes());
-    k
-}
-
-/// The store and key an entry key holds.
-fn split_entry_key(k: &[u8]) -> Option<(&str, &str)> {
-    let rest = k.strip_prefix(&[ENTRY])?;
-    let nul = rest.iter().position(|b| *b == 0)?;
-    Some((
-        std::str::from_utf8(&rest[..nul]).ok()?,
-        std::str::from_utf8(&rest[nul + 1..]).ok()?,
-    ))
-}
 
 /// Reads committed state for handlers (and the operator's tools).
 pub(super) struct Reader {
@@ -84,8 +41,10 @@ impl Reader {
 #[async_trait::async_trait]
 impl StateReader for Reader {
     async fn get(&self, store: &str, key: &str) -> Result<Option<Entry>, String> {
+        let k = entry_key(store, key);
+        self.shared.state_writing.wait(&k).await;
         let ks = self.keyspace()?;
-        match ks.get(entry_key(store, key)).map_err(|e| e.to_string())? {
+        match ks.get(k).map_err(|e| e.to_string())? {
             Some(bytes) => decode(&bytes).map(Some).map_err(|e| e.to_string()),
             None => Ok(None),
         }
@@ -130,152 +89,10 @@ impl StateReader for Reader {
     }
 }
 
-/// What a group has written to the `state` keyspace but not yet
-/// committed: later settles in the same group check against it.
-#[derive(Default)]
-pub(in crate::broker::embedded) struct Overlay {
-    entries: HashMap<Vec<u8>, Option<Entry>>,
-    metas: HashMap<String, StoreMeta>,
-    applied: std::collections::HashSet<Vec<u8>>,
-}
-
-impl Group<'_> {
-    fn state_entry(&self, key: &[u8]) -> Result<Option<Entry>, BrokerError> {
-        if let Some(found) = self.state.entries.get(key) {
-            return Ok(found.clone());
-        }
-        match self
-            .store
-            .state
-            .get(key)
-            .map_err(|e| storage("reading a state entry", e))?
-        {
-            Some(bytes) => decode(&bytes).map(Some),
-            None => Ok(None),
-        }
-    }
-
-    fn state_applied(&self, marker: &[u8]) -> Result<bool, BrokerError> {
-        if self.state.applied.contains(marker) {
-            return Ok(true);
-        }
-        Ok(self
-            .store
-            .state
-            .get(marker)
-            .map_err(|e| storage("reading a state marker", e))?
-            .is_some())
-    }
-
-    fn state_meta(&self, store: &str) -> Result<StoreMeta, BrokerError> {
-        if let Some(meta) = self.state.metas.get(store) {
-            return Ok(*meta);
-        }
-        match self
-            .store
-            .state
-            .get(meta_key(store))
-            .map_err(|e| storage("reading a state store's bookkeeping", e))?
-        {
-            Some(bytes) => decode(&bytes),
-            None => Ok(StoreMeta::default()),
-        }
-    }
-}
-
-/// Checks a call's state writes against the store as this group leaves
-/// it, then adds them to the batch. Nothing is added unless every check
-/// passes, so a refused settle leaves the batch as it was.
-pub(super) fn apply(group: &mut Group<'_>, writes: &StateWrites) -> Result<(), BrokerError> {
-    let store = &*writes.store;
-    let marker = (!writes.writer.is_empty()).then(|| applied_key(store, &writes.writer));
-    if let Some(marker) = &marker
-        && group.state_applied(marker)?
-    {
-        // This message's state is in: its effect is not applied twice.
-        tracing::info!(store, message = %writes.writer, "state of this message was committed before; the writes of its redelivery are dropped");
-        return Ok(());
-    }
-    // Each key read once: the checks and the writes mostly name the same.
-    let mut current: HashMap<&str, Option<Entry>> = HashMap::new();
-    for (key, revision) in &writes.checks {
-        let found = group.state_entry(&entry_key(store, key))?;
-        let now = found.as_ref().map_or(0, |e| e.revision);
-        current.insert(key, found);
-        if now != *revision {
-            return Err(BrokerError::StateConflict(format!(
-                "state key `{key}` of store `{store}` changed (revision {revision} -> {now}) \
-                 while the call ran; the call is retried on the new value"
-            )));
-        }
-    }
-    let mut meta = group.state_meta(store)?;
-    let mut staged = Vec::with_capacity(writes.writes.len());
-    let mut bytes = i128::from(meta.bytes);
-    let mut keys = i128::from(meta.keys);
-    for (key, write) in &writes.writes {
-        let k = entry_key(store, key);
-        let old = match current.remove(key.as_str()) {
-            Some(found) => found,
-            None => group.state_entry(&k)?,
-        };
-        bytes -= old.as_ref().map_or(0, |e| i128::from(e.size(key)));
-        keys -= i128::from(old.is_some());
-        let new = match write {
-            Write::Put { value, expires_at } => {
-                meta.revision += 1;
-                let entry = Entry {
-                    value: value.clone(),
-                    revision: meta.revision,
-                    expires_at: *expires_at,
-                    writer: writes.writer.clone(),
-                    written_at: group.now,
-                };
-                bytes += i128::from(entry.size(key));
-                keys += 1;
-                Some(entry)
-            }
-            Write::Delete => None,
-        };
-        staged.push((k, new));
-    }
-    let bytes = u64::try_from(bytes.max(0)).unwrap_or(u64::MAX);
-    if bytes > meta.bytes && bytes > writes.max_bytes {
-        return Err(BrokerError::StateConflict(format!(
-            "state store `{store}` would hold {bytes} bytes, over its max_bytes of {}: other \
-             calls filled it while this one ran; the call is retried and sees the store full",
-            writes.max_bytes
-        )));
-    }
-    meta.bytes = bytes;
-    meta.keys = u64::try_from(keys.max(0)).unwrap_or(0);
-    for (k, entry) in staged {
-        match &entry {
-            Some(entry) => {
-                let value = encode(entry)?;
-                group.batch.insert(&group.store.state, k.clone(), value);
-            }
-            None => group.batch.remove(&group.store.state, k.clone()),
-        }
-        group.state.entries.insert(k, entry);
-    }
-    group
-        .batch
-        .insert(&group.store.state, meta_key(store), encode(&meta)?);
-    group.state.metas.insert(store.to_owned(), meta);
-    if let Some(marker) = marker {
-        group
-            .batch
-            .insert(&group.store.state, marker.clone(), group.now.to_be_bytes());
-        group.state.applied.insert(marker);
-    }
-    Ok(())
-}
-
 /// Deletes `key` from `store` for an operator, as a handler's delete
 /// would be written. Returns whether it was there.
 pub(super) fn delete(group: &mut Group<'_>, store: &str, key: &str) -> Result<bool, BrokerError> {
-    let Some(entry) = group.state_entry(&entry_key(store, key))? else {
+    let Some(entry) = group.state_view().entry(&entry_key(store, key), key)? else {
         return Ok(false);
     };
     let writes = StateWrites {
@@ -285,8 +102,100 @@ pub(super) fn delete(group: &mut Group<'_>, store: &str, key: &str) -> Result<bo
         checks: vec![(key.to_owned(), entry.revision)],
         writes: vec![(key.to_owned(), Write::Delete)],
     };
-    apply(group, &writes)?;
+    apply(group.state_view(), &writes)?;
     Ok(true)
+}
+
+/// Keys that settles on their way to the committer write (sent, their
+/// reply not back). A handler's read of such a key waits for that settle
+/// and reads what it wrote, rather than the value before it: a read of the
+/// old value is refused at the call's own commit (`state-conflict`) and
+/// the call runs again. A stage settles beside its next call, so on keys
+/// that come back within a commit's time that was about half of all calls
+/// (BENCHMARKS.md, "Handler state committed with the ack").
+#[derive(Default)]
+pub(super) struct Writing {
+    keys: Mutex<InFlight>,
+}
+
+/// Per keyspace key: how many settles in flight write it, and what wakes
+/// its readers when the last one is back.
+type InFlight = HashMap<Vec<u8>, (usize, Arc<Notify>)>;
+
+/// The longest a read waits for settles in flight; past it, it reads what
+/// is committed, and the commit's check catches a stale read as ever.
+const WRITING_WAIT_MAX: Duration = Duration::from_secs(2);
+
+impl Writing {
+    fn keys(&self) -> std::sync::MutexGuard<'_, InFlight> {
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Notes the keys `writes` writes until the guard is dropped (when
+    /// the settle's reply is in, or the settle is given up).
+    pub(super) fn register(&self, writes: &StateWrites) -> WritingGuard<'_> {
+        let keys: Vec<Vec<u8>> = writes
+            .writes
+            .iter()
+            .map(|(key, _)| entry_key(&writes.store, key))
+            .collect();
+        let mut map = self.keys();
+        for k in &keys {
+            map.entry(k.clone())
+                .or_insert_with(|| (0, Arc::new(Notify::new())))
+                .0 += 1;
+        }
+        WritingGuard {
+            writing: self,
+            keys,
+        }
+    }
+
+    /// Returns once no settle in flight writes `key` (or after
+    /// [`WRITING_WAIT_MAX`]).
+    async fn wait(&self, key: &[u8]) {
+        let deadline = tokio::time::Instant::now() + WRITING_WAIT_MAX;
+        loop {
+            let Some(notify) = self.keys().get(key).map(|(_, n)| n.clone()) else {
+                return;
+            };
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // Released between the look and the enable: nothing to wait for.
+            if !self
+                .keys()
+                .get(key)
+                .is_some_and(|(_, n)| Arc::ptr_eq(n, &notify))
+            {
+                continue;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// The keys of one settle in flight ([`Writing::register`]).
+pub(super) struct WritingGuard<'a> {
+    writing: &'a Writing,
+    keys: Vec<Vec<u8>>,
+}
+
+impl Drop for WritingGuard<'_> {
+    fn drop(&mut self) {
+        let mut map = self.writing.keys();
+        for k in self.keys.drain(..) {
+            if let Some((count, notify)) = map.get_mut(&k) {
+                *count -= 1;
+                if *count == 0 {
+                    notify.notify_waiters();
+                    map.remove(&k);
+                }
+            }
+        }
+    }
 }
 
 /// Where the next sweep of expired entries starts: like the dedup
@@ -355,7 +264,7 @@ pub(super) fn sweep(group: &mut Group<'_>) -> Result<(), BrokerError> {
             checks: vec![(key.clone(), revision)],
             writes: vec![(key, Write::Delete)],
         };
-        match apply(group, &writes) {
+        match apply(group.state_view(), &writes) {
             Ok(()) | Err(BrokerError::StateConflict(_)) => {}
             Err(e) => return Err(e),
         }
@@ -416,17 +325,4 @@ pub(super) fn reader(shared: &Arc<Shared>) -> Arc<dyn StateReader> {
     Arc::new(Reader {
         shared: shared.clone(),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_entry_key_names_its_store_whatever_the_key_holds() {
-        let k = entry_key("p/s", "a\0b/c");
-        assert_eq!(split_entry_key(&k), Some(("p/s", "a\0b/c")));
-        assert!(k.starts_with(&entry_key("p/s", "")));
-        assert!(!entry_key("p/st", "x").starts_with(&entry_key("p/s", "")));
-    }
 }

@@ -11,14 +11,14 @@ use std::sync::Arc;
 use fjall::{OwnedWriteBatch, PersistMode};
 use tokio::sync::oneshot;
 
+use super::state_writes::{self, StateView};
 use crate::broker::Ticket;
 use crate::broker::embedded::consumer::{Consumer, Pending};
-use crate::broker::embedded::database::{Store, delete_message};
-use crate::broker::embedded::delayed;
+use crate::broker::embedded::database::{self, Store, delete_message};
 use crate::broker::embedded::memtables;
 use crate::broker::embedded::store::{
-    DedupRecord, MessageRecordRef, Position, cursor_key, dedup_key, encode, encode_message,
-    msg_key, pending_key, run_key, storage,
+    DedupRecord, MessageRecordRef, Position, cursor_key, dedup_key, delayed_key, encode,
+    encode_message, msg_key, pending_key, run_key, storage,
 };
 use crate::broker::embedded::topic::{Topic, TopicState};
 use crate::broker::embedded::{Shared, SyncMode};
@@ -159,10 +159,10 @@ pub(in crate::broker::embedded) struct Group<'a> {
     /// The broker clock for this group.
     pub now: u64,
     /// Bytes of large message records this group writes
-    /// ([`memtables::LARGE_RECORD_BYTES`] each or more).
+    /// ([`database::LARGE_RECORD_BYTES`] each or more).
     large_bytes: u64,
     /// Handler state this group writes, for later settles to check against.
-    pub(in crate::broker::embedded) state: crate::broker::embedded::state::Overlay,
+    pub(in crate::broker::embedded) state: state_writes::Overlay,
 }
 
 impl<'a> Group<'a> {
@@ -269,11 +269,11 @@ impl<'a> Group<'a> {
             let seq = match due {
                 // Not in the topic yet: its seq comes when it is due.
                 Some(due) => {
-                    delayed::add(self, topic, due, value);
+                    self.delay(topic, due, value);
                     0
                 }
                 None => {
-                    if value.len() >= memtables::LARGE_RECORD_BYTES {
+                    if value.len() >= database::LARGE_RECORD_BYTES {
                         self.large_bytes += value.len() as u64;
                     }
                     self.append(topic, published_at, value)
@@ -291,6 +291,31 @@ impl<'a> Group<'a> {
             });
         }
         Ok(acks)
+    }
+
+    /// Adds a delayed message (its record already encoded, delay headers
+    /// removed): stored under its due time, counted on its topic, until
+    /// `delayed::release` moves it into the topic.
+    fn delay(&mut self, topic: &Arc<Topic>, due: u64, value: fjall::Slice) {
+        let st = self.topic_state(topic);
+        st.delay_seq += 1;
+        st.delayed += 1;
+        if st.next_due == 0 || due < st.next_due {
+            st.next_due = due;
+        }
+        let key = delayed_key(topic.id, due, st.delay_seq);
+        self.batch.insert(&self.store.delayed, key, value);
+    }
+
+    /// What a settle's state writes are checked against and added to.
+    pub(in crate::broker::embedded) fn state_view(&mut self) -> StateView<'_> {
+        StateView {
+            shared: self.shared,
+            keyspace: &self.store.state,
+            overlay: &mut self.state,
+            batch: &mut self.batch,
+            now: self.now,
+        }
     }
 
     /// Adds an encoded message record to `topic` at its next seq.
@@ -327,7 +352,7 @@ impl<'a> Group<'a> {
     ) -> Result<(), BrokerError> {
         let topics = self.resolve(outputs)?;
         if let Some(writes) = state {
-            crate::broker::embedded::state::apply(self, writes)?;
+            state_writes::apply(self.state_view(), writes)?;
         }
         if let Some((key, ticket)) = record {
             self.complete_record(key, &ticket)?;
@@ -470,6 +495,9 @@ impl<'a> Group<'a> {
                 Err(e) => return fail(&e, early, done),
             }
         }
+        if let Err(e) = state_writes::write_metas(&self.state, &mut self.batch, &self.store.state) {
+            return fail(&e, early, done);
+        }
         let batch = std::mem::replace(&mut self.batch, self.store.db.batch());
         let result = batch
             .durability(Some(PersistMode::Buffer))
@@ -479,6 +507,7 @@ impl<'a> Group<'a> {
             let e = self.write_failed(&e);
             return fail(&e, early, done);
         }
+        state_writes::committed(self.shared, &mut self.state);
         memtables::seal_after_large_writes(
             &self.store,
             &self.shared.large_records,
@@ -512,6 +541,7 @@ impl<'a> Group<'a> {
     /// reopened, and callers get [`BrokerError::Unavailable`] (503, try
     /// again) rather than a storage error for good.
     fn write_failed(&self, e: &BrokerError) -> BrokerError {
+        state_writes::forget(self.shared);
         self.shared.health.write_failed(e);
         BrokerError::Unavailable(format!("the store cannot take writes now ({e})"))
     }

@@ -10,6 +10,8 @@
 //!
 //! - `op.rs`: the ops and how a group of them is built ([`op::process`]);
 //! - `group.rs`: the group's batch, its commit, and the replies it owes;
+//! - `state_writes.rs`: handlers' state writes, checked and batched with
+//!   their settles;
 //! - here: the loop that collects ops into groups, and between groups
 //!   (and when idle) runs the maintenance in [`super::retention`] and
 //!   reopens a store that failed a write.
@@ -29,6 +31,7 @@ use crate::broker::{BrokerError, now_millis};
 
 pub(super) mod group;
 pub(super) mod op;
+pub(super) mod state_writes;
 
 pub(super) use group::{Group, Reply};
 pub(super) use op::{Op, SettleItem};
@@ -138,6 +141,7 @@ impl Reopener {
                 shared.store.close();
                 match shared.store.reopen() {
                     Ok(()) => {
+                        state_writes::forget(&shared);
                         reconcile(&shared);
                         shared.health.recovered();
                         tracing::info!("embedded broker: the store takes writes again");
