@@ -91,6 +91,10 @@ fn main() {
     let concurrency = concurrency();
     println!("| benchmark | A | B | ratio B/A |");
     println!("|---|---|---|---|");
+    if std::env::var("NATS_BENCH_ONLY").as_deref() == Ok("state") {
+        state_side_by_side(&rt, &host);
+        return;
+    }
     // Once on a server that fsyncs every write (as the tests' servers do,
     // and as a durable deployment may), once on nats-server's default sync
     // (every 2 min), where the runtime's own cost shows most.
@@ -402,4 +406,167 @@ fn median(samples: &[f64]) -> f64 {
 fn report(name: &str, a: &[f64], b: &[f64]) {
     let (ma, mb) = (median(a), median(b));
     println!("| {name} | {ma:.0} | {mb:.0} | {:.2} |", mb / ma);
+}
+
+/// Messages per sample of the state comparison: each commit with state is
+/// a JetStream atomic batch, which a single-replica server syncs.
+const STATE_MESSAGES: usize = 4_000;
+
+/// Issue 43, "the same on NATS": the `stateful` plugin doing one
+/// increment (or one get and one set) per message, keys spread over 100,
+/// its writes committed as one atomic batch with the call's marker,
+/// against the same calls with the state calls skipped (`dry`), on one
+/// server: its store on tmpfs (what the runtime and the server's batch
+/// cost) and on disk (what a durable server's batch sync adds).
+/// `NATS_BENCH_ONLY=state cargo bench -p sluice --bench nats`.
+fn state_side_by_side(rt: &tokio::runtime::Runtime, host: &PluginHost) {
+    let stateful = host
+        .load(sluice_harness::plugin("stateful"))
+        .expect("stateful plugin");
+    let concurrency = std::env::var("NATS_BENCH_CONCURRENCY")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(2);
+    for on_tmpfs in [true, false] {
+        let server = if on_tmpfs {
+            NatsServer::start_on_tmpfs()
+        } else {
+            NatsServer::start()
+        }
+        .expect("nats-server");
+        for (op, title) in [
+            ("inc", "one increment per message"),
+            ("get-set", "one get and one set per message"),
+        ] {
+            let mut rates = [Vec::new(), Vec::new()];
+            for sample in 0..samples() {
+                for (granted, out) in [false, true].into_iter().zip(rates.iter_mut()) {
+                    out.push(rt.block_on(state_stage(
+                        &server.url(),
+                        &stateful,
+                        op,
+                        granted,
+                        concurrency,
+                        sample,
+                    )));
+                }
+            }
+            let store = if on_tmpfs {
+                "store on tmpfs"
+            } else {
+                "store on disk"
+            };
+            report(
+                &format!(
+                    "stateful stage on NATS ({store}), {title}, {STATE_MESSAGES} msgs, concurrency {concurrency} (state calls skipped | committed with the ack), msgs/s"
+                ),
+                &rates[0],
+                &rates[1],
+            );
+        }
+    }
+}
+
+/// One sample of [`state_side_by_side`]; returns msgs/s, timed until the
+/// last output.
+async fn state_stage(
+    url: &str,
+    plugin: &sluice::plugin::Plugin,
+    op: &str,
+    granted: bool,
+    concurrency: u32,
+    sample: usize,
+) -> f64 {
+    use sluice::broker::Message;
+    let broker = NatsBroker::connect(
+        NatsOptions::parse(url).expect("url"),
+        Duration::from_secs(10),
+    )
+    .await
+    .expect("connect");
+    let (input, output, dlq) = ("in".to_owned(), "out".to_owned(), "s.dlq".to_owned());
+    broker
+        .ensure_topic(&TopicSpec {
+            subscribed: true,
+            ..TopicSpec::new(input.clone())
+        })
+        .await
+        .expect("topic");
+    for name in [&output, &dlq] {
+        broker
+            .ensure_topic(&TopicSpec::new(name.clone()))
+            .await
+            .expect("topic");
+    }
+    let config = if granted { "bench" } else { "dry" };
+    let yaml = format!(
+        "name: s\nsubscribe: in\nplugin: stateful.wasm\npublish: [out]\nconcurrency: {concurrency}\nconfig: {{{config}: \"1\"}}\n"
+    );
+    let mut stage: Stage = serde_saphyr::from_str(&yaml).expect("stage");
+    stage.ack_wait = HumanDuration::secs(30);
+    stage.dlq = Some(dlq.clone());
+    // A store of its own per sample, so no sample starts from another's.
+    let store: Arc<str> = format!("p/bench{sample}{op}{granted}").into();
+    let handlers = (0..concurrency)
+        .map(|_| {
+            let mut settings = stage.worker_settings();
+            if granted {
+                settings.state = Some(sluice::state::StateAccess {
+                    reader: broker.state().expect("the NATS broker keeps state"),
+                    store: store.clone(),
+                    max_bytes: u64::MAX,
+                });
+            }
+            Box::new(plugin.worker(settings)) as Box<dyn StageHandler>
+        })
+        .collect();
+    let setup = StageSetup {
+        pipeline: "p".into(),
+        handlers,
+        stage,
+        shutdown_timeout: Duration::from_secs(5),
+        plugin_sha256: None,
+    };
+    let spec: ConsumerSpec = setup.consumers().remove(0);
+    broker.ensure_consumer(&spec).await.expect("consumer");
+    let payload = Bytes::from(op.as_bytes().to_vec());
+    for chunk in (0..STATE_MESSAGES).collect::<Vec<_>>().chunks(500) {
+        let batch = chunk
+            .iter()
+            .map(|i| {
+                let mut m = Message::new(format!("m{sample}-{i}"), &input, payload.clone());
+                m.key = Some(format!("k{}", i % 100));
+                m
+            })
+            .collect();
+        broker.publish(batch).await.expect("publish");
+    }
+    let started = Instant::now();
+    let engine = Engine::start(
+        broker.clone(),
+        Arc::new(Metrics::new()),
+        None,
+        None,
+        vec![setup],
+    )
+    .await
+    .expect("engine");
+    loop {
+        let out = broker.topic_stats(&output).await.expect("stats").last_seq;
+        let dead = broker.topic_stats(&dlq).await.expect("stats").last_seq;
+        assert_eq!(dead, 0, "a dead letter in the state bench");
+        if out >= STATE_MESSAGES as u64 {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    let rate = STATE_MESSAGES as f64 / started.elapsed().as_secs_f64();
+    engine.shutdown().await;
+    let js = jetstream::new(broker.client().clone());
+    for topic in [&input, &output, &dlq] {
+        js.delete_stream(stream_name(topic))
+            .await
+            .expect("delete stream");
+    }
+    rate
 }

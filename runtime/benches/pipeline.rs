@@ -349,9 +349,10 @@ async fn run_stage_on(
         plugin_sha256: None,
     };
     let started = Instant::now();
+    let metrics = Arc::new(Metrics::new());
     let engine = Engine::start(
         broker.clone(),
-        Arc::new(Metrics::new()),
+        metrics.clone(),
         None,
         Some(dedup),
         vec![setup],
@@ -375,6 +376,13 @@ async fn run_stage_on(
     }
     let rate = last_output.0 as f64 / last_output.1.as_secs_f64();
     engine.shutdown().await;
+    if std::env::var_os("BENCH_CONFLICTS").is_some() {
+        for line in metrics.encode().lines() {
+            if line.contains("conflict") && !line.starts_with('#') {
+                eprintln!("  {line}");
+            }
+        }
+    }
     rate
 }
 
