@@ -318,20 +318,17 @@ async fn raw_loop(url: &str, sample: usize) -> f64 {
     rate
 }
 
-/// The engine over [`NatsBroker`]; returns msgs/s.
-async fn sluice_stage(
-    url: &str,
-    stage: &Stage,
-    handler: impl Fn() -> Box<dyn StageHandler>,
-) -> f64 {
+/// A broker on `url` with the streams a sample's stage uses: its input
+/// (an interest stream), its output and its dead letters, by the names the
+/// stage (and its plugin's default output) were built with. Each sample
+/// deletes them at its end.
+async fn connect_with_streams(url: &str) -> (Arc<NatsBroker>, String, String, String) {
     let broker = NatsBroker::connect(
         NatsOptions::parse(url).expect("url"),
         Duration::from_secs(10),
     )
     .await
     .expect("connect");
-    // The names the stage (and its plugin's default output) were built
-    // with; each sample deletes its streams at the end.
     let (input, output, dlq) = ("in".to_owned(), "out".to_owned(), "s.dlq".to_owned());
     broker
         .ensure_topic(&TopicSpec {
@@ -346,6 +343,16 @@ async fn sluice_stage(
             .await
             .expect("topic");
     }
+    (broker, input, output, dlq)
+}
+
+/// The engine over [`NatsBroker`]; returns msgs/s.
+async fn sluice_stage(
+    url: &str,
+    stage: &Stage,
+    handler: impl Fn() -> Box<dyn StageHandler>,
+) -> f64 {
+    let (broker, input, output, dlq) = connect_with_streams(url).await;
     let mut stage = stage.clone();
     stage.dlq = Some(dlq.clone());
     let setup = StageSetup {
@@ -478,26 +485,7 @@ async fn state_stage(
     sample: usize,
 ) -> f64 {
     use sluice::broker::Message;
-    let broker = NatsBroker::connect(
-        NatsOptions::parse(url).expect("url"),
-        Duration::from_secs(10),
-    )
-    .await
-    .expect("connect");
-    let (input, output, dlq) = ("in".to_owned(), "out".to_owned(), "s.dlq".to_owned());
-    broker
-        .ensure_topic(&TopicSpec {
-            subscribed: true,
-            ..TopicSpec::new(input.clone())
-        })
-        .await
-        .expect("topic");
-    for name in [&output, &dlq] {
-        broker
-            .ensure_topic(&TopicSpec::new(name.clone()))
-            .await
-            .expect("topic");
-    }
+    let (broker, input, output, dlq) = connect_with_streams(url).await;
     let config = if granted { "bench" } else { "dry" };
     let yaml = format!(
         "name: s\nsubscribe: in\nplugin: stateful.wasm\npublish: [out]\nconcurrency: {concurrency}\nconfig: {{{config}: \"1\"}}\n"
