@@ -28,10 +28,9 @@ pub const DELAY_HEADER: &str = "sluice-delay";
 /// The absolute due-time header.
 pub const DELIVER_AT_HEADER: &str = "sluice-deliver-at";
 
-/// The longest delay accepted: a year. Longer is almost always a unit
-/// mistake (a timestamp in ms read as seconds), and is refused rather
-/// than parked for decades.
-pub const MAX_DELAY: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The longest delay accepted: a year (with the other limits on time, so
+/// a pipeline file's retry waits are held to it too).
+pub use crate::timestamp::MAX_DELAY;
 
 /// Whether `name` is one of the delay headers.
 pub fn is_delay_header(name: &str) -> bool {

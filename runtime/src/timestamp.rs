@@ -1,10 +1,19 @@
 //! Points in time as people write them: RFC 3339 (`2026-11-26T09:30:00Z`,
 //! `2026-11-26T10:30:00+01:00`) or, where a point in the past is meant, a
 //! duration back from now (`90s`, `1h`, `2days`). Times inside Sluice are
-//! milliseconds since the Unix epoch; this module is where text meets them.
+//! milliseconds since the Unix epoch; this module is where text meets them,
+//! and says how far ahead one may be ([`MAX_DELAY`]).
+
+use std::time::Duration;
 
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
+
+/// The furthest ahead a time may be: a year. A delay (`sluice-delay`,
+/// `sluice-deliver-at`, a retry's backoff or schedule) longer than this is
+/// almost always a unit mistake (a timestamp in ms read as seconds), and is
+/// refused rather than parked for decades.
+pub const MAX_DELAY: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Parses an RFC 3339 time into milliseconds since the Unix epoch.
 ///

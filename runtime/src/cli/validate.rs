@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use crate::config;
 use crate::connect::ConfigProblem;
-use crate::plugin::HostConfig;
+use crate::plugin::{HostConfig, PluginCheck};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -38,7 +38,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        config::load_and_check_plugins(&args.paths, &host)
+        config::load_checked(&args.paths, &mut PluginCheck::new(&host))
     };
     match result {
         Ok(pipelines) => {

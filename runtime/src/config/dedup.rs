@@ -8,6 +8,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::de::{self, Deserialize, Deserializer, Visitor};
@@ -40,6 +41,12 @@ pub struct Dedup {
     #[serde(default)]
     pub missing_key: MissingKey,
 }
+
+/// Added to the handler timeout to make an IN_PROGRESS lease: the time a
+/// settle may take after the handler returns. A `ttl` shorter than the
+/// stage's `timeout` plus this is refused (a key would expire while its
+/// handler still runs); `crate::dedup` leases records by it.
+pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
 
 /// 24 h.
 pub fn default_dedup_ttl() -> HumanDuration {

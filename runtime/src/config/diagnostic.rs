@@ -55,10 +55,6 @@ impl Diagnostics {
         self.0.push(diagnostic);
     }
 
-    pub(crate) fn extend(&mut self, other: Diagnostics) {
-        self.0.extend(other.0);
-    }
-
     /// Sorts by file, then position, keeping the order of problems found at
     /// the same place.
     pub(crate) fn sort(&mut self) {

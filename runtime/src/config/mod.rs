@@ -3,12 +3,14 @@
 //!
 //! A file holds one pipeline; a directory holds one per `*.yaml`/`*.yml`
 //! file. [`load`] reads and checks them and returns every problem as a
-//! `file:line:col: message` [`Diagnostic`]; [`load_and_check_plugins`] also
-//! loads each stage's plugin. [`Stage::worker_settings`] turns a stage into
-//! the plugin host's settings.
+//! `file:line:col: message` [`Diagnostic`]; [`load_checked`] also runs a
+//! [`PipelineCheck`] that needs the runtime (`crate::plugin::PluginCheck`
+//! loads each stage's plugin). Config names no other part of the runtime:
+//! they read it.
 //!
 //! - `model`: the structs, which are the configuration reference (with
 //!   `dedup`, a stage's `dedup:` block);
+//! - `broker`: the `broker:` field, `embedded` or a NATS URL's options;
 //! - `units`: durations (`30s`) and sizes (`64MiB`);
 //! - `parse`: bytes -> positioned tree -> typed model, under limits;
 //! - `tree`: the positioned tree and a serde `Deserializer` over it;
@@ -19,6 +21,7 @@
 //! - `validate`: loading many files and the checks across values;
 //! - `diagnostic`: what is reported.
 
+mod broker;
 mod claim;
 mod dedup;
 mod diagnostic;
@@ -33,10 +36,11 @@ mod tree;
 mod units;
 mod validate;
 
+pub use broker::{BadNatsUrl, DEFAULT_DUPLICATE_WINDOW, NatsOptions};
 pub use claim::{
     ClaimCheck, StoreUrl, default_claim_retention, default_claim_threshold, default_max_payload,
 };
-pub use dedup::{Dedup, DedupKey, MissingKey, default_dedup_ttl};
+pub use dedup::{Dedup, DedupKey, LEASE_MARGIN, MissingKey, default_dedup_ttl};
 pub use diagnostic::{Diagnostic, Diagnostics};
 pub use http::{AllowedHost, HttpGrant, is_reserved_header};
 pub use interpolate::interpolate;
@@ -46,12 +50,13 @@ pub use parse::{MAX_ALIAS_REPLAY, MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES};
 pub use rate::{DEFAULT_MAX_KEYS, Rate, RateForm, RateLimit, rate_short};
 pub use secrets::{MAX_SECRET_BYTES, SecretSource, SecretValues, read_spec as read_secret_spec};
 pub use state::{DEFAULT_STATE_MAX_BYTES, StateGrant};
+pub(crate) use tree::Node;
 pub use tree::Pos;
-pub(crate) use tree::{Node, Seg};
+pub use tree::Seg;
 pub use units::{HumanDuration, HumanSize};
 #[cfg(feature = "fuzz")]
 pub(crate) use validate::load_bytes;
-pub use validate::{load, load_and_check_plugins, load_with};
+pub use validate::{PipelineCheck, load, load_checked, load_with};
 
 /// The JSON Schema of a pipeline file, derived from [`Pipeline`], for
 /// editors (`# yaml-language-server: $schema=...`).

@@ -21,7 +21,6 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde::{Serialize, Serializer};
 
 use super::units::{HumanDuration, HumanSize};
-use crate::plugin::{Isolation, Limits, Outputs, WorkerSettings};
 
 /// One pipeline: its topics and the stages that connect them. A file holds
 /// one pipeline; a directory holds one per `*.yaml`/`*.yml` file.
@@ -404,128 +403,11 @@ impl Stage {
         ))
     }
 
-    /// The outbound sender this stage's `http:` grants, if any, counting
-    /// its requests in `metrics` (with the pipeline's name).
-    ///
-    /// # Errors
-    ///
-    /// The client cannot be set up (validation refuses bad grants first).
-    pub fn outbound(
-        &self,
-        metrics: Option<(String, Arc<crate::metrics::Metrics>)>,
-    ) -> Result<Option<Arc<crate::plugin::Outbound>>, String> {
-        let Some(grant) = &self.http else {
-            return Ok(None);
-        };
-        let allow = grant
-            .allow
-            .iter()
-            .map(|entry| super::AllowedHost::parse(entry))
-            .collect::<Result<Vec<_>, _>>()?;
-        let headers = grant
-            .headers
-            .iter()
-            .map(|(host, list)| {
-                Ok((
-                    super::AllowedHost::parse(host)?,
-                    list.iter()
-                        .map(|(name, value)| (name.clone(), value.expose().to_owned()))
-                        .collect(),
-                ))
-            })
-            .collect::<Result<Vec<_>, String>>()?;
-        let timeout = grant
-            .timeout
-            .map_or(self.timeout.get(), |t| t.get().min(self.timeout.get()));
-        crate::plugin::Outbound::new(
-            &self.name,
-            crate::plugin::OutboundPolicy {
-                allow,
-                allow_private: grant.allow_private,
-                timeout: Some(timeout),
-                headers,
-                metrics,
-            },
-        )
-        .map(Some)
-    }
-
-    /// The secrets this stage's `http:` headers put in, by name.
-    fn header_secrets<'a>(&'a self, values: &'a super::SecretValues) -> BTreeMap<String, String> {
-        self.http
-            .iter()
-            .flat_map(|grant| grant.headers.values())
-            .flat_map(|list| list.values())
-            .flat_map(|text| super::secrets::referenced(text.written()))
-            .filter_map(|name| Some((name.to_owned(), values.expose(name)?.to_owned())))
-            .collect()
-    }
-
     /// The dead-letter topic of this stage in `pipeline`.
     pub fn dlq_topic(&self, pipeline: &str) -> String {
         self.dlq
             .clone()
             .unwrap_or_else(|| default_dlq(pipeline, &self.name))
-    }
-
-    /// What the stage grants its plugin (contract 0.2.0's capabilities).
-    pub fn grants(&self) -> Vec<crate::plugin::Capability> {
-        let mut granted = Vec::new();
-        if !self.secrets.is_empty() {
-            granted.push(crate::plugin::Capability::Secrets);
-        }
-        if self.http.is_some() {
-            granted.push(crate::plugin::Capability::Http);
-        }
-        if self.state.is_some() {
-            granted.push(crate::plugin::Capability::State);
-        }
-        granted
-    }
-
-    /// The plugin host's settings for one worker of this stage: its limits,
-    /// its `config:` map and its declared outputs. The engine creates
-    /// `concurrency` workers with these.
-    pub fn worker_settings(&self) -> WorkerSettings {
-        self.worker_settings_with(&super::SecretValues::default())
-    }
-
-    /// [`Stage::worker_settings`] with the values of the secrets the stage
-    /// lists, from its pipeline's `secrets` (a name it does not define was
-    /// refused by validation).
-    pub fn worker_settings_with(&self, secrets: &super::SecretValues) -> WorkerSettings {
-        WorkerSettings {
-            limits: Limits {
-                timeout: self.timeout.get(),
-                memory: usize::try_from(self.memory.bytes()).unwrap_or(usize::MAX),
-                ..Limits::default()
-            },
-            config: Arc::new(
-                self.config
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.value.clone()))
-                    .collect(),
-            ),
-            outputs: Outputs::Declared(self.publish.clone()),
-            timer_topics: if self.timers {
-                self.subscribe.topics.clone()
-            } else {
-                Vec::new()
-            },
-            secrets: crate::plugin::GuestSecrets::new(
-                &self.name,
-                self.secrets
-                    .iter()
-                    .filter_map(|name| Some((name.clone(), secrets.expose(name)?.to_owned())))
-                    .collect(),
-            )
-            .also_redacting(self.header_secrets(secrets)),
-            // The daemon adds the broker's store (`Stage::state_store`)
-            // and the outbound sender (`Stage::outbound`).
-            state: None,
-            http: None,
-            isolation: Isolation::Reuse,
-        }
     }
 }
 
@@ -1072,27 +954,6 @@ mod tests {
         assert!(stage.publish.is_empty() && stage.config.is_empty());
         assert!(stage.ordering.is_none() && stage.batch.is_none());
         assert!(stage.max_ack_pending.is_none());
-    }
-
-    #[test]
-    fn stage_limits_map_onto_the_plugin_host() {
-        let stage: Stage = super::super::parse::from_str_for_tests(
-            "name: s\nsubscribe: {topic: in, filter: {kind: a}}\nplugin: p.wasm\n\
-             publish: [out, other]\ntimeout: 2s\nmemory: 64MiB\nconfig: {n: 3, on: true, t: x}\n",
-        );
-        let settings = stage.worker_settings();
-        assert_eq!(settings.limits.timeout, std::time::Duration::from_secs(2));
-        assert_eq!(settings.limits.memory, 64 << 20);
-        assert_eq!(
-            settings.outputs,
-            Outputs::Declared(vec!["out".into(), "other".into()])
-        );
-        assert_eq!(settings.config.get("n").map(String::as_str), Some("3"));
-        assert_eq!(settings.config.get("on").map(String::as_str), Some("true"));
-        assert_eq!(
-            stage.subscribe.filter.get("kind").map(String::as_str),
-            Some("a")
-        );
     }
 
     #[test]

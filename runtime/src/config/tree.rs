@@ -59,9 +59,10 @@ pub(crate) enum Kind {
     Map(Vec<(Key, Node)>),
 }
 
-/// One step of a path into the tree.
+/// One step of a path into the tree (`stages`, `2`, `plugin`): where a
+/// problem is reported.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Seg<'a> {
+pub enum Seg<'a> {
     /// A mapping key.
     Key(&'a str),
     /// A sequence index.

@@ -4,24 +4,36 @@
 //! Syntax and type errors come from `parse.rs`. This file adds the checks
 //! that need more than one value: names, topics that are used but not
 //! declared, duplicates (stages, topics, pipelines across files), loops of
-//! length one, ranges serde types cannot express, and — when a
-//! [`PluginHost`] is given — that each plugin file exists and is a Sluice
-//! plugin.
+//! length one, and ranges serde types cannot express. A check that needs
+//! the runtime (that each plugin file exists and is a Sluice plugin) is a
+//! [`PipelineCheck`] its owner implements, handed in by the caller.
 
-use crate::broker::nats::NatsOptions;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
+use super::broker::NatsOptions;
 use super::diagnostic::{Diagnostic, Diagnostics};
 use super::model::{Pipeline, Priority, default_dlq};
 use super::parse::{Document, Problem, locate, read_file};
 use super::tree::{Pos, Seg};
-use crate::plugin::{Inspection, PluginHost, check_memory};
+
+/// A check of a loaded pipeline that config cannot make itself, because
+/// it needs a part of the runtime (a stage's plugin file needs the plugin
+/// host: `crate::plugin::PluginCheck`). The part that owns the concept
+/// implements it; whoever orchestrates validation (`sluice validate`, the
+/// daemon) hands it to [`load_checked`], and each problem it finds is
+/// reported at its place in the file, among the loader's own.
+pub trait PipelineCheck {
+    /// The problems of `pipeline` (already checked by the loader, maybe
+    /// with problems of its own), each at the path of keys and indices to
+    /// the value it is about (`stages`, `2`, `plugin`).
+    fn check(&mut self, pipeline: &Pipeline) -> Vec<(Vec<Seg<'static>>, String)>;
+}
 
 /// Loads the pipeline files and directories in `paths` (a directory
 /// contributes its `*.yaml` and `*.yml` files, sorted by name), expanding
 /// `${VAR}` from the process environment, and checks them. Plugin files are
-/// not opened; see [`load_and_check_plugins`].
+/// not opened; see [`load_checked`].
 ///
 /// # Errors
 ///
@@ -30,22 +42,24 @@ pub fn load(paths: &[PathBuf]) -> Result<Vec<Pipeline>, Diagnostics> {
     load_with(paths, &|name| std::env::var(name).ok(), None)
 }
 
-/// Like [`load`], and also loads every stage's plugin with `host`: a
-/// missing file, a file that is not a component, and a component that is not
-/// a Sluice plugin (or of another contract version) are reported at the
-/// stage's `plugin:` line.
+/// Like [`load`], and also runs `check` over every pipeline (with
+/// `crate::plugin::PluginCheck`, loads every stage's plugin: a missing
+/// file, a file that is not a component, and a component that is not a
+/// Sluice plugin, or of another contract version, are reported at the
+/// stage's `plugin:` line).
 ///
 /// # Errors
 ///
 /// Every problem found, in every file.
-pub fn load_and_check_plugins(
+pub fn load_checked(
     paths: &[PathBuf],
-    host: &PluginHost,
+    check: &mut dyn PipelineCheck,
 ) -> Result<Vec<Pipeline>, Diagnostics> {
-    load_with(paths, &|name| std::env::var(name).ok(), Some(host))
+    load_with(paths, &|name| std::env::var(name).ok(), Some(check))
 }
 
-/// [`load`] with an explicit variable lookup and optional plugin checks.
+/// [`load`] with an explicit variable lookup and an optional
+/// [`PipelineCheck`].
 ///
 /// # Errors
 ///
@@ -53,7 +67,7 @@ pub fn load_and_check_plugins(
 pub fn load_with(
     paths: &[PathBuf],
     env: &dyn Fn(&str) -> Option<String>,
-    host: Option<&PluginHost>,
+    check: Option<&mut dyn PipelineCheck>,
 ) -> Result<Vec<Pipeline>, Diagnostics> {
     let mut diagnostics = Diagnostics::default();
     let files = expand(paths, &mut diagnostics);
@@ -64,7 +78,7 @@ pub fn load_with(
             (file, doc)
         })
         .collect();
-    check_documents(parsed, diagnostics, host)
+    check_documents(parsed, diagnostics, check)
 }
 
 /// The pipeline file `path` from its bytes, checked as [`load`] checks it:
@@ -85,7 +99,7 @@ pub(crate) fn load_bytes(path: &Path, bytes: &[u8]) -> Result<Vec<Pipeline>, Dia
 fn check_documents(
     parsed: Vec<(PathBuf, Result<Document, Vec<Problem>>)>,
     mut diagnostics: Diagnostics,
-    host: Option<&PluginHost>,
+    check: Option<&mut dyn PipelineCheck>,
 ) -> Result<Vec<Pipeline>, Diagnostics> {
     let mut docs: Vec<Document> = Vec::new();
     for (file, doc) in parsed {
@@ -113,8 +127,13 @@ fn check_documents(
     }
     check_unique_pipelines(&docs, &mut diagnostics);
     super::claim::check_shared_topics(&docs, &mut diagnostics);
-    if let Some(host) = host {
-        diagnostics.extend(check_plugins(&docs, host));
+    if let Some(check) = check {
+        for doc in &docs {
+            for (path, message) in check.check(&doc.pipeline) {
+                let pos = locate(&doc.tree, &path);
+                diagnostics.push(at(&doc.pipeline.source, pos, message));
+            }
+        }
     }
     if diagnostics.is_empty() {
         Ok(docs.into_iter().map(|d| d.pipeline).collect())
@@ -661,7 +680,7 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
                 ),
             );
         }
-        if backoff.max.get() > crate::delay::MAX_DELAY {
+        if backoff.max.get() > crate::timestamp::MAX_DELAY {
             report(
                 &s(&[K("retry"), K("backoff"), K("max")]),
                 format!(
@@ -677,7 +696,7 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
                     "`schedule` is empty: list the waits before each retry, like [1m, 5m, 30m], or remove it to use `backoff`".to_owned(),
                 );
             }
-            if let Some(long) = waits.iter().find(|w| w.get() > crate::delay::MAX_DELAY) {
+            if let Some(long) = waits.iter().find(|w| w.get() > crate::timestamp::MAX_DELAY) {
                 report(
                     &s(&[K("retry"), K("schedule")]),
                     format!("a wait of {long} is over the limit of 365 days"),
@@ -706,7 +725,7 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
             );
         }
         if let Some(dedup) = &stage.dedup {
-            let lease = stage.timeout.get() + crate::dedup::LEASE_MARGIN;
+            let lease = stage.timeout.get() + super::LEASE_MARGIN;
             if dedup.ttl.get().is_zero() {
                 report(
                     &s(&[K("dedup"), K("ttl")]),
@@ -878,63 +897,6 @@ fn check_unique_pipelines(docs: &[Document], diagnostics: &mut Diagnostics) {
             seen.insert(&doc.pipeline.name, doc);
         }
     }
-}
-
-/// Inspects each distinct plugin file once, without compiling it (its
-/// world, imports and declared memory: milliseconds, where a compile of a
-/// Python or JS component takes seconds), and reports those that cannot be
-/// used at every stage that names them, and stages whose `memory` is below
-/// what their plugin needs to start.
-fn check_plugins(docs: &[Document], host: &PluginHost) -> Diagnostics {
-    let mut diagnostics = Diagnostics::default();
-    // Each plugin file's outline and SHA-256, or why it cannot be used.
-    let mut results: HashMap<PathBuf, Result<(Inspection, String), String>> = HashMap::new();
-    for doc in docs {
-        for (i, stage) in doc.pipeline.stages.iter().enumerate() {
-            if stage.is_sink() {
-                continue;
-            }
-            let result = results.entry(stage.plugin.clone()).or_insert_with(|| {
-                if !stage.plugin.is_file() {
-                    return Err(format!(
-                        "plugin file not found: {} (a relative `plugin:` path is relative \
-                             to the pipeline file's directory; `cargo xtask plugins` builds \
-                             this repository's plugins into target/plugins/)",
-                        stage.plugin.display()
-                    ));
-                }
-                host.inspect(&stage.plugin).map_err(|e| e.to_string())
-            });
-            let (field, message) = match result {
-                Err(message) => ("plugin", message.clone()),
-                Ok((inspection, sha256)) => match stage.check_pin(sha256) {
-                    Err(message) => ("sha256", message),
-                    Ok(()) => match check_memory(
-                        &stage.plugin,
-                        inspection,
-                        stage.memory.bytes(),
-                        "the stage's `memory`",
-                    ) {
-                        Err(e) => ("memory", e.to_string()),
-                        Ok(()) => match inspection.check_grants(
-                            &stage.plugin,
-                            &stage.name,
-                            &stage.grants(),
-                        ) {
-                            Ok(()) => continue,
-                            Err(e) => ("plugin", e.to_string()),
-                        },
-                    },
-                },
-            };
-            let pos = locate(
-                &doc.tree,
-                &[Seg::Key("stages"), Seg::Index(i), Seg::Key(field)],
-            );
-            diagnostics.push(at(&doc.pipeline.source, pos, message));
-        }
-    }
-    diagnostics
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ use crate::connect;
 use crate::dedup::DedupStore;
 use crate::engine::{Engine, StageHandler, StageSetup};
 use crate::metrics::Metrics;
-use crate::plugin::{HostConfig, HostError, LoadError, PluginHost};
+use crate::plugin::{HostConfig, HostError, LoadError, PluginCheck, PluginHost};
 use sources::Sources;
 
 /// How to run.
@@ -134,8 +134,8 @@ pub fn load(opts: &DaemonOptions) -> Result<(Vec<Pipeline>, PluginHost), DaemonE
         max_instances: instance_capacity(&pipelines, &opts.host),
         ..opts.host.clone()
     })?;
-    let pipelines =
-        config::load_and_check_plugins(&opts.paths, &host).map_err(DaemonError::Config)?;
+    let pipelines = config::load_checked(&opts.paths, &mut PluginCheck::new(&host))
+        .map_err(DaemonError::Config)?;
     Ok((pipelines, host))
 }
 

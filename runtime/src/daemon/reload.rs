@@ -41,7 +41,7 @@ use crate::config::{self, Pipeline};
 use crate::connect;
 use crate::engine::Engine;
 use crate::metrics::Metrics;
-use crate::plugin::{HostConfig, PluginHost, plugin_file_sha256};
+use crate::plugin::{HostConfig, PluginCheck, PluginHost, plugin_file_sha256};
 use crate::reload::{Changes, ReloadError, ReloadReport, ReloadRequest, Restart, Trigger};
 
 /// What runs now, and what a reload needs to change it.
@@ -241,7 +241,8 @@ impl Live {
             } else {
                 host
             };
-            let pipelines = config::load_and_check_plugins(&paths, &host).map_err(diagnostics)?;
+            let pipelines =
+                config::load_checked(&paths, &mut PluginCheck::new(&host)).map_err(diagnostics)?;
             // Each plugin stage's file, hashed, to see which changed (a
             // file replaced since its check fails its load at step 2).
             let mut shas = HashMap::new();

@@ -25,9 +25,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::broker::{BrokerError, Message, Ticket};
 
-/// Added to the handler timeout to make an IN_PROGRESS lease: the time a
-/// settle may take after the handler returns.
-pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
+/// Added to the handler timeout to make an IN_PROGRESS lease. It lives
+/// with the `dedup:` block in config, which refuses a `ttl` shorter than
+/// the lease.
+pub use crate::config::LEASE_MARGIN;
 
 /// How old a COMPLETED record may be for its outputs to be republished on
 /// a duplicate. Below both brokers' shortest duplicate window (2 minutes),

@@ -14,10 +14,13 @@
 //! - `stdio`: the guest's stdout/stderr into logs, under a budget.
 //! - `worker`: instance reuse, per-call limits, failure classification.
 //! - `secrets`: the secrets a stage grants its guest, and their redaction.
+//! - `stage`: a pipeline file's stage as worker settings, grants and its
+//!   outbound sender; `check`: each stage's plugin file, for the loader.
 //! - `bindings`: the `bindgen!`s of the contract's versions.
 
 mod bindings;
 mod cache;
+mod check;
 mod clock;
 mod error;
 mod host;
@@ -25,6 +28,7 @@ mod inspect;
 mod outbound;
 mod sandbox;
 mod secrets;
+mod stage;
 mod stdio;
 mod worker;
 
@@ -33,6 +37,7 @@ use std::sync::Arc;
 
 pub use bindings::{Emit, HandlerError, Level, Message};
 pub use cache::{CacheStatus, DEFAULT_CACHE_MAX_BYTES};
+pub use check::PluginCheck;
 pub use error::{HostError, LoadError};
 pub use host::{HostConfig, PluginHost, check_memory, plugin_file_sha256};
 pub use inspect::Inspection;

@@ -36,9 +36,9 @@ mod schedules;
 mod state;
 mod versions;
 
+pub use crate::config::{BadNatsUrl, DEFAULT_DUPLICATE_WINDOW, NatsOptions};
 pub use codec::{KEY as KEY_HEADER, MSG_ID as MSG_ID_HEADER};
 pub use naming::{durable_name, stream_name};
-pub use options::{BadNatsUrl, DEFAULT_DUPLICATE_WINDOW, NatsOptions};
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
