@@ -538,6 +538,7 @@ fn apt_install(packages: &[&str], why: &str) -> anyhow::Result<()> {
 
 /// `cargo xtask test`: what CI runs, in order of cost.
 fn test(extra: &[&str]) -> anyhow::Result<()> {
+    let _ = STARTED.set(std::time::Instant::now());
     report_disk();
     setup()?;
     let plugins_manifest = sluice_harness::repo_root()
@@ -546,7 +547,7 @@ fn test(extra: &[&str]) -> anyhow::Result<()> {
     let plugins_manifest = plugins_manifest
         .to_str()
         .context("non-UTF-8 repository path")?;
-    println!("== cargo fmt --check");
+    phase("cargo fmt --check");
     run(cargo().args(["fmt", "--all", "--check"]))?;
     for manifest in [
         plugins_manifest,
@@ -555,7 +556,7 @@ fn test(extra: &[&str]) -> anyhow::Result<()> {
     ] {
         run(cargo().args(["fmt", "--all", "--check", "--manifest-path", manifest]))?;
     }
-    println!("== clippy (warnings denied)");
+    phase("clippy (warnings denied)");
     run(cargo().args([
         "clippy",
         "--workspace",
@@ -581,26 +582,26 @@ fn test(extra: &[&str]) -> anyhow::Result<()> {
         .env("CARGO_TARGET_DIR", target_dir().join("plugins-build")))?;
     // The JavaScript SDK's own logic (emits, errors, the capabilities'
     // conversions), with the host's imports faked; setup installed Node.js.
-    println!("== JavaScript SDK unit tests (node --test)");
+    phase("JavaScript SDK unit tests (node --test)");
     run(Command::new("node")
         .args(["--test", "plugins/js/sdk/test/"])
         .current_dir(sluice_harness::repo_root()))?;
-    println!("== plugins");
+    phase("plugins");
     plugins()?;
     // The end-to-end tests run the `sluice` binary, which no test target
     // of the workspace depends on: build it first, in the tests' profile.
-    println!("== sluice binary");
+    phase("sluice binary");
     let release = extra.contains(&"--release");
     run(cargo()
         .args(["build", "--package", "sluice", "--bin", "sluice"])
         .args(release.then_some("--release")))?;
-    println!("== deploy files (promtool, systemd-analyze)");
+    phase("deploy files (promtool, systemd-analyze)");
     deploy::check(
         &target_dir()
             .join(if release { "release" } else { "debug" })
             .join("sluice"),
     )?;
-    println!("== tests");
+    phase("tests");
     let skip_log = target_dir().join("skipped-tests.log");
     let _ = std::fs::remove_file(&skip_log);
     let tested = run(cargo()
@@ -612,19 +613,19 @@ fn test(extra: &[&str]) -> anyhow::Result<()> {
     skips?;
     // Two minutes of steady ingest through three stages: exact sets, open
     // files flat (RSS is reported; its target needs a 30-minute run).
-    println!("== soak (2 minutes)");
+    phase("soak (2 minutes)");
     soak::soak(&["--minutes", "2"])?;
     // The Rust SDK's own logic (message helpers, errors, config parsing)
     // runs on the host too; its target directory is its own, as the
     // plugins workspace's lock file is.
-    println!("== Rust SDK unit tests (host)");
+    phase("Rust SDK unit tests (host)");
     run(cargo()
         .args(["test", "--quiet", "--manifest-path", plugins_manifest])
         .args(["--package", "sluice-sdk", "--lib"])
         .env("CARGO_TARGET_DIR", target_dir().join("sdk-host")))?;
     // The Python SDK's own logic, on CPython over fakes of the bindings
     // componentize-py generates.
-    println!("== Python SDK unit tests");
+    phase("Python SDK unit tests");
     run(Command::new("python3")
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .arg(sluice_harness::repo_root().join("plugins/python/sdk/tests"))
@@ -633,7 +634,22 @@ fn test(extra: &[&str]) -> anyhow::Result<()> {
     // The parsers of files, bodies and stored bytes under random input,
     // 30 seconds a target, from the seeds in fuzz/corpus.
     report_disk();
-    fuzz::fuzz(&[])
+    phase("fuzz (30 s a target)");
+    fuzz::fuzz(&[])?;
+    phase("done");
+    Ok(())
+}
+
+/// When `test` began: each phase's heading says how far in it starts,
+/// so a slow CI run's log shows where the minutes went.
+static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Prints a phase's heading with the minutes since `test` began.
+fn phase(name: &str) {
+    let at = STARTED
+        .get()
+        .map_or(0.0, |t| t.elapsed().as_secs_f64() / 60.0);
+    println!("== {name} (at {at:.1} min)");
 }
 
 /// Prints the free space where the build writes. A disk that fills during
