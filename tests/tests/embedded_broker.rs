@@ -1543,3 +1543,124 @@ async fn a_clean_reopen_after_out_of_order_acks_delivers_only_what_is_unsettled(
         .collect();
     assert_eq!(again, expected);
 }
+
+/// A state write that `message` commits with its ack: `key` set to
+/// `value`, if `key` still has `read` (its revision as the call read it,
+/// 0 for absent).
+fn state_write(delivery: &Delivery, key: &str, value: &str, read: u64) -> Completion {
+    use sluice::state::{StateWrites, Write};
+    let mut completion = Completion::new(&delivery.receipt, Vec::new());
+    completion.state = Some(StateWrites {
+        store: "p/s".into(),
+        max_bytes: u64::MAX,
+        writer: delivery.message.id.clone(),
+        checks: vec![(key.to_owned(), read)],
+        writes: vec![(
+            key.to_owned(),
+            Write::Put {
+                value: value.as_bytes().to_vec(),
+                expires_at: 0,
+            },
+        )],
+    });
+    completion
+}
+
+/// A read of a key that a settle in flight writes sees that write (it
+/// need not wait for its fsync), and a call that read it commits only if
+/// that settle committed first: a write that is refused is never the base
+/// of another. Each round sends a settle A (every other one with a stale
+/// check, so it is refused), reads the key while A is (most likely) in
+/// flight, and commits B on what it read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_of_a_key_in_flight_sees_that_write_and_builds_only_on_a_committed_one() {
+    const ROUNDS: usize = 100;
+    let dir = tempfile::tempdir().expect("dir");
+    let b = setup(dir.path(), SyncMode::Always, LONG).await;
+    let ids: Vec<String> = (0..ROUNDS * 2).map(|i| format!("m{i}")).collect();
+    publish_ids(
+        &b,
+        "in",
+        &ids.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .await;
+    let mut deliveries = Vec::new();
+    while deliveries.len() < ROUNDS * 2 {
+        deliveries.extend(b.fetch("p.s", 512, ARRIVE).await.expect("fetch"));
+    }
+    let reader = b.state().expect("the embedded broker keeps state");
+    let (mut in_flight_refused, mut built_on_a) = (0, 0);
+    for round in 0..ROUNDS {
+        let before = reader.get("p/s", "k").await.expect("get");
+        let before_rev = before.as_ref().map_or(0, |e| e.revision);
+        let a_value = format!("a{round}");
+        let a_stale = round % 2 == 1;
+        let a = state_write(
+            &deliveries[2 * round],
+            "k",
+            &a_value,
+            if a_stale {
+                before_rev + 1_000_000
+            } else {
+                before_rev
+            },
+        );
+        let mut a_settle = Box::pin(b.complete(&a));
+        // One poll sends A to the committer; its reply needs an fsync.
+        let early = futures_util::poll!(&mut a_settle);
+        let seen = reader.get("p/s", "k").await.expect("get");
+        let seen_rev = seen.as_ref().map_or(0, |e| e.revision);
+        let saw_a = seen.as_ref().is_some_and(|e| e.value == a_value.as_bytes());
+        let b_call = state_write(
+            &deliveries[2 * round + 1],
+            "k",
+            &format!("b{round}"),
+            seen_rev,
+        );
+        let b_result = b.complete(&b_call).await;
+        let a_result = match early {
+            std::task::Poll::Ready(result) => result,
+            std::task::Poll::Pending => a_settle.await,
+        };
+        assert_eq!(a_result.is_ok(), !a_stale, "round {round}: A: {a_result:?}");
+        if saw_a {
+            assert!(seen_rev > before_rev, "round {round}: A's revision is new");
+            if a_stale {
+                in_flight_refused += 1;
+                assert!(
+                    matches!(b_result, Err(BrokerError::StateConflict(_))),
+                    "round {round}: B read A's write, which was refused, and must be refused too: {b_result:?}"
+                );
+            } else {
+                built_on_a += 1;
+                assert!(
+                    b_result.is_ok(),
+                    "round {round}: B read A's committed write: {b_result:?}"
+                );
+            }
+        } else if a_stale {
+            assert!(
+                b_result.is_ok(),
+                "round {round}: B read the value before A: {b_result:?}"
+            );
+        } else {
+            assert!(
+                matches!(b_result, Err(BrokerError::StateConflict(_))),
+                "round {round}: B read the value before A, which A replaced: {b_result:?}"
+            );
+        }
+        // What the store holds is what the last committed call wrote.
+        let now = reader.get("p/s", "k").await.expect("get").map(|e| e.value);
+        let expected = if b_result.is_ok() {
+            Some(format!("b{round}").into_bytes())
+        } else if a_result.is_ok() {
+            Some(a_value.into_bytes())
+        } else {
+            before.map(|e| e.value)
+        };
+        assert_eq!(now, expected, "round {round}");
+    }
+    println!(
+        "reads of a write in flight: {built_on_a} built on a committed one, {in_flight_refused} on a refused one"
+    );
+}

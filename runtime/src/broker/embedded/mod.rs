@@ -152,8 +152,8 @@ pub(super) struct Shared {
     state_sweep: state::SweepCursor,
     /// What the committer knows of the state keyspace without reading it.
     state_known: Mutex<commit::state_writes::Known>,
-    /// State keys that settles in flight write, for reads to wait on.
-    state_writing: state::Writing,
+    /// State writes of settles in flight, readable before they are durable.
+    state_in_flight: state::InFlightWrites,
     /// Large records sealed whose memtables fjall still holds.
     large_records: memtables::LargeRecords,
 }
@@ -285,7 +285,7 @@ impl EmbeddedBroker {
             dedup_sweep: idempotency::SweepCursor::default(),
             state_sweep: state::SweepCursor::default(),
             state_known: Mutex::default(),
-            state_writing: state::Writing::default(),
+            state_in_flight: state::InFlightWrites::default(),
             large_records: memtables::LargeRecords::default(),
         });
         let (tx, rx) = mpsc::channel();
@@ -335,20 +335,39 @@ impl EmbeddedBroker {
         state: Option<crate::state::StateWrites>,
     ) -> Result<(), BrokerError> {
         let consumer = self.take_for_settle(receipt, &outputs)?;
-        // Reads of the keys it writes wait for its reply.
-        let _writing = state
-            .as_ref()
-            .map(|writes| self.shared.state_writing.register(writes));
-        let result = self
-            .call(|reply| Op::Settle {
-                consumer: consumer.clone(),
-                seq: receipt.seq,
-                outputs,
-                record,
-                state: state.map(Box::new),
-                reply,
-            })
-            .await;
+        let (reply, rx) = oneshot::channel();
+        let op = |state: Option<commit::state_writes::Stamped>| Op::Settle {
+            consumer: consumer.clone(),
+            seq: receipt.seq,
+            outputs,
+            record,
+            state: state.map(Box::new),
+            reply,
+        };
+        let tx = self.tx.as_ref();
+        let send = |op: Op| tx.ok_or_else(shut_down)?.send(op).map_err(|_| shut_down());
+        // Its writes are readable until the reply is in (`state::InFlightWrites`).
+        let (_writing, sent) = match state {
+            Some(writes) => {
+                let now = crate::broker::now_millis();
+                match self
+                    .shared
+                    .state_in_flight
+                    .register(&self.shared, writes, now, |stamped| send(op(Some(stamped))))
+                {
+                    Ok((guard, sent)) => (Some(guard), sent),
+                    Err(e) => {
+                        consumer.unsettle(receipt.seq);
+                        return Err(e);
+                    }
+                }
+            }
+            None => (None, send(op(None))),
+        };
+        let result = match sent {
+            Ok(()) => rx.await.map_err(|_| shut_down()).and_then(|r| r),
+            Err(e) => Err(e),
+        };
         if matches!(result, Err(BrokerError::Unavailable(_))) {
             // Not written (the op never reached the committer, or the
             // store could not write): the lease stays, so the stage can

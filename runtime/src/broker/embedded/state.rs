@@ -6,13 +6,12 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
-
-use tokio::sync::Notify;
 
 use super::Shared;
 use super::commit::group::Group;
-use super::commit::state_writes::{APPLIED, ENTRY, apply, entry_key, meta_key, split_entry_key};
+use super::commit::state_writes::{
+    APPLIED, ENTRY, Stamped, apply, entry_key, meta_key, split_entry_key,
+};
 use super::store::{decode, storage};
 use crate::broker::BrokerError;
 use crate::state::{Entry, StateReader, StateWrites, StoreMeta, Write};
@@ -42,7 +41,9 @@ impl Reader {
 impl StateReader for Reader {
     async fn get(&self, store: &str, key: &str) -> Result<Option<Entry>, String> {
         let k = entry_key(store, key);
-        self.shared.state_writing.wait(&k).await;
+        if let Some(in_flight) = self.shared.state_in_flight.newest(&k) {
+            return Ok(in_flight);
+        }
         let ks = self.keyspace()?;
         match ks.get(k).map_err(|e| e.to_string())? {
             Some(bytes) => decode(&bytes).map(Some).map_err(|e| e.to_string()),
@@ -102,96 +103,153 @@ pub(super) fn delete(group: &mut Group<'_>, store: &str, key: &str) -> Result<bo
         checks: vec![(key.to_owned(), entry.revision)],
         writes: vec![(key.to_owned(), Write::Delete)],
     };
-    apply(group.state_view(), &writes)?;
+    apply(group.state_view(), &writes, 0)?;
     Ok(true)
 }
 
-/// Keys that settles on their way to the committer write (sent, their
-/// reply not back). A handler's read of such a key waits for that settle
-/// and reads what it wrote, rather than the value before it: a read of the
-/// old value is refused at the call's own commit (`state-conflict`) and
-/// the call runs again. A stage settles beside its next call, so on keys
-/// that come back within a commit's time that was about half of all calls
-/// (BENCHMARKS.md, "Handler state committed with the ack").
+/// The state writes of settles on their way to the committer (sent,
+/// their reply not back), readable by handlers before they are durable.
+///
+/// A stage settles beside its next call, so a key that comes back within
+/// a commit's time is usually being written when it is read. Reading the
+/// value before that write would be refused at the call's own commit
+/// (`state-conflict`: about half of all calls in the benchmark), and
+/// waiting for the write's fsync serialises such calls on the commit
+/// latency (BENCHMARKS.md, "Handler state committed with the ack"). So a
+/// read of such a key takes the newest write in flight, with the revision
+/// that write will commit with: revisions are given out here, when the
+/// settle is sent, not by the committer. The call's check then names that
+/// revision, and passes only if that settle committed first; if it was
+/// refused or lost, no entry ever holds the revision (revisions are never
+/// given out twice while the store is open), and the call is retried.
 #[derive(Default)]
-pub(super) struct Writing {
-    keys: Mutex<InFlight>,
+pub(super) struct InFlightWrites {
+    inner: Mutex<Tables>,
 }
 
-/// Per keyspace key: how many settles in flight write it, and what wakes
-/// its readers when the last one is back.
-type InFlight = HashMap<Vec<u8>, (usize, Arc<Notify>)>;
+#[derive(Default)]
+struct Tables {
+    /// Per keyspace key, the writes in flight, oldest first: the settle's
+    /// token and what it writes (`None`: a delete).
+    keys: HashMap<Vec<u8>, Vec<(u64, Option<Entry>)>>,
+    /// Per store, the last revision given out.
+    revisions: HashMap<Arc<str>, u64>,
+    next_token: u64,
+}
 
-/// The longest a read waits for settles in flight; past it, it reads what
-/// is committed, and the commit's check catches a stale read as ever.
-const WRITING_WAIT_MAX: Duration = Duration::from_secs(2);
-
-impl Writing {
-    fn keys(&self) -> std::sync::MutexGuard<'_, InFlight> {
-        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+impl InFlightWrites {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Notes the keys `writes` writes until the guard is dropped (when
-    /// the settle's reply is in, or the settle is given up).
-    pub(super) fn register(&self, writes: &StateWrites) -> WritingGuard<'_> {
-        let keys: Vec<Vec<u8>> = writes
+    /// Gives `writes`' values their revisions, makes them readable until
+    /// the guard is dropped (when the settle's reply is in, or it is given
+    /// up), and runs `send` with them under the same lock, so settles
+    /// reach the committer in the order their writes became readable.
+    pub(super) fn register<R>(
+        &self,
+        shared: &Shared,
+        writes: StateWrites,
+        now: u64,
+        send: impl FnOnce(Stamped) -> R,
+    ) -> Result<(InFlightGuard<'_>, R), BrokerError> {
+        let mut inner = self.lock();
+        let last = match inner.revisions.get(&writes.store) {
+            Some(last) => *last,
+            None => committed_revision(shared, &writes.store)?,
+        };
+        let puts = writes
             .writes
             .iter()
-            .map(|(key, _)| entry_key(&writes.store, key))
-            .collect();
-        let mut map = self.keys();
-        for k in &keys {
-            map.entry(k.clone())
-                .or_insert_with(|| (0, Arc::new(Notify::new())))
-                .0 += 1;
+            .filter(|(_, w)| matches!(w, Write::Put { .. }))
+            .count() as u64;
+        inner.revisions.insert(writes.store.clone(), last + puts);
+        let first = last + 1;
+        inner.next_token += 1;
+        let token = inner.next_token;
+        let mut next = first;
+        let mut keys = Vec::with_capacity(writes.writes.len());
+        for (key, write) in &writes.writes {
+            let entry = match write {
+                Write::Put { value, expires_at } => {
+                    next += 1;
+                    Some(Entry {
+                        value: value.clone(),
+                        revision: next - 1,
+                        expires_at: *expires_at,
+                        writer: writes.writer.clone(),
+                        written_at: now,
+                    })
+                }
+                Write::Delete => None,
+            };
+            let k = entry_key(&writes.store, key);
+            inner
+                .keys
+                .entry(k.clone())
+                .or_default()
+                .push((token, entry));
+            keys.push(k);
         }
-        WritingGuard {
-            writing: self,
-            keys,
-        }
+        let sent = send(Stamped {
+            writes,
+            first_revision: first,
+        });
+        drop(inner);
+        Ok((
+            InFlightGuard {
+                writing: self,
+                token,
+                keys,
+            },
+            sent,
+        ))
     }
 
-    /// Returns once no settle in flight writes `key` (or after
-    /// [`WRITING_WAIT_MAX`]).
-    async fn wait(&self, key: &[u8]) {
-        let deadline = tokio::time::Instant::now() + WRITING_WAIT_MAX;
-        loop {
-            let Some(notify) = self.keys().get(key).map(|(_, n)| n.clone()) else {
-                return;
-            };
-            let notified = notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            // Released between the look and the enable: nothing to wait for.
-            if !self
-                .keys()
-                .get(key)
-                .is_some_and(|(_, n)| Arc::ptr_eq(n, &notify))
-            {
-                continue;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return;
-            }
-        }
+    /// The newest write in flight to `key`, if any (`Some(None)`: a delete).
+    fn newest(&self, key: &[u8]) -> Option<Option<Entry>> {
+        self.lock()
+            .keys
+            .get(key)
+            .and_then(|writes| writes.last())
+            .map(|(_, entry)| entry.clone())
     }
 }
 
-/// The keys of one settle in flight ([`Writing::register`]).
-pub(super) struct WritingGuard<'a> {
-    writing: &'a Writing,
+/// The last revision `store` gave out, as committed: where this process
+/// starts giving out revisions. Only settles sent through [`InFlightWrites`]
+/// give any out, so nothing newer can be in flight the first time.
+fn committed_revision(shared: &Shared, store: &str) -> Result<u64, BrokerError> {
+    let Some(current) = shared.store.current() else {
+        return Err(BrokerError::Unavailable(
+            "the embedded store is being reopened after a failed write".into(),
+        ));
+    };
+    match current
+        .state
+        .get(meta_key(store))
+        .map_err(|e| storage("reading a state store's bookkeeping", e))?
+    {
+        Some(bytes) => Ok(decode::<StoreMeta>(&bytes)?.revision),
+        None => Ok(0),
+    }
+}
+
+/// The writes of one settle in flight ([`InFlightWrites::register`]).
+pub(super) struct InFlightGuard<'a> {
+    writing: &'a InFlightWrites,
+    token: u64,
     keys: Vec<Vec<u8>>,
 }
 
-impl Drop for WritingGuard<'_> {
+impl Drop for InFlightGuard<'_> {
     fn drop(&mut self) {
-        let mut map = self.writing.keys();
+        let mut inner = self.writing.lock();
         for k in self.keys.drain(..) {
-            if let Some((count, notify)) = map.get_mut(&k) {
-                *count -= 1;
-                if *count == 0 {
-                    notify.notify_waiters();
-                    map.remove(&k);
+            if let Some(writes) = inner.keys.get_mut(&k) {
+                writes.retain(|(token, _)| *token != self.token);
+                if writes.is_empty() {
+                    inner.keys.remove(&k);
                 }
             }
         }
@@ -264,7 +322,7 @@ pub(super) fn sweep(group: &mut Group<'_>) -> Result<(), BrokerError> {
             checks: vec![(key.clone(), revision)],
             writes: vec![(key, Write::Delete)],
         };
-        match apply(group.state_view(), &writes) {
+        match apply(group.state_view(), &writes, 0) {
             Ok(()) | Err(BrokerError::StateConflict(_)) => {}
             Err(e) => return Err(e),
         }

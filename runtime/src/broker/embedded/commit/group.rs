@@ -11,7 +11,7 @@ use std::sync::Arc;
 use fjall::{OwnedWriteBatch, PersistMode};
 use tokio::sync::oneshot;
 
-use super::state_writes::{self, StateView};
+use super::state_writes::{self, Stamped, StateView};
 use crate::broker::Ticket;
 use crate::broker::embedded::consumer::{Consumer, Pending};
 use crate::broker::embedded::database::{self, Store, delete_message};
@@ -24,7 +24,6 @@ use crate::broker::embedded::topic::{Topic, TopicState};
 use crate::broker::embedded::{Shared, SyncMode};
 use crate::broker::{BrokerError, Message, PublishAck, now_millis};
 use crate::delay;
-use crate::state::StateWrites;
 
 /// Where an op's result goes.
 pub(in crate::broker::embedded) type Reply<T> = oneshot::Sender<Result<T, BrokerError>>;
@@ -348,11 +347,11 @@ impl<'a> Group<'a> {
         seq: u64,
         outputs: &[Message],
         record: Option<(Vec<u8>, Ticket)>,
-        state: Option<&StateWrites>,
+        state: Option<&Stamped>,
     ) -> Result<(), BrokerError> {
         let topics = self.resolve(outputs)?;
-        if let Some(writes) = state {
-            state_writes::apply(self.state_view(), writes)?;
+        if let Some(stamped) = state {
+            state_writes::apply(self.state_view(), &stamped.writes, stamped.first_revision)?;
         }
         if let Some((key, ticket)) = record {
             self.complete_record(key, &ticket)?;

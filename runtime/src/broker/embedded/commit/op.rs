@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::group::{Done, Group, Reply, release_settle};
+use super::state_writes::Stamped;
 use crate::broker::Ticket;
 use crate::broker::embedded::Shared;
 use crate::broker::embedded::consumer::{Consumer, Pending};
@@ -12,7 +13,6 @@ use crate::broker::embedded::memtables;
 use crate::broker::embedded::store::{PendingRecord, encode, pending_key};
 use crate::broker::embedded::topic::Topic;
 use crate::broker::{BrokerError, Message, PublishAck};
-use crate::state::StateWrites;
 
 /// A write for the committer.
 pub(in crate::broker::embedded) enum Op {
@@ -37,7 +37,7 @@ pub(in crate::broker::embedded) enum Op {
         record: Option<(Vec<u8>, Ticket)>,
         /// The handler's state writes, checked and written with it (boxed:
         /// most settles have none).
-        state: Option<Box<StateWrites>>,
+        state: Option<Box<Stamped>>,
         /// Done.
         reply: Reply<()>,
     },

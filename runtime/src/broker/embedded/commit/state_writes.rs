@@ -225,12 +225,23 @@ impl StateView<'_> {
     }
 }
 
+/// A call's state writes as a settle carries them to the committer: the
+/// revisions of its values were given out when it was sent
+/// (`../state.rs`, `InFlightWrites`), from `first_revision` on, in order.
+pub(in crate::broker::embedded) struct Stamped {
+    pub(in crate::broker::embedded) writes: StateWrites,
+    pub(in crate::broker::embedded) first_revision: u64,
+}
+
 /// Checks a call's state writes against the store as this group leaves
 /// it, then adds them to the batch. Nothing is added unless every check
-/// passes, so a refused settle leaves the batch as it was.
+/// passes, so a refused settle leaves the batch as it was. The values
+/// take revisions from `first_revision` on (0 for writes that only delete,
+/// as an operator's and the sweep's do).
 pub(in crate::broker::embedded) fn apply(
     group: StateView<'_>,
     writes: &StateWrites,
+    first_revision: u64,
 ) -> Result<(), BrokerError> {
     let store = &*writes.store;
     let marker = (!writes.writer.is_empty()).then(|| applied_key(store, &writes.writer));
@@ -258,6 +269,7 @@ pub(in crate::broker::embedded) fn apply(
     let mut staged = Vec::with_capacity(writes.writes.len());
     let mut bytes = i128::from(meta.bytes);
     let mut keys = i128::from(meta.keys);
+    let mut next_revision = first_revision;
     for (key, write) in &writes.writes {
         let k = entry_key(store, key);
         let old = match current.remove(key.as_str()) {
@@ -268,14 +280,16 @@ pub(in crate::broker::embedded) fn apply(
         keys -= i128::from(old.is_some());
         let new = match write {
             Write::Put { value, expires_at } => {
-                meta.revision += 1;
+                debug_assert!(first_revision > 0, "a value written without its revision");
+                meta.revision = meta.revision.max(next_revision);
                 let entry = Entry {
                     value: value.clone(),
-                    revision: meta.revision,
+                    revision: next_revision,
                     expires_at: *expires_at,
                     writer: writes.writer.clone(),
                     written_at: group.now,
                 };
+                next_revision += 1;
                 bytes += i128::from(entry.size(key));
                 keys += 1;
                 Some(entry)
