@@ -17,9 +17,6 @@
 
 use std::time::Duration;
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-
 use crate::broker::Message;
 use crate::timestamp::{format_rfc3339_millis, parse_rfc3339_millis};
 
@@ -30,6 +27,7 @@ pub const DELIVER_AT_HEADER: &str = "sluice-deliver-at";
 
 /// The longest delay accepted: a year (with the other limits on time, so
 /// a pipeline file's retry waits are held to it too).
+pub use crate::config::{DelayFormat, DelayFrom};
 pub use crate::timestamp::MAX_DELAY;
 
 /// Whether `name` is one of the delay headers.
@@ -145,44 +143,6 @@ pub fn check(messages: &[Message], now_ms: u64) -> Result<(), String> {
         due_of(message, now_ms).map_err(|e| format!("message `{}`: {e}", message.id))?;
     }
     Ok(())
-}
-
-/// A source's mapping of an upstream field onto a delay: which header
-/// (an SQS attribute, an AMQP header, an MQTT user property, a Kafka, NATS
-/// or Redis field as the connector turns it into a header) carries the
-/// time, and how to read it.
-///
-/// ```yaml
-/// sources:
-///   - name: jobs
-///     to: jobs
-///     delay_from: {header: run-at, as: unix_seconds}
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DelayFrom {
-    /// The header that carries the time; matched in any case. A message
-    /// without it is delivered at once.
-    pub header: String,
-    /// How to read it: `delay` (a duration like `90s`, or seconds; the
-    /// default), `deliver_at` (RFC 3339), `unix_seconds` or `unix_millis`.
-    #[serde(default, rename = "as")]
-    pub format: DelayFormat,
-}
-
-/// How a [`DelayFrom`] header is read.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum DelayFormat {
-    /// A duration from now (`90s`, `2h`) or a number of seconds.
-    #[default]
-    Delay,
-    /// A time in RFC 3339.
-    DeliverAt,
-    /// A Unix time in seconds.
-    UnixSeconds,
-    /// A Unix time in milliseconds.
-    UnixMillis,
 }
 
 impl DelayFrom {

@@ -19,7 +19,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::HumanDuration;
-use crate::connect::SecretText;
+use super::SecretText;
 
 /// What `http:` grants.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]

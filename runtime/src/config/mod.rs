@@ -18,13 +18,18 @@
 //! - `secrets`: the `secrets:` block and `{secret:name}`;
 //! - `state`: a stage's `state:` grant;
 //! - `http`: a stage's `http:` grant (outbound HTTP);
+//! - `connectors`: the `sources:` and `sinks:` blocks, one file per
+//!   connector, with their checks (built by `crate::connect`);
+//! - `hidden`: URLs and secrets that are never shown;
 //! - `validate`: loading many files and the checks across values;
 //! - `diagnostic`: what is reported.
 
 mod broker;
 mod claim;
+pub mod connectors;
 mod dedup;
 mod diagnostic;
+mod hidden;
 mod http;
 mod interpolate;
 mod model;
@@ -40,8 +45,12 @@ pub use broker::{BadNatsUrl, DEFAULT_DUPLICATE_WINDOW, NatsOptions};
 pub use claim::{
     ClaimCheck, StoreUrl, default_claim_retention, default_claim_threshold, default_max_payload,
 };
+pub use connectors::{
+    ConfigProblem, DelayFormat, DelayFrom, SinkBlock, SinkDef, SourceBlock, SourceDef,
+};
 pub use dedup::{Dedup, DedupKey, LEASE_MARGIN, MissingKey, default_dedup_ttl};
 pub use diagnostic::{Diagnostic, Diagnostics};
+pub use hidden::{Secret, SecretText, SecretUrl};
 pub use http::{AllowedHost, HttpGrant, is_reserved_header};
 pub use interpolate::interpolate;
 pub use model::*;

@@ -55,12 +55,12 @@ pub struct Pipeline {
     /// Sources: each moves messages from an outside system (a Redis
     /// stream, a Postgres outbox table) into a declared topic.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub sources: Vec<crate::connect::SourceDef>,
+    pub sources: Vec<super::SourceDef>,
     /// Sinks: stages whose handler is built in, writing each message of a
     /// topic to an outside system (an HTTP webhook, a Postgres table, a
     /// Redis stream).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub sinks: Vec<crate::connect::SinkDef>,
+    pub sinks: Vec<super::SinkDef>,
     /// How long the daemon waits for in-flight messages on SIGTERM/SIGINT
     /// before it naks the rest and exits.
     #[serde(default = "default_shutdown_timeout")]
@@ -246,7 +246,7 @@ pub struct Stage {
     /// (`plugin` is then empty). Filled in by the loader from `sinks:`.
     #[serde(skip)]
     #[schemars(skip)]
-    pub sink: Option<Arc<crate::connect::SinkDef>>,
+    pub sink: Option<Arc<super::SinkDef>>,
 }
 
 /// 1.

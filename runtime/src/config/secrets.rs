@@ -21,8 +21,8 @@
 //! length of that one call, so an undefined name is an error at the field
 //! that names it, with its line and column.
 //!
-//! [`Secret`]: crate::connect::Secret
-//! [`SecretUrl`]: crate::connect::SecretUrl
+//! [`Secret`]: crate::config::Secret
+//! [`SecretUrl`]: crate::config::SecretUrl
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;

@@ -761,13 +761,13 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
             check_http(&mut report, &s, grant);
         }
         if let Some(sink) = &stage.sink {
-            let blocks = sink.connectors();
+            let blocks = sink.blocks();
             check_connector_blocks(
                 &mut report,
                 &s(&[]),
                 "sink",
                 &sink.name,
-                crate::connect::SinkDef::KINDS,
+                super::SinkDef::KINDS,
                 blocks.iter().map(|c| (c.kind(), c.check())).collect(),
             );
         }
@@ -823,13 +823,13 @@ fn check_pipeline(doc: &Document, diagnostics: &mut Diagnostics) {
                 ),
             );
         }
-        let blocks = source.connectors();
+        let blocks = source.blocks();
         check_connector_blocks(
             &mut report,
             &s(&[]),
             "source",
             &source.name,
-            crate::connect::SourceDef::KINDS,
+            super::SourceDef::KINDS,
             blocks.iter().map(|c| (c.kind(), c.check())).collect(),
         );
     }
@@ -843,7 +843,7 @@ fn check_connector_blocks(
     what: &str,
     name: &str,
     kinds: &[&str],
-    blocks: Vec<(&'static str, Vec<crate::connect::ConfigProblem>)>,
+    blocks: Vec<(&'static str, Vec<super::ConfigProblem>)>,
 ) {
     let listed = kinds
         .iter()

@@ -35,7 +35,6 @@ pub mod names;
 pub mod nats;
 pub mod postgres;
 pub mod redis;
-mod secret;
 pub mod sink;
 pub mod source;
 pub mod sqs;
@@ -43,25 +42,17 @@ pub mod sqs;
 pub(crate) mod testing;
 pub mod tls;
 
-use std::collections::BTreeMap;
 use std::num::NonZeroU32;
-use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
 
+pub use crate::config::connectors::{ConfigProblem, SinkBlock, SinkDef, SourceBlock, SourceDef};
+pub use crate::config::{Secret, SecretText, SecretUrl};
 pub use health::Health;
-pub use secret::{Secret, SecretText, SecretUrl};
 pub use sink::{Sink, SinkError, SinkHandler};
 pub use source::{Source, SourceError, SourceMessage};
 
-use crate::config::{
-    Batch, HumanDuration, Ordering, Retry, Stage, Subscribe, default_ack_wait, default_concurrency,
-    default_memory, default_timeout,
-};
 use crate::metrics::Metrics;
 
 /// What an upstream can do. The source runner decides by these, never by
@@ -137,77 +128,21 @@ impl BuildError {
     }
 }
 
-/// A problem in a connector block, at a path of keys below the block
-/// (`["stream"]`), for `file:line:col` reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigProblem {
-    /// The keys from the connector block to the offending value.
-    pub path: Vec<&'static str>,
-    /// What is wrong, and what would be right.
-    pub message: String,
-}
-
-impl ConfigProblem {
-    /// A problem at `path`.
-    pub fn at(path: &[&'static str], message: impl Into<String>) -> Self {
-        ConfigProblem {
-            path: path.to_vec(),
-            message: message.into(),
-        }
-    }
-}
-
-/// What every source connector's YAML block provides.
+/// What every source connector's block provides besides what config
+/// knows of it ([`SourceBlock`]: its key, checks, description): the
+/// running source.
 #[async_trait]
-pub trait SourceConfig: Send + Sync {
-    /// The block's key: `redis`, `postgres`.
-    fn kind(&self) -> &'static str;
-    /// Checks beyond what the types say (identifiers, ranges); nothing is
-    /// contacted.
-    fn check(&self) -> Vec<ConfigProblem>;
-    /// What is valid but worth saying (a core NATS subject is read at
-    /// most once): `validate` prints these as warnings, and the daemon logs
-    /// them at start-up. None by default.
-    fn warnings(&self) -> Vec<ConfigProblem> {
-        Vec::new()
-    }
-    /// The upstream for people, with no password: `redis://host:6379/0
-    /// stream orders-in`.
-    fn describe(&self) -> String;
-    /// How long after a read the same upstream message may be read again
-    /// (a crash before the ack, a reclaim): the topic's duplicate window
-    /// must cover it.
-    fn redelivery_horizon(&self) -> Duration;
-    /// The most messages one read takes (the block's `batch`).
-    fn read_max(&self) -> usize;
-    /// Makes the block's relative file paths (`tls_ca`) absolute against
-    /// `dir`, the pipeline file's directory.
-    fn resolve_paths(&mut self, dir: &Path);
+pub trait SourceConfig: SourceBlock {
     /// The source, not yet connected: it connects on its first read and
     /// reconnects by itself, so an upstream that is down at start-up is
     /// an outage, not a failed start.
     async fn build(&self, ctx: &Context) -> Result<Box<dyn Source>, BuildError>;
 }
 
-/// What every sink connector's YAML block provides.
+/// What every sink connector's block provides besides what config knows
+/// of it ([`SinkBlock`]): the running sink.
 #[async_trait]
-pub trait SinkConfig: Send + Sync {
-    /// The block's key: `http`, `postgres`, `redis`.
-    fn kind(&self) -> &'static str;
-    /// Checks beyond what the types say (identifiers, URLs, ranges);
-    /// nothing is contacted.
-    fn check(&self) -> Vec<ConfigProblem>;
-    /// What is valid but worth saying (a password sent unencrypted):
-    /// `validate` prints these as warnings, and the daemon logs them at
-    /// start-up. None by default.
-    fn warnings(&self) -> Vec<ConfigProblem> {
-        Vec::new()
-    }
-    /// The target for people, with no password or secret.
-    fn describe(&self) -> String;
-    /// Makes the block's relative file paths (`tls_ca`) absolute against
-    /// `dir`, the pipeline file's directory.
-    fn resolve_paths(&mut self, dir: &Path);
+pub trait SinkConfig: SinkBlock {
     /// The sink, not yet connected (a target that is down at start-up is
     /// an outage, not a failed start). All worker slots share it.
     async fn build(&self, ctx: &Context) -> Result<Arc<dyn Sink>, BuildError>;
@@ -224,18 +159,14 @@ pub trait SinkConfig: Send + Sync {
     }
 }
 
-/// The methods over a definition's connector blocks (`SourceDef`,
-/// `SinkDef`), from one list of its block fields, so that a connector
-/// added to the struct is added to `connectors`, `resolve_paths` and
-/// `KINDS` at once (a unit test checks the list against the struct).
-macro_rules! connector_blocks {
+/// The connectors of a definition's blocks, from one list of its block
+/// fields (config's `KINDS` is the same list: a unit test checks both
+/// against the struct).
+macro_rules! connectors {
     ($def:ty, $config:ident, [$($field:ident),+ $(,)?]) => {
         impl $def {
-            /// The keys a connector block may have.
-            pub const KINDS: &'static [&'static str] = &[$(stringify!($field)),+];
-
-            /// The connector blocks present: exactly one is valid
-            /// (`validate` reports none or several).
+            /// The connector blocks present, as connectors that build:
+            /// exactly one is valid (`validate` reports none or several).
             pub fn connectors(&self) -> Vec<&dyn $config> {
                 let mut found: Vec<&dyn $config> = Vec::new();
                 $(
@@ -250,244 +181,34 @@ macro_rules! connector_blocks {
             pub fn connector(&self) -> Option<&dyn $config> {
                 self.connectors().into_iter().next()
             }
-
-            /// Makes every block's relative paths absolute against `dir`.
-            pub fn resolve_paths(&mut self, dir: &Path) {
-                $(
-                    if let Some(c) = &mut self.$field {
-                        c.resolve_paths(dir);
-                    }
-                )+
-            }
         }
     };
 }
 
-/// A source as the pipeline file declares it: a name, a topic, and one
-/// connector block.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SourceDef {
-    /// The source's name, unique among the pipeline's stages, sinks and
-    /// sources: lowercase letters, digits, `_`, `-` and `.`. It prefixes
-    /// every message id the source publishes (`<name>:<upstream id>`) and
-    /// names its dead-letter topic (`<pipeline>.<name>.dlq`), which takes
-    /// upstream messages that cannot become a message (a header no broker
-    /// can carry, a missing payload field).
-    pub name: String,
-    /// The declared topic it publishes into.
-    pub to: String,
-    /// Delay each message by an upstream header: `{header: run-at, as:
-    /// unix_seconds}` (`as`: `delay`, the default, `deliver_at`,
-    /// `unix_seconds`, `unix_millis`). A value that does not read
-    /// dead-letters the message with the reason.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delay_from: Option<crate::delay::DelayFrom>,
-    /// Read a Redis stream through a consumer group.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub redis: Option<redis::RedisSourceConfig>,
-    /// Drain a Postgres transactional-outbox table.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub postgres: Option<postgres::OutboxConfig>,
-    /// Subscribe to an MQTT topic filter in a persistent session.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mqtt: Option<mqtt::MqttSourceConfig>,
-    /// Read a NATS JetStream stream through a durable consumer, or a core
-    /// subject (at most once).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nats: Option<nats::NatsSourceConfig>,
-    /// Receive from an Amazon SQS queue (long polling, deleted after the
-    /// durable publish).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sqs: Option<sqs::SqsSourceConfig>,
-    /// Consume a RabbitMQ queue (manual acks after the durable publish).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub amqp: Option<amqp::AmqpSourceConfig>,
-    /// Consume Kafka topics in a consumer group (offsets committed after
-    /// the durable publish, contiguous per partition).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kafka: Option<kafka::KafkaSourceConfig>,
-}
-
-connector_blocks!(
+connectors!(
     SourceDef,
     SourceConfig,
     [redis, postgres, mqtt, nats, sqs, amqp, kafka]
 );
 
-impl SourceDef {
-    /// `<pipeline>.<source>.dlq`.
-    pub fn dlq_topic(&self, pipeline: &str) -> String {
-        crate::config::default_dlq(pipeline, &self.name)
-    }
-}
-
-/// A sink as the pipeline file declares it: a stage (every knob but
-/// `plugin`, `publish`, `config` and `memory`) whose handler is one
-/// connector block.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SinkDef {
-    /// The sink's name, unique among the pipeline's stages, sinks and
-    /// sources: lowercase letters, digits, `_`, `-` and `.`.
-    pub name: String,
-    /// The input, as for a stage: a topic name, or `{topic, filter}`.
-    #[serde(deserialize_with = "crate::config::subscribe_short")]
-    #[schemars(with = "crate::config::SubscribeForm")]
-    pub subscribe: Subscribe,
-    /// How many writes run at once, per daemon.
-    #[serde(default = "default_concurrency")]
-    pub concurrency: crate::config::Concurrency,
-    /// How long a delivered message stays invisible to other consumers
-    /// before it is redelivered (extended while a write runs).
-    #[serde(default = "default_ack_wait")]
-    pub ack_wait: HumanDuration,
-    /// Retries with backoff before a message is dead-lettered. A target
-    /// that is unreachable spends no attempts: the message waits.
-    #[serde(default)]
-    pub retry: Retry,
-    /// The dead-letter topic. Default: `<pipeline>.<sink>.dlq`.
-    #[serde(default)]
-    pub dlq: Option<String>,
-    /// Per-key ordering, as for a stage.
-    #[serde(default)]
-    pub ordering: Option<Ordering>,
-    /// Write in batches (one multi-row insert, one pipeline of commands).
-    #[serde(default)]
-    pub batch: Option<Batch>,
-    /// The longest one write may take (for a batch, the whole batch); a
-    /// write that takes longer fails as `timeout` and is retried.
-    #[serde(default = "default_timeout")]
-    pub timeout: HumanDuration,
-    /// The most messages delivered but not yet acked, across all daemons.
-    #[serde(default)]
-    pub max_ack_pending: Option<u32>,
-    /// How many messages it may write per unit of time, as for a stage:
-    /// `50/s`, `{limit: 50/s, burst: 10}`, `{limit: 5/s, per: key}`.
-    #[serde(
-        default,
-        deserialize_with = "crate::config::rate_short",
-        skip_serializing_if = "Option::is_none"
-    )]
-    #[schemars(with = "crate::config::RateForm")]
-    pub rate: Option<crate::config::Rate>,
-    /// Handler-level idempotency, as for a stage.
-    #[serde(default)]
-    pub dedup: Option<crate::config::Dedup>,
-    /// POST each message to an HTTP endpoint (a webhook).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub http: Option<http::HttpSinkConfig>,
-    /// Insert each message as a row of a Postgres table.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub postgres: Option<postgres::TableSinkConfig>,
-    /// Append each message to a Redis stream.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub redis: Option<redis::RedisSinkConfig>,
-    /// Publish each message to an MQTT topic (QoS 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mqtt: Option<mqtt::MqttSinkConfig>,
-    /// Publish each message to a NATS subject (JetStream by default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nats: Option<nats::NatsSinkConfig>,
-    /// Send each message to an Amazon SQS queue (`SendMessageBatch`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sqs: Option<sqs::SqsSinkConfig>,
-    /// Publish each message to a RabbitMQ exchange (publisher confirms).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub amqp: Option<amqp::AmqpSinkConfig>,
-    /// Produce each message to a Kafka topic (idempotent producer, acks
-    /// from all in-sync replicas).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kafka: Option<kafka::KafkaSinkConfig>,
-}
-
-connector_blocks!(
+connectors!(
     SinkDef,
     SinkConfig,
     [http, postgres, redis, mqtt, nats, sqs, amqp, kafka]
 );
 
-impl SinkDef {
-    /// The stage that runs this sink: the same knobs, no plugin, and the
-    /// sink itself as its built-in handler.
-    pub fn to_stage(&self) -> Stage {
-        Stage {
-            name: self.name.clone(),
-            subscribe: self.subscribe.clone(),
-            plugin: std::path::PathBuf::new(),
-            sha256: None,
-            config: BTreeMap::new(),
-            secrets: Vec::new(),
-            state: None,
-            timers: false,
-            http: None,
-            publish: Vec::new(),
-            concurrency: self.concurrency,
-            ack_wait: self.ack_wait,
-            retry: self.retry.clone(),
-            dlq: self.dlq.clone(),
-            ordering: self.ordering.clone(),
-            batch: self.batch.clone(),
-            timeout: self.timeout,
-            memory: default_memory(),
-            max_ack_pending: self.max_ack_pending,
-            rate: self.rate.clone(),
-            // A target's `429 Retry-After` holds a sink in any case.
-            hold_on_retry_after: false,
-            dedup: self.dedup.clone(),
-            sink: Some(Arc::new(self.clone())),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The top-level keys of `T`'s schema, but `others`, sorted.
-    fn block_keys<T: JsonSchema>(others: &[&str]) -> Vec<String> {
-        let schema = schemars::schema_for!(T);
-        let properties = schema
-            .get("properties")
-            .and_then(|p| p.as_object())
-            .expect("a struct's schema has properties");
-        let mut keys: Vec<String> = properties
-            .keys()
-            .filter(|k| !others.contains(&k.as_str()))
-            .cloned()
-            .collect();
-        keys.sort();
-        keys
-    }
-
-    fn sorted(kinds: &[&str]) -> Vec<String> {
-        let mut kinds: Vec<String> = kinds.iter().map(|k| k.to_string()).collect();
-        kinds.sort();
-        kinds
-    }
-
-    /// A connector block added to `SourceDef` or `SinkDef` but not to its
-    /// `connector_blocks!` list would be parsed and then ignored.
+    /// A block added to `SourceDef` or `SinkDef` and to config's `KINDS`
+    /// but not to `connectors!` here would be checked and never built.
     #[test]
-    fn every_connector_block_of_the_structs_is_in_their_lists() {
-        assert_eq!(
-            block_keys::<SourceDef>(&["name", "to", "delay_from"]),
-            sorted(SourceDef::KINDS)
-        );
-        let stage_knobs = [
-            "name",
-            "subscribe",
-            "concurrency",
-            "ack_wait",
-            "retry",
-            "dlq",
-            "ordering",
-            "batch",
-            "timeout",
-            "max_ack_pending",
-            "rate",
-            "dedup",
-        ];
-        assert_eq!(block_keys::<SinkDef>(&stage_knobs), sorted(SinkDef::KINDS));
+    fn every_block_config_knows_is_a_connector() {
+        let source: SourceDef =
+            testing::block("name: s\nto: t\nredis: {url: 'redis://h', stream: s, group: g}\n");
+        assert_eq!(source.connectors().len(), source.blocks().len());
+        let kinds = |d: &[&dyn SourceConfig]| d.iter().map(|c| c.kind()).collect::<Vec<_>>();
+        assert_eq!(kinds(&source.connectors()), ["redis"]);
     }
 }

@@ -1,5 +1,9 @@
 //! Names that connectors put into SQL and commands: checked here, never
-//! spliced unchecked; and this daemon's own name among several.
+//! spliced unchecked (the checks themselves are config's, which `validate`
+//! runs: `crate::config::connectors::names`); and this daemon's own name
+//! among several.
+
+pub use crate::config::connectors::names::{check_plain_name, check_sql_identifier};
 
 /// `<host>-<pid>`, made a plain name (`[A-Za-z0-9_.-]`): how this daemon
 /// names itself to others, as a Redis consumer, an AMQP consumer tag, or
@@ -28,51 +32,6 @@ pub fn this_daemon() -> String {
     format!("{host}-{}", std::process::id())
 }
 
-/// A Postgres identifier as Sluice accepts one: `[a-z_][a-z0-9_]*`, at
-/// most 63 bytes, optionally schema-qualified (`app.outbox`) when
-/// `qualified` is allowed. Nothing that would need quoting, and no capital:
-/// Postgres folds an unquoted `Orders` to `orders`, while Sluice quotes
-/// what it splices, so `Orders` would silently name another table.
-pub fn check_sql_identifier(text: &str, qualified: bool) -> Result<(), String> {
-    let parts: Vec<&str> = text.split('.').collect();
-    let ok = match parts.as_slice() {
-        [one] => plain_sql(one),
-        [schema, table] if qualified => plain_sql(schema) && plain_sql(table),
-        _ => false,
-    };
-    if ok {
-        return Ok(());
-    }
-    let lower = text.to_ascii_lowercase();
-    if lower != text && check_sql_identifier(&lower, qualified).is_ok() {
-        return Err(format!(
-            "`{text}` has capital letters: Postgres folds an unquoted name to lowercase, so \
-             the table your SQL calls `{text}` is `{lower}`; write `{lower}`"
-        ));
-    }
-    Err(format!(
-        "`{text}` is not a plain SQL identifier: use lowercase letters, digits and `_`, not \
-         starting with a digit, at most 63 characters{}",
-        if qualified {
-            ", optionally qualified by a schema (`app.outbox`)"
-        } else {
-            ""
-        }
-    ))
-}
-
-fn plain_sql(part: &str) -> bool {
-    !part.is_empty()
-        && part.len() <= 63
-        && part
-            .bytes()
-            .next()
-            .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
-        && part
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-}
-
 /// A Postgres object name made from `base` (`<table>_sluice_notify`): as
 /// it is when it fits Postgres's 63 bytes, else its first 54 bytes and 8
 /// hex digits of a hash of the whole, so that two long names sharing a
@@ -90,24 +49,6 @@ pub fn sql_object_name(base: &str) -> String {
         .find(|&i| base.is_char_boundary(i))
         .unwrap_or(0);
     format!("{}_{hash:08x}", &base[..cut])
-}
-
-/// A stream, group or consumer name for Redis (and later a queue name):
-/// `[A-Za-z0-9_.:-]+`, at most 200 bytes. No spaces, quotes or braces.
-pub fn check_plain_name(text: &str) -> Result<(), String> {
-    if !text.is_empty()
-        && text.len() <= 200
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b))
-    {
-        Ok(())
-    } else {
-        Err(format!(
-            "`{text}` is not a plain name: use letters, digits, `_`, `.`, `:` and `-` \
-             (at most 200 characters)"
-        ))
-    }
 }
 
 #[cfg(test)]

@@ -24,7 +24,8 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{Connection, ConnectionProperties};
 
-pub use config::{AmqpSinkConfig, AmqpSourceConfig};
+pub(crate) use crate::config::connectors::amqp::RoutingKey;
+pub use crate::config::connectors::amqp::{AmqpSinkConfig, AmqpSourceConfig};
 pub use sink::AmqpSink;
 pub use source::AmqpSource;
 
@@ -131,51 +132,7 @@ pub(crate) fn describe_error(err: &lapin::Error) -> String {
     }
 }
 
-/// A sink's routing key: text with `{key}` standing for the message's key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RoutingKey {
-    /// The text around each `{key}`: one more part than there are keys.
-    parts: Vec<String>,
-}
-
 impl RoutingKey {
-    /// Parses a template; the only placeholder is `{key}`.
-    pub(crate) fn parse(template: &str) -> Result<RoutingKey, String> {
-        let mut parts = Vec::new();
-        let mut rest = template;
-        loop {
-            match rest.find(['{', '}']) {
-                None => {
-                    parts.push(rest.to_owned());
-                    break;
-                }
-                Some(at) if rest[at..].starts_with("{key}") => {
-                    parts.push(rest[..at].to_owned());
-                    rest = &rest[at + "{key}".len()..];
-                }
-                Some(at) => {
-                    return Err(format!(
-                        "`routing_key` {template:?}: only `{{key}}` (the message's key) may stand \
-                         in braces, found {:?}",
-                        &rest[at..rest.len().min(at + 12)]
-                    ));
-                }
-            }
-        }
-        if template.chars().any(char::is_control) {
-            return Err(format!(
-                "`routing_key` {template:?} holds a control character"
-            ));
-        }
-        if template.len() > 255 {
-            return Err(format!(
-                "`routing_key` is {} bytes; AMQP allows at most 255",
-                template.len()
-            ));
-        }
-        Ok(RoutingKey { parts })
-    }
-
     /// Whether the template uses the message's key.
     pub(crate) fn uses_key(&self) -> bool {
         self.parts.len() > 1

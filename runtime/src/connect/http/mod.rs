@@ -4,5 +4,5 @@
 mod config;
 pub mod sink;
 
-pub use config::HttpSinkConfig;
+pub use crate::config::connectors::http::HttpSinkConfig;
 pub use sink::HttpSink;

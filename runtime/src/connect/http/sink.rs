@@ -41,8 +41,7 @@ pub const EXCERPT_BYTES: usize = 256;
 /// The most bytes of a successful answer's body read (and dropped) so the
 /// connection can be reused; past it the connection is closed instead.
 const DRAIN_BYTES: usize = 64 * 1024;
-/// The prefix of every message header sent as a request header.
-pub const HEADER_PREFIX: &str = "sluice-header-";
+pub use crate::config::connectors::http::HEADER_PREFIX;
 /// The most message headers one request carries. Receivers refuse far
 /// fewer (hyper's server takes 100), and past about 24,000 the request
 /// could not even be built; a message with more is rejected, not sent.

@@ -19,14 +19,14 @@ mod source;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
-pub use config::{
+pub use crate::config::connectors::kafka::{
     Brokers, GroupProtocol, KafkaSinkConfig, KafkaSourceConfig, Sasl, SaslMechanism, Security,
     StartFrom,
 };
 pub use sink::KafkaSink;
 pub use source::KafkaSource;
 
-use config::Connection;
+use crate::config::connectors::kafka::Connection;
 
 /// The librdkafka settings shared by the consumer and the producer: the
 /// brokers, the client id, TLS and SASL. Fails on a TLS file that cannot

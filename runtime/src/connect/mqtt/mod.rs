@@ -20,7 +20,7 @@
 mod config;
 mod sink;
 mod source;
-pub mod topic;
+pub use crate::config::connectors::mqtt_topic as topic;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,15 +29,14 @@ use bytes::Bytes;
 use rumqttc::v5;
 use rumqttc::v5::mqttbytes::v5 as p5;
 
-pub use config::{MqttSinkConfig, MqttSourceConfig, Version};
+pub use crate::config::connectors::mqtt::{MqttSinkConfig, MqttSourceConfig, Version};
 pub use sink::MqttSink;
 pub use source::MqttSource;
 
 use crate::connect::tls::TlsFiles;
 use crate::connect::{Secret, SecretUrl, tls};
 
-/// The user property (and header) that carries a message's Sluice id.
-pub const SLUICE_ID: &str = "sluice-id";
+pub use crate::config::connectors::mqtt::SLUICE_ID;
 /// The header a source gives each message: the MQTT topic it came on.
 pub const TOPIC_HEADER: &str = "mqtt-topic";
 

@@ -20,27 +20,21 @@ mod config;
 mod sink;
 mod source;
 
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_nats::connection::State;
 
-pub use config::{Deliver, NatsSinkConfig, NatsSourceConfig, default_durable};
+pub(crate) use crate::config::connectors::nats::Auth;
+pub use crate::config::connectors::nats::{
+    Deliver, NatsSinkConfig, NatsSourceConfig, default_durable,
+};
 pub use sink::NatsSink;
 pub use source::NatsSource;
 
+use crate::connect::SecretUrl;
 use crate::connect::tls::{self, TlsFiles};
-use crate::connect::{Secret, SecretUrl};
-
-/// How a block authenticates, besides `user:password@` in the URL.
-pub(crate) struct Auth<'a> {
-    pub(crate) token: Option<&'a Secret>,
-    pub(crate) user: Option<&'a str>,
-    pub(crate) password: Option<&'a Secret>,
-    pub(crate) creds: Option<&'a Path>,
-}
 
 /// One client's connection: the client, what to call it in messages, and
 /// the last connection error.

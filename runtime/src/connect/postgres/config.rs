@@ -1,185 +1,21 @@
-//! The `postgres:` blocks of a source (an outbox table) and of a sink (a
-//! table, or the user's own statement): the configuration reference for
-//! the Postgres connector.
+//! The `postgres:` blocks' connector side: how each is built into a running
+//! source or sink. The blocks themselves (the YAML, its checks) are
+//! `crate::config::connectors::postgres`.
+
+use async_trait::async_trait;
 
 use std::num::NonZeroU32;
 
-use async_trait::async_trait;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-
 use super::connection;
 use super::outbox::OutboxSource;
-use super::table::{TableSink, rewrite_statement};
-use crate::config::HumanDuration;
-use crate::connect::names::check_sql_identifier;
-use crate::connect::tls::{TlsFiles, TlsOptions};
-use crate::connect::{
-    BuildError, ConfigProblem, Context, SecretUrl, Sink, SinkConfig, Source, SourceConfig,
-};
-
-/// A transactional-outbox table that producers insert into, in the same
-/// transaction as their business rows.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct OutboxConfig {
-    /// `postgres://user[:password]@host:port/db`. `${VAR}` is expanded;
-    /// the password is never shown.
-    pub url: SecretUrl,
-    /// The outbox table, optionally schema-qualified: `id bigserial
-    /// primary key, payload bytea not null, key text, headers jsonb,
-    /// created_at timestamptz not null default now()`.
-    pub outbox: String,
-    /// Create the table (and its notify trigger) if it is missing.
-    #[serde(default = "default_create")]
-    pub create: bool,
-    /// The most rows one read takes.
-    #[serde(default = "default_outbox_batch")]
-    pub batch: NonZeroU32,
-    /// How often the table is read when no notification comes (the
-    /// fallback to `LISTEN/NOTIFY`).
-    #[serde(default = "default_poll")]
-    pub poll: HumanDuration,
-    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
-    #[serde(flatten)]
-    pub tls: TlsOptions,
-    /// How long one statement may run on the server before the server
-    /// cancels it (the session's `statement_timeout`), so a statement the
-    /// connector gave up on does not hold its locks.
-    #[serde(default = "default_statement_timeout")]
-    pub statement_timeout: HumanDuration,
-}
-
-/// true.
-pub fn default_create() -> bool {
-    true
-}
-
-/// 100.
-pub fn default_outbox_batch() -> NonZeroU32 {
-    NonZeroU32::new(100).unwrap_or(NonZeroU32::MIN)
-}
-
-/// 1 s.
-pub fn default_poll() -> HumanDuration {
-    HumanDuration::secs(1)
-}
-
-/// 30 s, the stage's default `timeout`.
-pub fn default_statement_timeout() -> HumanDuration {
-    HumanDuration::secs(30)
-}
-
-/// A Postgres table each message becomes a row of.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TableSinkConfig {
-    /// `postgres://user[:password]@host:port/db`.
-    pub url: SecretUrl,
-    /// The table, optionally schema-qualified: `id text primary key,
-    /// topic text, key text, headers jsonb, payload bytea, published_at
-    /// timestamptz`. Rows are inserted with `ON CONFLICT (id) DO
-    /// NOTHING`, so a redelivered message is a no-op.
-    #[serde(default)]
-    pub table: Option<String>,
-    /// Your own SQL instead of `table`, with named parameters: `$id`,
-    /// `$topic`, `$key`, `$payload` (bytea), `$payload_text`,
-    /// `$payload_json`, `$published_at` and `$header_<name>`.
-    #[serde(default)]
-    pub statement: Option<String>,
-    /// Create `table` if it is missing.
-    #[serde(default = "default_create")]
-    pub create: bool,
-    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
-    #[serde(flatten)]
-    pub tls: TlsOptions,
-    /// How long one statement may run on the server before the server
-    /// cancels it (the session's `statement_timeout`), so a statement the
-    /// connector gave up on does not hold its locks.
-    #[serde(default = "default_statement_timeout")]
-    pub statement_timeout: HumanDuration,
-}
-
-/// The problems of the connection options every Postgres block has.
-fn check_connection(
-    url: &SecretUrl,
-    files: TlsFiles<'_>,
-    statement_timeout: &HumanDuration,
-    problems: &mut Vec<ConfigProblem>,
-) {
-    if !matches!(url.scheme().as_str(), "postgres" | "postgresql") {
-        problems.push(ConfigProblem::at(
-            &["url"],
-            format!("`{url}` is not a Postgres URL; use `postgres://user@host:5432/db`"),
-        ));
-    }
-    if let Some((key, message)) = connection::check(url, files) {
-        problems.push(ConfigProblem::at(&[key], message));
-    }
-    files.check(problems);
-    if statement_timeout.get().is_zero() {
-        problems.push(ConfigProblem::at(
-            &["statement_timeout"],
-            "`statement_timeout` must be longer than 0s",
-        ));
-    }
-}
-
-/// The connection settings of a block, or why they cannot be made.
-fn settings(
-    url: &SecretUrl,
-    files: TlsFiles<'_>,
-    statement_timeout: &HumanDuration,
-    ctx: &Context,
-    connector: &'static str,
-) -> Result<connection::ConnectSettings, BuildError> {
-    connection::settings(url, files, statement_timeout.get())
-        .map_err(|message| BuildError::new(connector, ctx, message))
-}
+use super::table::TableSink;
+pub(crate) use crate::config::connectors::postgres::*;
+use crate::config::{HumanDuration, SecretUrl, SinkBlock};
+use crate::connect::tls::TlsFiles;
+use crate::connect::{BuildError, Context, Sink, SinkConfig, Source, SourceConfig};
 
 #[async_trait]
 impl SourceConfig for OutboxConfig {
-    fn resolve_paths(&mut self, dir: &std::path::Path) {
-        self.tls.resolve_paths(dir);
-    }
-
-    fn kind(&self) -> &'static str {
-        "postgres"
-    }
-
-    fn check(&self) -> Vec<ConfigProblem> {
-        let mut problems = Vec::new();
-        check_connection(
-            &self.url,
-            self.tls.files(),
-            &self.statement_timeout,
-            &mut problems,
-        );
-        if let Err(e) = check_sql_identifier(&self.outbox, true) {
-            problems.push(ConfigProblem::at(&["outbox"], e));
-        }
-        if self.poll.get().is_zero() {
-            problems.push(ConfigProblem::at(
-                &["poll"],
-                "`poll` must be longer than 0s",
-            ));
-        }
-        problems
-    }
-
-    fn describe(&self) -> String {
-        format!("postgres outbox `{}` at {}", self.outbox, self.url)
-    }
-
-    fn redelivery_horizon(&self) -> std::time::Duration {
-        // A rolled-back read is read again at once.
-        std::time::Duration::from_secs(60)
-    }
-
-    fn read_max(&self) -> usize {
-        usize::try_from(self.batch.get()).unwrap_or(usize::MAX)
-    }
-
     async fn build(&self, ctx: &Context) -> Result<Box<dyn Source>, BuildError> {
         let settings = settings(
             &self.url,
@@ -200,57 +36,10 @@ impl SourceConfig for OutboxConfig {
 
 #[async_trait]
 impl SinkConfig for TableSinkConfig {
-    fn resolve_paths(&mut self, dir: &std::path::Path) {
-        self.tls.resolve_paths(dir);
-    }
-
-    fn kind(&self) -> &'static str {
-        "postgres"
-    }
-
-    fn check(&self) -> Vec<ConfigProblem> {
-        let mut problems = Vec::new();
-        check_connection(
-            &self.url,
-            self.tls.files(),
-            &self.statement_timeout,
-            &mut problems,
-        );
-        match (&self.table, &self.statement) {
-            (Some(table), None) => {
-                if let Err(e) = check_sql_identifier(table, true) {
-                    problems.push(ConfigProblem::at(&["table"], e));
-                }
-            }
-            (None, Some(statement)) => {
-                if let Err(e) = rewrite_statement(statement) {
-                    problems.push(ConfigProblem::at(&["statement"], e.to_string()));
-                }
-            }
-            (Some(_), Some(_)) => problems.push(ConfigProblem::at(
-                &["statement"],
-                "give `table` or `statement`, not both",
-            )),
-            (None, None) => problems.push(ConfigProblem::at(
-                &[],
-                "a postgres sink needs `table` (rows in Sluice's layout) or `statement` (your own SQL)",
-            )),
-        }
-        problems
-    }
-
-    fn describe(&self) -> String {
-        match &self.table {
-            Some(table) => format!("postgres table `{table}` at {}", self.url),
-            None => format!("postgres statement at {}", self.url),
-        }
-    }
-
     async fn build(&self, ctx: &Context) -> Result<std::sync::Arc<dyn Sink>, BuildError> {
         self.build_for(ctx, *crate::config::default_concurrency())
             .await
     }
-
     /// The sink with a pool of `concurrency` connections, one per worker
     /// slot (opened on demand).
     async fn build_for(
@@ -280,4 +69,16 @@ impl SinkConfig for TableSinkConfig {
         .map_err(|message| BuildError::sink(ctx, message))?;
         Ok(std::sync::Arc::new(sink))
     }
+}
+
+/// The connection settings of a block, or why they cannot be made.
+fn settings(
+    url: &SecretUrl,
+    files: TlsFiles<'_>,
+    statement_timeout: &HumanDuration,
+    ctx: &Context,
+    connector: &'static str,
+) -> Result<connection::ConnectSettings, BuildError> {
+    connection::settings(url, files, statement_timeout.get())
+        .map_err(|message| BuildError::new(connector, ctx, message))
 }

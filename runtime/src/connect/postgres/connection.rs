@@ -16,6 +16,9 @@ use std::time::Duration;
 use tokio_postgres::config::SslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use crate::config::connectors::postgres;
+#[cfg(test)]
+use crate::config::connectors::postgres::check_tls as check;
 use crate::connect::SecretUrl;
 use crate::connect::tls::TlsFiles;
 
@@ -29,49 +32,14 @@ pub(crate) struct ConnectSettings {
 }
 
 /// The `sslmode` of `url` as tokio-postgres's mode, or an error naming
-/// the modes there are.
+/// the modes there are (config's [`postgres::ssl_mode`], which `validate`
+/// checks).
 pub(crate) fn ssl_mode(url: &SecretUrl) -> Result<SslMode, String> {
-    match url.query_value("sslmode").as_deref() {
-        None | Some("disable") => Ok(SslMode::Disable),
-        Some("prefer") => Ok(SslMode::Prefer),
-        Some("require" | "verify-ca" | "verify-full") => Ok(SslMode::Require),
-        Some(other) => Err(format!(
-            "`sslmode={other}` is not supported; use `disable`, `prefer`, `require`, \
-             `verify-ca` or `verify-full` (every TLS mode verifies the certificate)"
-        )),
-    }
-}
-
-/// What is wrong with the URL's TLS options, if anything (for
-/// `validate`): an unknown `sslmode`, `sslrootcert` or `sslcert` (give
-/// `tls_ca`, `tls_cert`), or a TLS file without a TLS `sslmode`.
-pub(crate) fn check(url: &SecretUrl, files: TlsFiles<'_>) -> Option<(&'static str, String)> {
-    for (param, option) in [("sslcert", "tls_cert"), ("sslkey", "tls_key")] {
-        if url.query_value(param).is_some() {
-            return Some((
-                "url",
-                format!("`{param}` in the URL is not read; give the file as `{option}`"),
-            ));
-        }
-    }
-    if url.query_value("sslrootcert").is_some() {
-        return Some((
-            "url",
-            "`sslrootcert` in the URL is not read; give the CA file as `tls_ca`".into(),
-        ));
-    }
-    match ssl_mode(url) {
-        Err(e) => Some(("url", e)),
-        Ok(SslMode::Disable) => files.first_given().map(|option| {
-            (
-                option,
-                format!(
-                    "`{option}` is for TLS: add `?sslmode=verify-full` (or `require`) to the URL"
-                ),
-            )
-        }),
-        Ok(_) => None,
-    }
+    Ok(match postgres::ssl_mode(url)? {
+        postgres::SslMode::Disable => SslMode::Disable,
+        postgres::SslMode::Prefer => SslMode::Prefer,
+        postgres::SslMode::Require => SslMode::Require,
+    })
 }
 
 /// The settings for `url`: `sslmode` taken out of the URL (tokio-postgres

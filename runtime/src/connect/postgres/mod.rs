@@ -14,7 +14,7 @@ mod connection;
 mod outbox;
 mod table;
 
-pub use config::{OutboxConfig, TableSinkConfig};
+pub use crate::config::connectors::postgres::{OutboxConfig, TableSinkConfig};
 pub use table::{Param, RewriteError, Rewritten, rewrite_statement};
 
 use crate::connect::SecretUrl;

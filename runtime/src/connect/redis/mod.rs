@@ -20,7 +20,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ClientTlsConfig, ErrorKind, RedisError, TlsCertificates};
 
-pub use config::{RedisSinkConfig, RedisSourceConfig, StartFrom};
+pub use crate::config::connectors::redis::{RedisSinkConfig, RedisSourceConfig, StartFrom};
 pub use sink::RedisSink;
 pub use source::RedisSource;
 

@@ -28,7 +28,9 @@ use aws_sdk_sqs::config::Region;
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use tokio::sync::OnceCell;
 
-pub use config::{SqsSinkConfig, SqsSourceConfig};
+pub use crate::config::connectors::sqs::{
+    MAX_BATCH, MAX_VISIBILITY, MAX_WAIT, SqsSinkConfig, SqsSourceConfig, is_fifo, is_sqs_token,
+};
 pub use sink::SqsSink;
 pub use source::SqsSource;
 
@@ -44,17 +46,6 @@ pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long opening a connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// The most entries one batch call (`SendMessageBatch`,
-/// `DeleteMessageBatch`, `ChangeMessageVisibilityBatch`) and one
-/// `ReceiveMessage` take: SQS's own limit.
-pub const MAX_BATCH: usize = 10;
-
-/// The longest long poll SQS allows (`WaitTimeSeconds`).
-pub const MAX_WAIT: Duration = Duration::from_secs(20);
-
-/// The longest visibility timeout SQS allows (12 hours).
-pub const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
-
 /// A queue's connection settings: where, and through which endpoint and
 /// region.
 #[derive(Debug, Clone)]
@@ -69,12 +60,6 @@ impl Target {
     pub(crate) fn fifo(&self) -> bool {
         is_fifo(&self.queue_url)
     }
-}
-
-/// Whether `queue_url` names a FIFO queue: SQS requires their names to end
-/// in `.fifo`.
-pub fn is_fifo(queue_url: &str) -> bool {
-    queue_url.trim_end_matches('/').ends_with(".fifo")
 }
 
 /// A client made on first use and shared from then on.
@@ -239,13 +224,6 @@ pub(crate) fn timed_out(queue_url: &str, what: &str, limit: Duration) -> CallErr
         "sqs {what} on `{queue_url}`: no answer within {}",
         humantime::format_duration(limit)
     ))
-}
-
-/// Whether `text` may be an SQS `MessageGroupId` or
-/// `MessageDeduplicationId` as it is: 1 to 128 characters, each a letter,
-/// a digit or ASCII punctuation.
-pub fn is_sqs_token(text: &str) -> bool {
-    !text.is_empty() && text.len() <= 128 && text.bytes().all(|b| b.is_ascii_graphic())
 }
 
 /// `text` as an SQS token: itself when [`is_sqs_token`], else
