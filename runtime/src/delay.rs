@@ -14,10 +14,12 @@
 //! once, on publish ([`take_due`]), and stores the message without them,
 //! so a handler that copies its input's headers does not delay its
 //! outputs again.
+//!
+//! It reads and writes header lists only, never a broker's message: the
+//! brokers call it, so it names no broker (issue 44).
 
 use std::time::Duration;
 
-use crate::broker::Message;
 use crate::timestamp::{format_rfc3339_millis, parse_rfc3339_millis};
 
 /// The relative delay header.
@@ -60,22 +62,14 @@ pub fn parse_delay(text: &str) -> Result<Duration, String> {
     Ok(delay)
 }
 
-/// The due time (ms since the epoch) the message's delay headers ask for,
-/// without changing it: `None` when it has none, or when the time is not
-/// after `now_ms` (due at once). With both headers, the later time wins.
+/// The due time (ms since the epoch) a message's delay headers ask for,
+/// without changing them: `None` when it has none, or when the time is
+/// not after `now_ms` (due at once). With both headers, the later time
+/// wins.
 ///
 /// # Errors
 ///
 /// A header that does not parse, or a time more than [`MAX_DELAY`] away.
-pub fn due_of(message: &Message, now_ms: u64) -> Result<Option<u64>, String> {
-    due_in(&message.headers, now_ms)
-}
-
-/// [`due_of`] on a header list.
-///
-/// # Errors
-///
-/// As [`due_of`].
 pub fn due_in(headers: &[(String, String)], now_ms: u64) -> Result<Option<u64>, String> {
     let mut due: Option<u64> = None;
     for (name, value) in headers {
@@ -101,16 +95,16 @@ pub fn due_in(headers: &[(String, String)], now_ms: u64) -> Result<Option<u64>, 
     Ok(due.filter(|&at| at > now_ms))
 }
 
-/// Resolves and removes the message's delay headers: its due time, or
-/// `None` when it is due now. The message is left without them either
+/// Resolves and removes a message's delay headers: its due time, or
+/// `None` when it is due now. The headers are left without them either
 /// way.
 ///
 /// # Errors
 ///
-/// As [`due_of`]; the message is unchanged then.
-pub fn take_due(message: &mut Message, now_ms: u64) -> Result<Option<u64>, String> {
-    let due = due_of(message, now_ms)?;
-    message.headers.retain(|(name, _)| !is_delay_header(name));
+/// As [`due_in`]; the headers are unchanged then.
+pub fn take_due(headers: &mut Vec<(String, String)>, now_ms: u64) -> Result<Option<u64>, String> {
+    let due = due_in(headers, now_ms)?;
+    headers.retain(|(name, _)| !is_delay_header(name));
     Ok(due)
 }
 
@@ -120,29 +114,13 @@ pub fn take_due(message: &mut Message, now_ms: u64) -> Result<Option<u64>, Strin
 ///
 /// # Errors
 ///
-/// As [`due_of`]; the message is unchanged then.
-pub fn pin(message: &mut Message, now_ms: u64) -> Result<Option<u64>, String> {
-    let due = take_due(message, now_ms)?;
+/// As [`due_in`]; the headers are unchanged then.
+pub fn pin(headers: &mut Vec<(String, String)>, now_ms: u64) -> Result<Option<u64>, String> {
+    let due = take_due(headers, now_ms)?;
     if let Some(due) = due {
-        message
-            .headers
-            .push((DELIVER_AT_HEADER.to_owned(), format_rfc3339_millis(due)));
+        headers.push((DELIVER_AT_HEADER.to_owned(), format_rfc3339_millis(due)));
     }
     Ok(due)
-}
-
-/// Checks the delay headers of messages about to be published, for the
-/// places that answer a producer (ingest, `sluice publish`, a handler's
-/// outputs) so a bad one is refused there with a reason, not by the broker.
-///
-/// # Errors
-///
-/// The first bad header, naming the message.
-pub fn check(messages: &[Message], now_ms: u64) -> Result<(), String> {
-    for message in messages {
-        due_of(message, now_ms).map_err(|e| format!("message `{}`: {e}", message.id))?;
-    }
-    Ok(())
 }
 
 impl DelayFrom {
@@ -197,13 +175,11 @@ pub fn describe(due_ms: u64) -> String {
 mod tests {
     use super::*;
 
-    fn with(headers: &[(&str, &str)]) -> Message {
-        let mut m = Message::new("id", "t", "x");
-        m.headers = headers
+    fn with(headers: &[(&str, &str)]) -> Vec<(String, String)> {
+        headers
             .iter()
             .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
-            .collect();
-        m
+            .collect()
     }
 
     const NOW: u64 = 1_795_685_400_000;
@@ -228,17 +204,17 @@ mod tests {
 
     #[test]
     fn the_due_time_comes_from_either_header_in_any_case_and_the_later_wins() {
-        assert_eq!(due_of(&with(&[]), NOW), Ok(None));
+        assert_eq!(due_in(&with(&[]), NOW), Ok(None));
         assert_eq!(
-            due_of(&with(&[("Sluice-Delay", "2s")]), NOW),
+            due_in(&with(&[("Sluice-Delay", "2s")]), NOW),
             Ok(Some(NOW + 2000))
         );
         assert_eq!(
-            due_of(&with(&[("SLUICE-DELIVER-AT", "2026-11-26T09:31:00Z")]), NOW),
+            due_in(&with(&[("SLUICE-DELIVER-AT", "2026-11-26T09:31:00Z")]), NOW),
             Ok(Some(NOW + 60_000))
         );
         assert_eq!(
-            due_of(
+            due_in(
                 &with(&[
                     ("sluice-delay", "2s"),
                     ("sluice-deliver-at", "2026-11-26T09:31:00Z")
@@ -249,12 +225,12 @@ mod tests {
         );
         // A time already past, or no delay at all, is due now.
         assert_eq!(
-            due_of(&with(&[("sluice-deliver-at", "2020-01-01T00:00:00Z")]), NOW),
+            due_in(&with(&[("sluice-deliver-at", "2020-01-01T00:00:00Z")]), NOW),
             Ok(None)
         );
-        assert_eq!(due_of(&with(&[("sluice-delay", "0s")]), NOW), Ok(None));
-        assert!(due_of(&with(&[("sluice-deliver-at", "tomorrow")]), NOW).is_err());
-        assert!(due_of(&with(&[("sluice-deliver-at", "2099-01-01T00:00:00Z")]), NOW).is_err());
+        assert_eq!(due_in(&with(&[("sluice-delay", "0s")]), NOW), Ok(None));
+        assert!(due_in(&with(&[("sluice-deliver-at", "tomorrow")]), NOW).is_err());
+        assert!(due_in(&with(&[("sluice-deliver-at", "2099-01-01T00:00:00Z")]), NOW).is_err());
     }
 
     #[test]
@@ -266,14 +242,10 @@ mod tests {
             ("sluice-deliver-at", "2020-01-01T00:00:00Z"),
         ]);
         assert_eq!(take_due(&mut m, NOW), Ok(Some(NOW + 5000)));
-        assert_eq!(
-            m.headers,
-            vec![("a".into(), "1".into()), ("b".into(), "2".into())]
-        );
+        assert_eq!(m, vec![("a".into(), "1".into()), ("b".into(), "2".into())]);
         let mut bad = with(&[("sluice-delay", "later")]);
         assert!(take_due(&mut bad, NOW).is_err());
-        assert_eq!(bad.headers.len(), 1, "a refused message is unchanged");
-        assert!(check(&[with(&[("sluice-delay", "x")])], NOW).is_err());
+        assert_eq!(bad.len(), 1, "a refused message is unchanged");
     }
 
     #[test]
@@ -317,10 +289,10 @@ mod tests {
     fn pinning_turns_a_relative_delay_into_the_same_absolute_time() {
         let mut m = with(&[("a", "1"), ("Sluice-Delay", "1500ms")]);
         assert_eq!(pin(&mut m, NOW), Ok(Some(NOW + 1500)));
-        assert_eq!(m.headers.len(), 2);
-        assert_eq!(due_of(&m, NOW), Ok(Some(NOW + 1500)));
+        assert_eq!(m.len(), 2);
+        assert_eq!(due_in(&m, NOW), Ok(Some(NOW + 1500)));
         let mut now = with(&[("sluice-delay", "0s")]);
         assert_eq!(pin(&mut now, NOW), Ok(None));
-        assert!(now.headers.is_empty());
+        assert!(now.is_empty());
     }
 }

@@ -13,11 +13,9 @@ use std::path::{Path, PathBuf};
 /// and is not listed, and on a listed edge that is gone (take it off).
 const LOOP_TODAY: &[(&str, &str)] = &[
     ("broker", "dedup"),
-    ("broker", "delay"),
     ("connect", "engine"),
     ("connect", "plugin"),
     ("dedup", "broker"),
-    ("delay", "broker"),
     ("engine", "plugin"),
     ("plugin", "connect"),
 ];

@@ -662,7 +662,7 @@ fn message_from_headers(
         payload,
         published_at: 0,
     };
-    delay::pin(&mut message, now_millis()).map_err(ApiError::BadRequest)?;
+    delay::pin(&mut message.headers, now_millis()).map_err(ApiError::BadRequest)?;
     Ok(message)
 }
 
@@ -734,7 +734,7 @@ fn message_from_line(topic: &str, entry: &TopicEntry, line: BatchLine) -> Result
         payload,
         published_at: 0,
     };
-    delay::pin(&mut message, now_millis())?;
+    delay::pin(&mut message.headers, now_millis())?;
     Ok(message)
 }
 

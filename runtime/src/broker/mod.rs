@@ -324,7 +324,7 @@ pub enum BrokerError {
     PayloadTooLarge(String),
     /// A message cannot be published as it is (a delay header that does
     /// not parse); nothing was published. Producers check first
-    /// ([`crate::delay::check`]), so this is a last line.
+    /// ([`crate::delay::due_in`]), so this is a last line.
     #[error("{0}")]
     BadMessage(String),
     /// A state revision the handler's call read has moved (or the store

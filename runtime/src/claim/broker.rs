@@ -63,7 +63,7 @@ impl ClaimingBroker {
             if m.payload.len() as u64 <= policy.threshold {
                 continue;
             }
-            let due = crate::delay::due_of(m, now).map_err(BrokerError::BadMessage)?;
+            let due = crate::delay::due_in(&m.headers, now).map_err(BrokerError::BadMessage)?;
             if let Some(due) = due
                 && Duration::from_millis(due - now) >= policy.retention
             {

@@ -346,7 +346,8 @@ impl NatsBroker {
                 out.push((message, None));
                 continue;
             }
-            let due = crate::delay::take_due(&mut message, now).map_err(BrokerError::BadMessage)?;
+            let due = crate::delay::take_due(&mut message.headers, now)
+                .map_err(BrokerError::BadMessage)?;
             if let Some(due) = due {
                 self.check_delay(&message.topic, due.saturating_sub(now))
                     .await?;

@@ -194,7 +194,10 @@ impl<'a> Group<'a> {
     /// Checks that every message's topic is declared and its delay
     /// headers parse, before any of them is added to the batch.
     pub(super) fn resolve(&self, messages: &[Message]) -> Result<Vec<Arc<Topic>>, BrokerError> {
-        delay::check(messages, self.now).map_err(BrokerError::BadMessage)?;
+        for m in messages {
+            delay::due_in(&m.headers, self.now)
+                .map_err(|e| BrokerError::BadMessage(format!("message `{}`: {e}", m.id)))?;
+        }
         messages
             .iter()
             .map(|m| self.shared.topic(&m.topic))
@@ -247,7 +250,7 @@ impl<'a> Group<'a> {
             };
             // The delay headers are resolved once, here, and not stored.
             let (due, stripped) = if m.headers.iter().any(|(n, _)| delay::is_delay_header(n)) {
-                let due = delay::due_of(m, now).map_err(BrokerError::BadMessage)?;
+                let due = delay::due_in(&m.headers, now).map_err(BrokerError::BadMessage)?;
                 let kept: Vec<(String, String)> = m
                     .headers
                     .iter()
