@@ -23,6 +23,7 @@
 //!   broker runs on the other.
 
 pub mod embedded;
+pub mod idempotency;
 #[cfg(test)]
 pub(crate) mod memory;
 pub mod nats;
@@ -128,7 +129,7 @@ pub struct Receipt {
 /// step: its outputs, the ack, and on a dedup stage the key recorded
 /// COMPLETED with those outputs. The ticket travels with the outputs so
 /// that the record and the outputs are written together (on the embedded
-/// broker in the same transaction as the ack); see [`crate::dedup`].
+/// broker in the same transaction as the ack); see [`idempotency`].
 #[derive(Debug, Clone)]
 pub struct Completion {
     /// The delivery to ack.
@@ -145,7 +146,7 @@ pub struct Completion {
 }
 
 /// The right to complete (or release) a stage dedup key: what
-/// [`crate::dedup::Begin::Run`] hands out, and what a [`Completion`] carries
+/// [`idempotency::Begin::Run`] hands out, and what a [`Completion`] carries
 /// so the broker records the key COMPLETED with the outputs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ticket {

@@ -1,4 +1,4 @@
-//! The embedded broker as a [`DedupStore`].
+//! The embedded broker as an [`IdempotencyStore`].
 //!
 //! The embedded broker belongs to one process (its data directory is
 //! locked), so a key being handled (IN_PROGRESS) is only ever held by a
@@ -24,8 +24,8 @@ use super::EmbeddedBroker;
 use super::commit::group::Group;
 use super::store::{decode, encode, idempotency_key, storage};
 use crate::broker::Ticket;
+use crate::broker::idempotency::{self, Begin, BeginRequest, IdempotencyStore, Record};
 use crate::broker::{BrokerError, Message, Receipt, now_millis};
-use crate::dedup::{self, Begin, BeginRequest, DedupStore, Record};
 
 /// Keys held by running handlers: stored key -> the holder's record.
 #[derive(Default)]
@@ -39,7 +39,7 @@ impl Holds {
     /// Drops the hold of `key` if `ticket` has it.
     fn release(&self, key: &[u8], ticket: &Ticket) {
         let mut holds = self.lock();
-        if dedup::held_by(holds.get(key), ticket) {
+        if idempotency::held_by(holds.get(key), ticket) {
             holds.remove(key);
         }
     }
@@ -60,7 +60,7 @@ impl Group<'_> {
         key: Vec<u8>,
         ticket: &Ticket,
     ) -> Result<(), BrokerError> {
-        let record = dedup::completed(ticket, None, self.now);
+        let record = idempotency::completed(ticket, None, self.now);
         self.batch
             .insert(&self.store.idempotency, key, encode(&record)?);
         Ok(())
@@ -126,7 +126,7 @@ pub(super) fn sweep(group: &mut Group<'_>) -> Result<(), BrokerError> {
 }
 
 #[async_trait]
-impl DedupStore for EmbeddedBroker {
+impl IdempotencyStore for EmbeddedBroker {
     async fn ensure_scope(
         &self,
         _scope: &str,
@@ -143,8 +143,12 @@ impl DedupStore for EmbeddedBroker {
             Some(held) => Some(held.clone()),
             None => stored(self.shared.store.get()?.idempotency.get(&key))?,
         };
-        let (begin, write) =
-            dedup::decide(found.as_ref(), &request, now_millis(), &dedup::new_token());
+        let (begin, write) = idempotency::decide(
+            found.as_ref(),
+            &request,
+            now_millis(),
+            &idempotency::new_token(),
+        );
         if let Some(held) = write {
             holds.insert(key, held);
         }
@@ -168,7 +172,7 @@ impl EmbeddedBroker {
         outputs: Vec<Message>,
         state: Option<crate::state::StateWrites>,
     ) -> Result<(), BrokerError> {
-        dedup::crash_hook();
+        idempotency::crash_hook();
         let key = idempotency_key(&ticket.scope, &ticket.digest);
         let result = self
             .settle_with(receipt, outputs, Some((key.clone(), ticket.clone())), state)

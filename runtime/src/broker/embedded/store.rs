@@ -10,7 +10,7 @@
 //! | `pending` | consumer id (u32 BE) + seq (u64 BE) | [`PendingRecord`] |
 //! | `settled` | consumer id (u32 BE) + first seq (u64 BE) | end seq, exclusive (u64 BE): first deliveries settled above the floor |
 //! | `dedup`, `dedup_b` | topic id (u32 BE) + message id | [`DedupRecord`]: the duplicate window's two generations ([`super::window`]) |
-//! | `idempotency` | consumer name + 0 + SHA-256 of the dedup key | [`crate::dedup::Record`] (COMPLETED) |
+//! | `idempotency` | consumer name + 0 + SHA-256 of the dedup key | [`crate::broker::idempotency::Record`] (COMPLETED) |
 //! | `delayed` | topic id (u32 BE) + due ms (u64 BE) + the topic's delay counter (u64 BE) | [`MessageRecord`] not yet due ([`super::delayed`]) |
 //!
 //! Big-endian integers make byte order equal numeric order, so a topic's
@@ -230,7 +230,7 @@ pub(crate) fn decode_every_record(bytes: &[u8]) {
     let _ = decode::<ConsumerRecord>(bytes);
     let _ = decode::<PendingRecord>(bytes);
     let _ = decode::<DedupRecord>(bytes);
-    let _ = decode::<crate::dedup::Record>(bytes);
+    let _ = decode::<crate::broker::idempotency::Record>(bytes);
     if let Some(p) = Position::decode(bytes) {
         let again = Position::decode(&p.encode()).expect("an encoded position decodes");
         assert_eq!(again.cursor, p.cursor);

@@ -1,4 +1,4 @@
-//! NATS KV as a [`DedupStore`]: one bucket per stage,
+//! NATS KV as an [`IdempotencyStore`]: one bucket per stage,
 //! `SLUICE_DEDUP_<durable>`, whose max age is the stage's `dedup.ttl`.
 //!
 //! Keys are the hex digest (SHA-256) of the dedup key (KV keys allow few
@@ -20,8 +20,8 @@ use bytes::Bytes;
 
 use super::{NatsBroker, naming, read, write};
 use crate::broker::Ticket;
+use crate::broker::idempotency::{self, Begin, BeginRequest, IdempotencyStore, Record};
 use crate::broker::{Broker, BrokerError, Message, Receipt, now_millis};
-use crate::dedup::{self, Begin, BeginRequest, DedupStore, Record};
 
 /// A begin that loses a race re-reads and decides again, this many times.
 const MAX_RACES: usize = 8;
@@ -115,7 +115,7 @@ impl NatsBroker {
 }
 
 #[async_trait]
-impl DedupStore for NatsBroker {
+impl IdempotencyStore for NatsBroker {
     async fn ensure_scope(&self, scope: &str, ttl: Duration) -> Result<(), BrokerError> {
         let name = bucket_name(scope);
         let store = self
@@ -138,10 +138,11 @@ impl DedupStore for NatsBroker {
     async fn begin(&self, request: BeginRequest) -> Result<Begin, BrokerError> {
         let bucket = self.dedup_bucket(&request.scope).await?;
         let key = kv_key(&request.digest);
-        let token = dedup::new_token();
+        let token = idempotency::new_token();
         for _ in 0..MAX_RACES {
             let (found, revision) = self.dedup_read(&bucket, &key).await?;
-            let (begin, record) = dedup::decide(found.as_ref(), &request, now_millis(), &token);
+            let (begin, record) =
+                idempotency::decide(found.as_ref(), &request, now_millis(), &token);
             let (Begin::Run(mut ticket), Some(record)) = (begin.clone(), record) else {
                 return Ok(begin);
             };
@@ -168,7 +169,7 @@ impl DedupStore for NatsBroker {
                 // A wrong-revision refusal may come back as a publish error:
                 // look. Taken over meanwhile, the new holder's record stays.
                 let (found, _) = self.dedup_read(&bucket, &kv_key(&ticket.digest)).await?;
-                if dedup::held_by(found.as_ref(), ticket) {
+                if idempotency::held_by(found.as_ref(), ticket) {
                     Err(kv_error("releasing a record", &e))
                 } else {
                     Ok(())
@@ -192,11 +193,15 @@ impl NatsBroker {
         if !outputs.is_empty() {
             self.publish(outputs.clone()).await?;
         }
-        dedup::crash_hook();
+        idempotency::crash_hook();
         let now = now_millis();
-        let mut record = encode(&dedup::completed(ticket, dedup::recordable(&outputs), now))?;
+        let mut record = encode(&idempotency::completed(
+            ticket,
+            idempotency::recordable(&outputs),
+            now,
+        ))?;
         if record.len() > MAX_RECORD_BYTES {
-            record = encode(&dedup::completed(ticket, None, now))?;
+            record = encode(&idempotency::completed(ticket, None, now))?;
         }
         if self
             .dedup_write(&bucket, &key, record, ticket.revision)
@@ -219,7 +224,9 @@ mod tests {
     #[test]
     fn bucket_and_key_names_are_valid_for_kv() {
         assert_eq!(bucket_name("orders.route"), "SLUICE_DEDUP_orders_route");
-        let key = kv_key(&dedup::key_digest("any key: with spaces / and ünïcode"));
+        let key = kv_key(&crate::dedup::key_digest(
+            "any key: with spaces / and ünïcode",
+        ));
         assert_eq!(key.len(), 64);
         assert!(key.chars().all(|c| c.is_ascii_hexdigit()));
     }
