@@ -17,6 +17,7 @@
 //! - [`timestamp`]: RFC 3339 times and durations back from now, as text.
 //! - [`trace`]: W3C Trace Context: the `traceparent` a message carries on.
 //! - [`retry_after`]: the wait an HTTP `Retry-After` asks for.
+//! - [`tls`]: TLS for every client: connectors and a handler's outbound HTTP.
 
 pub mod admin;
 pub mod broker;
@@ -41,6 +42,7 @@ pub mod retry_after;
 pub mod service;
 pub mod state;
 pub mod timestamp;
+pub mod tls;
 pub mod trace;
 
 pub use failure::{Failure, FailureKind};

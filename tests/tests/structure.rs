@@ -1,5 +1,6 @@
 //! The runtime's structure, read from its source: no file-level import
-//! circle, and the folder-level loop (issue 44) only ever shrinks.
+//! circle, and no folder-level cycle (issue 44): the top-level modules of
+//! `runtime/src` form the order ARCHITECTURE.md writes down.
 //!
 //! Every `crate::...` and `super::...` path counts, in `use` lines and
 //! inline in code (`crate::connect::SourceDef` in a type is an edge as
@@ -7,16 +8,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-
-/// Folder-level edges that are part of the loop today, to be undone one
-/// by one (ARCHITECTURE.md). The test fails on an edge that closes a loop
-/// and is not listed, and on a listed edge that is gone (take it off).
-const LOOP_TODAY: &[(&str, &str)] = &[
-    ("connect", "engine"),
-    ("connect", "plugin"),
-    ("engine", "plugin"),
-    ("plugin", "connect"),
-];
 
 /// One source file: its module path (`broker/embedded/commit/group.rs` is
 /// `broker::embedded::commit::group`) and its code without comments and
@@ -311,13 +302,15 @@ fn no_file_in_runtime_src_imports_a_file_that_imports_it_back() {
 }
 
 #[test]
-fn the_folder_level_loop_in_runtime_src_only_shrinks() {
+fn no_folder_in_runtime_src_reaches_itself_through_another() {
     let sources = sources();
-    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let folders: BTreeSet<String> = sources
         .iter()
         .filter_map(|s| s.module.first().cloned())
         .collect();
+    // Which files make each folder-level edge, to name them on a failure.
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut made_by: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
     for source in &sources {
         let Some(from) = source.module.first() else {
             continue;
@@ -328,37 +321,48 @@ fn the_folder_level_loop_in_runtime_src_only_shrinks() {
                 && folders.contains(to)
             {
                 edges.entry(from.clone()).or_default().insert(to.clone());
+                made_by
+                    .entry((from.clone(), to.clone()))
+                    .or_default()
+                    .insert(show(&source.module));
             }
         }
     }
-    let looped: BTreeSet<(String, String)> = circles(&edges)
+    let made_by = &made_by;
+    let found: Vec<String> = circles(&edges)
         .iter()
-        .flat_map(|part| {
-            part.iter().flat_map(|a| {
-                edges
-                    .get(a)
-                    .into_iter()
-                    .flatten()
-                    .filter(|b| part.contains(*b))
-                    .map(|b| (a.clone(), b.clone()))
-            })
+        .map(|part| {
+            let inside: Vec<String> = part
+                .iter()
+                .flat_map(|a| {
+                    edges
+                        .get(a)
+                        .into_iter()
+                        .flatten()
+                        .filter(|b| part.contains(*b))
+                        .map(move |b| {
+                            let files: Vec<&str> = made_by[&(a.clone(), b.clone())]
+                                .iter()
+                                .map(String::as_str)
+                                .collect();
+                            format!("{a} -> {b} (in {})", files.join(", "))
+                        })
+                })
+                .collect();
+            format!(
+                "{{{}}}: {}",
+                part.iter().cloned().collect::<Vec<_>>().join(", "),
+                inside.join("; ")
+            )
         })
         .collect();
-    let known: BTreeSet<(String, String)> = LOOP_TODAY
-        .iter()
-        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
-        .collect();
-    let new: Vec<_> = looped.difference(&known).collect();
     assert!(
-        new.is_empty(),
-        "new folder-level edges that close a loop (the code under one folder names another \
-         that reaches it back; turn the dependency around or move what both need): {new:?}"
-    );
-    let undone: Vec<_> = known.difference(&looped).collect();
-    assert!(
-        undone.is_empty(),
-        "these edges no longer close a loop: take them off LOOP_TODAY so they cannot come \
-         back: {undone:?}"
+        found.is_empty(),
+        "folders of runtime/src that reach each other through their imports (a cycle; \
+         ARCHITECTURE.md, \"Why it is built this way\", gives the order the folders keep and \
+         how each loop was broken: turn the new edge around, or move what both sides need \
+         into the lower one or a module of its own):\n  {}",
+        found.join("\n  ")
     );
 }
 

@@ -119,7 +119,7 @@ impl Outbound {
             }
             headers.push((host, parsed));
         }
-        let mut tls = crate::connect::tls::client_config(None, None)?;
+        let mut tls = crate::tls::client_config(None, None)?;
         tls.alpn_protocols = vec![b"http/1.1".to_vec()];
         let client = reqwest::Client::builder()
             // The handler sees a redirect and decides; its next request
