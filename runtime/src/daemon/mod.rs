@@ -8,14 +8,16 @@
 //! the broker before exit. In between, a reload (`reload.rs`: SIGHUP,
 //! `POST /v1/reload`, or a file change seen by `watch.rs`) applies changed
 //! files with the same all-or-nothing check first; `sources.rs` keeps the
-//! running sources, each stoppable alone.
+//! running sources, each stoppable alone; `stages.rs` sets up each stage,
+//! and `shutdown.rs` drains them all in order.
 
 mod reload;
+mod shutdown;
 mod sources;
+mod stages;
 mod versions;
 mod watch;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,10 +30,11 @@ use crate::claim::{ClaimingBroker, Claims};
 use crate::config::{self, Diagnostics, Pipeline};
 use crate::connect;
 use crate::dedup::DedupStore;
-use crate::engine::{Engine, StageHandler, StageSetup};
 use crate::metrics::Metrics;
 use crate::plugin::{HostConfig, HostError, LoadError, PluginCheck, PluginHost};
+use shutdown::shut_down;
 use sources::Sources;
+use stages::{stage_setup, start_stages};
 
 /// How to run.
 #[derive(Debug, Clone)]
@@ -169,6 +172,90 @@ pub async fn run(
     let (pipelines, host) = load(&opts)?;
     let broker_url = broker_url(opts.broker.as_deref(), &pipelines)?;
     let choice = parse_broker(&broker_url)?;
+    let tls = admin_tls(&opts)?;
+    let (listener, admin_addr) = bind_admin(opts.admin).await?;
+    let opened = open_broker(choice, &opts).await?;
+    for spec in topic_specs(&pipelines) {
+        opened.broker.ensure_topic(&spec).await?;
+    }
+    let metrics = Arc::new(Metrics::new());
+    // With a claim check anywhere, every publish (ingest, emits, dead
+    // letters, redrives) goes through the decorator that offloads.
+    let claims = Claims::from_pipelines(&pipelines)?.map(|c| Arc::new(c.with_metrics(&metrics)));
+    let broker: Arc<dyn Broker> = match &claims {
+        Some(claims) => Arc::new(ClaimingBroker::new(opened.broker, claims.clone())),
+        None => opened.broker,
+    };
+    let health = Arc::new(connect::Health::new());
+    let parts = Parts {
+        host: &host,
+        broker: &broker,
+        metrics: &metrics,
+        health: &health,
+    };
+    let (engine, plugin_shas) =
+        start_stages(&pipelines, &parts, claims.clone(), opened.dedup).await?;
+    // Sources start once the stages read: their topics' consumers exist,
+    // so backpressure counts them from the first read.
+    let sources = start_sources(&pipelines, &parts).await?;
+    let sweeper = start_sweeper(claims, &pipelines, &broker);
+
+    let pipelines: Arc<[Pipeline]> = pipelines.into();
+    let (reload_requests, reloads) = tokio::sync::mpsc::channel(crate::reload::QUEUE);
+    let state = AdminState::new(broker.clone(), metrics.clone(), pipelines.clone())
+        .with_connectors(health.clone())
+        .with_access(opts.admin_access.clone())
+        .with_limits(opts.admin_limits);
+    let admin = start_admin(listener, state, tls, &reload_requests);
+    let mut live = reload::Live {
+        paths: opts.paths.clone(),
+        broker_flag: opts.broker.clone(),
+        broker_url,
+        host,
+        host_config: opts.host.clone(),
+        broker: broker.clone(),
+        metrics,
+        health,
+        engine,
+        sources,
+        plugin_shas,
+        pipelines,
+        state: admin.state.clone(),
+        watched: tokio::sync::watch::channel(Vec::new()).0,
+        version: tokio::sync::watch::channel(String::new()).0,
+    };
+    let helpers = start_helpers(&mut live, opts.watch, reload_requests);
+
+    let started = Started {
+        admin: admin_addr,
+        admin_scheme: admin.scheme,
+        broker: opened.label,
+        pipelines: live
+            .pipelines
+            .iter()
+            .map(|p| (p.name.clone(), p.stages.len()))
+            .collect(),
+    };
+    ready(&started);
+    serve_until(shutdown, reloads, &mut live, &started).await;
+    for task in helpers {
+        task.abort();
+    }
+    shut_down(live, sweeper, admin, &broker).await
+}
+
+/// What a stage's or a source's setup draws on.
+struct Parts<'a> {
+    host: &'a PluginHost,
+    broker: &'a Arc<dyn Broker>,
+    metrics: &'a Arc<Metrics>,
+    health: &'a Arc<connect::Health>,
+}
+
+/// The admin API's TLS configuration, if it has one; refused when the API
+/// would be open to the network without a token, and warned about when
+/// its tokens would cross the network in plain HTTP.
+fn admin_tls(opts: &DaemonOptions) -> Result<Option<Arc<rustls::ServerConfig>>, DaemonError> {
     if !opts.admin.ip().is_loopback() && !opts.admin_access.has_token() {
         if !opts.admin_insecure {
             return Err(DaemonError::InsecureAdmin(opts.admin));
@@ -188,22 +275,38 @@ pub async fn run(
             opts.admin
         );
     }
+    Ok(tls)
+}
 
-    let listener = tokio::net::TcpListener::bind(opts.admin)
+/// Binds the admin address (before the broker opens, so a daemon already
+/// running there is found first); returns the listener and the address
+/// actually bound.
+async fn bind_admin(
+    addr: SocketAddr,
+) -> Result<(tokio::net::TcpListener, SocketAddr), DaemonError> {
+    let bind_error = |source| DaemonError::Bind { addr, source };
+    let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|source| DaemonError::Bind {
-            addr: opts.admin,
-            source,
-        })?;
-    let admin_addr = listener.local_addr().map_err(|source| DaemonError::Bind {
-        addr: opts.admin,
-        source,
-    })?;
+        .map_err(bind_error)?;
+    let bound = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, bound))
+}
 
-    // The broker keeps the stages' dedup records too: a key is recorded
-    // COMPLETED in the same step as the outputs and the ack.
-    let (broker, dedup, broker_label): (Arc<dyn Broker>, Arc<dyn DedupStore>, String) = match choice
-    {
+/// The broker opened, with its dedup store and its description for people.
+struct OpenedBroker {
+    broker: Arc<dyn Broker>,
+    dedup: Arc<dyn DedupStore>,
+    label: String,
+}
+
+/// Opens the embedded broker's data directory, or connects to NATS. The
+/// broker keeps the stages' dedup records too: a key is recorded
+/// COMPLETED in the same step as the outputs and the ack.
+async fn open_broker(
+    choice: BrokerChoice,
+    opts: &DaemonOptions,
+) -> Result<OpenedBroker, DaemonError> {
+    Ok(match choice {
         BrokerChoice::Embedded => {
             let embedded = EmbeddedBroker::open(EmbeddedOptions {
                 sync: opts.sync,
@@ -214,101 +317,105 @@ pub async fn run(
                 opts.data_dir.display(),
                 opts.sync
             );
-            (embedded.clone(), embedded, label)
+            OpenedBroker {
+                broker: embedded.clone(),
+                dedup: embedded,
+                label,
+            }
         }
         BrokerChoice::Nats(options) => {
             let nats = NatsBroker::connect(options, NATS_CONNECT_TIMEOUT).await?;
             let label = format!("NATS JetStream at {}", nats.describe());
-            (nats.clone(), nats, label)
-        }
-    };
-    for spec in topic_specs(&pipelines) {
-        broker.ensure_topic(&spec).await?;
-    }
-    let metrics = Arc::new(Metrics::new());
-    // With a claim check anywhere, every publish (ingest, emits, dead
-    // letters, redrives) goes through the decorator that offloads.
-    let claims = Claims::from_pipelines(&pipelines)?.map(|c| Arc::new(c.with_metrics(&metrics)));
-    let broker: Arc<dyn Broker> = match &claims {
-        Some(claims) => Arc::new(ClaimingBroker::new(broker, claims.clone())),
-        None => broker,
-    };
-
-    let health = Arc::new(connect::Health::new());
-    let mut setups = Vec::new();
-    let mut plugin_shas = HashMap::new();
-    for pipeline in &pipelines {
-        for stage in &pipeline.stages {
-            let (setup, sha) =
-                stage_setup(pipeline, stage, &host, &broker, &metrics, &health).await?;
-            if let Some(sha) = sha {
-                plugin_shas.insert(stage_key(pipeline, stage), sha);
+            OpenedBroker {
+                broker: nats.clone(),
+                dedup: nats,
+                label,
             }
-            setups.push(setup);
         }
-    }
-    let engine = Engine::start(
-        broker.clone(),
-        metrics.clone(),
-        claims.clone(),
-        Some(dedup),
-        setups,
-    )
-    .await?;
-    // Sources start once the stages read: their topics' consumers exist,
-    // so backpressure counts them from the first read.
+    })
+}
+
+/// Sets up and starts every source of the pipelines.
+async fn start_sources(pipelines: &[Pipeline], parts: &Parts<'_>) -> Result<Sources, DaemonError> {
     let mut sources = Sources::default();
-    for plan in sources::plans(&pipelines) {
-        let setup = sources::setup(&plan, &metrics, &health).await?;
-        sources.start(plan, setup, broker.clone());
+    for plan in sources::plans(pipelines) {
+        let setup = sources::setup(&plan, parts.metrics, parts.health).await?;
+        sources.start(plan, setup, parts.broker.clone());
     }
-    let (stop_sweeper, sweeper_stopped) = tokio::sync::watch::channel(false);
-    let sweeper = claims.clone().map(|claims| {
-        let (topics, dlqs) = claim_topics(&claims, &pipelines);
+    Ok(sources)
+}
+
+/// The claim sweeper's task (with a claim check anywhere) and the switch
+/// that stops it.
+struct Sweeper {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Starts the claim sweeper over the claim-checked topics and the DLQs.
+fn start_sweeper(
+    claims: Option<Arc<Claims>>,
+    pipelines: &[Pipeline],
+    broker: &Arc<dyn Broker>,
+) -> Sweeper {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let task = claims.map(|claims| {
+        let (topics, dlqs) = claim_topics(&claims, pipelines);
         tokio::spawn(crate::claim::sweeper(
             claims,
             broker.clone(),
             topics,
             dlqs,
-            sweeper_stopped,
+            stopped,
         ))
     });
+    Sweeper { stop, task }
+}
 
-    let pipelines: Arc<[Pipeline]> = pipelines.into();
-    let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
-    let mut state = AdminState::new(broker.clone(), metrics.clone(), pipelines.clone())
-        .with_connectors(health.clone())
-        .with_access(opts.admin_access.clone())
-        .with_limits(opts.admin_limits);
-    let admin_scheme = if let Some(tls) = tls {
+/// The admin server's task, its state, and the switch that closes it.
+struct AdminServer {
+    state: AdminState,
+    /// `https` or `http`.
+    scheme: &'static str,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Serves the admin API on `listener` (with TLS if given); its reload
+/// endpoint asks through `reload_requests`.
+fn start_admin(
+    listener: tokio::net::TcpListener,
+    mut state: AdminState,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    reload_requests: &tokio::sync::mpsc::Sender<crate::reload::ReloadRequest>,
+) -> AdminServer {
+    let scheme = if let Some(tls) = tls {
         state = state.with_tls(tls);
         "https"
     } else {
         "http"
     };
-    let (reload_requests, mut reloads) = tokio::sync::mpsc::channel(crate::reload::QUEUE);
     state.reloads().connect(reload_requests.clone());
-    let admin_task = tokio::spawn(admin::serve(listener, state.clone(), async move {
-        let _ = admin_stopped.await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(admin::serve(listener, state.clone(), async move {
+        let _ = stopped.await;
     }));
+    AdminServer {
+        state,
+        scheme,
+        stop,
+        task,
+    }
+}
 
-    let mut live = reload::Live {
-        paths: opts.paths.clone(),
-        broker_flag: opts.broker.clone(),
-        broker_url,
-        host,
-        host_config: opts.host.clone(),
-        broker: broker.clone(),
-        metrics: metrics.clone(),
-        health,
-        engine,
-        sources,
-        plugin_shas,
-        pipelines,
-        state: state.clone(),
-        watched: tokio::sync::watch::channel(Vec::new()).0,
-        version: tokio::sync::watch::channel(String::new()).0,
-    };
+/// Announces the running configuration's version and starts what runs
+/// beside the daemon's loop: the version tracker on a shared broker, the
+/// SIGHUP handler and, with `watch`, the file watcher. Returns their tasks.
+fn start_helpers(
+    live: &mut reload::Live,
+    watch: bool,
+    reload_requests: tokio::sync::mpsc::Sender<crate::reload::ReloadRequest>,
+) -> Vec<tokio::task::JoinHandle<()>> {
     live.publish_watched();
     let version = versions::version(&live.pipelines, &live.plugin_shas);
     tracing::info!(%version, "configuration version");
@@ -319,92 +426,29 @@ pub async fn run(
         .shared_versions()
         .map(|shared| tokio::spawn(versions::track(shared, live.version.subscribe())));
     let hangups = tokio::spawn(reload::on_hangup(reload_requests.clone()));
-    let watcher = opts
-        .watch
-        .then(|| tokio::spawn(watch::watch(live.watched.subscribe(), reload_requests)));
+    let watcher =
+        watch.then(|| tokio::spawn(watch::watch(live.watched.subscribe(), reload_requests)));
+    [Some(hangups), watcher, versions]
+        .into_iter()
+        .flatten()
+        .collect()
+}
 
-    let started = Started {
-        admin: admin_addr,
-        admin_scheme,
-        broker: broker_label,
-        pipelines: live
-            .pipelines
-            .iter()
-            .map(|p| (p.name.clone(), p.stages.len()))
-            .collect(),
-    };
-    ready(&started);
-
+/// The daemon's loop: serves reload requests until `shutdown` resolves.
+/// Requests still queued then get no answer: their callers see the
+/// shutdown.
+async fn serve_until(
+    shutdown: impl std::future::Future<Output = ()>,
+    mut reloads: tokio::sync::mpsc::Receiver<crate::reload::ReloadRequest>,
+    live: &mut reload::Live,
+    started: &Started,
+) {
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             () = &mut shutdown => break,
-            Some(request) = reloads.recv() => live.serve(request, &started).await,
+            Some(request) = reloads.recv() => live.serve(request, started).await,
         }
-    }
-    hangups.abort();
-    for task in [watcher, versions].into_iter().flatten() {
-        task.abort();
-    }
-    // Requests still queued get no answer: their callers see the shutdown.
-    drop(reloads);
-    let reload::Live {
-        engine,
-        mut sources,
-        pipelines,
-        ..
-    } = live;
-
-    // The whole shutdown keeps the longest `shutdown_timeout` (plus
-    // FLUSH_GRACE): the stages keep their own deadlines, and every step
-    // after them is bounded, so a dead broker cannot hold the exit.
-    let deadline = tokio::time::Instant::now()
-        + pipelines
-            .iter()
-            .map(|p| p.shutdown_timeout.get())
-            .max()
-            .unwrap_or_default();
-    tracing::info!("shutting down: draining stages");
-    // Ingest answers 503 (and readiness says draining) from now on; the
-    // server stays up to say so until the stages have drained.
-    state.start_draining();
-    // Sources first: nothing new enters while the stages drain. A read
-    // being published finishes (and is acked upstream) or is given back.
-    if !sources.stop(None, deadline).await {
-        tracing::warn!(
-            "a source did not stop by the shutdown deadline; what it read and did not acknowledge is read again after a restart"
-        );
-    }
-    engine.shutdown().await;
-    let _ = stop_sweeper.send(true);
-    // A step that starts at or past the deadline still gets a moment.
-    let bound = |grace| deadline.max(tokio::time::Instant::now()) + grace;
-    if let Some(sweeper) = sweeper
-        && tokio::time::timeout_at(bound(FLUSH_GRACE / 4), sweeper)
-            .await
-            .is_err()
-    {
-        tracing::warn!("the claim sweeper did not stop by the shutdown deadline; abandoning it");
-    }
-    let _ = stop_admin.send(());
-    let admin_result = tokio::time::timeout_at(bound(FLUSH_GRACE / 2), admin_task).await;
-    match tokio::time::timeout_at(bound(FLUSH_GRACE), broker.flush()).await {
-        Ok(flushed) => flushed?,
-        Err(_) => tracing::warn!(
-            "the broker did not finish flushing by the shutdown deadline; what it had not made durable is redelivered after a restart"
-        ),
-    }
-    tracing::info!("stopped");
-    match admin_result {
-        Ok(Ok(Ok(()))) => Ok(()),
-        Err(_) => {
-            tracing::warn!(
-                "the admin server did not close by the shutdown deadline; abandoning its connections"
-            );
-            Ok(())
-        }
-        Ok(Ok(Err(err))) => Err(DaemonError::Admin(err)),
-        Ok(Err(err)) => Err(DaemonError::Admin(std::io::Error::other(err))),
     }
 }
 
@@ -414,119 +458,6 @@ pub(crate) type StageKey = (String, String);
 fn stage_key(pipeline: &Pipeline, stage: &crate::config::Stage) -> StageKey {
     (pipeline.name.clone(), stage.name.clone())
 }
-
-/// A stage's setup: a sink's connector, or the plugin's workers (with the
-/// plugin's sha256, which a reload compares).
-async fn stage_setup(
-    pipeline: &Pipeline,
-    stage: &crate::config::Stage,
-    host: &PluginHost,
-    broker: &Arc<dyn Broker>,
-    metrics: &Arc<Metrics>,
-    health: &Arc<connect::Health>,
-) -> Result<(StageSetup, Option<String>), DaemonError> {
-    if let Some(sink) = &stage.sink {
-        return Ok((
-            sink_setup(pipeline, stage, sink, metrics, health).await?,
-            None,
-        ));
-    }
-    let plugin = host.load(&stage.plugin)?;
-    // Checked at validation too; again here, on the bytes loaded.
-    stage
-        .check_pin(plugin.sha256())
-        .map_err(DaemonError::PluginPin)?;
-    plugin.check_grants(&stage.name, &stage.grants())?;
-    let mut settings = stage.worker_settings_with(&pipeline.secret_values);
-    // Errors the guest meets name the stage with its pipeline.
-    settings.secrets = settings
-        .secrets
-        .for_stage(&format!("{}/{}", pipeline.name, stage.name));
-    if let Some((store, max_bytes)) = stage.state_store(&pipeline.name) {
-        let Some(reader) = broker.state() else {
-            return Err(DaemonError::Unsupported(format!(
-                "stage `{}` of pipeline `{}` has `state:`, which this broker cannot commit with \
-                 the ack; remove `state:` or run on the embedded broker or NATS",
-                stage.name, pipeline.name
-            )));
-        };
-        settings.state = Some(crate::state::StateAccess {
-            reader,
-            store: store.into(),
-            max_bytes,
-        });
-    }
-    settings.http = stage
-        .outbound(Some((pipeline.name.clone(), metrics.clone())))
-        .map(|sender| sender.map(crate::plugin::HttpSender::Live))
-        .map_err(|why| {
-            DaemonError::Unsupported(format!(
-                "stage `{}` of pipeline `{}`: its `http:` cannot be set up: {why}",
-                stage.name, pipeline.name
-            ))
-        })?;
-    let handlers: Vec<Box<dyn StageHandler>> = (0..stage.concurrency.get())
-        .map(|_| Box::new(plugin.worker(settings.clone())) as Box<dyn StageHandler>)
-        .collect();
-    Ok((
-        StageSetup {
-            pipeline: pipeline.name.clone(),
-            stage: stage.clone(),
-            shutdown_timeout: pipeline.shutdown_timeout.get(),
-            handlers,
-            plugin_sha256: Some(plugin.sha256().to_owned()),
-        },
-        Some(plugin.sha256().to_owned()),
-    ))
-}
-
-/// The stage that runs a sink: its connector built (not yet connected)
-/// behind `concurrency` handler slots.
-async fn sink_setup(
-    pipeline: &Pipeline,
-    stage: &crate::config::Stage,
-    sink: &connect::SinkDef,
-    metrics: &Arc<Metrics>,
-    health: &Arc<connect::Health>,
-) -> Result<StageSetup, DaemonError> {
-    let ctx = connect::Context {
-        pipeline: pipeline.name.clone(),
-        name: sink.name.clone(),
-        metrics: metrics.clone(),
-        health: health.clone(),
-    };
-    let connector = sink.connector().ok_or_else(|| {
-        DaemonError::Unsupported(format!("sink `{}` has no connector block", sink.name))
-    })?;
-    for warning in connector.warnings() {
-        tracing::warn!(sink = %ctx.label(), field = %warning.path.join("."), "{}", warning.message);
-    }
-    let built = connector.build_for(&ctx, *stage.concurrency).await?;
-    metrics.connector_started(&ctx.label());
-    tracing::info!(sink = %ctx.label(), target = %connector.describe(), "sink ready");
-    let handlers: Vec<Box<dyn StageHandler>> = (0..stage.concurrency.get())
-        .map(|_| {
-            Box::new(connect::SinkHandler::new(
-                built.clone(),
-                ctx.clone(),
-                stage.timeout.get(),
-                stage.retry.backoff.max.get(),
-            )) as Box<dyn StageHandler>
-        })
-        .collect();
-    Ok(StageSetup {
-        pipeline: pipeline.name.clone(),
-        stage: stage.clone(),
-        shutdown_timeout: pipeline.shutdown_timeout.get(),
-        handlers,
-        plugin_sha256: None,
-    })
-}
-
-/// How long past the shutdown deadline the broker's final flush may take
-/// (the sweeper's stop a quarter, the admin server's close half of it). A flush of the embedded broker is one
-/// fsync; a NATS connection that cannot flush by then is not waited for.
-const FLUSH_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The topics the claim sweeper reads for references: the claim-checked
 /// ones that are not dead-letter topics, and every stage's DLQ topic.
