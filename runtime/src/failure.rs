@@ -29,7 +29,8 @@ pub enum FailureKind {
     UndeclaredTopic,
     /// A claim-check reference points at an object that is not (yet) there.
     ClaimMissing,
-    /// Publishing the outputs or settling the delivery failed at the broker.
+    /// Publishing the outputs or answering the delivery (complete, nak, dead
+    /// letter) failed at the broker.
     PublishFailed,
     /// The dedup key was already handled with a different payload.
     DedupConflict,

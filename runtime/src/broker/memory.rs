@@ -8,7 +8,8 @@
 //! never because the machine was slow. Messages are kept until removed (no
 //! retention): a test reads every output and dead letter back. What a test
 //! asserts on besides topics is recorded: every nak with its delay, and
-//! every settle that lost its lease.
+//! every answer (ack, complete, nak, term, dead letter) that lost its
+//! lease.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -42,7 +43,7 @@ struct State {
     consumers: HashMap<String, Consumer>,
     /// (seq, delay) of every nak, in order.
     naks: Vec<(u64, Duration)>,
-    /// Receipts whose settle or extension was refused as stale.
+    /// Receipts whose answer or extension was refused as stale.
     lost: Vec<Receipt>,
 }
 
@@ -116,7 +117,8 @@ impl MemoryBroker {
         self.lock().naks.clone()
     }
 
-    /// The receipts whose settle or lease extension was refused as stale.
+    /// The receipts whose answer (ack, complete, nak, term, dead letter) or
+    /// lease extension was refused as stale.
     pub fn lost(&self) -> Vec<Receipt> {
         self.lock().lost.clone()
     }
@@ -214,8 +216,9 @@ impl MemoryBroker {
     }
 
     /// Checks a receipt against its lease; on success runs `then` on the
-    /// state with the entry removed (a settle) or kept (`keep`).
-    fn settle_with<T>(
+    /// state with the entry removed (ack, complete, term, dead letter) or
+    /// kept (`keep`: a nak or an extension).
+    fn with_lease<T>(
         &self,
         receipt: &Receipt,
         keep: bool,
@@ -368,7 +371,7 @@ impl Broker for MemoryBroker {
     }
 
     async fn ack(&self, receipt: &Receipt) -> Result<(), BrokerError> {
-        self.settle_with(receipt, false, |_, _| Ok(()))
+        self.with_lease(receipt, false, |_, _| Ok(()))
     }
 
     async fn complete(&self, completion: &Completion) -> Result<(), BrokerError> {
@@ -380,14 +383,14 @@ impl Broker for MemoryBroker {
             completion.state.is_none(),
             "the memory broker keeps no handler state"
         );
-        self.settle_with(&completion.receipt, false, |state, _| {
+        self.with_lease(&completion.receipt, false, |state, _| {
             self.store(state, &completion.outputs).map(drop)
         })
     }
 
     async fn nak(&self, receipt: &Receipt, delay: Duration) -> Result<(), BrokerError> {
         let due = self.now() + millis(delay);
-        self.settle_with(receipt, true, |state, entry| {
+        self.with_lease(receipt, true, |state, entry| {
             entry.leased = false;
             entry.due = due;
             state.naks.push((receipt.seq, delay));
@@ -397,7 +400,7 @@ impl Broker for MemoryBroker {
 
     async fn in_progress(&self, receipt: &Receipt) -> Result<(), BrokerError> {
         let now = self.now();
-        self.settle_with(receipt, true, |state, entry| {
+        self.with_lease(receipt, true, |state, entry| {
             let ack_wait = state
                 .consumers
                 .get(&*receipt.consumer)
@@ -408,11 +411,11 @@ impl Broker for MemoryBroker {
     }
 
     async fn term(&self, receipt: &Receipt) -> Result<(), BrokerError> {
-        self.settle_with(receipt, false, |_, _| Ok(()))
+        self.with_lease(receipt, false, |_, _| Ok(()))
     }
 
     async fn dead_letter(&self, receipt: &Receipt, entry: Message) -> Result<(), BrokerError> {
-        self.settle_with(receipt, false, |state, _| {
+        self.with_lease(receipt, false, |state, _| {
             self.store(state, std::slice::from_ref(&entry)).map(drop)
         })
     }

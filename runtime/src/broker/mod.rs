@@ -9,10 +9,11 @@
 //!   own cursor and pending set on a topic, so fan-out is "several consumers
 //!   on one topic" and a slow one never holds up another.
 //! - **Deliveries** carry a [`Receipt`] leased for the consumer's `ack_wait`.
-//!   The holder settles it exactly once: [`Broker::complete`] (publish the
+//!   The holder answers it exactly once: [`Broker::complete`] (publish the
 //!   outputs, then ack), [`Broker::nak`] (redeliver after a delay),
 //!   [`Broker::dead_letter`] (publish the DLQ copy, then term) or
-//!   [`Broker::term`]. [`Broker::in_progress`] extends the lease while a
+//!   [`Broker::term`] ([`Broker::ack`] is a complete without outputs).
+//!   [`Broker::in_progress`] extends the lease while a
 //!   handler runs.
 //! - **Completing is one step** so a broker that can (the embedded one) makes
 //!   the outputs and the ack one transaction, and a broker that cannot (NATS)
@@ -106,12 +107,12 @@ pub struct Delivery {
     pub seq: u64,
     /// Which delivery this is: 1 the first time, 2 on the first redelivery.
     pub attempt: u32,
-    /// What settles it.
+    /// What answers it: complete, nak, dead-letter or term.
     pub receipt: Receipt,
 }
 
-/// The right to settle one delivery. A receipt from an earlier delivery of
-/// the same message is stale: settling it fails with
+/// The right to answer one delivery. A receipt from an earlier delivery of
+/// the same message is stale: answering it fails with
 /// [`BrokerError::LeaseLost`] rather than acking someone else's work.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Receipt {
@@ -187,7 +188,7 @@ pub struct TopicSpec {
     /// Messages older than this are removed even if unacked.
     pub retention: Option<Duration>,
     /// Whether some stage subscribes to it. A subscribed topic drops a
-    /// message once every consumer has settled it; an unsubscribed one (an
+    /// message once every consumer is done with it (completed or dead-lettered); an unsubscribed one (an
     /// output, a DLQ) keeps messages by age, for readers.
     pub subscribed: bool,
     /// How long a republished id must still be recognised as a duplicate:
@@ -225,7 +226,7 @@ pub struct ConsumerSpec {
     pub filter: BTreeMap<String, String>,
     /// The lease length of a delivery.
     pub ack_wait: Duration,
-    /// The most unsettled deliveries at once (None: no broker-side limit).
+    /// The most deliveries out and not yet answered at once (None: no broker-side limit).
     pub max_ack_pending: Option<u32>,
     /// The most deliveries of one message, after which the broker stops
     /// redelivering it (None: no limit). The engine dead-letters a message
@@ -259,9 +260,9 @@ pub struct ConsumerStats {
     /// Messages waiting for this consumer: not yet delivered, or waiting
     /// for a redelivery.
     pub pending: u64,
-    /// Deliveries leased and not yet settled.
+    /// Deliveries leased and not yet answered.
     pub in_flight: u64,
-    /// Age of the oldest message not yet settled by this consumer.
+    /// Age of the oldest message this consumer has not yet answered.
     pub oldest_age: Option<Duration>,
     /// Paused by the operator ([`Broker::set_paused`]).
     pub paused: bool,
@@ -300,7 +301,7 @@ pub struct Stored {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BrokerError {
     /// The receipt is stale: the lease expired and the message was
-    /// redelivered, or it was already settled. Nothing was changed.
+    /// redelivered, or it was already answered. Nothing was changed.
     #[error("lease lost: {0}")]
     LeaseLost(String),
     /// The topic was never declared.
@@ -375,7 +376,8 @@ pub trait Broker: Send + Sync + 'static {
         wait: Duration,
     ) -> Result<Vec<Delivery>, BrokerError>;
 
-    /// Acks without outputs.
+    /// Ends a delivery with no outputs: a complete without outputs (on
+    /// NATS, just the JetStream ack).
     async fn ack(&self, receipt: &Receipt) -> Result<(), BrokerError>;
 
     /// Ends a delivery successfully (see [`Completion`]): publishes its
@@ -387,7 +389,7 @@ pub trait Broker: Send + Sync + 'static {
 
     /// Completes several deliveries: one result per completion, in order,
     /// each what [`Broker::complete`] would have answered for it alone. A
-    /// batch stage settles its items through this. The default completes
+    /// batch stage completes its items through this. The default completes
     /// them concurrently, one call each; a broker that can write them in
     /// one step overrides it (the embedded broker: one op for its
     /// committer, rather than an op, a reply and a wake-up per message).
@@ -401,7 +403,7 @@ pub trait Broker: Send + Sync + 'static {
     /// Extends the lease by the consumer's `ack_wait` from now.
     async fn in_progress(&self, receipt: &Receipt) -> Result<(), BrokerError>;
 
-    /// Settles the delivery as never to be redelivered, without outputs.
+    /// Answers the delivery for good, without outputs: never redelivered.
     async fn term(&self, receipt: &Receipt) -> Result<(), BrokerError>;
 
     /// Publishes `entry` (to its own topic, the DLQ) and then terms the

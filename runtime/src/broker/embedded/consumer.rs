@@ -1,5 +1,5 @@
 //! A consumer in memory: its cursor, its pending set (delivered, not yet
-//! settled) and the timers of leases and nak delays.
+//! completed) and the timers of leases and nak delays.
 //!
 //! The pending set is the only per-message state held in memory, and it is
 //! bounded by what is in flight or waiting for a redelivery; the backlog
@@ -12,7 +12,7 @@
 //!
 //! A receipt is valid while its entry is leased with the same `attempt`.
 //! Taking an entry for redelivery bumps the attempt first, under the lock,
-//! so a stale holder can never settle what someone else now holds.
+//! so a stale holder can never complete what someone else now holds.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -23,7 +23,7 @@ use super::store::PendingRecord;
 use super::topic::Topic;
 use crate::broker::{BrokerError, ConsumerSpec, Receipt};
 
-/// One delivered, unsettled message.
+/// One delivered, uncompleted message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Pending {
     /// The attempt of the current (or last) delivery.
@@ -33,10 +33,10 @@ pub(super) struct Pending {
     pub due: u64,
     /// Whether a receipt for `attempt` is outstanding.
     pub leased: bool,
-    /// A settle of this lease is being committed: the receipt is used up
+    /// A completion of this lease is being committed: the receipt is used up
     /// and the entry is not redelivered, but it stays in the pending set
-    /// (holding the retention watermark) until the settle is durable.
-    pub settling: bool,
+    /// (holding the retention watermark) until the completion is durable.
+    pub completing: bool,
     /// The message's publish time.
     pub published_at: u64,
 }
@@ -60,7 +60,7 @@ pub(super) struct ConsumerState {
     pub spec: ConsumerSpec,
     /// The next seq to look at for a first delivery.
     pub cursor: u64,
-    /// Delivered, unsettled entries by seq.
+    /// Delivered, uncompleted entries by seq.
     pub pending: BTreeMap<u64, Pending>,
     /// (due, seq) of every entry's current deadline, plus stale ones that
     /// are skipped when popped (an entry's `due` no longer matches).
@@ -74,9 +74,9 @@ pub(super) struct ConsumerState {
     pub unrecorded: BTreeSet<u64>,
     /// The floor may have risen since it was last written.
     pub floor_dirty: bool,
-    /// Settled runs of first deliveries above the floor, as stored
+    /// Completed runs of first deliveries above the floor, as stored
     /// (`settled` keyspace): start -> end (exclusive).
-    pub settled_runs: BTreeMap<u64, u64>,
+    pub completed_runs: BTreeMap<u64, u64>,
     /// Paused: fetches deliver nothing (leases already out stay valid).
     pub paused: bool,
 }
@@ -93,7 +93,7 @@ impl ConsumerState {
             cursor_age_cache: None,
             unrecorded: BTreeSet::new(),
             floor_dirty: false,
-            settled_runs: BTreeMap::new(),
+            completed_runs: BTreeMap::new(),
             paused: false,
         }
     }
@@ -101,20 +101,20 @@ impl ConsumerState {
 
 /// How far the floor may trail the cursor before the oldest unrecorded
 /// entries get pending records, so the floor can rise: this bounds what a
-/// crash delivers again (settled messages in `floor..cursor`) when one
-/// delivery is slow while thousands after it settle.
+/// crash delivers again (completed messages in `floor..cursor`) when one
+/// delivery is slow while thousands after it complete.
 pub(super) const MAX_FLOOR_LAG: u64 = 10_000;
 
 /// What the committer writes for a consumer's position.
 pub(super) struct PositionUpdate {
     /// The cursor in memory.
     pub cursor: u64,
-    /// The lowest unrecorded seq not being settled now, or the cursor.
+    /// The lowest unrecorded seq not being completed now, or the cursor.
     pub floor: u64,
     /// Unrecorded entries far below the cursor, to record now:
     /// (seq, their durable form).
     pub to_record: Vec<(u64, PendingRecord)>,
-    /// Runs of first deliveries settled now above the floor, to store:
+    /// Runs of first deliveries completed now above the floor, to store:
     /// (start, end exclusive).
     pub new_runs: Vec<(u64, u64)>,
     /// Stored runs now wholly below the floor, to delete (their starts).
@@ -134,9 +134,9 @@ pub(super) struct Consumer {
     /// Serialises fetches (and spec updates), so two fetches never read the
     /// same new messages.
     pub fetch_lock: tokio::sync::Mutex<()>,
-    /// Woken when a lease is settled or released, for a fetch held back by
+    /// Woken when a lease is completed or released, for a fetch held back by
     /// max_ack_pending.
-    pub settled: tokio::sync::Notify,
+    pub freed: tokio::sync::Notify,
 }
 
 /// A redelivery picked by [`Consumer::take_due`].
@@ -159,7 +159,7 @@ impl Consumer {
             topic,
             state: Mutex::new(state),
             fetch_lock: tokio::sync::Mutex::new(()),
-            settled: tokio::sync::Notify::new(),
+            freed: tokio::sync::Notify::new(),
         }
     }
 
@@ -195,8 +195,8 @@ impl Consumer {
             let Some(entry) = st.pending.get(&seq).copied() else {
                 continue;
             };
-            if entry.due != due || entry.settling {
-                continue; // stale timer, or being settled
+            if entry.due != due || entry.completing {
+                continue; // stale timer, or being completed
             }
             if !entry.leased {
                 if allowance == 0 {
@@ -209,7 +209,7 @@ impl Consumer {
                 attempt: entry.attempt.saturating_add(1),
                 due: lease,
                 leased: true,
-                settling: false,
+                completing: false,
                 published_at: entry.published_at,
             };
             if !entry.leased {
@@ -314,35 +314,35 @@ impl Consumer {
     }
 
     /// The position to write, given the unrecorded entries this group
-    /// settles (`settling_now`, sorted), if the floor may have moved
+    /// completions (`completing_now`, sorted), if the floor may have moved
     /// (`force`: write it anyway); clears the dirty mark.
     ///
-    /// The floor is the lowest unrecorded entry not settled now. Entries
-    /// settled now above it become runs: a run spans settled entries with
-    /// no unsettled first delivery between them, so a batch settled out of
+    /// The floor is the lowest unrecorded entry not completed now. Entries
+    /// completed now above it become runs: a run spans completed entries with
+    /// no uncompleted first delivery between them, so a batch completed out of
     /// order is one record, not one per message. When the floor trails
     /// the cursor by more than [`MAX_FLOOR_LAG`], the oldest unrecorded
     /// entries are handed out to be recorded (they stay unrecorded until
     /// [`Consumer::mark_recorded`], after the write).
-    pub fn position_update(&self, force: bool, settling_now: &[u64]) -> Option<PositionUpdate> {
+    pub fn position_update(&self, force: bool, completing_now: &[u64]) -> Option<PositionUpdate> {
         let mut st = self.state();
-        if !st.floor_dirty && !force && settling_now.is_empty() {
+        if !st.floor_dirty && !force && completing_now.is_empty() {
             return None;
         }
         st.floor_dirty = false;
         let cursor = st.cursor;
-        let settles = |seq: &u64| settling_now.binary_search(seq).is_ok();
+        let completing = |seq: &u64| completing_now.binary_search(seq).is_ok();
         let floor = st
             .unrecorded
             .iter()
-            .find(|seq| !settles(seq))
+            .find(|seq| !completing(seq))
             .copied()
             .unwrap_or(cursor)
             .min(cursor);
         let mut new_runs: Vec<(u64, u64)> = Vec::new();
-        for &seq in settling_now.iter().filter(|s| **s >= floor) {
+        for &seq in completing_now.iter().filter(|s| **s >= floor) {
             if let Some(last) = new_runs.last_mut()
-                && st.unrecorded.range(last.1..seq).all(settles)
+                && st.unrecorded.range(last.1..seq).all(completing)
             {
                 last.1 = seq + 1;
                 continue;
@@ -350,7 +350,7 @@ impl Consumer {
             new_runs.push((seq, seq + 1));
         }
         let dropped_runs = st
-            .settled_runs
+            .completed_runs
             .iter()
             .take_while(|(start, _)| **start < floor)
             .filter(|(_, end)| **end <= floor)
@@ -361,7 +361,7 @@ impl Consumer {
             let below = cursor - MAX_FLOOR_LAG / 2;
             for seq in st.unrecorded.range(..below) {
                 if let Some(p) = st.pending.get(seq)
-                    && !p.settling
+                    && !p.completing
                 {
                     to_record.push((*seq, p.record()));
                 }
@@ -380,14 +380,14 @@ impl Consumer {
     pub fn apply_runs(&self, new_runs: &[(u64, u64)], dropped_runs: &[u64]) {
         let mut st = self.state();
         for start in dropped_runs {
-            st.settled_runs.remove(start);
+            st.completed_runs.remove(start);
         }
-        st.settled_runs.extend(new_runs.iter().copied());
+        st.completed_runs.extend(new_runs.iter().copied());
     }
 
     /// Whether a stored run covers `seq`.
-    pub fn in_settled_run(st: &ConsumerState, seq: u64) -> bool {
-        st.settled_runs
+    pub fn in_completed_run(st: &ConsumerState, seq: u64) -> bool {
+        st.completed_runs
             .range(..=seq)
             .next_back()
             .is_some_and(|(_, end)| seq < *end)
@@ -405,10 +405,10 @@ impl Consumer {
         gone
     }
 
-    /// Checks a receipt and marks its entry as settling, so the receipt is
+    /// Checks a receipt and marks its entry as completing, so the receipt is
     /// used up and the entry is not redelivered. The entry stays in the
     /// pending set (so retention keeps its message) until
-    /// [`Consumer::settled`] or [`Consumer::restore`]. On
+    /// [`Consumer::completed`] or [`Consumer::restore`]. On
     /// [`BrokerError::LeaseLost`] nothing changed.
     pub fn take_lease(&self, receipt: &Receipt) -> Result<(), BrokerError> {
         let mut st = self.state();
@@ -417,39 +417,39 @@ impl Consumer {
             .pending
             .get_mut(&receipt.seq)
             .ok_or_else(|| lost(receipt))?;
-        p.settling = true;
+        p.completing = true;
         Ok(())
     }
 
-    /// Removes an entry whose settle is durable.
-    pub fn settled(&self, seq: u64) {
+    /// Removes an entry whose completion is durable.
+    pub fn completed(&self, seq: u64) {
         let mut st = self.state();
-        if st.pending.get(&seq).is_some_and(|p| p.settling) {
+        if st.pending.get(&seq).is_some_and(|p| p.completing) {
             Self::remove_entry(&mut st, seq);
         }
     }
 
-    /// Unmarks an entry marked by [`Consumer::take_lease`] whose settle
+    /// Unmarks an entry marked by [`Consumer::take_lease`] whose completion
     /// was not written (the store could not take it): still leased, so the
-    /// same receipt can settle it later.
-    pub fn unsettle(&self, seq: u64) {
+    /// same receipt can complete it later.
+    pub fn abandon_completion(&self, seq: u64) {
         let mut st = self.state();
         if let Some(p) = st.pending.get_mut(&seq) {
-            p.settling = false;
+            p.completing = false;
         }
     }
 
-    /// Releases an entry marked by [`Consumer::take_lease`] when the settle
+    /// Releases an entry marked by [`Consumer::take_lease`] when the completion
     /// could not be stored: it becomes due for redelivery now.
     pub fn restore(&self, seq: u64, now: u64) {
         let mut st = self.state();
         let Some(p) = st.pending.get_mut(&seq) else {
             return;
         };
-        if !p.settling {
+        if !p.completing {
             return;
         }
-        p.settling = false;
+        p.completing = false;
         p.leased = false;
         p.due = now;
         st.leased -= 1;
@@ -520,7 +520,7 @@ impl Consumer {
 /// Whether `receipt` names the current lease.
 fn check(st: &ConsumerState, receipt: &Receipt) -> Result<(), BrokerError> {
     match st.pending.get(&receipt.seq) {
-        Some(p) if p.leased && !p.settling && p.attempt == receipt.attempt => Ok(()),
+        Some(p) if p.leased && !p.completing && p.attempt == receipt.attempt => Ok(()),
         _ => Err(lost(receipt)),
     }
 }
@@ -568,7 +568,7 @@ mod tests {
             attempt: 1,
             due: u64::MAX,
             leased: true,
-            settling: false,
+            completing: false,
             published_at: 0,
         };
         let leases: Vec<(u64, Pending)> = seqs.iter().map(|s| (*s, lease)).collect();
@@ -577,11 +577,11 @@ mod tests {
     }
 
     #[test]
-    fn the_floor_is_the_lowest_first_delivery_not_settled_now() {
+    fn the_floor_is_the_lowest_first_delivery_not_completing_now() {
         let c = consumer(11, &(1..=10).collect::<Vec<_>>());
         let u = c.position_update(false, &[1, 2, 3]).expect("an update");
         assert_eq!((u.cursor, u.floor), (11, 4));
-        assert!(u.new_runs.is_empty(), "settled in order: no runs");
+        assert!(u.new_runs.is_empty(), "completed in order: no runs");
         // Nothing out: the floor is the cursor.
         let idle = consumer(11, &[]);
         let u = idle.position_update(true, &[]).expect("forced");
@@ -593,9 +593,9 @@ mod tests {
     }
 
     #[test]
-    fn settles_above_the_floor_become_runs_split_by_what_is_still_out() {
+    fn completions_above_the_floor_become_runs_split_by_what_is_still_out() {
         let c = consumer(11, &(1..=10).collect::<Vec<_>>());
-        // 1 and 6 stay out; 2..=5 and 7..=10 settle now.
+        // 1 and 6 stay out; 2..=5 and 7..=10 complete now.
         let u = c
             .position_update(false, &[2, 3, 4, 5, 7, 8, 9, 10])
             .expect("an update");
@@ -603,8 +603,8 @@ mod tests {
         assert_eq!(u.new_runs, vec![(2, 6), (7, 11)]);
         c.apply_runs(&u.new_runs, &u.dropped_runs);
         let st = c.state();
-        assert!(Consumer::in_settled_run(&st, 5) && Consumer::in_settled_run(&st, 10));
-        assert!(!Consumer::in_settled_run(&st, 6) && !Consumer::in_settled_run(&st, 1));
+        assert!(Consumer::in_completed_run(&st, 5) && Consumer::in_completed_run(&st, 10));
+        assert!(!Consumer::in_completed_run(&st, 6) && !Consumer::in_completed_run(&st, 1));
     }
 
     #[test]
@@ -620,9 +620,9 @@ mod tests {
                 handle: String::new(),
             })
             .expect("lease");
-            c.settled(seq);
+            c.completed(seq);
         }
-        // 1 and 2 settle now: the floor passes the run [3, 5).
+        // 1 and 2 complete now: the floor passes the run [3, 5).
         let u = c.position_update(false, &[1, 2]).expect("an update");
         assert_eq!(u.floor, 5);
         assert_eq!(u.dropped_runs, vec![3]);

@@ -52,11 +52,13 @@ pub(super) struct Store {
     pub consumers: Keyspace,
     /// Consumer cursors by consumer id.
     pub cursors: Keyspace,
-    /// Delivered-but-unsettled entries by (consumer, seq).
+    /// Delivered entries not yet completed, by (consumer, seq).
     pub pending: Keyspace,
-    /// Runs of first deliveries settled above their consumer's floor, by
-    /// (consumer, first seq) (see [`super::store::Position`]).
-    pub settled: Keyspace,
+    /// Runs of first deliveries completed above their consumer's floor, by
+    /// (consumer, first seq) (see [`super::store::Position`]). On disk the
+    /// keyspace keeps its first name, `settled`, so existing data
+    /// directories open as they are.
+    pub completed_runs: Keyspace,
     /// The duplicate window: (topic, message id) -> seq, in generations.
     pub window: DedupWindow,
     /// Stage dedup records (COMPLETED) by (consumer, key).
@@ -151,7 +153,7 @@ impl Store {
             consumers: ks("consumers", SMALL_MEMTABLE_BYTES)?,
             cursors: ks("cursors", SMALL_MEMTABLE_BYTES)?,
             pending: ks("pending", SMALL_MEMTABLE_BYTES)?,
-            settled: ks("settled", SMALL_MEMTABLE_BYTES)?,
+            completed_runs: ks("settled", SMALL_MEMTABLE_BYTES)?,
             // Every publish probes the window for an id that is almost
             // never there: that is a bloom filter check per table, and the
             // filters must stay in memory (pinned, ~1.2 B per id) or each
@@ -166,7 +168,7 @@ impl Store {
             idempotency: probed("idempotency", SMALL_MEMTABLE_BYTES)?,
             // Read only from the front, in due order: no filters needed.
             delayed: ks("delayed", SMALL_MEMTABLE_BYTES)?,
-            // Every settle with state writes probes for its message's
+            // Every completion with state writes probes for its message's
             // marker, which is almost never there, and reads the keys it
             // writes: filters pinned, like the dedup window's.
             state: probed("state", SMALL_MEMTABLE_BYTES)?,
@@ -184,7 +186,7 @@ impl Store {
             ("consumers", &self.consumers),
             ("cursors", &self.cursors),
             ("pending", &self.pending),
-            ("settled", &self.settled),
+            ("settled", &self.completed_runs),
             dedup,
             dedup_b,
             ("idempotency", &self.idempotency),

@@ -59,17 +59,17 @@ impl EmbeddedBroker {
         let deadline = deadline(wait);
         loop {
             let published = consumer.topic.notify.notified();
-            let settled = consumer.settled.notified();
-            tokio::pin!(published, settled);
+            let freed = consumer.freed.notified();
+            tokio::pin!(published, freed);
             published.as_mut().enable();
-            settled.as_mut().enable();
+            freed.as_mut().enable();
             if consumer.state().paused {
-                // Paused: nothing is delivered; a resume wakes `settled`.
+                // Paused: nothing is delivered; a resume wakes `freed`.
                 if Instant::now() >= deadline {
                     return Ok(Vec::new());
                 }
                 tokio::select! {
-                    () = &mut settled => {}
+                    () = &mut freed => {}
                     () = tokio::time::sleep_until(deadline) => {}
                 }
                 continue;
@@ -101,14 +101,14 @@ impl EmbeddedBroker {
             if let Some(due) = consumer.next_due() {
                 // Held back by max_ack_pending, the earliest timer may be a
                 // nak'd entry that cannot be taken yet: poll slowly (a
-                // settle wakes us anyway) rather than spin on it.
+                // completion wakes us anyway) rather than spin on it.
                 let floor = if consumer.allowance() == 0 { 100 } else { 1 };
                 let ms = due.saturating_sub(now_millis()).max(floor);
                 until = until.min(now + Duration::from_millis(ms));
             }
             tokio::select! {
                 () = &mut published => {}
-                () = &mut settled => {}
+                () = &mut freed => {}
                 () = tokio::time::sleep_until(until) => {}
             }
         }
@@ -194,7 +194,7 @@ impl EmbeddedBroker {
                             attempt: 1,
                             due: lease_until,
                             leased: true,
-                            settling: false,
+                            completing: false,
                             published_at: m.published_at,
                         };
                         // No pending record: the cursor and floor cover

@@ -46,7 +46,7 @@ impl Holds {
 }
 
 impl Group<'_> {
-    /// Adds a settle's COMPLETED record to the batch.
+    /// Adds a completion's COMPLETED record to the batch.
     ///
     /// It does not repeat the outputs: they are in this same batch, so a
     /// key recorded handled always has its outputs published, and there is
@@ -175,7 +175,7 @@ impl EmbeddedBroker {
         idempotency::crash_hook();
         let key = idempotency_key(&ticket.scope, &ticket.digest);
         let result = self
-            .settle_with(receipt, outputs, Some((key.clone(), ticket.clone())), state)
+            .complete_with(receipt, outputs, Some((key.clone(), ticket.clone())), state)
             .await;
         // Committed (the record is readable) or failed (it is not): either
         // way the hold has done its job.

@@ -12,7 +12,7 @@
 //! - `fetch.rs`: deliveries and browsing.
 //! - `delayed.rs`: messages waiting for their due time, and moving them
 //!   into their topics when it comes.
-//! - `retention.rs`: deleting what is settled or too old, expiring the
+//! - `retention.rs`: deleting what is completed or too old, expiring the
 //!   duplicate window.
 //! - `memtables.rs`: keeping large records from piling up in memory.
 //! - `recover.rs`: rebuilding the in-memory state on open.
@@ -21,7 +21,7 @@
 //! - `tools.rs`: `sluice data check | salvage | quarantine` on a stopped
 //!   data directory.
 //!
-//! Every write (publish, settle, delivery bookkeeping, declarations) goes
+//! Every write (publish, complete, delivery bookkeeping, declarations) goes
 //! through the committer, so a `complete` is one atomic fjall batch holding
 //! the outputs and the removal of the pending entry: a kill -9 leaves both
 //! or neither. The data directory is locked (`broker.lock`) so only one
@@ -58,7 +58,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::oneshot;
 
-use self::commit::{Group, Op, Reply, SettleItem};
+use self::commit::{CompleteItem, Group, Op, Reply};
 use self::consumer::{Consumer, ConsumerState, millis};
 use self::database::{Store, StoreSlot};
 use self::store::{ConsumerRecord, Position, cursor_key, encode};
@@ -152,7 +152,7 @@ pub(super) struct Shared {
     state_sweep: state::SweepCursor,
     /// What the committer knows of the state keyspace without reading it.
     state_known: Mutex<commit::state_writes::Known>,
-    /// State writes of settles in flight, readable before they are durable.
+    /// State writes of completions in flight, readable before they are durable.
     state_in_flight: state::InFlightWrites,
     /// Large records sealed whose memtables fjall still holds.
     large_records: memtables::LargeRecords,
@@ -320,23 +320,27 @@ impl EmbeddedBroker {
         rx.await.map_err(|_| shut_down())?
     }
 
-    /// Publishes `outputs` and settles `receipt`, atomically.
-    async fn settle(&self, receipt: &Receipt, outputs: Vec<Message>) -> Result<(), BrokerError> {
-        self.settle_with(receipt, outputs, None, None).await
+    /// Publishes `outputs` and completes `receipt`, atomically.
+    async fn complete_outputs(
+        &self,
+        receipt: &Receipt,
+        outputs: Vec<Message>,
+    ) -> Result<(), BrokerError> {
+        self.complete_with(receipt, outputs, None, None).await
     }
 
-    /// A settle that also marks a stage dedup record COMPLETED, and writes
+    /// A completion that also marks a stage dedup record COMPLETED, and writes
     /// the handler's state, in the same batch.
-    async fn settle_with(
+    async fn complete_with(
         &self,
         receipt: &Receipt,
         outputs: Vec<Message>,
         record: Option<(Vec<u8>, crate::broker::Ticket)>,
         state: Option<crate::state::StateWrites>,
     ) -> Result<(), BrokerError> {
-        let consumer = self.take_for_settle(receipt, &outputs)?;
+        let consumer = self.take_for_completion(receipt, &outputs)?;
         let (reply, rx) = oneshot::channel();
-        let op = |state: Option<commit::state_writes::Stamped>| Op::Settle {
+        let op = |state: Option<commit::state_writes::Stamped>| Op::Complete {
             consumer: consumer.clone(),
             seq: receipt.seq,
             outputs,
@@ -357,7 +361,7 @@ impl EmbeddedBroker {
                 {
                     Ok((guard, sent)) => (Some(guard), sent),
                     Err(e) => {
-                        consumer.unsettle(receipt.seq);
+                        consumer.abandon_completion(receipt.seq);
                         return Err(e);
                     }
                 }
@@ -371,17 +375,17 @@ impl EmbeddedBroker {
         if matches!(result, Err(BrokerError::Unavailable(_))) {
             // Not written (the op never reached the committer, or the
             // store could not write): the lease stays, so the stage can
-            // retry the settle without spending an attempt.
-            consumer.unsettle(receipt.seq);
+            // retry the completion without spending an attempt.
+            consumer.abandon_completion(receipt.seq);
         }
         result
     }
 
-    /// Checks a settle's consumer and output topics, and marks its lease as
-    /// settling. The committer removes the entry once the settle is
+    /// Checks a completion's consumer and output topics, and marks its lease as
+    /// completing. The committer removes the entry once the completion is
     /// durable (only then may retention pass the message), or releases it
     /// on failure.
-    fn take_for_settle(
+    fn take_for_completion(
         &self,
         receipt: &Receipt,
         outputs: &[Message],
@@ -531,7 +535,7 @@ impl Broker for EmbeddedBroker {
     }
 
     async fn ack(&self, receipt: &Receipt) -> Result<(), BrokerError> {
-        self.settle(receipt, Vec::new()).await
+        self.complete_outputs(receipt, Vec::new()).await
     }
 
     async fn complete(&self, completion: &Completion) -> Result<(), BrokerError> {
@@ -547,7 +551,7 @@ impl Broker for EmbeddedBroker {
                     .await
             }
             None => {
-                self.settle_with(receipt, outputs.clone(), None, state.clone())
+                self.complete_with(receipt, outputs.clone(), None, state.clone())
                     .await
             }
         }
@@ -568,9 +572,9 @@ impl Broker for EmbeddedBroker {
         let mut items = Vec::with_capacity(completions.len());
         for completion in completions {
             let receipt = &completion.receipt;
-            match self.take_for_settle(receipt, &completion.outputs) {
+            match self.take_for_completion(receipt, &completion.outputs) {
                 Ok(consumer) => {
-                    items.push(SettleItem {
+                    items.push(CompleteItem {
                         consumer,
                         seq: receipt.seq,
                         outputs: completion.outputs.clone(),
@@ -587,7 +591,7 @@ impl Broker for EmbeddedBroker {
             .iter()
             .map(|item| (item.consumer.clone(), item.seq))
             .collect();
-        let answered = match self.call(|reply| Op::SettleAll { items, reply }).await {
+        let answered = match self.call(|reply| Op::CompleteAll { items, reply }).await {
             Ok(answered) => answered,
             Err(e) => vec![Err(e); taken.len()],
         };
@@ -596,13 +600,13 @@ impl Broker for EmbeddedBroker {
         {
             *result = answered.next().unwrap_or_else(|| {
                 Err(BrokerError::Unavailable(
-                    "the committer gave no answer for a settle".into(),
+                    "the committer gave no answer for a completion".into(),
                 ))
             });
             if matches!(result, Err(BrokerError::Unavailable(_))) {
-                // Not written (as in `settle_with`): the lease stays, so
+                // Not written (as in `complete_with`): the lease stays, so
                 // the stage can retry without spending an attempt.
-                consumer.unsettle(*seq);
+                consumer.abandon_completion(*seq);
             }
         }
         results
@@ -622,7 +626,7 @@ impl Broker for EmbeddedBroker {
             .await;
         // Waiting fetches recompute when the next redelivery is due.
         consumer.topic.notify.notify_waiters();
-        consumer.settled.notify_waiters();
+        consumer.freed.notify_waiters();
         result
     }
 
@@ -632,11 +636,11 @@ impl Broker for EmbeddedBroker {
     }
 
     async fn term(&self, receipt: &Receipt) -> Result<(), BrokerError> {
-        self.settle(receipt, Vec::new()).await
+        self.complete_outputs(receipt, Vec::new()).await
     }
 
     async fn dead_letter(&self, receipt: &Receipt, entry: Message) -> Result<(), BrokerError> {
-        self.settle(receipt, vec![entry]).await
+        self.complete_outputs(receipt, vec![entry]).await
     }
 
     async fn set_paused(&self, consumer: &str, paused: bool) -> Result<(), BrokerError> {
@@ -657,7 +661,7 @@ impl Broker for EmbeddedBroker {
         // Only once it is durable, so memory never claims a pause that a
         // restart would forget; a resumed fetch wakes at once.
         consumer.state().paused = paused;
-        consumer.settled.notify_waiters();
+        consumer.freed.notify_waiters();
         Ok(())
     }
 

@@ -34,9 +34,9 @@ pub(super) struct Loaded {
 }
 
 /// Adds the first deliveries the position covers: every seq in
-/// `floor..cursor` with no pending record and in no settled run, whose
+/// `floor..cursor` with no pending record and in no completed run, whose
 /// message is still stored and passes the filter, was delivered once and
-/// not settled. Each
+/// not completed. Each
 /// is due now, at attempt 1 (its next delivery is attempt 2), and stays
 /// unrecorded, holding the floor, until then.
 fn first_deliveries(
@@ -57,7 +57,7 @@ fn first_deliveries(
             .into_inner()
             .map_err(|e| storage("reading messages", e))?;
         let seq = key_seq(&k)?;
-        if state.pending.contains_key(&seq) || Consumer::in_settled_run(state, seq) {
+        if state.pending.contains_key(&seq) || Consumer::in_completed_run(state, seq) {
             continue;
         }
         let message = super::fetch::message(topic, decode(&v)?);
@@ -70,7 +70,7 @@ fn first_deliveries(
                 attempt: 1,
                 due: now,
                 leased: false,
-                settling: false,
+                completing: false,
                 published_at: message.published_at,
             },
         );
@@ -155,7 +155,7 @@ pub(super) fn load(store: &Store) -> Result<Loaded, BrokerError> {
                     attempt: p.attempt,
                     due,
                     leased: false,
-                    settling: false,
+                    completing: false,
                     published_at: p.published_at,
                 },
             );
@@ -173,14 +173,14 @@ pub(super) fn load(store: &Store) -> Result<Loaded, BrokerError> {
         state.paused = rec.paused;
         state.pending = pending;
         state.timers = timers;
-        for guard in store.settled.prefix(rec.id.to_be_bytes()) {
+        for guard in store.completed_runs.prefix(rec.id.to_be_bytes()) {
             let (k, v) = guard
                 .into_inner()
-                .map_err(|e| storage("reading settled runs", e))?;
+                .map_err(|e| storage("reading completed runs", e))?;
             let end = <[u8; 8]>::try_from(&*v)
                 .map(u64::from_be_bytes)
-                .map_err(|_| BrokerError::Storage(format!("malformed settled run of {name}")))?;
-            state.settled_runs.insert(key_seq(&k)?, end);
+                .map_err(|_| BrokerError::Storage(format!("malformed completed run of {name}")))?;
+            state.completed_runs.insert(key_seq(&k)?, end);
         }
         first_deliveries(store, &topic, position, now, &mut state)?;
         let consumer = Arc::new(Consumer::new(rec.id, topic.clone(), state));

@@ -1,15 +1,15 @@
 //! Maintenance, run by the committer thread between groups: what may be
 //! deleted is deleted, in bounded chunks so a group never waits long.
-//! The full run comes every 200 ms; messages settled by everyone are also
-//! deleted 10 ms after a settle ([`prune`]), because a topic's depth is
+//! The full run comes every 200 ms; messages completed by everyone are also
+//! deleted 10 ms after a completion ([`prune`]), because a topic's depth is
 //! what its high-water mark counts.
 //!
-//! - **Settled by everyone.** A topic with consumers drops messages below
+//! - **Completed by everyone.** A topic with consumers drops messages below
 //!   its low watermark: the minimum over its consumers of their cursor and
 //!   oldest pending seq. Messages a filter skipped are behind the cursor, so
-//!   they count as settled.
+//!   they count as completed.
 //! - **Too old.** A topic with `retention` drops messages (oldest first)
-//!   published longer ago than that, settled or not, with the pending
+//!   published longer ago than that, completed or not, with the pending
 //!   entries that pointed at them.
 //! - **Duplicate window.** A generation a window old starts the next one,
 //!   and the other is cleared whole ([`super::window`]).
@@ -40,8 +40,8 @@ pub(super) fn maintain(shared: &Shared) -> Result<(), BrokerError> {
     run(shared, true)
 }
 
-/// Deletes only what every consumer settled; the committer runs this soon
-/// after settles, so a topic's depth (which its high-water mark counts)
+/// Deletes only what every consumer completed; the committer runs this soon
+/// after completions, so a topic's depth (which its high-water mark counts)
 /// follows its consumers closely.
 pub(super) fn prune(shared: &Shared) -> Result<(), BrokerError> {
     run(shared, false)

@@ -1,7 +1,7 @@
 //! Handler state in the embedded store: the `state` keyspace, read by
 //! handlers through [`Reader`], swept of expired entries and old markers,
 //! and deleted from by operators. Writes go only through the committer,
-//! in the same batch as the settle they belong to
+//! in the same batch as the completion they belong to
 //! ([`super::commit::state_writes`], which also has the key layout).
 
 use std::collections::HashMap;
@@ -18,7 +18,7 @@ use crate::state::{Entry, StateReader, StateWrites, StoreMeta, Write};
 
 /// How long the store remembers that a message's call committed state,
 /// at least: a redelivery of that message within it (after a crash,
-/// where the broker can hand out again a message whose settle it wrote)
+/// where the broker can hand out again a message whose completion it wrote)
 /// commits its outputs and ack but not its state writes a second time.
 const APPLIED_AT_LEAST_MS: u64 = 10 * 60 * 1000;
 
@@ -107,10 +107,10 @@ pub(super) fn delete(group: &mut Group<'_>, store: &str, key: &str) -> Result<bo
     Ok(true)
 }
 
-/// The state writes of settles on their way to the committer (sent,
+/// The state writes of completions on their way to the committer (sent,
 /// their reply not back), readable by handlers before they are durable.
 ///
-/// A stage settles beside its next call, so a key that comes back within
+/// A stage completes beside its next call, so a key that comes back within
 /// a commit's time is usually being written when it is read. Reading the
 /// value before that write would be refused at the call's own commit
 /// (`state-conflict`: about half of all calls in the benchmark), and
@@ -118,8 +118,8 @@ pub(super) fn delete(group: &mut Group<'_>, store: &str, key: &str) -> Result<bo
 /// latency (BENCHMARKS.md, "Handler state committed with the ack"). So a
 /// read of such a key takes the newest write in flight, with the revision
 /// that write will commit with: revisions are given out here, when the
-/// settle is sent, not by the committer. The call's check then names that
-/// revision, and passes only if that settle committed first; if it was
+/// completion is sent, not by the committer. The call's check then names that
+/// revision, and passes only if that completion committed first; if it was
 /// refused or lost, no entry ever holds the revision (revisions are never
 /// given out twice while the store is open), and the call is retried.
 #[derive(Default)]
@@ -129,7 +129,7 @@ pub(super) struct InFlightWrites {
 
 #[derive(Default)]
 struct Tables {
-    /// Per keyspace key, the writes in flight, oldest first: the settle's
+    /// Per keyspace key, the writes in flight, oldest first: the completion's
     /// token and what it writes (`None`: a delete).
     keys: HashMap<Vec<u8>, Vec<(u64, Option<Entry>)>>,
     /// Per store, the last revision given out.
@@ -143,8 +143,8 @@ impl InFlightWrites {
     }
 
     /// Gives `writes`' values their revisions, makes them readable until
-    /// the guard is dropped (when the settle's reply is in, or it is given
-    /// up), and runs `send` with them under the same lock, so settles
+    /// the guard is dropped (when the completion's reply is in, or it is given
+    /// up), and runs `send` with them under the same lock, so completions
     /// reach the committer in the order their writes became readable.
     pub(super) fn register<R>(
         &self,
@@ -217,7 +217,7 @@ impl InFlightWrites {
 }
 
 /// The last revision `store` gave out, as committed: where this process
-/// starts giving out revisions. Only settles sent through [`InFlightWrites`]
+/// starts giving out revisions. Only completions sent through [`InFlightWrites`]
 /// give any out, so nothing newer can be in flight the first time.
 fn committed_revision(shared: &Shared, store: &str) -> Result<u64, BrokerError> {
     let Some(current) = shared.store.current() else {
@@ -235,7 +235,7 @@ fn committed_revision(shared: &Shared, store: &str) -> Result<u64, BrokerError> 
     }
 }
 
-/// The writes of one settle in flight ([`InFlightWrites::register`]).
+/// The writes of one completion in flight ([`InFlightWrites::register`]).
 pub(super) struct InFlightGuard<'a> {
     writing: &'a InFlightWrites,
     token: u64,

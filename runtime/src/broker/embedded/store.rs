@@ -8,7 +8,7 @@
 //! | `consumers` | consumer name | [`ConsumerRecord`] (id, topic, spec) |
 //! | `cursors` | consumer id (u32 BE) | next seq to read, then the floor (u64 BE each; see [`Position`]) |
 //! | `pending` | consumer id (u32 BE) + seq (u64 BE) | [`PendingRecord`] |
-//! | `settled` | consumer id (u32 BE) + first seq (u64 BE) | end seq, exclusive (u64 BE): first deliveries settled above the floor |
+//! | `settled` | consumer id (u32 BE) + first seq (u64 BE) | end seq, exclusive (u64 BE): first deliveries completed above the floor |
 //! | `dedup`, `dedup_b` | topic id (u32 BE) + message id | [`DedupRecord`]: the duplicate window's two generations ([`super::window`]) |
 //! | `idempotency` | consumer name + 0 + SHA-256 of the dedup key | [`crate::broker::idempotency::Record`] (COMPLETED) |
 //! | `delayed` | topic id (u32 BE) + due ms (u64 BE) + the topic's delay counter (u64 BE) | [`MessageRecord`] not yet due ([`super::delayed`]) |
@@ -88,7 +88,7 @@ pub(super) struct ConsumerRecord {
     pub filter: BTreeMap<String, String>,
     /// Lease length in ms.
     pub ack_wait_ms: u64,
-    /// Most unsettled deliveries at once.
+    /// Most uncompleted deliveries at once.
     pub max_ack_pending: Option<u32>,
     /// Paused by the operator (`sluice stage pause`): delivers nothing
     /// until resumed. Absent in records written before pauses existed.
@@ -96,7 +96,7 @@ pub(super) struct ConsumerRecord {
     pub paused: bool,
 }
 
-/// A delivered, unsettled message of one consumer.
+/// A delivered, uncompleted message of one consumer.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub(super) struct PendingRecord {
     /// Deliveries so far (the last delivery's attempt number).
@@ -128,7 +128,7 @@ pub(super) fn pending_key(consumer_id: u32, seq: u64) -> [u8; 12] {
     id_seq_key(consumer_id, seq)
 }
 
-/// Key of a settled run of consumer `consumer_id` starting at `start`.
+/// Key of a completed run of consumer `consumer_id` starting at `start`.
 pub(super) fn run_key(consumer_id: u32, start: u64) -> [u8; 12] {
     id_seq_key(consumer_id, start)
 }
@@ -160,20 +160,20 @@ pub(super) fn cursor_key(consumer_id: u32) -> [u8; 4] {
 /// A first delivery writes no pending record (that was two LSM entries
 /// per message per consumer: the record, then its tombstone at the ack).
 /// Instead every seq in `floor..cursor` without a pending record and not
-/// in a settled run (the `settled` keyspace) counts, after a restart, as
-/// delivered once and not settled: it is delivered again (attempt 2) if
+/// in a completed run (the `settled` keyspace) counts, after a restart, as
+/// delivered once and not completed: it is delivered again (attempt 2) if
 /// its message is still stored and the filter takes it. Every seq below
-/// `floor` is settled.
+/// `floor` is completed.
 ///
-/// A settle is as durable as before, in the same write batch as its
-/// outputs: the batch raises the floor past it (settled in order), or
-/// stores it in a settled run (settled while an earlier delivery is still
+/// A completion is as durable as before, in the same write batch as its
+/// outputs: the batch raises the floor past it (completed in order), or
+/// stores it in a completed run (completed while an earlier delivery is still
 /// out); runs below the floor are deleted as it rises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Position {
     /// The next seq to read.
     pub cursor: u64,
-    /// Every seq below is settled.
+    /// Every seq below is completed.
     pub floor: u64,
 }
 

@@ -65,7 +65,7 @@ pub enum Touch {
         to: Option<u64>,
     },
     /// A consumer's position (cursor, pending entries) recorded after the
-    /// damage: messages it settled may be delivered again.
+    /// damage: messages it completed may be delivered again.
     Consumer {
         /// The consumer.
         consumer: String,
@@ -97,7 +97,7 @@ impl fmt::Display for Touch {
             Touch::Consumer { consumer } => write!(
                 f,
                 "consumer {consumer}: progress (cursor, pending) recorded after the damage; \
-                 messages it settled then may be delivered again"
+                 messages it completed then may be delivered again"
             ),
             Touch::Keyspace { keyspace } => write!(f, "records in keyspace {keyspace}"),
         }

@@ -1,4 +1,5 @@
-//! Puts settles on the wire in groups.
+//! Puts completions (outputs published, then the delivery acked) on the
+//! wire in groups.
 //!
 //! Every stage task completes its own deliveries, one at a time, so left to
 //! themselves their publishes and acks reach the connection one by one: a
@@ -19,8 +20,8 @@ use crate::broker::{BrokerError, Message};
 /// The most completions sent as one group.
 const MAX_GROUP: usize = 256;
 
-/// One delivery's settle: publish `outputs`, then send `then` to `handle`.
-struct Settle {
+/// One delivery's completion: publish `outputs`, then send `then` to `handle`.
+struct Queued {
     outputs: Vec<Message>,
     handle: String,
     then: AckKind,
@@ -29,7 +30,7 @@ struct Settle {
 
 /// The sending side; cheap to share.
 pub(super) struct Batcher {
-    queue: mpsc::UnboundedSender<Settle>,
+    queue: mpsc::UnboundedSender<Queued>,
 }
 
 impl Batcher {
@@ -42,7 +43,7 @@ impl Batcher {
 
     /// Publishes `outputs`, waits until each is stored, then sends `then`
     /// to the delivery's reply subject `handle`.
-    pub(super) async fn settle(
+    pub(super) async fn publish_then_ack(
         &self,
         outputs: Vec<Message>,
         handle: String,
@@ -51,7 +52,7 @@ impl Batcher {
         let (done, result) = oneshot::channel();
         let gone = || BrokerError::Unavailable("the NATS broker is shutting down".into());
         self.queue
-            .send(Settle {
+            .send(Queued {
                 outputs,
                 handle,
                 then,
@@ -62,7 +63,7 @@ impl Batcher {
     }
 }
 
-/// A settle whose publishes are on their way.
+/// A completion whose publishes are on their way.
 struct Sent {
     handle: String,
     then: AckKind,
@@ -74,16 +75,16 @@ struct Sent {
 async fn run(
     js: jetstream::Context,
     client: async_nats::Client,
-    mut rx: mpsc::UnboundedReceiver<Settle>,
+    mut rx: mpsc::UnboundedReceiver<Queued>,
 ) {
     let mut group = Vec::with_capacity(MAX_GROUP);
     while rx.recv_many(&mut group, MAX_GROUP).await > 0 {
         linger(&mut rx, &mut group).await;
         let mut sent = Vec::with_capacity(group.len());
-        for settle in group.drain(..) {
-            let mut acks = Vec::with_capacity(settle.outputs.len());
+        for completion in group.drain(..) {
+            let mut acks = Vec::with_capacity(completion.outputs.len());
             let mut failed = None;
-            for message in settle.outputs {
+            for message in completion.outputs {
                 let headers = codec::headers(&message);
                 match js
                     .publish_with_headers(message.topic.clone(), headers, message.payload)
@@ -97,9 +98,9 @@ async fn run(
                 }
             }
             sent.push(Sent {
-                handle: settle.handle,
-                then: settle.then,
-                done: settle.done,
+                handle: completion.handle,
+                then: completion.then,
+                done: completion.done,
                 acks,
                 failed,
             });
@@ -111,7 +112,7 @@ async fn run(
 /// Scheduler turns a group waits for company before it is sent.
 const LINGER_TURNS: usize = 2;
 
-/// Lets settles finishing at about the same time join `group`: it yields
+/// Lets completions finishing at about the same time join `group`: it yields
 /// the thread [`LINGER_TURNS`] times, taking whatever was queued meanwhile.
 ///
 /// Without it the group loop, woken on one thread by the first completion,
@@ -120,7 +121,7 @@ const LINGER_TURNS: usize = 2;
 /// socket write and a server wake-up of its own. A yield costs
 /// microseconds and no timer, and when nothing else is runnable it returns
 /// at once, so a quiet stage pays nothing in latency.
-async fn linger(rx: &mut mpsc::UnboundedReceiver<Settle>, group: &mut Vec<Settle>) {
+async fn linger(rx: &mut mpsc::UnboundedReceiver<Queued>, group: &mut Vec<Queued>) {
     for _ in 0..LINGER_TURNS {
         if group.len() >= MAX_GROUP {
             return;
@@ -128,14 +129,14 @@ async fn linger(rx: &mut mpsc::UnboundedReceiver<Settle>, group: &mut Vec<Settle
         tokio::task::yield_now().await;
         while group.len() < MAX_GROUP {
             match rx.try_recv() {
-                Ok(settle) => group.push(settle),
+                Ok(completion) => group.push(completion),
                 Err(_) => break,
             }
         }
     }
 }
 
-/// Awaits the group's PubAcks, then sends each settle's ack (or reports
+/// Awaits the group's PubAcks, then sends each completion's ack (or reports
 /// why not).
 ///
 /// All of the group's PubAcks are awaited at once: each await starts its
@@ -143,8 +144,8 @@ async fn linger(rx: &mut mpsc::UnboundedReceiver<Settle>, group: &mut Vec<Settle
 /// after a lost connection took a timeout per message: a group of 200
 /// whose PubAcks died with a server took 200 x 5 s to report.
 async fn finish(client: async_nats::Client, mut sent: Vec<Sent>) {
-    let outcomes = join_all(sent.iter_mut().map(|settle| {
-        let acks = std::mem::take(&mut settle.acks);
+    let outcomes = join_all(sent.iter_mut().map(|one| {
+        let acks = std::mem::take(&mut one.acks);
         async move {
             join_all(acks.into_iter().map(|(topic, ack)| async move {
                 ack.await.map_err(|err| publish_error(&topic, &err))
@@ -155,17 +156,17 @@ async fn finish(client: async_nats::Client, mut sent: Vec<Sent>) {
         }
     }))
     .await;
-    for (settle, failed) in sent.into_iter().zip(outcomes) {
-        let mut result = match settle.failed.or(failed) {
+    for (one, failed) in sent.into_iter().zip(outcomes) {
+        let mut result = match one.failed.or(failed) {
             Some(err) => Err(err),
             None => Ok(()),
         };
         if result.is_ok() {
             result = client
-                .publish(settle.handle, Bytes::from(settle.then))
+                .publish(one.handle, Bytes::from(one.then))
                 .await
                 .map_err(|e| unavailable(&e));
         }
-        let _ = settle.done.send(result);
+        let _ = one.done.send(result);
     }
 }

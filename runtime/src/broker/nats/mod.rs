@@ -14,7 +14,7 @@
 //!   [`ConsumerSpec::max_deliver`]). A header filter, which JetStream cannot
 //!   express, is applied here: a delivery that does not match is acked and
 //!   never reaches the engine.
-//! - **Settling** publishes JetStream's ack protocol (`+ACK`, `-NAK {delay}`,
+//! - **Acking** publishes JetStream's ack protocol (`+ACK`, `-NAK {delay}`,
 //!   `+WPI`, `+TRM`) to the delivery's reply subject, which the [`Receipt`]
 //!   carries. Outputs and DLQ copies are published and their `PubAck`s
 //!   awaited **before** the ack or term, each with `Nats-Msg-Id` set to its
@@ -281,7 +281,7 @@ impl NatsBroker {
     }
 
     /// Sends one ack-protocol message for a delivery.
-    async fn settle(&self, receipt: &Receipt, kind: AckKind) -> Result<(), BrokerError> {
+    async fn ack_one(&self, receipt: &Receipt, kind: AckKind) -> Result<(), BrokerError> {
         self.client
             .publish(live_handle(receipt)?, Bytes::from(kind))
             .await
@@ -455,7 +455,7 @@ impl NatsBroker {
             handle: handle_subject,
         };
         if !handle.spec.accepts(&message) {
-            self.settle(&receipt, AckKind::Ack).await?;
+            self.ack_one(&receipt, AckKind::Ack).await?;
             return Ok(None);
         }
         Ok(Some(Delivery {
@@ -677,7 +677,7 @@ impl Broker for NatsBroker {
     }
 
     async fn ack(&self, receipt: &Receipt) -> Result<(), BrokerError> {
-        self.settle(receipt, AckKind::Ack).await
+        self.ack_one(receipt, AckKind::Ack).await
     }
 
     async fn complete(&self, completion: &Completion) -> Result<(), BrokerError> {
@@ -707,7 +707,7 @@ impl Broker for NatsBroker {
                 .await;
         }
         if outputs.is_empty() {
-            return self.settle(receipt, AckKind::Ack).await;
+            return self.ack_one(receipt, AckKind::Ack).await;
         }
         self.check_sizes(outputs, true)?;
         // A delayed output is a schedule, published on its own subject:
@@ -718,10 +718,10 @@ impl Broker for NatsBroker {
                 .any(|(n, _)| crate::delay::is_delay_header(n))
         }) {
             self.publish_all(outputs.clone()).await?;
-            return self.settle(receipt, AckKind::Ack).await;
+            return self.ack_one(receipt, AckKind::Ack).await;
         }
         self.batcher
-            .settle(outputs.clone(), live_handle(receipt)?, AckKind::Ack)
+            .publish_then_ack(outputs.clone(), live_handle(receipt)?, AckKind::Ack)
             .await
     }
 
@@ -735,15 +735,15 @@ impl Broker for NatsBroker {
 
     async fn nak(&self, receipt: &Receipt, delay: Duration) -> Result<(), BrokerError> {
         let delay = (!delay.is_zero()).then_some(delay);
-        self.settle(receipt, AckKind::Nak(delay)).await
+        self.ack_one(receipt, AckKind::Nak(delay)).await
     }
 
     async fn in_progress(&self, receipt: &Receipt) -> Result<(), BrokerError> {
-        self.settle(receipt, AckKind::Progress).await
+        self.ack_one(receipt, AckKind::Progress).await
     }
 
     async fn term(&self, receipt: &Receipt) -> Result<(), BrokerError> {
-        self.settle(receipt, AckKind::Term).await
+        self.ack_one(receipt, AckKind::Term).await
     }
 
     async fn dead_letter(&self, receipt: &Receipt, entry: Message) -> Result<(), BrokerError> {
@@ -752,7 +752,7 @@ impl Broker for NatsBroker {
         let entry = vec![entry];
         self.check_sizes(&entry, false)?;
         self.batcher
-            .settle(entry, live_handle(receipt)?, AckKind::Term)
+            .publish_then_ack(entry, live_handle(receipt)?, AckKind::Term)
             .await
     }
 
@@ -972,7 +972,7 @@ fn is_no_message(err: &impl std::fmt::Display) -> bool {
     text.contains("no message found") || text.contains("not found")
 }
 
-/// The reply subject a delivery is settled on.
+/// The reply subject a delivery is acked on.
 fn live_handle(receipt: &Receipt) -> Result<String, BrokerError> {
     if receipt.handle.is_empty() {
         return Err(BrokerError::LeaseLost(format!(

@@ -1,7 +1,7 @@
 //! One group: the ops the committer took at once, turned into one fjall
 //! write batch, and the replies that wait for its commit (and fsync).
 //!
-//! A [`Group`] adds publishes (seqs, the duplicate window), settles,
+//! A [`Group`] adds publishes (seqs, the duplicate window), completions,
 //! removals and consumer positions to the batch; [`Group::commit`] writes
 //! it, fsyncs once for all of them, and sends each [`Done`].
 
@@ -36,13 +36,13 @@ pub(in crate::broker::embedded) enum Done {
     Count(Reply<u64>, u64),
     /// Nothing to return.
     Unit(Reply<()>),
-    /// A settle: the pending entry leaves memory once the removal is
+    /// A completion: the pending entry leaves memory once the removal is
     /// durable (here, not in the caller, so a caller that gives up cannot
     /// leave it behind), or is released for redelivery if it failed.
-    Settle(Reply<()>, Arc<Consumer>, u64),
-    /// Settles answered together: each entry, and the error it met while
+    Complete(Reply<()>, Arc<Consumer>, u64),
+    /// Completions answered together: each entry, and the error it met while
     /// the group was built (already released), if any.
-    SettleAll(
+    CompleteAll(
         Reply<Vec<Result<(), BrokerError>>>,
         Vec<(Arc<Consumer>, u64, Option<BrokerError>)>,
     ),
@@ -60,7 +60,7 @@ pub(in crate::broker::embedded) enum Done {
     /// Pending records written (seq, attempt): those entries no longer
     /// hold the floor down.
     Recorded(Option<Reply<()>>, Arc<Consumer>, Vec<(u64, u32)>),
-    /// A position written: the settled runs it stored and deleted.
+    /// A position written: the completed runs it stored and deleted.
     Runs(Arc<Consumer>, Vec<(u64, u64)>, Vec<u64>),
 }
 
@@ -75,17 +75,17 @@ impl Done {
             (Done::Count(r, _), Some(e)) => drop(r.send(Err(e.clone()))),
             (Done::Unit(r), None) => drop(r.send(Ok(()))),
             (Done::Unit(r), Some(e)) => drop(r.send(Err(e.clone()))),
-            (Done::Settle(r, c, seq), None) => {
-                c.settled(seq);
-                c.settled.notify_waiters();
+            (Done::Complete(r, c, seq), None) => {
+                c.completed(seq);
+                c.freed.notify_waiters();
                 drop(r.send(Ok(())));
             }
-            (Done::Settle(r, c, seq), Some(e)) => {
-                release_settle(&c, seq, e);
-                c.settled.notify_waiters();
+            (Done::Complete(r, c, seq), Some(e)) => {
+                release_completion(&c, seq, e);
+                c.freed.notify_waiters();
                 drop(r.send(Err(e.clone())));
             }
-            (Done::SettleAll(r, items), err) => {
+            (Done::CompleteAll(r, items), err) => {
                 let mut woken: Vec<Arc<Consumer>> = Vec::new();
                 let results = items
                     .into_iter()
@@ -93,11 +93,11 @@ impl Done {
                         let result = match (failed, err) {
                             (Some(failed), _) => Err(failed),
                             (None, None) => {
-                                c.settled(seq);
+                                c.completed(seq);
                                 Ok(())
                             }
                             (None, Some(e)) => {
-                                release_settle(&c, seq, e);
+                                release_completion(&c, seq, e);
                                 Err(e.clone())
                             }
                         };
@@ -108,7 +108,7 @@ impl Done {
                     })
                     .collect();
                 for c in woken {
-                    c.settled.notify_waiters();
+                    c.freed.notify_waiters();
                 }
                 drop(r.send(Ok(results)));
             }
@@ -153,14 +153,14 @@ pub(in crate::broker::embedded) struct Group<'a> {
     /// Cursors moved by this group's deliveries, by consumer id: each
     /// consumer's position is written once, by [`Group::write_positions`].
     pub(super) cursors: HashMap<u32, (Arc<Consumer>, u64)>,
-    /// Deliveries this group settles, by consumer id, for their positions.
-    settles: HashMap<u32, (Arc<Consumer>, Vec<u64>)>,
+    /// Deliveries this group completes, by consumer id, for their positions.
+    completions: HashMap<u32, (Arc<Consumer>, Vec<u64>)>,
     /// The broker clock for this group.
     pub now: u64,
     /// Bytes of large message records this group writes
     /// ([`database::LARGE_RECORD_BYTES`] each or more).
     large_bytes: u64,
-    /// Handler state this group writes, for later settles to check against.
+    /// Handler state this group writes, for later completions to check against.
     pub(in crate::broker::embedded) state: state_writes::Overlay,
 }
 
@@ -175,7 +175,7 @@ impl<'a> Group<'a> {
             refirst: Vec::new(),
             dedup: HashMap::new(),
             cursors: HashMap::new(),
-            settles: HashMap::new(),
+            completions: HashMap::new(),
             now: now_millis(),
             large_bytes: 0,
             state: Default::default(),
@@ -309,7 +309,7 @@ impl<'a> Group<'a> {
         self.batch.insert(&self.store.delayed, key, value);
     }
 
-    /// What a settle's state writes are checked against and added to.
+    /// What a completion's state writes are checked against and added to.
     pub(in crate::broker::embedded) fn state_view(&mut self) -> StateView<'_> {
         StateView {
             shared: self.shared,
@@ -340,11 +340,11 @@ impl<'a> Group<'a> {
         seq
     }
 
-    /// Adds one settle to the batch: the handler's state writes (if any,
+    /// Adds one completion to the batch: the handler's state writes (if any,
     /// once their checks pass), the dedup record COMPLETED (if any), the
     /// outputs, and the end of the pending entry. What can refuse the
-    /// settle is checked before anything is added.
-    pub(super) fn settle(
+    /// completion is checked before anything is added.
+    pub(super) fn complete(
         &mut self,
         consumer: &Arc<Consumer>,
         seq: u64,
@@ -360,9 +360,9 @@ impl<'a> Group<'a> {
             self.complete_record(key, &ticket)?;
         }
         self.publish(outputs, &topics)?;
-        // A recorded entry's record goes. Either way the settle is noted
+        // A recorded entry's record goes. Either way the completion is noted
         // in the consumer's position (`store::Position`): the floor passes
-        // it, or a settled run above the floor covers it. A recorded entry
+        // it, or a completed run above the floor covers it. A recorded entry
         // needs the run too: below it, an earlier first delivery may hold
         // the floor, and after a restart every seq from the floor up with
         // no record and in no run is delivered again.
@@ -370,7 +370,7 @@ impl<'a> Group<'a> {
             self.batch
                 .remove(&self.store.pending, pending_key(consumer.id, seq));
         }
-        self.settles
+        self.completions
             .entry(consumer.id)
             .or_insert_with(|| (consumer.clone(), Vec::new()))
             .1
@@ -421,22 +421,22 @@ impl<'a> Group<'a> {
     }
 
     /// Writes the position ([`super::store::Position`]) of every consumer
-    /// whose cursor moved in this group, that settles first deliveries in
+    /// whose cursor moved in this group, that completes first deliveries in
     /// it, or (`all`: the maintenance run) whose floor rose since it was
-    /// last written; with the settled runs to store and delete, and
+    /// last written; with the completed runs to store and delete, and
     /// pending records for first deliveries that hold the floor too far
     /// below the cursor. Their `Done`s go to `early` (applied once
     /// written: a later group can only be replayed after this one).
     pub fn write_positions(&mut self, all: bool, early: &mut Vec<Done>) {
         let mut moved = std::mem::take(&mut self.cursors);
-        let mut settles = std::mem::take(&mut self.settles);
+        let mut completions = std::mem::take(&mut self.completions);
         let mut consumers: Vec<Arc<Consumer>> = Vec::new();
         if all {
             consumers = self.shared.consumer_list();
         } else {
             consumers.extend(moved.values().map(|(c, _)| c.clone()));
             consumers.extend(
-                settles
+                completions
                     .values()
                     .filter(|(c, _)| !moved.contains_key(&c.id))
                     .map(|(c, _)| c.clone()),
@@ -444,9 +444,12 @@ impl<'a> Group<'a> {
         }
         for c in consumers {
             let explicit = moved.remove(&c.id).map(|(_, cursor)| cursor);
-            let mut settling = settles.remove(&c.id).map(|(_, s)| s).unwrap_or_default();
-            settling.sort_unstable();
-            let Some(update) = c.position_update(explicit.is_some(), &settling) else {
+            let mut completing = completions
+                .remove(&c.id)
+                .map(|(_, s)| s)
+                .unwrap_or_default();
+            completing.sort_unstable();
+            let Some(update) = c.position_update(explicit.is_some(), &completing) else {
                 continue;
             };
             let cursor = explicit.unwrap_or(update.cursor).max(update.cursor);
@@ -458,11 +461,15 @@ impl<'a> Group<'a> {
             self.batch
                 .insert(&store.cursors, cursor_key(c.id), position.encode());
             for (start, end) in &update.new_runs {
-                self.batch
-                    .insert(&store.settled, run_key(c.id, *start), end.to_be_bytes());
+                self.batch.insert(
+                    &store.completed_runs,
+                    run_key(c.id, *start),
+                    end.to_be_bytes(),
+                );
             }
             for start in &update.dropped_runs {
-                self.batch.remove(&store.settled, run_key(c.id, *start));
+                self.batch
+                    .remove(&store.completed_runs, run_key(c.id, *start));
             }
             if !update.new_runs.is_empty() || !update.dropped_runs.is_empty() {
                 early.push(Done::Runs(c.clone(), update.new_runs, update.dropped_runs));
@@ -590,12 +597,12 @@ pub(in crate::broker::embedded) fn unit(reply: Reply<()>) -> Done {
     Done::Unit(reply)
 }
 
-/// Hands back the entry of a settle that failed: for
-/// [`BrokerError::Unavailable`] the stage retries the settle with the same
+/// Hands back the entry of a completion that failed: for
+/// [`BrokerError::Unavailable`] the stage retries the completion with the same
 /// lease; after anything else the message is redelivered.
-pub(super) fn release_settle(consumer: &Consumer, seq: u64, e: &BrokerError) {
+pub(super) fn release_completion(consumer: &Consumer, seq: u64, e: &BrokerError) {
     if matches!(e, BrokerError::Unavailable(_)) {
-        consumer.unsettle(seq);
+        consumer.abandon_completion(seq);
     } else {
         consumer.restore(seq, now_millis());
     }

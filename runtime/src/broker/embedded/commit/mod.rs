@@ -11,7 +11,7 @@
 //! - `op.rs`: the ops and how a group of them is built ([`op::process`]);
 //! - `group.rs`: the group's batch, its commit, and the replies it owes;
 //! - `state_writes.rs`: handlers' state writes, checked and batched with
-//!   their settles;
+//!   their completions;
 //! - here: the loop that collects ops into groups, and between groups
 //!   (and when idle) runs the maintenance in [`super::retention`] and
 //!   reopens a store that failed a write.
@@ -34,7 +34,7 @@ pub(super) mod op;
 pub(super) mod state_writes;
 
 pub(super) use group::{Group, Reply};
-pub(super) use op::{Op, SettleItem};
+pub(super) use op::{CompleteItem, Op};
 
 /// Most ops folded into one group, so one group's latency stays bounded.
 const MAX_GROUP_OPS: usize = 4096;
@@ -42,7 +42,7 @@ const MAX_GROUP_OPS: usize = 4096;
 /// How often maintenance (retention, duplicate-window expiry) runs.
 const MAINTENANCE_EVERY: Duration = Duration::from_millis(200);
 
-/// How soon after a settle what every consumer settled is deleted
+/// How soon after a completion what every consumer completed is deleted
 /// ([`retention::prune`]). A topic's depth is what its high-water mark
 /// counts: at 200 ms a source or producer held at a mark of 1,000 could
 /// move at most 5,000 messages a second, whatever the stage's speed.
@@ -169,7 +169,7 @@ impl Reopener {
 /// The committer thread's loop: groups ops until the channel closes.
 pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Op>) {
     let mut last_maintenance = Instant::now();
-    // When settled messages are next deleted, if any were settled since.
+    // When completed messages are next deleted, if any were completed since.
     let mut prune_at: Option<Instant> = None;
     let mut reopener = Reopener::default();
     let mut ops = Vec::with_capacity(MAX_GROUP_OPS);
@@ -238,7 +238,7 @@ pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Op>) {
             if shared.health.write_failure().is_none()
                 && let Err(e) = retention::prune(&shared)
             {
-                tracing::warn!(error = %e, "embedded broker: deleting settled messages failed");
+                tracing::warn!(error = %e, "embedded broker: deleting completed messages failed");
             }
         }
     }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::group::{Done, Group, Reply, release_settle};
+use super::group::{Done, Group, Reply, release_completion};
 use super::state_writes::Stamped;
 use crate::broker::Ticket;
 use crate::broker::embedded::Shared;
@@ -25,7 +25,7 @@ pub(in crate::broker::embedded) enum Op {
     },
     /// Publish outputs and remove a pending entry, atomically (ack, term,
     /// complete, dead_letter).
-    Settle {
+    Complete {
         /// Whose entry.
         consumer: Arc<Consumer>,
         /// Which entry.
@@ -36,17 +36,17 @@ pub(in crate::broker::embedded) enum Op {
         /// the holder's ticket).
         record: Option<(Vec<u8>, Ticket)>,
         /// The handler's state writes, checked and written with it (boxed:
-        /// most settles have none).
+        /// most completions have none).
         state: Option<Box<Stamped>>,
         /// Done.
         reply: Reply<()>,
     },
-    /// Several settles without dedup records (a batch stage's items), each
-    /// as [`Op::Settle`] would write it, answered together: one result per
+    /// Several completions without dedup records (a batch stage's items), each
+    /// as [`Op::Complete`] would write it, answered together: one result per
     /// item, in order.
-    SettleAll {
-        /// The settles.
-        items: Vec<SettleItem>,
+    CompleteAll {
+        /// The completions.
+        items: Vec<CompleteItem>,
         /// One result per item.
         reply: Reply<Vec<Result<(), BrokerError>>>,
     },
@@ -106,9 +106,9 @@ pub(in crate::broker::embedded) enum Op {
 pub(in crate::broker::embedded) type EnsureFn =
     Box<dyn FnOnce(&mut Group<'_>) -> Result<(), BrokerError> + Send>;
 
-/// One settle of an [`Op::SettleAll`]: a delivery whose lease the caller
+/// One completion of an [`Op::CompleteAll`]: a delivery whose lease the caller
 /// took, and the outputs to publish with its ack.
-pub(in crate::broker::embedded) struct SettleItem {
+pub(in crate::broker::embedded) struct CompleteItem {
     /// Whose entry.
     pub consumer: Arc<Consumer>,
     /// Which entry.
@@ -121,13 +121,13 @@ pub(in crate::broker::embedded) struct SettleItem {
 pub(super) fn refuse(op: Op, e: &BrokerError) {
     match op {
         Op::Publish { reply, .. } => drop(reply.send(Err(e.clone()))),
-        Op::Settle {
+        Op::Complete {
             consumer,
             seq,
             reply,
             ..
-        } => Done::Settle(reply, consumer, seq).send(Some(e)),
-        Op::SettleAll { items, reply } => Done::SettleAll(
+        } => Done::Complete(reply, consumer, seq).send(Some(e)),
+        Op::CompleteAll { items, reply } => Done::CompleteAll(
             reply,
             items
                 .into_iter()
@@ -143,8 +143,8 @@ pub(super) fn refuse(op: Op, e: &BrokerError) {
     }
 }
 
-/// Builds, commits and answers one group. Returns whether it settled
-/// deliveries (so settled messages may be deletable).
+/// Builds, commits and answers one group. Returns whether it completed
+/// deliveries (so completed messages may be deletable).
 pub(super) fn process(shared: &Shared, store: Store, ops: &mut Vec<Op>) -> bool {
     memtables::wait_for_flushes(&store);
     let mut group = Group::new(shared, store);
@@ -152,7 +152,7 @@ pub(super) fn process(shared: &Shared, store: Store, ops: &mut Vec<Op>) -> bool 
     let mut done = Vec::new();
     let mut sync = false;
     let mut force = false;
-    let mut settled = false;
+    let mut completed = false;
     for op in ops.drain(..) {
         match op {
             Op::Publish { messages, reply } => {
@@ -167,42 +167,42 @@ pub(super) fn process(shared: &Shared, store: Store, ops: &mut Vec<Op>) -> bool 
                     Err(e) => drop(reply.send(Err(e))),
                 }
             }
-            Op::Settle {
+            Op::Complete {
                 consumer,
                 seq,
                 outputs,
                 record,
                 state,
                 reply,
-            } => match group.settle(&consumer, seq, &outputs, record, state.as_deref()) {
+            } => match group.complete(&consumer, seq, &outputs, record, state.as_deref()) {
                 Ok(()) => {
                     sync = true;
-                    settled = true;
-                    done.push(Done::Settle(reply, consumer, seq));
+                    completed = true;
+                    done.push(Done::Complete(reply, consumer, seq));
                 }
-                Err(e) => Done::Settle(reply, consumer, seq).send(Some(&e)),
+                Err(e) => Done::Complete(reply, consumer, seq).send(Some(&e)),
             },
-            Op::SettleAll { items, reply } => {
+            Op::CompleteAll { items, reply } => {
                 let mut answers = Vec::with_capacity(items.len());
-                for SettleItem {
+                for CompleteItem {
                     consumer,
                     seq,
                     outputs,
                 } in items
                 {
-                    match group.settle(&consumer, seq, &outputs, None, None) {
+                    match group.complete(&consumer, seq, &outputs, None, None) {
                         Ok(()) => {
                             sync = true;
-                            settled = true;
+                            completed = true;
                             answers.push((consumer, seq, None));
                         }
                         Err(e) => {
-                            release_settle(&consumer, seq, &e);
+                            release_completion(&consumer, seq, &e);
                             answers.push((consumer, seq, Some(e)));
                         }
                     }
                 }
-                done.push(Done::SettleAll(reply, answers));
+                done.push(Done::CompleteAll(reply, answers));
             }
             Op::Deliver {
                 consumer,
@@ -287,5 +287,5 @@ pub(super) fn process(shared: &Shared, store: Store, ops: &mut Vec<Op>) -> bool 
     }
     group.write_positions(false, &mut early);
     group.commit(sync, force, early, done);
-    settled
+    completed
 }

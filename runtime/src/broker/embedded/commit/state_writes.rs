@@ -1,6 +1,6 @@
-//! What a group's settles write to the `state` keyspace: each call's
+//! What a group's completions write to the `state` keyspace: each call's
 //! writes checked against the store as the group leaves it (the overlay
-//! of the group's earlier settles, then what the committer knows, then
+//! of the group's earlier completions, then what the committer knows, then
 //! the keyspace), and added to the group's batch ([`apply`]). The
 //! keyspace's layout is here too; reading it for handlers, sweeping it
 //! and operators' deletes are `../state.rs`.
@@ -63,7 +63,7 @@ pub(in crate::broker::embedded) fn split_entry_key(k: &[u8]) -> Option<(&str, &s
     ))
 }
 
-/// What a settle's checks need of an entry: its revision, and the bytes
+/// What a completion's checks need of an entry: its revision, and the bytes
 /// it counts towards its store's `max_bytes`.
 #[derive(Clone, Copy)]
 pub(in crate::broker::embedded) struct Brief {
@@ -81,7 +81,7 @@ impl Brief {
 }
 
 /// What a group has written to the `state` keyspace but not yet
-/// committed: later settles in the same group check against it.
+/// committed: later completions in the same group check against it.
 #[derive(Default)]
 pub(in crate::broker::embedded) struct Overlay {
     entries: HashMap<Vec<u8>, Option<Brief>>,
@@ -94,7 +94,7 @@ const KNOWN_PER_GENERATION: usize = 64 * 1024;
 
 /// What committed groups wrote, as the committer last left it: the
 /// committer is the only writer of the keyspace, so this is exact, and
-/// a settle whose keys were written lately checks them, and a store's
+/// a completion whose keys were written lately checks them, and a store's
 /// bookkeeping, without a read. Two generations bound it (the older is
 /// dropped when the newer fills); it is forgotten whole after a failed
 /// write, when what the store holds is only known again by reading it.
@@ -150,7 +150,7 @@ pub(in crate::broker::embedded) fn forget(shared: &Shared) {
 }
 
 /// Before a group's batch is written: each store's bookkeeping once, as
-/// the group's last settle left it (not once per settle).
+/// the group's last completion left it (not once per completion).
 pub(in crate::broker::embedded) fn write_metas(
     overlay: &Overlay,
     batch: &mut OwnedWriteBatch,
@@ -162,7 +162,7 @@ pub(in crate::broker::embedded) fn write_metas(
     Ok(())
 }
 
-/// What a settle's state writes are checked against and added to: the
+/// What a completion's state writes are checked against and added to: the
 /// group's overlay and batch, the committer's [`Known`], the keyspace.
 pub(in crate::broker::embedded) struct StateView<'g> {
     pub(in crate::broker::embedded) shared: &'g Shared,
@@ -225,7 +225,7 @@ impl StateView<'_> {
     }
 }
 
-/// A call's state writes as a settle carries them to the committer: the
+/// A call's state writes as a completion carries them to the committer: the
 /// revisions of its values were given out when it was sent
 /// (`../state.rs`, `InFlightWrites`), from `first_revision` on, in order.
 pub(in crate::broker::embedded) struct Stamped {
@@ -235,7 +235,7 @@ pub(in crate::broker::embedded) struct Stamped {
 
 /// Checks a call's state writes against the store as this group leaves
 /// it, then adds them to the batch. Nothing is added unless every check
-/// passes, so a refused settle leaves the batch as it was. The values
+/// passes, so a refused completion leaves the batch as it was. The values
 /// take revisions from `first_revision` on (0 for writes that only delete,
 /// as an operator's and the sweep's do).
 pub(in crate::broker::embedded) fn apply(
