@@ -5,7 +5,7 @@
 //! handler in this process, and a crash ends every such hold. Holds
 //! therefore live in memory ([`Holds`]), and only COMPLETED records are
 //! stored: written by the committer in the same batch as the outputs and
-//! the removal of the pending entry (the ack), so a key is recorded handled
+//! the removal of the pending entry (the completion), so a key is recorded handled
 //! exactly when its outputs exist. A begin is a map lookup and a point
 //! read, with no write and no wait for the committer; after a crash nothing
 //! is left holding a key, and the redelivery runs at once.
@@ -164,7 +164,8 @@ impl IdempotencyStore for EmbeddedBroker {
 
 impl EmbeddedBroker {
     /// [`Broker::complete`](crate::broker::Broker::complete) with a ticket:
-    /// the outputs, the COMPLETED record and the ack in one transaction.
+    /// the outputs, the COMPLETED record and the removal of the pending
+    /// entry in one transaction.
     pub(super) async fn complete_recorded(
         &self,
         ticket: &Ticket,

@@ -19,7 +19,7 @@ use crate::state::{Entry, StateReader, StateWrites, StoreMeta, Write};
 /// How long the store remembers that a message's call committed state,
 /// at least: a redelivery of that message within it (after a crash,
 /// where the broker can hand out again a message whose completion it wrote)
-/// commits its outputs and ack but not its state writes a second time.
+/// commits its outputs and removal but not its state writes a second time.
 const APPLIED_AT_LEAST_MS: u64 = 10 * 60 * 1000;
 
 /// Reads committed state for handlers (and the operator's tools).

@@ -158,7 +158,7 @@ pub(super) fn cursor_key(consumer_id: u32) -> [u8; 4] {
 /// floor.
 ///
 /// A first delivery writes no pending record (that was two LSM entries
-/// per message per consumer: the record, then its tombstone at the ack).
+/// per message per consumer: the record, then its tombstone at its completion).
 /// Instead every seq in `floor..cursor` without a pending record and not
 /// in a completed run (the `settled` keyspace) counts, after a restart, as
 /// delivered once and not completed: it is delivered again (attempt 2) if

@@ -107,7 +107,7 @@ pub(in crate::broker::embedded) type EnsureFn =
     Box<dyn FnOnce(&mut Group<'_>) -> Result<(), BrokerError> + Send>;
 
 /// One completion of an [`Op::CompleteAll`]: a delivery whose lease the caller
-/// took, and the outputs to publish with its ack.
+/// took, and the outputs to publish as it is removed.
 pub(in crate::broker::embedded) struct CompleteItem {
     /// Whose entry.
     pub consumer: Arc<Consumer>,
