@@ -43,6 +43,7 @@ use serde_saphyr::{Localizer, Location};
 use super::interpolate::interpolate_tree;
 use super::model::{Pipeline, Stage};
 use super::tree::{DeError, Kind, Node, Pos, Seg};
+use super::{SinkDef, SourceDef};
 
 /// The largest pipeline file accepted: 1 MiB.
 pub const MAX_FILE_BYTES: u64 = 1 << 20;
@@ -225,8 +226,42 @@ fn all_serde_problems(tree: &Node, first: DeError) -> Vec<Problem> {
             }
         }
     }
+    for problem in &mut problems {
+        at_flattened_value(tree, problem);
+    }
     problems.sort_by_key(|(pos, _)| *pos);
     problems
+}
+
+/// An error in a part a connector block flattens in (its `tls_ca`) falls
+/// back to the block's position: serde buffers a flattened part's values
+/// without positions. Such a problem is moved to the value, by reading
+/// each flattened part again on its own from the block's positioned YAML
+/// (the same error, now stamped where it is).
+fn at_flattened_value(tree: &Node, problem: &mut Problem) {
+    use super::connectors::FLATTENED_PARTS;
+    let blocks = [("sources", SourceDef::KINDS), ("sinks", SinkDef::KINDS)]
+        .into_iter()
+        .filter_map(|(list, kinds)| match field(tree, list).map(|n| &n.kind) {
+            Some(Kind::Seq(items)) => Some(items.iter().map(move |item| (item, kinds))),
+            _ => None,
+        })
+        .flatten()
+        .flat_map(|(item, kinds)| kinds.iter().filter_map(|kind| field(item, kind)))
+        .filter(|block| block.pos == problem.0 && matches!(block.kind, Kind::Map(_)));
+    for block in blocks {
+        for read in FLATTENED_PARTS {
+            if let Err(DeError {
+                pos: Some(pos),
+                message,
+            }) = read(block)
+                && message == problem.1
+            {
+                problem.0 = pos;
+                return;
+            }
+        }
+    }
 }
 
 fn problem(node: &Node, e: DeError) -> Problem {
@@ -384,6 +419,24 @@ mod tests {
 
         let errs = errors("name: p\nstages: 3\n");
         assert!(errs[0].starts_with("2:9: "), "{errs:?}");
+    }
+
+    #[test]
+    fn an_error_in_a_flattened_part_points_at_its_value() {
+        let block = "name: p\ntopics: [a]\nsinks:\n  - name: out\n    subscribe: a\n    redis:\n      \
+                     url: rediss://h:6380/0\n      tls_ca: [1]\n      stream: s\n";
+        let errs = errors(block);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with("8:15: expected path string"),
+            "{errs:?}"
+        );
+        // A block-level error stays at the block.
+        let errs = errors(&block.replace("      stream: s\n", ""));
+        assert!(
+            errs[0].starts_with("7:7: missing required field `stream`"),
+            "{errs:?}"
+        );
     }
 
     #[test]

@@ -104,6 +104,18 @@ pub trait SinkBlock: Send + Sync {
     fn resolve_paths(&mut self, dir: &Path);
 }
 
+/// A part a connector block flattens in (`#[serde(flatten)]`), read on
+/// its own from the block's YAML. serde reads a flattened part only after
+/// the whole block, from values it has buffered without their positions,
+/// so an error in it would point at the block; read alone (it denies no
+/// unknown keys, so it skips the block's others), it points at the value.
+pub(crate) type FlattenedPart = fn(&super::tree::Node) -> Result<(), super::tree::DeError>;
+
+/// The parts every connector block, source or sink, flattens in: only
+/// [`tls::TlsOptions`]. A block that flattens another part lists it here.
+pub(crate) const FLATTENED_PARTS: &[FlattenedPart] =
+    &[|block| tls::TlsOptions::deserialize(block).map(|_| ())];
+
 /// A source's mapping of an upstream field onto a delay: which header
 /// (an SQS attribute, an AMQP header, an MQTT user property, a Kafka, NATS
 /// or Redis field as the connector turns it into a header) carries the
