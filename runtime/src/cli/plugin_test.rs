@@ -93,83 +93,93 @@ struct PrintedEmit<'a> {
 pub(crate) fn run(args: Args) -> ExitCode {
     // The cases (or the dead letter) first: a mistake in them is reported
     // before a project is built, which takes seconds for Python or JS.
-    let cases = match (&args.cases, &args.from_dlq) {
+    let cases = match load_cases(&args) {
+        Ok(cases) => cases,
+        Err(code) => return code,
+    };
+    let (plugin, settings, payload) = match prepare(&args) {
+        Ok(prepared) => prepared,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some((loaded, source)) = cases {
+        return runtime.block_on(run_cases(&plugin, settings, &loaded, &source));
+    }
+    run_once(&args, &runtime, plugin, settings, payload)
+}
+
+/// The cases file (with its name, for messages) or the dead letter to
+/// replay (fetched now, before any async runtime starts: the client
+/// blocks), or None for a single run. A mistake is printed, and its exit
+/// code (2) given back.
+fn load_cases(args: &Args) -> Result<Option<(cases::Loaded, String)>, ExitCode> {
+    match (&args.cases, &args.from_dlq) {
         (Some(path), _) => match cases::load(path) {
-            Ok(cases) => Some((cases, path.display().to_string())),
+            Ok(cases) => Ok(Some((cases, path.display().to_string()))),
             Err(err) => {
                 eprintln!("error: {err}");
-                return ExitCode::from(2);
+                Err(ExitCode::from(2))
             }
         },
-        // Fetched before any async runtime starts: the client blocks.
         (None, Some(entry)) => match entry.fetch(&args.connect) {
             Ok(detail) => {
                 let stage = entry.stage.to_string();
                 if let Some(why) = cases::dlq_case_refusal(&stage, entry.seq, &detail) {
                     eprintln!("error: {why}");
-                    return ExitCode::from(2);
+                    return Err(ExitCode::from(2));
                 }
                 eprintln!(
                     "replaying dead letter {} of {stage}, which failed with {}",
                     entry.seq,
                     cases::dlq_failure(&detail)
                 );
-                Some((
+                Ok(Some((
                     cases::Loaded::dead_letter(&stage, entry.seq, &detail),
                     String::new(),
-                ))
+                )))
             }
             // Not 1: that would read as "the handler still fails".
             Err(err) => {
                 eprintln!("error: cannot fetch the dead letter: {err}");
-                return ExitCode::from(2);
+                Err(ExitCode::from(2))
             }
         },
-        (None, None) => None,
-    };
-    let wasm = match super::plugin_author::component(&args.plugin) {
-        Ok(wasm) => wasm,
-        Err(err) => {
-            eprintln!("error: {err}");
-            return ExitCode::from(2);
-        }
-    };
-    let payload = match read_payload(&args) {
-        Ok(payload) => payload,
-        Err(err) => {
-            eprintln!("error: {err}");
-            return ExitCode::from(2);
-        }
-    };
-    let host = match args.cache.host(HostConfig {
-        max_instances: 4,
-        max_memory: args.memory.max(1 << 20),
-        ..HostConfig::default()
-    }) {
-        Ok(host) => host,
-        Err(err) => {
-            eprintln!("error: {err}");
-            return ExitCode::from(2);
-        }
-    };
-    let plugin = match host.load(&wasm) {
-        Ok(plugin) => plugin,
-        Err(err) => {
-            eprintln!("error: {err}");
-            return ExitCode::from(2);
-        }
-    };
+        (None, None) => Ok(None),
+    }
+}
+
+/// The plugin (built first if it is a project) loaded under the limits
+/// given, the settings its worker runs with, and the payload of a single
+/// run; or what went wrong, to print after `error: `.
+fn prepare(args: &Args) -> Result<(crate::plugin::Plugin, WorkerSettings, Vec<u8>), String> {
+    let wasm = super::plugin_author::component(&args.plugin).map_err(|err| err.to_string())?;
+    let payload = read_payload(args)?;
+    let host = args
+        .cache
+        .host(HostConfig {
+            max_instances: 4,
+            max_memory: args.memory.max(1 << 20),
+            ..HostConfig::default()
+        })
+        .map_err(|err| err.to_string())?;
+    let plugin = host.load(&wasm).map_err(|err| err.to_string())?;
     let mut secrets = BTreeMap::new();
     for (name, spec) in &args.secrets {
-        match crate::config::read_secret_spec(name, spec) {
-            Ok(value) => {
-                secrets.insert(name.clone(), value);
-            }
-            Err(why) => {
-                eprintln!("error: --secret {name}: {why}");
-                return ExitCode::from(2);
-            }
-        }
+        let value = crate::config::read_secret_spec(name, spec)
+            .map_err(|why| format!("--secret {name}: {why}"))?;
+        secrets.insert(name.clone(), value);
     }
     // State and HTTP are always granted here: each run (each case) gets a
     // store in memory of its own, and a script of HTTP answers (a case's
@@ -181,10 +191,11 @@ pub(crate) fn run(args: Args) -> ExitCode {
     if !secrets.is_empty() {
         granted.push(crate::plugin::Capability::Secrets);
     }
-    if let Err(err) = plugin.check_grants("plugin test", &granted) {
-        eprintln!("error: {err}; with `plugin test`, give each with --secret NAME=env:VAR");
-        return ExitCode::from(2);
-    }
+    plugin
+        .check_grants("plugin test", &granted)
+        .map_err(|err| {
+            format!("{err}; with `plugin test`, give each with --secret NAME=env:VAR")
+        })?;
     let settings = WorkerSettings {
         limits: Limits {
             timeout: args.timeout,
@@ -202,19 +213,18 @@ pub(crate) fn run(args: Args) -> ExitCode {
         },
         ..WorkerSettings::default()
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
-            return ExitCode::from(2);
-        }
-    };
-    if let Some((loaded, source)) = cases {
-        return runtime.block_on(run_cases(&plugin, settings, &loaded, &source));
-    }
+    Ok((plugin, settings, payload))
+}
+
+/// One message, built from the arguments, handled once: its emits on
+/// stdout, the state it would commit and the requests it tried on stderr.
+fn run_once(
+    args: &Args,
+    runtime: &tokio::runtime::Runtime,
+    plugin: crate::plugin::Plugin,
+    settings: WorkerSettings,
+    payload: Vec<u8>,
+) -> ExitCode {
     let message = Message {
         id: args.id.clone(),
         topic: args.topic.clone(),
