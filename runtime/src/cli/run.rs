@@ -162,7 +162,14 @@ pub(crate) fn run(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(daemon::run(opts, shutdown_signal(), |started| {
+    // The handlers are installed before the daemon starts, so a SIGTERM
+    // sent as soon as it says READY=1 is a clean shutdown, not the
+    // signal's default action (an immediate exit).
+    let shutdown = {
+        let _runtime = runtime.enter();
+        shutdown_signal()
+    };
+    let result = runtime.block_on(daemon::run(opts, shutdown, |started| {
         let names: Vec<String> = started
             .pipelines
             .iter()
@@ -234,16 +241,29 @@ fn admin_access(args: &Args) -> Result<crate::admin::AccessConfig, String> {
     })
 }
 
-/// Resolves on the first SIGTERM or SIGINT.
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers (inside the runtime) and
+/// returns what resolves on the first of them.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
+    let signals = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop the daemon with kill -9");
-        return std::future::pending().await;
-    };
+    );
+    async move {
+        let (Ok(term), Ok(int)) = signals else {
+            tracing::error!("cannot install signal handlers; stop the daemon with kill -9");
+            return std::future::pending().await;
+        };
+        first_stop_signal(term, int).await;
+    }
+}
+
+/// Waits for SIGTERM or SIGINT, then tells the service manager the drain
+/// has begun.
+async fn first_stop_signal(
+    mut term: tokio::signal::unix::Signal,
+    mut int: tokio::signal::unix::Signal,
+) {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM received"),
         _ = int.recv() => tracing::info!("SIGINT received"),

@@ -607,12 +607,30 @@ fn dead_letter_topics(pipelines: &[Pipeline]) -> HashSet<String> {
 
 /// Turns each SIGHUP into a reload request, until the daemon stops. The
 /// report goes to the log ([`Live::serve`]).
-pub(super) async fn on_hangup(requests: mpsc::Sender<ReloadRequest>) {
+pub(super) fn on_hangup(
+    requests: mpsc::Sender<ReloadRequest>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
-        tracing::warn!("cannot install the SIGHUP handler; reload with `sluice reload` instead");
-        return;
-    };
+    // Installed now, not when the task first runs: the daemon says
+    // READY=1 right after, and a SIGHUP before the handler would kill it
+    // (the signal's default action).
+    let hangups = signal(SignalKind::hangup());
+    async move {
+        let Ok(hangups) = hangups else {
+            tracing::warn!(
+                "cannot install the SIGHUP handler; reload with `sluice reload` instead"
+            );
+            return;
+        };
+        reload_on_each(hangups, requests).await;
+    }
+}
+
+/// Queues a reload for each SIGHUP.
+async fn reload_on_each(
+    mut hangups: tokio::signal::unix::Signal,
+    requests: mpsc::Sender<ReloadRequest>,
+) {
     while hangups.recv().await.is_some() {
         tracing::info!("SIGHUP received: reloading");
         let (reply, _report) = tokio::sync::oneshot::channel();
