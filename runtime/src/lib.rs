@@ -35,6 +35,7 @@ pub mod failure;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod metrics;
+pub mod object_stores;
 pub mod otel;
 pub mod plugin;
 pub mod reload;

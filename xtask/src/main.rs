@@ -296,6 +296,9 @@ const PYTHON_PACKAGES: &[&str] = &[
     "opentelemetry-proto==1.45.2",
     // The Python SDK's unit tests (plugins/python/sdk/tests).
     "pytest==9.2.0",
+    // The object-store sink's files read back by a real Parquet reader
+    // (tests/fixtures/read_objects.py).
+    "pyarrow==26.0.1",
 ];
 
 /// `cargo xtask setup`: everything the tests need that cargo does not fetch.

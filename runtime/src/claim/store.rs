@@ -60,26 +60,21 @@ impl ClaimStore {
                     store: Arc::new(store),
                 })
             }
-            StoreUrl::S3 { bucket, prefix } => {
-                let mut builder =
-                    object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
-                if let Some(region) = &claim.region {
-                    builder = builder.with_region(region);
-                }
-                if let Some(endpoint) = &claim.endpoint {
-                    builder = builder.with_endpoint(endpoint);
-                }
-                if claim.allow_http {
-                    builder = builder.with_allow_http(true);
-                }
-                let store = builder
-                    .build()
-                    .map_err(|e| ClaimError::Store(format!("{url}: {e}")))?;
+            StoreUrl::S3 { .. } | StoreUrl::Gcs { .. } | StoreUrl::Azure { .. } => {
+                let location = crate::object_stores::Location {
+                    url: &url,
+                    region: claim.region.as_deref(),
+                    endpoint: claim.endpoint.as_deref(),
+                    allow_http: claim.allow_http,
+                };
+                let store = crate::object_stores::open_cloud(location)
+                    .unwrap_or_else(|| Err(format!("{url} is not a cloud store")))
+                    .map_err(ClaimError::Store)?;
                 Ok(ClaimStore {
                     url: url.to_string(),
                     root: None,
-                    prefix: prefix.clone(),
-                    store: Arc::new(store),
+                    prefix: url.prefix().to_owned(),
+                    store,
                 })
             }
             StoreUrl::Memory(_) => Ok(ClaimStore {

@@ -86,6 +86,20 @@ pub enum StoreUrl {
         /// The key prefix.
         prefix: String,
     },
+    /// A Google Cloud Storage bucket and a key prefix.
+    Gcs {
+        /// The bucket.
+        bucket: String,
+        /// The key prefix.
+        prefix: String,
+    },
+    /// An Azure Blob Storage container and a key prefix.
+    Azure {
+        /// The container.
+        container: String,
+        /// The key prefix.
+        prefix: String,
+    },
     /// An in-process store, by name (`memory://` is the name ``).
     Memory(String),
 }
@@ -108,32 +122,83 @@ impl StoreUrl {
             }
             return Ok(StoreUrl::File(PathBuf::from(path)));
         }
-        if let Some(rest) = text.strip_prefix("s3://") {
+        for (scheme, what) in [
+            ("s3://", "bucket"),
+            ("gs://", "bucket"),
+            ("az://", "container"),
+        ] {
+            let Some(rest) = text.strip_prefix(scheme) else {
+                continue;
+            };
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-            if bucket.is_empty() {
-                return Err("`s3://` needs a bucket, e.g. `s3://my-bucket/claims`".into());
+            if bucket.is_empty() || !valid_bucket(bucket) {
+                return Err(format!(
+                    "`{text}`: `{scheme}` needs a {what} name (lowercase letters, digits, `-`,                      `_` and `.`), e.g. `{scheme}my-{what}/prefix`"
+                ));
             }
-            return Ok(StoreUrl::S3 {
-                bucket: bucket.to_owned(),
-                prefix: prefix.trim_matches('/').to_owned(),
+            let (bucket, prefix) = (bucket.to_owned(), prefix.trim_matches('/').to_owned());
+            return Ok(match scheme {
+                "s3://" => StoreUrl::S3 { bucket, prefix },
+                "gs://" => StoreUrl::Gcs { bucket, prefix },
+                _ => StoreUrl::Azure {
+                    container: bucket,
+                    prefix,
+                },
             });
         }
         if let Some(name) = text.strip_prefix("memory://") {
             return Ok(StoreUrl::Memory(name.trim_matches('/').to_owned()));
         }
         Err(format!(
-            "`{text}` is not a claim store; use `file:///path`, `s3://bucket/prefix` or `memory://`"
+            "`{text}` is not a store URL; use `file:///path`, `s3://bucket/prefix`, \
+             `gs://bucket/prefix`, `az://container/prefix` or `memory://`"
         ))
+    }
+}
+
+/// A bucket or container name as the clouds allow it (the strictest of
+/// S3's, GCS's and Azure's rules is not needed here: the store says the
+/// rest); nothing that would change the URL's meaning.
+fn valid_bucket(name: &str) -> bool {
+    name.bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+impl StoreUrl {
+    /// The store's key prefix below its bucket or container (empty for a
+    /// directory or memory).
+    pub fn prefix(&self) -> &str {
+        match self {
+            StoreUrl::S3 { prefix, .. }
+            | StoreUrl::Gcs { prefix, .. }
+            | StoreUrl::Azure { prefix, .. } => prefix,
+            StoreUrl::File(_) | StoreUrl::Memory(_) => "",
+        }
+    }
+
+    /// Whether it is a cloud store (`s3://`, `gs://`, `az://`), which
+    /// `endpoint` and `allow_http` apply to.
+    pub fn is_cloud(&self) -> bool {
+        matches!(
+            self,
+            StoreUrl::S3 { .. } | StoreUrl::Gcs { .. } | StoreUrl::Azure { .. }
+        )
     }
 }
 
 impl std::fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StoreUrl::File(path) => write!(f, "file://{}", path.display()),
-            StoreUrl::S3 { bucket, prefix } if prefix.is_empty() => write!(f, "s3://{bucket}"),
-            StoreUrl::S3 { bucket, prefix } => write!(f, "s3://{bucket}/{prefix}"),
-            StoreUrl::Memory(name) => write!(f, "memory://{name}"),
+        let (scheme, bucket, prefix) = match self {
+            StoreUrl::File(path) => return write!(f, "file://{}", path.display()),
+            StoreUrl::Memory(name) => return write!(f, "memory://{name}"),
+            StoreUrl::S3 { bucket, prefix } => ("s3", bucket, prefix),
+            StoreUrl::Gcs { bucket, prefix } => ("gs", bucket, prefix),
+            StoreUrl::Azure { container, prefix } => ("az", container, prefix),
+        };
+        if prefix.is_empty() {
+            write!(f, "{scheme}://{bucket}")
+        } else {
+            write!(f, "{scheme}://{bucket}/{prefix}")
         }
     }
 }
@@ -265,21 +330,44 @@ pub(super) fn problems(claim: &ClaimCheck) -> Vec<(&'static str, String)> {
     if claim.retention.get().is_zero() {
         out.push(("retention", "`retention` must be longer than 0s".into()));
     }
-    let s3 = matches!(url, Some(StoreUrl::S3 { .. }));
-    if !s3 && url.is_some() {
-        for (key, set) in [
-            ("region", claim.region.is_some()),
-            ("endpoint", claim.endpoint.is_some()),
-            ("allow_http", claim.allow_http),
-        ] {
+    if let Some(url) = &url {
+        out.extend(location_problems(
+            url,
+            claim.region.as_deref(),
+            claim.endpoint.as_deref(),
+            claim.allow_http,
+        ));
+    }
+    out
+}
+
+/// The problems of a store's location options (`region`, `endpoint`,
+/// `allow_http`) for `url`, each with its key: one check for the claim
+/// check and the object-store sink, which take the same fields.
+pub fn location_problems(
+    url: &StoreUrl,
+    region: Option<&str>,
+    endpoint: Option<&str>,
+    allow_http: bool,
+) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    let s3 = matches!(url, StoreUrl::S3 { .. });
+    if !s3 && region.is_some() {
+        out.push(("region", "`region` applies to `s3://` stores only".into()));
+    }
+    if !url.is_cloud() {
+        for (key, set) in [("endpoint", endpoint.is_some()), ("allow_http", allow_http)] {
             if set {
-                out.push((key, format!("`{key}` applies to `s3://` stores only")));
+                out.push((
+                    key,
+                    format!("`{key}` applies to `s3://`, `gs://` and `az://` stores only"),
+                ));
             }
         }
     }
-    if let Some(endpoint) = &claim.endpoint {
+    if let Some(endpoint) = endpoint {
         if endpoint.starts_with("http://") {
-            if s3 && !claim.allow_http {
+            if url.is_cloud() && !allow_http {
                 out.push((
                     "endpoint",
                     format!("`{endpoint}` is plain HTTP; set `allow_http: true` to use it"),
@@ -325,7 +413,16 @@ mod tests {
         );
         assert!(StoreUrl::parse("s3:///x").is_err());
         assert!(StoreUrl::parse("file://").is_err());
-        assert!(StoreUrl::parse("gs://b").is_err());
+        assert_eq!(
+            StoreUrl::parse("gs://b/x"),
+            Ok(StoreUrl::Gcs {
+                bucket: "b".into(),
+                prefix: "x".into()
+            })
+        );
+        assert!(StoreUrl::parse("az://").is_err());
+        assert!(StoreUrl::parse("s3://B?x").is_err());
+        assert!(StoreUrl::parse("ftp://b").is_err());
         let url = StoreUrl::parse("s3://b/p").expect("valid");
         assert_eq!(url.to_string(), "s3://b/p");
     }

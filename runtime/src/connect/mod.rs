@@ -33,6 +33,7 @@ pub mod kafka;
 pub mod mqtt;
 pub mod names;
 pub mod nats;
+pub mod object_store;
 pub mod postgres;
 pub mod redis;
 pub mod sink;
@@ -50,7 +51,7 @@ use async_trait::async_trait;
 pub use crate::config::connectors::{ConfigProblem, SinkBlock, SinkDef, SourceBlock, SourceDef};
 pub use crate::config::{Secret, SecretText, SecretUrl};
 pub use health::Health;
-pub use sink::{Sink, SinkError, SinkHandler};
+pub use sink::{Accepted, Pending, Sink, SinkError, SinkHandler};
 pub use source::{Source, SourceError, SourceMessage};
 
 use crate::metrics::Metrics;
@@ -194,7 +195,17 @@ connectors!(
 connectors!(
     SinkDef,
     SinkConfig,
-    [http, postgres, redis, mqtt, nats, sqs, amqp, kafka]
+    [
+        http,
+        postgres,
+        redis,
+        mqtt,
+        nats,
+        sqs,
+        amqp,
+        kafka,
+        object_store
+    ]
 );
 
 #[cfg(test)]

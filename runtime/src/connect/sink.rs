@@ -50,6 +50,19 @@ pub enum SinkError {
     Unavailable(String),
 }
 
+/// A write the target has taken but not yet made durable (a record in an
+/// object-store file that is still open): it resolves once it is, or with
+/// what went wrong.
+pub type Pending = futures_util::future::BoxFuture<'static, Result<(), SinkError>>;
+
+/// How the target took one message of a batch (see [`Sink::accept_batch`]).
+pub enum Accepted {
+    /// Written: its outcome is final.
+    Written,
+    /// Taken, finished later: the message is settled when this resolves.
+    Pending(Pending),
+}
+
 /// An outside system messages are written to. One value serves every
 /// worker slot of the sink, so it holds the connection pool.
 #[async_trait]
@@ -68,6 +81,23 @@ pub trait Sink: Send + Sync {
         }
         results
     }
+
+    /// Takes a batch, for a sink that gathers messages into larger writes
+    /// (an object-store file): per message, a refusal at once, or a
+    /// [`Pending`] that resolves when the write holding it is complete.
+    /// The engine keeps a pending message's lease meanwhile and frees the
+    /// worker slot. The default writes the batch ([`Sink::write_batch`]).
+    async fn accept_batch(&self, messages: &[Message]) -> Vec<Result<Accepted, SinkError>> {
+        self.write_batch(messages)
+            .await
+            .into_iter()
+            .map(|result| result.map(|()| Accepted::Written))
+            .collect()
+    }
+
+    /// Shutdown began: complete what is pending now (close and upload the
+    /// open files) instead of at a roll limit. Nothing by default.
+    fn flush(&self) {}
 }
 
 /// One worker slot of a sink stage: the shared sink, the stage's timeout,
@@ -79,6 +109,8 @@ pub struct SinkHandler {
     label: String,
     timeout: Duration,
     backoff_max: Duration,
+    /// The last batch call's pending items, for the engine to take.
+    pending: Vec<Option<crate::engine::PendingOutcome>>,
 }
 
 impl SinkHandler {
@@ -96,6 +128,7 @@ impl SinkHandler {
             ctx,
             timeout,
             backoff_max,
+            pending: Vec::new(),
         }
     }
 
@@ -111,20 +144,27 @@ impl SinkHandler {
                 self.ctx.health.up(&self.ctx.metrics, label);
                 Err(Failure::new(FailureKind::Rejected, reason))
             }
-            Err(SinkError::Retry { reason, after }) => {
+            Err(error @ SinkError::Retry { .. }) => {
                 self.ctx.health.up(&self.ctx.metrics, label);
-                Err(Failure {
-                    kind: FailureKind::Retry,
-                    message: reason,
-                    retry_after: after.map(|a| a.min(self.backoff_max)),
-                    state_read: Vec::new(),
-                })
+                Err(failure_of(error, self.backoff_max))
             }
             Err(SinkError::Unavailable(why)) => {
                 self.ctx.health.down(&self.ctx.metrics, label, &why);
                 Err(Failure::new(FailureKind::Unavailable, why))
             }
         }
+    }
+
+    /// The outcome to come of a pending write. The sink reports its own
+    /// outages (a stalled upload) to the health, so this only maps.
+    fn later(&self, pending: Pending) -> crate::engine::PendingOutcome {
+        let backoff_max = self.backoff_max;
+        Box::pin(async move {
+            pending
+                .await
+                .map(|()| Vec::new())
+                .map_err(|error| failure_of(error, backoff_max))
+        })
     }
 
     fn timed_out(&self) -> Failure {
@@ -148,10 +188,22 @@ impl StageHandler for SinkHandler {
     }
 
     async fn handle_batch(&mut self, messages: &[Message]) -> Vec<Outcome> {
-        match tokio::time::timeout(self.timeout, self.sink.write_batch(messages)).await {
+        self.pending.clear();
+        match tokio::time::timeout(self.timeout, self.sink.accept_batch(messages)).await {
             Ok(results) => {
-                let mut outcomes: Vec<Outcome> =
-                    results.into_iter().map(|r| self.outcome(r)).collect();
+                let mut outcomes: Vec<Outcome> = Vec::with_capacity(messages.len());
+                for result in results {
+                    match result {
+                        Ok(Accepted::Pending(pending)) => {
+                            let later = self.later(pending);
+                            self.pending.resize_with(outcomes.len(), || None);
+                            self.pending.push(Some(later));
+                            outcomes.push(Ok(Vec::new()));
+                        }
+                        Ok(Accepted::Written) => outcomes.push(self.outcome(Ok(()))),
+                        Err(error) => outcomes.push(self.outcome(Err(error))),
+                    }
+                }
                 // A sink that returned too few results: the rest failed.
                 while outcomes.len() < messages.len() {
                     outcomes.push(Err(Failure::new(
@@ -164,6 +216,30 @@ impl StageHandler for SinkHandler {
             }
             Err(_) => messages.iter().map(|_| Err(self.timed_out())).collect(),
         }
+    }
+
+    fn take_pending(&mut self) -> Vec<Option<crate::engine::PendingOutcome>> {
+        std::mem::take(&mut self.pending)
+    }
+
+    fn flush(&self) {
+        self.sink.flush();
+    }
+}
+
+/// A refused write as the failure the outcome table takes: `rejected`,
+/// `retry` (after the target's `Retry-After`, capped at `backoff_max`) or
+/// `unavailable`.
+fn failure_of(error: SinkError, backoff_max: Duration) -> Failure {
+    match error {
+        SinkError::Rejected(reason) => Failure::new(FailureKind::Rejected, reason),
+        SinkError::Retry { reason, after } => Failure {
+            kind: FailureKind::Retry,
+            message: reason,
+            retry_after: after.map(|a| a.min(backoff_max)),
+            state_read: Vec::new(),
+        },
+        SinkError::Unavailable(why) => Failure::new(FailureKind::Unavailable, why),
     }
 }
 
@@ -320,6 +396,121 @@ mod tests {
             "every held write counted: {metrics}"
         );
         assert!(metrics.contains("outcome=\"retry\"} 1"), "{metrics}");
+    }
+
+    /// Takes every message as pending and answers them all after
+    /// `after`, counting how often each was handed over.
+    struct Later {
+        after: Duration,
+        taken: Mutex<HashMap<String, u32>>,
+        /// Writes pending now, and the most at once.
+        pending: Arc<std::sync::atomic::AtomicUsize>,
+        most: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Sink for Later {
+        async fn write(&self, _: &Message) -> Result<(), SinkError> {
+            unreachable!("a batch stage")
+        }
+
+        async fn accept_batch(&self, messages: &[Message]) -> Vec<Result<Accepted, SinkError>> {
+            use std::sync::atomic::Ordering::SeqCst;
+            let mut taken = self.taken.lock().expect("taken");
+            let after = self.after;
+            let now = self.pending.fetch_add(messages.len(), SeqCst) + messages.len();
+            self.most.fetch_max(now, SeqCst);
+            messages
+                .iter()
+                .map(|m| {
+                    *taken.entry(m.id.clone()).or_default() += 1;
+                    let pending = self.pending.clone();
+                    let later: Pending = Box::pin(async move {
+                        tokio::time::sleep(after).await;
+                        pending.fetch_sub(1, SeqCst);
+                        Ok(())
+                    });
+                    Ok(Accepted::Pending(later))
+                })
+                .collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pending_write_keeps_its_lease_past_ack_wait_and_frees_the_slot() {
+        let dir = tempfile::tempdir().expect("dir");
+        let broker: Arc<dyn Broker> =
+            EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
+        for name in ["in", "p.s.dlq"] {
+            broker
+                .ensure_topic(&TopicSpec::new(name))
+                .await
+                .expect("topic");
+        }
+        let messages = (0..40)
+            .map(|i| crate::broker::Message::new(format!("m{i}"), "in", b"x".to_vec()))
+            .collect();
+        broker.publish(messages).await.expect("publish");
+        // One slot, batches of 10, a 1 s lease: the writes finish 2.5 s
+        // after they are taken. Were the slot held until then, no more
+        // than one batch would be pending at once; were the leases left to
+        // run out, the messages would be delivered again.
+        let stage: Stage = serde_saphyr::from_str(
+            "name: s\nsubscribe: in\nplugin: ''\nack_wait: 1s\nbatch: {max: 10, wait: 10ms}\n",
+        )
+        .expect("a stage");
+        let sink = Arc::new(Later {
+            after: Duration::from_millis(2500),
+            taken: Mutex::default(),
+            pending: Arc::default(),
+            most: std::sync::atomic::AtomicUsize::new(0),
+        });
+        let metrics = Arc::new(Metrics::new());
+        let ctx = Context {
+            pipeline: "p".into(),
+            name: "s".into(),
+            metrics: metrics.clone(),
+            health: Arc::new(Health::new()),
+        };
+        let handler = SinkHandler::new(
+            sink.clone(),
+            ctx,
+            stage.timeout.get(),
+            stage.retry.backoff.max.get(),
+        );
+        let engine = Engine::start(
+            broker.clone(),
+            metrics.clone(),
+            None,
+            None,
+            vec![StageSetup {
+                pipeline: "p".into(),
+                stage,
+                shutdown_timeout: Duration::from_secs(5),
+                handlers: vec![Box::new(handler)],
+                plugin_sha256: None,
+            }],
+        )
+        .await
+        .expect("engine");
+        for _ in 0..1000 {
+            if broker.topic_stats("in").await.expect("stats").depth == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        engine.shutdown().await;
+        let taken = sink.taken.lock().expect("taken").clone();
+        assert_eq!(taken.len(), 40);
+        assert!(
+            taken.values().all(|n| *n == 1),
+            "a pending message was delivered again: {taken:?}"
+        );
+        let most = sink.most.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            most > 10,
+            "one slot held at most one batch pending ({most}): the slot was not freed"
+        );
     }
 
     #[tokio::test]

@@ -6,6 +6,13 @@ use async_trait::async_trait;
 use crate::plugin::{Message, Outcome, Worker};
 use crate::state::StateWrites;
 
+/// The outcome of a batch item its handler took but has not finished: a
+/// record in an object-store file that is still open. It resolves when the
+/// file is complete in the store (or failed). Meanwhile the engine keeps
+/// the delivery's lease (the heartbeat extends it) and its in-flight
+/// permit, with the worker slot free for the next call.
+pub type PendingOutcome = futures_util::future::BoxFuture<'static, Outcome>;
+
 /// One worker slot of a stage. A stage with `concurrency: N` owns N of them
 /// and lends each to one call at a time.
 #[async_trait]
@@ -32,6 +39,18 @@ pub trait StageHandler: Send {
     fn take_state(&mut self) -> Option<StateWrites> {
         None
     }
+
+    /// The items of the last batch call whose outcome is not final yet,
+    /// one entry per message in order (`None`: its outcome is the one
+    /// returned). Empty (the default): every outcome returned is final.
+    fn take_pending(&mut self) -> Vec<Option<PendingOutcome>> {
+        Vec::new()
+    }
+
+    /// Shutdown began: finish what is pending now (close and upload open
+    /// files) rather than when a limit is reached, so it settles within
+    /// the drain deadline. Nothing by default.
+    fn flush(&self) {}
 
     /// The state keys the last call read, for its dead letter (none if
     /// the handler has no state).

@@ -35,7 +35,7 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 pub use backoff::delay as backoff_delay;
-pub use handler::StageHandler;
+pub use handler::{PendingOutcome, StageHandler};
 pub use ids::emit_id;
 pub use stage::{DEFAULT_IN_FLIGHT, IN_FLIGHT_BYTES, StageSetup};
 

@@ -423,6 +423,11 @@ impl StageRunner {
     pub(super) fn stop_calls(&self) {
         self.valve.close();
         self.halted.send_replace(true);
+        // Handlers holding items pending (a sink's open files) finish them
+        // now. Those of a sink share one target, so the idle ones reach it.
+        for handler in lock(&self.pool).iter() {
+            handler.flush();
+        }
     }
 
     /// Sleeps `delay`, or less if shutdown begins meanwhile (the caller

@@ -77,6 +77,11 @@ impl Metrics {
             partition_lags: std::sync::Mutex::default(),
             connector_up: Family::default(),
             connector_outages: Family::default(),
+            sink_objects: Family::default(),
+            sink_object_bytes: Family::default(),
+            sink_object_records: Family::default(),
+            sink_open_files: Family::default(),
+            sink_oldest_unflushed: Family::default(),
             store_memory: Family::default(),
             store_tables: Family::default(),
             store_levels: Family::default(),
@@ -231,6 +236,31 @@ impl Metrics {
             "sluice_connector_outages",
             "Outages of a source's or sink's outside system",
             self.connector_outages.clone(),
+        );
+        registry.register(
+            "sluice_sink_objects",
+            "Objects an object-store sink completed in its store",
+            self.sink_objects.clone(),
+        );
+        registry.register(
+            "sluice_sink_object_bytes",
+            "Bytes of the objects an object-store sink completed",
+            self.sink_object_bytes.clone(),
+        );
+        registry.register(
+            "sluice_sink_object_records",
+            "Records in the objects an object-store sink completed",
+            self.sink_object_records.clone(),
+        );
+        registry.register(
+            "sluice_sink_open_files",
+            "Files an object-store sink is filling",
+            self.sink_open_files.clone(),
+        );
+        registry.register(
+            "sluice_sink_oldest_unflushed_seconds",
+            "How long the oldest record not yet in the store has waited in an object-store sink's open file",
+            self.sink_oldest_unflushed.clone(),
         );
     }
 

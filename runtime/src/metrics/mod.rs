@@ -114,6 +114,19 @@ pub struct Metrics {
     pub connector_up: Family<ConnectorLabels, Gauge>,
     /// `sluice_connector_outages_total{connector}`.
     pub connector_outages: Family<ConnectorLabels, Counter>,
+    /// `sluice_sink_objects_total{connector}`: objects an object-store
+    /// sink completed in its store.
+    pub sink_objects: Family<ConnectorLabels, Counter>,
+    /// `sluice_sink_object_bytes_total{connector}`: their bytes.
+    pub sink_object_bytes: Family<ConnectorLabels, Counter>,
+    /// `sluice_sink_object_records_total{connector}`: the records in them.
+    pub sink_object_records: Family<ConnectorLabels, Counter>,
+    /// `sluice_sink_open_files{connector}`: files an object-store sink is
+    /// filling.
+    pub sink_open_files: Family<ConnectorLabels, Gauge>,
+    /// `sluice_sink_oldest_unflushed_seconds{connector}`: how long the
+    /// oldest record not yet in the store has waited in an open file.
+    pub sink_oldest_unflushed: Family<ConnectorLabels, Gauge<f64, AtomicU64>>,
     /// `sluice_store_memory_bytes{keyspace,part}`: what the embedded
     /// store holds in memory, read at scrape time.
     pub store_memory: Family<StoreMemoryLabels, Gauge>,

@@ -15,6 +15,7 @@ pub mod mqtt;
 pub mod mqtt_topic;
 pub mod names;
 pub mod nats;
+pub mod object_store;
 pub mod postgres;
 pub mod postgres_statement;
 pub mod redis;
@@ -326,12 +327,27 @@ pub struct SinkDef {
     /// from all in-sync replicas).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kafka: Option<kafka::KafkaSinkConfig>,
+    /// Write messages to object storage (S3, GCS, Azure, files): rolling
+    /// JSON-lines or Parquet files, or one object each. A message is acked
+    /// once the file holding it is complete in the store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_store: Option<object_store::ObjectStoreSinkConfig>,
 }
 
 connector_blocks!(
     SinkDef,
     SinkBlock,
-    [http, postgres, redis, mqtt, nats, sqs, amqp, kafka]
+    [
+        http,
+        postgres,
+        redis,
+        mqtt,
+        nats,
+        sqs,
+        amqp,
+        kafka,
+        object_store
+    ]
 );
 
 impl SinkDef {
@@ -354,16 +370,38 @@ impl SinkDef {
             retry: self.retry.clone(),
             dlq: self.dlq.clone(),
             ordering: self.ordering.clone(),
-            batch: self.batch.clone(),
+            batch: self.batch.clone().or_else(|| self.default_batch()),
             timeout: self.timeout,
             memory: default_memory(),
-            max_ack_pending: self.max_ack_pending,
+            max_ack_pending: self.max_ack_pending.or_else(|| self.default_in_flight()),
             rate: self.rate.clone(),
             // A target's `429 Retry-After` holds a sink in any case.
             hold_on_retry_after: false,
             dedup: self.dedup.clone(),
             sink: Some(Arc::new(self.clone())),
         }
+    }
+}
+
+impl SinkDef {
+    /// The batch a sink runs with when `batch:` is not given: none, but
+    /// for an object-store sink, whose writes go into open files (one call
+    /// a record would be slow for no gain).
+    fn default_batch(&self) -> Option<Batch> {
+        self.object_store.as_ref().map(|_| Batch {
+            max: std::num::NonZeroU32::new(500).unwrap_or(std::num::NonZeroU32::MIN),
+            wait: HumanDuration::millis(50),
+        })
+    }
+
+    /// The deliveries a sink holds unacked when `max_ack_pending` is not
+    /// given: the engine's default, but for an object-store sink, whose
+    /// records wait in open files until the file is uploaded: enough for
+    /// a file to reach `roll.max_records` (and one batch more).
+    fn default_in_flight(&self) -> Option<u32> {
+        let roll = &self.object_store.as_ref()?.roll;
+        let batch = self.batch.as_ref().map_or(500, |b| u64::from(b.max.get()));
+        Some(u32::try_from(roll.max_records.get().saturating_add(batch)).unwrap_or(u32::MAX))
     }
 }
 

@@ -18,6 +18,9 @@ use crate::engine::settle::Next;
 use crate::plugin::Message as PluginMessage;
 use crate::state::StateWrites;
 
+/// Per job of a batch call, the outcome still to come, if it is pending.
+type Pending = Vec<Option<crate::engine::handler::PendingOutcome>>;
+
 /// How one try of a delivery ended, before its settle.
 #[allow(
     clippy::large_enum_variant,
@@ -237,12 +240,24 @@ impl StageRunner {
                 jobs.iter()
                     .map(|job| job.delivery.message.headers.as_slice()),
             );
-            let Some(outcomes) = self.call_batch(&jobs).await else {
+            let Some((mut outcomes, pending)) = self.call_batch(&jobs).await else {
                 // Shutdown began: no call starts; `drain` hands them back.
                 return;
             };
             // The span is the call's.
             drop(span);
+            // Items the handler took but has not finished (records in an
+            // open file) are waited for here, with the worker slot free
+            // and their leases kept by the heartbeat.
+            let waits = pending
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, pending)| pending.map(|p| async move { (i, p.await) }));
+            for (i, outcome) in futures_util::future::join_all(waits).await {
+                if let Some(slot) = outcomes.get_mut(i) {
+                    *slot = outcome;
+                }
+            }
             let mut held = Vec::new();
             let mut settled = Vec::with_capacity(jobs.len());
             let mut wait = Duration::ZERO;
@@ -309,8 +324,10 @@ impl StageRunner {
     }
 
     /// One handler call for `jobs` under a worker slot: an outcome per job,
-    /// in order. `None` if shutdown began before the call could start.
-    async fn call_batch(&self, jobs: &[Job]) -> Option<Vec<crate::plugin::Outcome>> {
+    /// in order, and the jobs whose outcome is still pending (see
+    /// [`StageHandler::take_pending`]). `None` if shutdown began before the
+    /// call could start.
+    async fn call_batch(&self, jobs: &[Job]) -> Option<(Vec<crate::plugin::Outcome>, Pending)> {
         let first = &jobs.first()?.delivery.message;
         if !self
             .wait_turn(first, u32::try_from(jobs.len()).unwrap_or(u32::MAX))
@@ -369,24 +386,33 @@ impl StageRunner {
                 .find(|outcome| outcome.is_err())
                 .unwrap_or(&ok),
         );
-        if let Some(handler) = handler {
+        let mut pending = Vec::new();
+        if let Some(mut handler) = handler {
+            pending = handler.take_pending();
             lock(&self.pool).push(handler);
         }
         let mut handled = handled.into_iter();
-        Some(
-            failed
-                .into_iter()
-                .map(|failure| match failure {
-                    Some(failure) => Err(failure),
-                    None => handled.next().unwrap_or_else(|| {
+        let mut pending = pending.into_iter();
+        let mut waiting = Vec::with_capacity(jobs.len());
+        let outcomes = failed
+            .into_iter()
+            .map(|failure| match failure {
+                Some(failure) => {
+                    waiting.push(None);
+                    Err(failure)
+                }
+                None => {
+                    waiting.push(pending.next().flatten());
+                    handled.next().unwrap_or_else(|| {
                         Err(crate::Failure::new(
                             crate::FailureKind::Trap,
                             "no outcome returned",
                         ))
-                    }),
-                })
-                .collect(),
-        )
+                    })
+                }
+            })
+            .collect();
+        Some((outcomes, waiting))
     }
 
     fn take_handler(&self) -> Option<Box<dyn StageHandler>> {
