@@ -231,7 +231,7 @@ async fn preload(js: &jetstream::Context, subject: &str) {
 }
 
 /// Waits until the server has applied every ack of `consumer`.
-async fn settled(consumer: &PullConsumer) {
+async fn acks_applied(consumer: &PullConsumer) {
     loop {
         let info = consumer.get_info().await.expect("consumer info");
         if info.num_ack_pending == 0 && info.num_pending == 0 {
@@ -308,7 +308,7 @@ async fn raw_loop(url: &str, sample: usize) -> f64 {
         })
         .await;
     client.flush().await.expect("flush");
-    settled(&consumer).await;
+    acks_applied(&consumer).await;
     let rate = MESSAGES as f64 / started.elapsed().as_secs_f64();
     for subject in [&input, &output] {
         js.delete_stream(subject.replace('.', "_"))
@@ -393,7 +393,7 @@ async fn sluice_stage(
         tokio::time::sleep(POLL).await;
     }
     broker.flush().await.expect("flush");
-    settled(&consumer).await;
+    acks_applied(&consumer).await;
     let rate = MESSAGES as f64 / started.elapsed().as_secs_f64();
     engine.shutdown().await;
     for topic in [&input, &output, &dlq] {

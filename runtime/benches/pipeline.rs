@@ -16,7 +16,7 @@
 //!   message, i.e. a rate ratio ≥ 0.77.
 //! - **batch vs unbatched**: a batch stage (`batch: {max: 64}`, the
 //!   `upper-batch` plugin) against the same logic unbatched (`uppercase`),
-//!   durable (`sync: always`). A batch's items are settled together, so
+//!   durable (`sync: always`). A batch's items are completed together, so
 //!   their fsyncs fold into the group commit. Target: batch ≥ 1.0 ×
 //!   unbatched.
 //! - **languages**: the same uppercase stage (durable, 40,000 × 64 B) with

@@ -655,7 +655,7 @@ const STEADY: Duration = Duration::from_secs(4);
 /// The time watched after a leave and after a join: longer than two
 /// heartbeat intervals of the source's default (`session_timeout` 10 s,
 /// heartbeats every 3.3 s) and the group's rebalance after them.
-const SETTLE: Duration = Duration::from_secs(15);
+const WATCH: Duration = Duration::from_secs(15);
 
 /// `SLUICE_BENCH_VERBOSE` is set: the rebalance figure also prints each
 /// cycle's gaps per partition and the daemons' and the broker's logs.
@@ -757,10 +757,10 @@ fn rebalance(rt: &tokio::runtime::Runtime, brokers: &str, cycles: usize) {
         b.term();
         b.wait();
         let exit_ms = now_ms() - leave;
-        std::thread::sleep(SETTLE.saturating_sub(left.elapsed()));
+        std::thread::sleep(WATCH.saturating_sub(left.elapsed()));
         let (join, joined) = (now_ms(), Instant::now());
         b.restart();
-        std::thread::sleep(SETTLE.saturating_sub(joined.elapsed()));
+        std::thread::sleep(WATCH.saturating_sub(joined.elapsed()));
         times.push(Cycle {
             steady,
             leave,
@@ -844,7 +844,7 @@ fn rebalance(rt: &tokio::runtime::Runtime, brokers: &str, cycles: usize) {
         "| event | nothing new on any partition, ms: median (max) | one partition without anything new, ms: median (max) | per cycle (any / one) |"
     );
     println!("|---|---|---|---|");
-    let after = SETTLE.as_secs();
+    let after = WATCH.as_secs();
     for (name, rows) in [
         (
             format!("steady, the {} s before each leave", STEADY.as_secs()),

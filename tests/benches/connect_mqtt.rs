@@ -160,7 +160,7 @@ async fn raw_loop(port: u16, n: usize, batch: usize, run: &str) -> f64 {
     let producer = tokio::spawn(produce(port, format!("raw-prod-{run}"), input, n));
     // Forwarded but not yet acknowledged downstream, in publish order:
     // mosquitto answers QoS 1 publishes of one connection in order, so
-    // each PUBACK settles the oldest, whose input is then acked.
+    // each PUBACK acks the oldest, whose input is then acked.
     let mut received: VecDeque<Publish> = VecDeque::new();
     let mut in_flight: VecDeque<Publish> = VecDeque::new();
     let mut done = 0usize;

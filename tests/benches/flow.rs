@@ -400,13 +400,13 @@ fn adaptive() {
     let drop_at = t0 + phase;
     let (served_high, refused_high) = phase_figures(&answers, t0, drop_at);
     let (served_low, refused_low) = phase_figures(&answers, drop_at, drop_at + phase);
-    // Settled: from the first sample at or under the new capacity on.
-    let settle = limits
+    // Converged: from the first sample at or under the new capacity on.
+    let converged = limits
         .iter()
         .find(|(at, limit)| *at >= phase && (*limit as usize) <= low)
         .map(|(at, _)| at.saturating_sub(phase));
-    let settled_from = settle.map_or(drop_at + phase, |d| drop_at + d);
-    let (_, refused_settled) = phase_figures(&answers, settled_from, drop_at + phase);
+    let converged_from = converged.map_or(drop_at + phase, |d| drop_at + d);
+    let (_, refused_converged) = phase_figures(&answers, converged_from, drop_at + phase);
     let range = |from: Duration, to: Duration| {
         let within: Vec<u64> = limits
             .iter()
@@ -422,9 +422,9 @@ fn adaptive() {
         )
     };
     // The first phase's second half (past slow start), and the second
-    // phase's after it settled.
+    // phase's after it converged.
     let (h_min, h_med, h_max) = range(phase / 2, phase);
-    let (l_min, l_med, l_max) = range(settle.map_or(phase * 2, |d| phase + d), phase * 2);
+    let (l_min, l_med, l_max) = range(converged.map_or(phase * 2, |d| phase + d), phase * 2);
     let reached_high = limits
         .iter()
         .find(|(_, l)| *l as usize >= high * 9 / 10)
@@ -452,7 +452,7 @@ fn adaptive() {
         high * 9 / 10
     );
     println!(
-        "| {low} at once, adaptive | {served_low:.0} | {:.2} | {refused_low:.2} % ({refused_settled:.2} % once settled) | {l_min} / {l_med} / {l_max} once settled |",
+        "| {low} at once, adaptive | {served_low:.0} | {:.2} | {refused_low:.2} % ({refused_converged:.2} % once settled) | {l_min} / {l_med} / {l_max} once settled |",
         served_low / best_low
     );
     for (capacity, runs) in [(high, &fixed_high), (low, &fixed_low)] {
@@ -465,6 +465,6 @@ fn adaptive() {
     }
     println!(
         "\nThe limit came down to {low} {} after the drop.",
-        settle.map_or_else(|| "never".into(), |d| format!("{:.2} s", d.as_secs_f64()))
+        converged.map_or_else(|| "never".into(), |d| format!("{:.2} s", d.as_secs_f64()))
     );
 }

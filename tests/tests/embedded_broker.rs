@@ -153,7 +153,7 @@ async fn fan_out_consumers_are_independent() {
         .await
         .expect("consumer");
     publish_ids(&b, "in", &["1", "2", "3", "4"]).await;
-    // The slow consumer takes one and never settles it.
+    // The slow consumer takes one and never answers it.
     let slow = fetch_n(&b, "p.slow", 1).await;
     assert_eq!(ids(&slow), ["1"]);
     // The fast one gets everything and acks it.
@@ -244,7 +244,7 @@ async fn nak_redelivers_after_the_delay() {
     b.nak(&ds[1].receipt, Duration::from_millis(300))
         .await
         .expect("nak");
-    // A nak settles the receipt.
+    // A nak answers the receipt.
     assert!(matches!(
         b.ack(&ds[1].receipt).await,
         Err(BrokerError::LeaseLost(_))
@@ -314,7 +314,7 @@ async fn complete_publishes_outputs_and_acks() {
 }
 
 #[tokio::test]
-async fn complete_all_settles_each_item_with_its_own_result() {
+async fn complete_all_completes_each_item_with_its_own_result() {
     let dir = tempfile::tempdir().expect("tempdir");
     let b = setup(dir.path(), SyncMode::Always, Duration::from_millis(300)).await;
     b.ensure_topic(&topic("out")).await.expect("topic");
@@ -359,7 +359,7 @@ async fn complete_all_settles_each_item_with_its_own_result() {
 }
 
 #[tokio::test]
-async fn dead_letter_publishes_the_entry_and_settles() {
+async fn dead_letter_publishes_the_entry_and_answers_the_receipt() {
     let dir = tempfile::tempdir().expect("tempdir");
     let b = setup(dir.path(), SyncMode::Always, Duration::from_millis(200)).await;
     b.ensure_topic(&topic("p.s.dlq")).await.expect("topic");
@@ -459,7 +459,7 @@ async fn max_ack_pending_limits_deliveries() {
     let ds = b.fetch("p.s", 10, ARRIVE).await.expect("fetch");
     assert_eq!(ids(&ds), ["a", "b"]);
     assert!(b.fetch("p.s", 10, QUIET).await.expect("fetch").is_empty());
-    // A waiting fetch is woken when a lease is settled.
+    // A waiting fetch is woken when a lease is answered.
     let waiter = {
         let b = b.clone();
         tokio::spawn(async move { b.fetch("p.s", 10, ARRIVE).await })
@@ -470,7 +470,7 @@ async fn max_ack_pending_limits_deliveries() {
 }
 
 #[tokio::test]
-async fn acked_messages_are_removed_once_every_consumer_settled_them() {
+async fn acked_messages_are_removed_once_every_consumer_completed_them() {
     let dir = tempfile::tempdir().expect("tempdir");
     let b = setup(dir.path(), SyncMode::Os, LONG).await;
     b.ensure_consumer(&consumer("p.t", "in", LONG))
@@ -623,19 +623,19 @@ async fn reopen_keeps_messages_cursors_and_delivery_counts() {
     }
 }
 
-/// A redelivered message (it has a pending record) settled while an
+/// A redelivered message (it has a pending record) completed while an
 /// earlier first delivery still holds the consumer's floor below it stays
-/// settled across a restart: its ack must not be undone by the removal of
+/// completed across a restart: its ack must not be undone by the removal of
 /// its record. (It came back before, and only the duplicate window kept
 /// its outputs from being published twice.)
 #[tokio::test]
-async fn a_redelivery_settled_above_the_floor_stays_settled_after_a_restart() {
+async fn a_redelivery_completed_above_the_floor_stays_completed_after_a_restart() {
     for sync in [SyncMode::Always, SyncMode::Os] {
         let dir = tempfile::tempdir().expect("tempdir");
         let b = setup(dir.path(), sync, LONG).await;
         publish_ids(&b, "in", &["a", "b"]).await;
         let first = fetch_n(&b, "p.s", 2).await;
-        // "b" is redelivered (so it gets a pending record) and settled;
+        // "b" is redelivered (so it gets a pending record) and completed;
         // "a", a first delivery, stays out and holds the floor.
         b.nak(&first[1].receipt, Duration::ZERO).await.expect("nak");
         let again = fetch_n(&b, "p.s", 1).await;
@@ -649,13 +649,13 @@ async fn a_redelivery_settled_above_the_floor_stays_settled_after_a_restart() {
         let more = b.fetch("p.s", 10, QUIET).await.expect("fetch");
         assert!(
             more.is_empty(),
-            "{sync:?}: a settled message came back: {:?}",
+            "{sync:?}: a completed message came back: {:?}",
             ids(&more)
         );
     }
 }
 
-/// A paused consumer delivers nothing, lets a lease already out settle,
+/// A paused consumer delivers nothing, lets a lease already out be answered,
 /// and stays paused across a reopen and a new `ensure_consumer` (what a
 /// restart does); a resume wakes a fetch that is waiting.
 #[tokio::test]
@@ -667,7 +667,9 @@ async fn a_pause_holds_deliveries_survives_a_reopen_and_a_resume_wakes_a_fetch()
     b.set_paused("p.s", true).await.expect("pause");
     publish_ids(&b, "in", &["b", "c"]).await;
     assert!(b.fetch("p.s", 10, QUIET).await.expect("fetch").is_empty());
-    b.ack(&held[0].receipt).await.expect("a lease out settles");
+    b.ack(&held[0].receipt)
+        .await
+        .expect("a lease out is answered");
     let stats = b.consumer_stats("p.s").await.expect("stats");
     assert!(stats.paused);
     assert_eq!((stats.pending, stats.in_flight), (2, 0));
@@ -1184,12 +1186,12 @@ fn torn_journal_tail_is_recovered_sync_os() {
     torn_tail_test("torn_journal_tail_is_recovered_sync_os", SyncMode::Os);
 }
 
-/// Many workers on two consumers of one topic, settling at random: ack,
+/// Many workers on two consumers of one topic, answering at random: ack,
 /// complete, nak, term, or let the lease expire. Every message is finished
 /// by each consumer, nothing is finished twice, attempts only grow, and at
 /// the end both consumers are empty and retention has emptied the topic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_workers_settle_everything_once() {
+async fn concurrent_workers_answer_everything_once() {
     use std::collections::HashMap;
     use std::sync::Mutex;
     const N: usize = 3000;
@@ -1409,16 +1411,16 @@ async fn dedup_records_take_complete_release_expire_and_survive_a_restart() {
 
 // ---------------------------------------------------------------------
 // First deliveries have no pending records: the consumer's floor and its
-// settled runs say what was settled. Settles out of order must be as
-// durable as in order, across a SIGKILL.
+// completed runs (the `settled` keyspace) say what was completed.
+// Completes out of order must be as durable as in order, across a SIGKILL.
 // ---------------------------------------------------------------------
 
 /// Set in the child of the out-of-order test: `<data dir>`.
 const FLOOR_CHILD_ENV: &str = "SLUICE_EMBEDDED_FLOOR_CHILD";
 
 /// Publishes f0..f29 (seqs 1..30), fetches them all, completes f29 down
-/// to f10 (each with an output) and then f5, prints `SETTLED` and waits
-/// to be killed. The settles run out of order while f0..f9 are still out.
+/// to f10 (each with an output) and then f5, prints `COMPLETED` and waits
+/// to be killed. The completes run out of order while f0..f9 are still out.
 fn floor_child(dir: &str) {
     use std::io::Write;
     let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -1443,14 +1445,14 @@ fn floor_child(dir: &str) {
                 .await
                 .expect("complete");
         }
-        println!("SETTLED");
+        println!("COMPLETED");
         std::io::stdout().flush().expect("flush");
         tokio::time::sleep(Duration::from_secs(600)).await;
     });
 }
 
 #[test]
-fn settles_out_of_order_survive_a_kill_9_and_only_the_unsettled_come_back() {
+fn completes_out_of_order_survive_a_kill_9_and_only_the_unanswered_come_back() {
     use std::io::BufRead;
     use std::process::{Command, Stdio};
     if let Ok(dir) = std::env::var(FLOOR_CHILD_ENV) {
@@ -1461,7 +1463,7 @@ fn settles_out_of_order_survive_a_kill_9_and_only_the_unsettled_come_back() {
     let mut child = Command::new(std::env::current_exe().expect("current_exe"))
         .args([
             "--exact",
-            "settles_out_of_order_survive_a_kill_9_and_only_the_unsettled_come_back",
+            "completes_out_of_order_survive_a_kill_9_and_only_the_unanswered_come_back",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -1471,13 +1473,13 @@ fn settles_out_of_order_survive_a_kill_9_and_only_the_unsettled_come_back() {
         .spawn()
         .expect("spawn child");
     let stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-    let settled = stdout
+    let completed = stdout
         .lines()
         .map_while(Result::ok)
-        .any(|line| line.ends_with("SETTLED"));
+        .any(|line| line.ends_with("COMPLETED"));
     child.kill().expect("SIGKILL the child");
     child.wait().expect("wait");
-    assert!(settled, "the child settled before it was killed");
+    assert!(completed, "the child completed before it was killed");
 
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
@@ -1507,20 +1509,20 @@ fn settles_out_of_order_survive_a_kill_9_and_only_the_unsettled_come_back() {
             .collect();
         assert_eq!(
             again, expected,
-            "exactly the unsettled first deliveries come back, at attempt 2"
+            "exactly the unanswered first deliveries come back, at attempt 2"
         );
     });
 }
 
 #[tokio::test]
-async fn a_clean_reopen_after_out_of_order_acks_delivers_only_what_is_unsettled() {
+async fn a_clean_reopen_after_out_of_order_acks_delivers_only_what_is_unanswered() {
     let dir = tempfile::tempdir().expect("tempdir");
     {
         let b = setup(dir.path(), SyncMode::Os, LONG).await;
         publish_ids(&b, "in", &["a", "b", "c", "d", "e"]).await;
         let ds = b.fetch("p.s", 5, ARRIVE).await.expect("fetch");
         assert_eq!(ds.len(), 5);
-        // b and d settled; a, c and e still out; e then nak'd.
+        // b and d completed; a, c and e still out; e then nak'd.
         b.ack(&ds[1].receipt).await.expect("ack b");
         b.ack(&ds[3].receipt).await.expect("ack d");
         b.nak(&ds[4].receipt, Duration::ZERO).await.expect("nak e");
@@ -1566,10 +1568,10 @@ fn state_write(delivery: &Delivery, key: &str, value: &str, read: u64) -> Comple
     completion
 }
 
-/// A read of a key that a settle in flight writes sees that write (it
+/// A read of a key that a complete in flight writes sees that write (it
 /// need not wait for its fsync), and a call that read it commits only if
-/// that settle committed first: a write that is refused is never the base
-/// of another. Each round sends a settle A (every other one with a stale
+/// that complete committed first: a write that is refused is never the base
+/// of another. Each round sends a complete A (every other one with a stale
 /// check, so it is refused), reads the key while A is (most likely) in
 /// flight, and commits B on what it read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1605,9 +1607,9 @@ async fn a_read_of_a_key_in_flight_sees_that_write_and_builds_only_on_a_committe
                 before_rev
             },
         );
-        let mut a_settle = Box::pin(b.complete(&a));
+        let mut a_complete = Box::pin(b.complete(&a));
         // One poll sends A to the committer; its reply needs an fsync.
-        let early = futures_util::poll!(&mut a_settle);
+        let early = futures_util::poll!(&mut a_complete);
         let seen = reader.get("p/s", "k").await.expect("get");
         let seen_rev = seen.as_ref().map_or(0, |e| e.revision);
         let saw_a = seen.as_ref().is_some_and(|e| e.value == a_value.as_bytes());
@@ -1620,7 +1622,7 @@ async fn a_read_of_a_key_in_flight_sees_that_write_and_builds_only_on_a_committe
         let b_result = b.complete(&b_call).await;
         let a_result = match early {
             std::task::Poll::Ready(result) => result,
-            std::task::Poll::Pending => a_settle.await,
+            std::task::Poll::Pending => a_complete.await,
         };
         assert_eq!(a_result.is_ok(), !a_stale, "round {round}: A: {a_result:?}");
         if saw_a {

@@ -160,7 +160,7 @@ stages:
 
 /// Waits until `topic` stores at least `n` messages, then a little longer so
 /// that a duplicate arriving late would be seen, and reads them all.
-fn settle_and_read(daemon: &Daemon, topic: &str, n: usize) -> Vec<Value> {
+fn wait_and_read(daemon: &Daemon, topic: &str, n: usize) -> Vec<Value> {
     daemon.wait_until(&format!("{n} messages in {topic}"), LONG, |d| {
         d.depth(topic) >= n
     });
@@ -307,7 +307,7 @@ fn a_flood_meets_429_with_retry_after_and_every_accepted_message_is_processed_on
         .map(|id| emit_id("flood", "work", id, 0))
         .collect();
     assert_eq!(expected.len(), MESSAGES, "every message was accepted once");
-    let outputs = settle_and_read(&daemon, "out", MESSAGES);
+    let outputs = wait_and_read(&daemon, "out", MESSAGES);
     let drain_time = started.elapsed();
     done.store(true, Ordering::Relaxed);
     let (rss, max_depth) = sampler.join().expect("sampler");
@@ -581,7 +581,7 @@ fn a_repeated_idempotency_key_is_accepted_but_enqueued_and_processed_once(backen
         .iter()
         .map(|id| emit_id("dup", "work", id, 0))
         .collect();
-    let outputs = settle_and_read(&daemon, "out", expected.len());
+    let outputs = wait_and_read(&daemon, "out", expected.len());
     assert_exactly_once("out", &outputs, &expected);
     let first = outputs
         .iter()
@@ -604,7 +604,7 @@ fn a_repeated_idempotency_key_is_accepted_but_enqueued_and_processed_once(backen
     let late: Value = response.json().expect("receipt");
     assert_eq!(late["duplicates"], 1, "{late}");
     assert_eq!(last_seq("in"), start + 4, "nothing more stored");
-    let outputs = settle_and_read(&daemon, "out", expected.len());
+    let outputs = wait_and_read(&daemon, "out", expected.len());
     assert_exactly_once("out", &outputs, &expected);
 }
 

@@ -183,7 +183,7 @@ async fn stage_with_dlq(server: &NatsServer, spec: &ConsumerSpec) -> std::sync::
 }
 
 /// A pause is JetStream's own: a second broker (another daemon) sees it,
-/// a lease already out still settles, provisioning again (a restart)
+/// a lease already out can still be answered, provisioning again (a restart)
 /// keeps it, and a resume delivers what waited.
 #[tokio::test]
 async fn a_pause_holds_for_every_daemon_and_survives_provisioning() {
@@ -203,7 +203,9 @@ async fn a_pause_holds_for_every_daemon_and_survives_provisioning() {
     .await
     .expect("publish");
     assert!(b.fetch("p.s", 10, WAIT).await.expect("fetch").is_empty());
-    b.ack(&held[0].receipt).await.expect("a lease out settles");
+    b.ack(&held[0].receipt)
+        .await
+        .expect("a lease out is answered");
 
     let other = stage_with_dlq(&server, &spec).await;
     assert!(other.consumer_stats("p.s").await.expect("stats").paused);
@@ -337,7 +339,7 @@ async fn delayed_messages_are_schedules_that_survive_a_server_kill_and_keep_thei
 }
 
 #[tokio::test]
-async fn messages_are_plain_nats_messages_and_settle_as_asked() {
+async fn messages_are_plain_nats_messages_and_are_answered_as_asked() {
     let server = NatsServer::start().expect("nats-server");
     let mut spec = consumer("p.s", "in", Duration::from_secs(30));
     spec.filter = BTreeMap::from([("region".to_owned(), "eu".to_owned())]);
@@ -424,7 +426,7 @@ async fn messages_are_plain_nats_messages_and_settle_as_asked() {
         stats = b.consumer_stats("p.s").await.expect("stats");
     }
     assert_eq!((stats.pending, stats.in_flight), (0, 0), "{stats:?}");
-    // Interest retention: once the only consumer settled both, they are gone.
+    // Interest retention: once the only consumer answered both, they are gone.
     let topic = b.topic_stats("in").await.expect("topic stats");
     assert_eq!(topic.depth, 0, "{topic:?}");
 }

@@ -108,7 +108,7 @@ fn assert_exactly_once(out: &[Stored], prefix: &str, n: usize) {
 
 /// Waits until all `n` outputs are stored and the stage's consumer has
 /// nothing left, delivered or not; returns the consumer's final counts.
-fn wait_settled(watcher: &Watcher, n: usize, log: impl Fn() -> String) -> ConsumerState {
+fn wait_all_acked(watcher: &Watcher, n: usize, log: impl Fn() -> String) -> ConsumerState {
     let n = n as u64;
     let started = Instant::now();
     loop {
@@ -123,7 +123,7 @@ fn wait_settled(watcher: &Watcher, n: usize, log: impl Fn() -> String) -> Consum
         }
         assert!(
             started.elapsed() < LONG,
-            "not settled: `out` holds {depth:?} of {n}; consumer {consumer:?}\n{}",
+            "not all acked: `out` holds {depth:?} of {n}; consumer {consumer:?}\n{}",
             log()
         );
         std::thread::sleep(Duration::from_millis(200));
@@ -176,7 +176,7 @@ fn two_daemons_one_killed_three_times_lose_nothing_and_duplicate_nothing() {
             victim.restart();
         }
     });
-    let consumer = wait_settled(&watcher, n, || logs(&[&survivor, &victim]));
+    let consumer = wait_all_acked(&watcher, n, || logs(&[&survivor, &victim]));
     let out = watcher.read_all("out");
     assert_exactly_once(&out, "c", n);
     assert_eq!(
@@ -282,7 +282,7 @@ fn nats_server_restart_mid_run_resumes_within_10s_and_loses_nothing() {
          after the server was ready"
     );
 
-    let consumer = wait_settled(&watcher, n, || daemon.log());
+    let consumer = wait_all_acked(&watcher, n, || daemon.log());
     assert_exactly_once(&watcher.read_all("out"), "r", n);
     assert_eq!(
         watcher.answered_depth(&format!("{PIPELINE}.{STAGE}.dlq")),
@@ -350,7 +350,7 @@ fn cluster_r3_survives_the_loss_of_a_node_and_loses_nothing() {
          with `out` at {after_kill} of {n}"
     );
 
-    let consumer = wait_settled(&watcher, n, || daemon.log());
+    let consumer = wait_all_acked(&watcher, n, || daemon.log());
     assert_exactly_once(&watcher.read_all("out"), "n", n);
     assert_eq!(
         watcher.answered_depth(&format!("{PIPELINE}.{STAGE}.dlq")),

@@ -218,7 +218,7 @@ on_both_brokers!(
     thirty_second_handlers_are_abandoned_at_the_deadline_and_redelivered,
 );
 
-/// NATS, with the nats-server killed while handlers run: settles, naks and
+/// NATS, with the nats-server killed while handlers run: completes, naks and
 /// the final flush cannot reach it, and SIGTERM still exits within the
 /// deadline (it hung 2 min 24 s before, until the server came back). With
 /// the server back and the daemon restarted, nothing was lost.
@@ -234,7 +234,7 @@ fn nats_down_sigterm_still_keeps_the_deadline_and_loses_nothing() {
     daemon.publish("in", &inputs("d", n));
     daemon.wait_until("two calls running", LONG, |d| call_starts(&d.log()) >= 2);
     server.kill().expect("kill nats-server");
-    // Let the running calls (2 s each) end and their settles hang on the
+    // Let the running calls (2 s each) end and their completes hang on the
     // dead server: setup for the drain below, not a check; 3 s outlasts
     // the calls.
     std::thread::sleep(Duration::from_secs(3));

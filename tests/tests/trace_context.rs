@@ -78,7 +78,7 @@ fn find(daemon: &Daemon, topic: &str, id: &str) -> Value {
 
 fn context_travels_through_every_stage_into_the_dlq(backend: &Backend) {
     let daemon = Daemon::with_yaml(&yaml()).on(backend).start();
-    // Settled messages leave their topic: each stage is held paused until
+    // Completed messages leave their topic: each stage is held paused until
     // the topic before it has been looked at.
     for stage in STAGES {
         daemon.post(&format!("/v1/stages/traced/{stage}/pause"), json!({}));
