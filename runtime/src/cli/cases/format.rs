@@ -223,55 +223,52 @@ pub(crate) struct FailsExpect {
     pub message: Option<String>,
 }
 
-/// One expected emit. Each field given is compared; a field left out is
-/// not checked.
-#[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct ExpectedEmit {
-    /// The output topic, by name (the default output is its real name).
-    #[serde(
-        default,
-        deserialize_with = "some",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub topic: Option<String>,
-    /// The key; `null` expects none.
-    #[serde(
-        default,
-        deserialize_with = "some",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub key: Option<Option<String>>,
-    /// Every header, in order (`{}`: none).
-    #[serde(
-        default,
-        deserialize_with = "some",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub headers: Option<Headers>,
-    /// The payload, as UTF-8 text.
-    #[serde(
-        default,
-        deserialize_with = "some",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub payload: Option<String>,
-    /// The payload, as standard base64.
-    #[serde(
-        default,
-        deserialize_with = "some",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub payload_base64: Option<String>,
-    /// The payload parsed as JSON equals this value (key order, spacing
-    /// and how a number is written, `10` or `10.0`, do not matter; `null`
-    /// expects JSON `null`).
-    #[serde(
-        default,
-        deserialize_with = "some",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub payload_json: Option<serde_json::Value>,
+/// Declares a struct whose fields are all read one way: a field left out
+/// is `None` (not checked, and not written back), and a field given is
+/// `Some`, even when its value is `null` (see [`some`]).
+macro_rules! present_fields {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $($(#[$field_meta:meta])* pub $field:ident: $ty:ty,)*
+        }
+    ) => {
+        $(#[$meta])*
+        $vis struct $name {
+            $(
+                $(#[$field_meta])*
+                #[serde(
+                    default,
+                    deserialize_with = "some",
+                    skip_serializing_if = "Option::is_none"
+                )]
+                pub $field: $ty,
+            )*
+        }
+    };
+}
+
+present_fields! {
+    /// One expected emit. Each field given is compared; a field left out is
+    /// not checked.
+    #[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    pub(crate) struct ExpectedEmit {
+        /// The output topic, by name (the default output is its real name).
+        pub topic: Option<String>,
+        /// The key; `null` expects none.
+        pub key: Option<Option<String>>,
+        /// Every header, in order (`{}`: none).
+        pub headers: Option<Headers>,
+        /// The payload, as UTF-8 text.
+        pub payload: Option<String>,
+        /// The payload, as standard base64.
+        pub payload_base64: Option<String>,
+        /// The payload parsed as JSON equals this value (key order, spacing
+        /// and how a number is written, `10` or `10.0`, do not matter; `null`
+        /// expects JSON `null`).
+        pub payload_json: Option<serde_json::Value>,
+    }
 }
 
 /// A `config:` map as a pipeline writes it: numbers and booleans are
