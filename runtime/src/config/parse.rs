@@ -233,11 +233,15 @@ fn all_serde_problems(tree: &Node, first: DeError) -> Vec<Problem> {
     problems
 }
 
-/// An error in a part a connector block flattens in (its `tls_ca`) falls
-/// back to the block's position: serde buffers a flattened part's values
-/// without positions. Such a problem is moved to the value, by reading
-/// each flattened part again on its own from the block's positioned YAML
-/// (the same error, now stamped where it is).
+/// An error in a part a connector block flattens in (its connection
+/// struct's `url`, its `tls_ca`) falls back to the block's position:
+/// serde buffers a flattened part's values without positions. Such a
+/// problem is moved to the value, by reading each of the block's
+/// flattened parts again on its own from the block's positioned YAML:
+/// the same error, now stamped where it is. serde words a few errors in
+/// buffered values its own way (an enum given a number: "expected string
+/// or map"); a problem at the block that is not a missing key is then the
+/// first part's error, in the part's words.
 fn at_flattened_value(tree: &Node, problem: &mut Problem) {
     use super::connectors::FLATTENED_PARTS;
     let blocks = [("sources", SourceDef::KINDS), ("sinks", SinkDef::KINDS)]
@@ -247,19 +251,31 @@ fn at_flattened_value(tree: &Node, problem: &mut Problem) {
             _ => None,
         })
         .flatten()
-        .flat_map(|(item, kinds)| kinds.iter().filter_map(|kind| field(item, kind)))
-        .filter(|block| block.pos == problem.0 && matches!(block.kind, Kind::Map(_)));
-    for block in blocks {
-        for read in FLATTENED_PARTS {
-            if let Err(DeError {
-                pos: Some(pos),
-                message,
-            }) = read(block)
-                && message == problem.1
-            {
-                problem.0 = pos;
-                return;
-            }
+        .flat_map(|(item, kinds)| {
+            kinds
+                .iter()
+                .filter_map(move |kind| field(item, kind).map(|block| (*kind, block)))
+        })
+        .filter(|(_, block)| block.pos == problem.0 && matches!(block.kind, Kind::Map(_)));
+    for (kind, block) in blocks {
+        let errors: Vec<Problem> = FLATTENED_PARTS
+            .iter()
+            .filter(|(kinds, _)| kinds.is_none_or(|k| k == kind))
+            .filter_map(|(_, read)| match read(block) {
+                Err(DeError {
+                    pos: Some(pos),
+                    message,
+                }) if pos != block.pos => Some((pos, message)),
+                _ => None,
+            })
+            .collect();
+        let same = errors.iter().find(|(_, message)| *message == problem.1);
+        let reworded = errors
+            .first()
+            .filter(|_| !problem.1.starts_with("missing required field"));
+        if let Some(found) = same.or(reworded) {
+            *problem = found.clone();
+            return;
         }
     }
 }
@@ -437,6 +453,122 @@ mod tests {
             errs[0].starts_with("7:7: missing required field `stream`"),
             "{errs:?}"
         );
+    }
+
+    #[test]
+    fn an_error_in_a_connection_field_points_at_its_value() {
+        // Each connector's connection struct is flattened into its source
+        // and sink blocks: a bad value in it is reported where it is, in
+        // the words a plain field gets.
+        let cases: [(&str, &str, &[&str], &str, &str); 9] = [
+            (
+                "sinks",
+                "redis",
+                &["stream: s"],
+                "url: [1]",
+                "expected a string",
+            ),
+            (
+                "sources",
+                "redis",
+                &["stream: s", "group: g"],
+                "url: [1]",
+                "expected a string",
+            ),
+            (
+                "sinks",
+                "nats",
+                &["subject: s", "url: nats://h:4222"],
+                "creds: [1]",
+                "expected path string",
+            ),
+            (
+                "sources",
+                "mqtt",
+                &["topic: t"],
+                "url: [1]",
+                "expected a string",
+            ),
+            (
+                "sinks",
+                "mqtt",
+                &["topic: t", "url: mqtt://h:1883"],
+                "keep_alive: 5",
+                "`5` has no unit",
+            ),
+            (
+                "sources",
+                "postgres",
+                &["outbox: o", "url: postgres://u@h/db"],
+                "statement_timeout: 5",
+                "`5` has no unit",
+            ),
+            (
+                "sinks",
+                "sqs",
+                &["queue_url: http://h/1/q"],
+                "region: [1]",
+                "expected a string",
+            ),
+            (
+                "sources",
+                "kafka",
+                &["topic: t", "group: g", "brokers: h:9092"],
+                "security: 5",
+                "expected enum Security",
+            ),
+            (
+                "sinks",
+                "amqp",
+                &["exchange: x", "routing_key: k"],
+                "url: [1]",
+                "expected a string",
+            ),
+        ];
+        for (list, kind, fields, bad, expected) in cases {
+            let to = if list == "sinks" { "subscribe" } else { "to" };
+            let mut text =
+                format!("name: p\ntopics: [a]\n{list}:\n  - name: x\n    {to}: a\n    {kind}:\n");
+            for line in fields.iter().chain([&bad]) {
+                text.push_str(&format!("      {line}\n"));
+            }
+            let key = bad.split(':').next().unwrap_or_default();
+            let at = format!("{}:{}: {expected}", 7 + fields.len(), 7 + key.len() + 2);
+            let errs = errors(&text);
+            assert_eq!(errs.len(), 1, "{kind} {list}: {errs:?}");
+            assert!(
+                errs[0].starts_with(&at),
+                "{kind} {list}: {errs:?}, not {at}"
+            );
+        }
+    }
+
+    #[test]
+    fn interpolated_values_reach_a_flattened_connection() {
+        use crate::config::connectors::mqtt::Version;
+        let text = "name: p\ntopics: [a]\nsources:\n  - name: in\n    to: a\n    mqtt:\n      \
+                    topic: t\n      url: ${URL:-mqtt://h:1883}\n      version: ${V:-3.1.1}\n      \
+                    keep_alive: ${K:-10s}\n      username: ${U:-5}\n";
+        let doc = parse_str(text, Path::new("."), &no_env).unwrap_or_else(|e| panic!("{e:?}"));
+        let Some(mqtt) = &doc.pipeline.sources[0].mqtt else {
+            panic!("an mqtt source");
+        };
+        let connection = &mqtt.connection;
+        assert_eq!(connection.url.to_string(), "mqtt://h:1883");
+        assert_eq!(connection.version, Version::V311);
+        assert_eq!(
+            connection.keep_alive.get(),
+            std::time::Duration::from_secs(10)
+        );
+        // A number-like value stays text where text is wanted.
+        assert_eq!(connection.username.as_deref(), Some("5"));
+        let five = text.replace("${V:-3.1.1}", "${V:-5}");
+        let doc = parse_str(&five, Path::new("."), &no_env).unwrap_or_else(|e| panic!("{e:?}"));
+        let version = doc.pipeline.sources[0]
+            .mqtt
+            .as_ref()
+            .map(|m| m.connection.version);
+        assert_eq!(version, Some(Version::V5));
     }
 
     #[test]

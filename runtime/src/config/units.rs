@@ -80,7 +80,12 @@ impl<'de> Deserialize<'de> for HumanDuration {
                 )))
             }
         }
-        d.deserialize_str(V)
+        // `any`, not `str`: a duration in a connector's flattened
+        // connection part (`keep_alive`, `statement_timeout`) is read from
+        // serde's buffered values, which give a number to `visit_u64`
+        // only when asked for any type, so `keep_alive: 5` says it has no
+        // unit there too.
+        d.deserialize_any(V)
     }
 }
 

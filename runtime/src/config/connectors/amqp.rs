@@ -7,17 +7,19 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::tls::{TlsFiles, TlsOptions};
-use super::{ConfigProblem, SinkBlock, SourceBlock};
+use super::{ConfigProblem, SinkBlock, SourceBlock, describe};
 use crate::config::SecretUrl;
 
 /// A RabbitMQ queue consumed with manual acknowledgements.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AmqpSourceConfig {
-    /// `amqp://user:password@host:5672/vhost` (`%2f` for the vhost `/`,
-    /// or no path at all), or `amqps://` for TLS. `${VAR}` is expanded;
-    /// the password is never shown.
-    pub url: SecretUrl,
+    /// `url`: see [`AmqpConnection`].
+    #[serde(flatten)]
+    pub connection: AmqpConnection,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
     /// The queue consumed. It must exist: the connector declares no
     /// topology (its arguments, such as `x-delivery-limit` or a
     /// dead-letter exchange, are the queue owner's).
@@ -32,9 +34,19 @@ pub struct AmqpSourceConfig {
     /// The consumer tag. Default: `sluice-<host>-<pid>`.
     #[serde(default)]
     pub consumer_tag: Option<String>,
-    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
-    #[serde(flatten)]
-    pub tls: TlsOptions,
+}
+
+/// Where an AMQP block, source or sink, connects, flattened into the
+/// block so the key stays beside its own. The TLS files are the block's
+/// [`TlsOptions`], flattened beside it (serde cannot flatten one struct
+/// in another under a block that denies unknown keys). Read, with them,
+/// by [`crate::connect::amqp`]'s one connection builder.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+pub struct AmqpConnection {
+    /// `amqp://user:password@host:5672/vhost` (`%2f` for the vhost `/`,
+    /// or no path at all), or `amqps://` for TLS. `${VAR}` is expanded;
+    /// the password is never shown.
+    pub url: SecretUrl,
 }
 
 /// 500.
@@ -50,19 +62,24 @@ pub fn default_read_batch() -> NonZeroU32 {
 /// A RabbitMQ exchange messages are published to, with publisher confirms.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = |schema: &mut schemars::Schema| describe(schema, "url", SINK_URL))]
 pub struct AmqpSinkConfig {
-    /// `amqp://user:password@host:5672/vhost`, or `amqps://`.
-    pub url: SecretUrl,
+    /// `url`: see [`AmqpConnection`].
+    #[serde(flatten)]
+    pub connection: AmqpConnection,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
     /// The exchange published to; `""` is the default exchange (the routing
     /// key is then a queue name). It must exist.
     pub exchange: String,
     /// The routing key: text, where `{key}` stands for the message's key
     /// (`orders.{key}`).
     pub routing_key: String,
-    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
-    #[serde(flatten)]
-    pub tls: TlsOptions,
 }
+
+/// The sink's own words for `url` in the JSON Schema.
+const SINK_URL: &str = "`amqp://user:password@host:5672/vhost`, or `amqps://`.";
 
 /// Checks a URL: the scheme, the vhost, the TLS options.
 fn check_url(url: &SecretUrl, tls: TlsFiles<'_>, problems: &mut Vec<ConfigProblem>) {
@@ -145,7 +162,7 @@ impl SourceBlock for AmqpSourceConfig {
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        check_url(&self.url, self.tls.files(), &mut problems);
+        check_url(&self.connection.url, self.tls.files(), &mut problems);
         check_short("queue", &self.queue, false, &mut problems);
         if let Some(tag) = &self.consumer_tag {
             check_short("consumer_tag", tag, false, &mut problems);
@@ -154,7 +171,7 @@ impl SourceBlock for AmqpSourceConfig {
     }
 
     fn describe(&self) -> String {
-        format!("amqp queue `{}` at {}", self.queue, self.url)
+        format!("amqp queue `{}` at {}", self.queue, self.connection.url)
     }
 
     fn redelivery_horizon(&self) -> std::time::Duration {
@@ -181,7 +198,7 @@ impl SinkBlock for AmqpSinkConfig {
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        check_url(&self.url, self.tls.files(), &mut problems);
+        check_url(&self.connection.url, self.tls.files(), &mut problems);
         check_short("exchange", &self.exchange, true, &mut problems);
         if let Err(e) = RoutingKey::parse(&self.routing_key) {
             problems.push(ConfigProblem::at(&["routing_key"], e));
@@ -199,7 +216,7 @@ impl SinkBlock for AmqpSinkConfig {
     fn describe(&self) -> String {
         format!(
             "amqp exchange `{}` (routing key `{}`) at {}",
-            self.exchange, self.routing_key, self.url
+            self.exchange, self.routing_key, self.connection.url
         )
     }
 }

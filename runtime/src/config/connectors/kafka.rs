@@ -7,7 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::tls::{TlsFiles, TlsOptions};
-use super::{ConfigProblem, SinkBlock, SourceBlock};
+use super::{ConfigProblem, SinkBlock, SourceBlock, describe};
 use crate::config::{HumanDuration, Secret};
 
 /// The bootstrap brokers: `host:port`, or several, as one comma-separated
@@ -156,8 +156,13 @@ impl GroupProtocol {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSourceConfig {
-    /// The bootstrap brokers: `host:port`, comma-separated or a list.
-    pub brokers: Brokers,
+    /// `brokers`, `client_id`, `security` and `sasl`: see
+    /// [`KafkaConnection`].
+    #[serde(flatten)]
+    pub connection: KafkaConnection,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
     /// The topic to read. Give `topic` or `topics`.
     #[serde(default)]
     pub topic: Option<String>,
@@ -190,32 +195,48 @@ pub struct KafkaSourceConfig {
     /// With `group_protocol: consumer` the brokers set it instead.
     #[serde(default = "default_session_timeout")]
     pub session_timeout: HumanDuration,
-    /// This client's id (`client.id`), for the brokers' logs and quotas.
-    #[serde(default)]
-    pub client_id: Option<String>,
     /// A static group member id (`group.instance.id`), one per daemon: a
     /// daemon restarted within `session_timeout` (a crash) takes its
     /// partitions back at once, without a rebalance. Leave it out where
     /// daemons share one pipeline file.
     #[serde(default)]
     pub instance_id: Option<String>,
+}
+
+/// How a Kafka block, source or sink, reaches the brokers: flattened into
+/// the block, so the keys stay beside its own. The TLS files are the
+/// block's [`TlsOptions`], flattened beside it (serde cannot flatten one
+/// struct in another under a block that denies unknown keys). Read, with
+/// them, by [`crate::connect::kafka`]'s one client configuration builder.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+pub struct KafkaConnection {
+    /// The bootstrap brokers: `host:port`, comma-separated or a list.
+    pub brokers: Brokers,
+    /// This client's id (`client.id`), for the brokers' logs and quotas.
+    #[serde(default)]
+    pub client_id: Option<String>,
     /// `plaintext` (default), `ssl`, `sasl_plaintext` or `sasl_ssl`.
     #[serde(default)]
     pub security: Security,
     /// SASL credentials, with `security: sasl_plaintext` or `sasl_ssl`.
     #[serde(default)]
     pub sasl: Option<Sasl>,
-    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
-    #[serde(flatten)]
-    pub tls: TlsOptions,
 }
 
 /// A Kafka topic that messages are produced to.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = |schema: &mut schemars::Schema| {
+    describe(schema, "client_id", "This client's id (`client.id`).");
+})]
 pub struct KafkaSinkConfig {
-    /// The bootstrap brokers: `host:port`, comma-separated or a list.
-    pub brokers: Brokers,
+    /// `brokers`, `client_id`, `security` and `sasl`: see
+    /// [`KafkaConnection`].
+    #[serde(flatten)]
+    pub connection: KafkaConnection,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
     /// The topic written to. The message key is the partition key.
     pub topic: String,
     /// How long the producer tries to deliver one message
@@ -231,18 +252,6 @@ pub struct KafkaSinkConfig {
     /// it at or under the topic's `max.message.bytes`.
     #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: u32,
-    /// This client's id (`client.id`).
-    #[serde(default)]
-    pub client_id: Option<String>,
-    /// `plaintext` (default), `ssl`, `sasl_plaintext` or `sasl_ssl`.
-    #[serde(default)]
-    pub security: Security,
-    /// SASL credentials, with `security: sasl_plaintext` or `sasl_ssl`.
-    #[serde(default)]
-    pub sasl: Option<Sasl>,
-    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
-    #[serde(flatten)]
-    pub tls: TlsOptions,
 }
 
 /// 500.
@@ -275,23 +284,14 @@ pub fn default_max_message_bytes() -> u32 {
     1_000_000
 }
 
-/// What the source and the sink share: how to reach the brokers.
-pub(crate) struct Connection<'a> {
-    pub(crate) brokers: &'a Brokers,
-    pub(crate) client_id: Option<&'a str>,
-    pub(crate) security: Security,
-    pub(crate) sasl: Option<&'a Sasl>,
-    pub(crate) tls: TlsFiles<'a>,
-}
-
-impl Connection<'_> {
+impl KafkaConnection {
     /// The brokers for people: `kafka://h1:9092,h2:9092` (no password: it
     /// is never in the broker list).
     pub(crate) fn describe(&self) -> String {
         format!("kafka://{}", self.brokers.joined())
     }
 
-    fn check(&self, problems: &mut Vec<ConfigProblem>) {
+    fn check(&self, tls: TlsFiles<'_>, problems: &mut Vec<ConfigProblem>) {
         let brokers = self.brokers.list();
         if brokers.is_empty() {
             problems.push(ConfigProblem::at(
@@ -311,14 +311,14 @@ impl Connection<'_> {
                 break;
             }
         }
-        if let Some(id) = self.client_id
+        if let Some(id) = &self.client_id
             && let Err(e) = check_kafka_name(id)
         {
             problems.push(ConfigProblem::at(&["client_id"], e));
         }
         if self.security.tls() {
-            self.tls.check(problems);
-        } else if let Some(option) = self.tls.first_given() {
+            tls.check(problems);
+        } else if let Some(option) = tls.first_given() {
             problems.push(ConfigProblem::at(
                 &[option],
                 format!(
@@ -328,7 +328,7 @@ impl Connection<'_> {
                 ),
             ));
         }
-        match (self.security.sasl(), self.sasl) {
+        match (self.security.sasl(), &self.sasl) {
             (true, None) => problems.push(ConfigProblem::at(
                 &["security"],
                 format!(
@@ -357,7 +357,7 @@ impl Connection<'_> {
     /// What is valid but worth saying: SASL `PLAIN` without TLS sends the
     /// password as it is (legitimate on a private network).
     fn warnings(&self) -> Vec<ConfigProblem> {
-        match self.sasl {
+        match &self.sasl {
             Some(sasl)
                 if self.security == Security::SaslPlaintext
                     && sasl.mechanism == SaslMechanism::Plain =>
@@ -420,28 +420,6 @@ impl KafkaSourceConfig {
         out.extend(self.topics.iter().flatten().cloned());
         out
     }
-
-    pub(crate) fn connection(&self) -> Connection<'_> {
-        Connection {
-            brokers: &self.brokers,
-            client_id: self.client_id.as_deref(),
-            security: self.security,
-            sasl: self.sasl.as_ref(),
-            tls: self.tls.files(),
-        }
-    }
-}
-
-impl KafkaSinkConfig {
-    pub(crate) fn connection(&self) -> Connection<'_> {
-        Connection {
-            brokers: &self.brokers,
-            client_id: self.client_id.as_deref(),
-            security: self.security,
-            sasl: self.sasl.as_ref(),
-            tls: self.tls.files(),
-        }
-    }
 }
 
 impl SourceBlock for KafkaSourceConfig {
@@ -451,7 +429,7 @@ impl SourceBlock for KafkaSourceConfig {
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        self.connection().check(&mut problems);
+        self.connection.check(self.tls.files(), &mut problems);
         match (&self.topic, &self.topics) {
             (None, None) => problems.push(ConfigProblem::at(
                 &["topic"],
@@ -525,12 +503,12 @@ impl SourceBlock for KafkaSourceConfig {
                 .collect::<Vec<_>>()
                 .join(", "),
             self.group,
-            self.connection().describe()
+            self.connection.describe()
         )
     }
 
     fn warnings(&self) -> Vec<ConfigProblem> {
-        self.connection().warnings()
+        self.connection.warnings()
     }
 
     fn redelivery_horizon(&self) -> std::time::Duration {
@@ -555,12 +533,12 @@ impl SinkBlock for KafkaSinkConfig {
     }
 
     fn warnings(&self) -> Vec<ConfigProblem> {
-        self.connection().warnings()
+        self.connection.warnings()
     }
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        self.connection().check(&mut problems);
+        self.connection.check(self.tls.files(), &mut problems);
         if let Err(e) = check_kafka_name(&self.topic) {
             problems.push(ConfigProblem::at(&["topic"], e));
         }
@@ -590,7 +568,7 @@ impl SinkBlock for KafkaSinkConfig {
         format!(
             "kafka topic `{}` at {}",
             self.topic,
-            self.connection().describe()
+            self.connection.describe()
         )
     }
 

@@ -112,10 +112,50 @@ pub trait SinkBlock: Send + Sync {
 /// unknown keys, so it skips the block's others), it points at the value.
 pub(crate) type FlattenedPart = fn(&super::tree::Node) -> Result<(), super::tree::DeError>;
 
-/// The parts every connector block, source or sink, flattens in: only
-/// [`tls::TlsOptions`]. A block that flattens another part lists it here.
-pub(crate) const FLATTENED_PARTS: &[FlattenedPart] =
-    &[|block| tls::TlsOptions::deserialize(block).map(|_| ())];
+/// The parts connector blocks, source or sink, flatten in, each with the
+/// key of the blocks that do (`None`: every block): each connector's
+/// connection struct, then [`tls::TlsOptions`], the order serde reads
+/// them in. A block that flattens another part lists it here.
+pub(crate) const FLATTENED_PARTS: &[(Option<&str>, FlattenedPart)] = &[
+    (Some("amqp"), |block| {
+        amqp::AmqpConnection::deserialize(block).map(|_| ())
+    }),
+    (Some("kafka"), |block| {
+        kafka::KafkaConnection::deserialize(block).map(|_| ())
+    }),
+    (Some("mqtt"), |block| {
+        mqtt::MqttConnection::deserialize(block).map(|_| ())
+    }),
+    (Some("nats"), |block| {
+        nats::NatsConnection::deserialize(block).map(|_| ())
+    }),
+    (Some("postgres"), |block| {
+        postgres::PostgresConnection::deserialize(block).map(|_| ())
+    }),
+    (Some("redis"), |block| {
+        redis::RedisConnection::deserialize(block).map(|_| ())
+    }),
+    (Some("sqs"), |block| {
+        sqs::SqsConnection::deserialize(block).map(|_| ())
+    }),
+    (None, |block| {
+        tls::TlsOptions::deserialize(block).map(|_| ())
+    }),
+];
+
+/// Gives `field` of a block's JSON Schema its own description. A
+/// connection field shared by a connector's source and sink block (its
+/// `...Connection` struct) is declared once, with the source's doc
+/// comment; the other block keeps its own words in the schema this way.
+pub(crate) fn describe(schema: &mut schemars::Schema, field: &str, text: &str) {
+    if let Some(property) = schema
+        .get_mut("properties")
+        .and_then(|properties| properties.get_mut(field))
+        .and_then(|property| property.as_object_mut())
+    {
+        property.insert("description".to_owned(), text.into());
+    }
+}
 
 /// A source's mapping of an upstream field onto a delay: which header
 /// (an SQS attribute, an AMQP header, an MQTT user property, a Kafka, NATS

@@ -8,7 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::mqtt_topic::{TopicTemplate, check_filter};
 use super::tls::{TlsFiles, TlsOptions};
-use super::{ConfigProblem, SinkBlock, SourceBlock};
+use super::{ConfigProblem, SinkBlock, SourceBlock, describe};
 use crate::config::{HumanDuration, Secret, SecretUrl};
 
 /// The user property (and header) that carries a message's Sluice id.
@@ -106,10 +106,13 @@ impl JsonSchema for Version {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MqttSourceConfig {
-    /// `mqtt://[user:password@]host:port` (or `mqtts://` for TLS; the port
-    /// defaults to 1883, or 8883 with TLS). `${VAR}` is expanded; the
-    /// password is never shown.
-    pub url: SecretUrl,
+    /// `url`, `version`, the credentials and `keep_alive`: see
+    /// [`MqttConnection`].
+    #[serde(flatten)]
+    pub connection: MqttConnection,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
     /// The topic filter subscribed to (at QoS 1); wildcards allowed
     /// (`sensors/+/temp`, `orders/#`), and `$share/<group>/<filter>` for a
     /// shared subscription.
@@ -122,23 +125,10 @@ pub struct MqttSourceConfig {
     /// own, with a `$share/...` topic, to run several.
     #[serde(default)]
     pub client_id: Option<String>,
-    /// The protocol version: `5` (default) or `3.1.1`.
-    #[serde(default)]
-    pub version: Version,
     /// The QoS of the subscription. Only 1 is supported (at least once,
     /// acknowledged after the durable publish).
     #[serde(default = "default_qos")]
     pub qos: u8,
-    /// The user name, if the URL does not carry one.
-    #[serde(default)]
-    pub username: Option<String>,
-    /// The password, if the URL does not carry one (`${VAR}` is expanded;
-    /// never shown).
-    #[serde(default)]
-    pub password: Option<Secret>,
-    /// How often the connection is checked with a ping when idle.
-    #[serde(default = "default_keep_alive")]
-    pub keep_alive: HumanDuration,
     /// MQTT 5: how long the broker keeps the session (the subscription
     /// and the messages for it) after the connection ends. Must be longer
     /// than any planned downtime.
@@ -155,17 +145,49 @@ pub struct MqttSourceConfig {
     /// The MQTT 5 user property whose value becomes the message key.
     #[serde(default = "default_key_property")]
     pub key_property: String,
-    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
-    #[serde(flatten)]
-    pub tls: TlsOptions,
+}
+
+/// Where an MQTT block, source or sink, connects, with which protocol
+/// version and credentials: flattened into the block, so the keys stay
+/// beside its own. The TLS files are the block's [`TlsOptions`],
+/// flattened beside it (serde cannot flatten one struct in another under
+/// a block that denies unknown keys). Read, with them, by
+/// [`crate::connect::mqtt`]'s one connection builder. The client id is
+/// the block's own: a source's names a persistent session, a sink's is
+/// new on each connection.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+pub struct MqttConnection {
+    /// `mqtt://[user:password@]host:port` (or `mqtts://` for TLS; the port
+    /// defaults to 1883, or 8883 with TLS). `${VAR}` is expanded; the
+    /// password is never shown.
+    pub url: SecretUrl,
+    /// The protocol version: `5` (default) or `3.1.1`.
+    #[serde(default)]
+    pub version: Version,
+    /// The user name, if the URL does not carry one.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// The password, if the URL does not carry one (`${VAR}` is expanded;
+    /// never shown).
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// How often the connection is checked with a ping when idle.
+    #[serde(default = "default_keep_alive")]
+    pub keep_alive: HumanDuration,
 }
 
 /// An MQTT topic that messages are published to.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = sink_descriptions)]
 pub struct MqttSinkConfig {
-    /// `mqtt://[user:password@]host:port` (or `mqtts://` for TLS).
-    pub url: SecretUrl,
+    /// `url`, `version`, the credentials and `keep_alive`: see
+    /// [`MqttConnection`].
+    #[serde(flatten)]
+    pub connection: MqttConnection,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
     /// The topic each message is published to: a topic name (no
     /// wildcards) that may hold `{key}`, the message's key (`out/{key}`).
     /// A message whose key is missing, empty, or holds `/`, `+`, `#` or a
@@ -179,23 +201,10 @@ pub struct MqttSinkConfig {
     /// (the sink keeps no session, so each connection may be new).
     #[serde(default)]
     pub client_id: Option<String>,
-    /// The protocol version: `5` (default) or `3.1.1` (no headers, key or
-    /// `sluice-id` travel: 3.1.1 has no properties).
-    #[serde(default)]
-    pub version: Version,
     /// The QoS of each publish. Only 1 is supported (a write is done when
     /// the broker's PUBACK arrives).
     #[serde(default = "default_qos")]
     pub qos: u8,
-    /// The user name, if the URL does not carry one.
-    #[serde(default)]
-    pub username: Option<String>,
-    /// The password, if the URL does not carry one (never shown).
-    #[serde(default)]
-    pub password: Option<Secret>,
-    /// How often the connection is checked with a ping when idle.
-    #[serde(default = "default_keep_alive")]
-    pub keep_alive: HumanDuration,
     /// The most publishes awaiting their PUBACK at once, across the
     /// sink's worker slots (the broker's Receive Maximum may lower it).
     #[serde(default = "default_inflight")]
@@ -203,9 +212,28 @@ pub struct MqttSinkConfig {
     /// The MQTT 5 user property the message key is written to.
     #[serde(default = "default_key_property")]
     pub key_property: String,
-    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
-    #[serde(flatten)]
-    pub tls: TlsOptions,
+}
+
+/// The sink's own words, in the JSON Schema, for the fields of
+/// [`MqttConnection`] whose doc comment is the source's.
+fn sink_descriptions(schema: &mut schemars::Schema) {
+    for (field, text) in [
+        (
+            "url",
+            "`mqtt://[user:password@]host:port` (or `mqtts://` for TLS).",
+        ),
+        (
+            "version",
+            "The protocol version: `5` (default) or `3.1.1` (no headers, key or\n`sluice-id` \
+             travel: 3.1.1 has no properties).",
+        ),
+        (
+            "password",
+            "The password, if the URL does not carry one (never shown).",
+        ),
+    ] {
+        describe(schema, field, text);
+    }
 }
 
 /// 1.
@@ -250,39 +278,43 @@ const MAX_SESSION_EXPIRY_SECS: u64 = u32::MAX as u64 - 1;
 /// The checks both blocks share: the URL, the TLS files, the QoS, the
 /// credentials, the client id, the key property.
 struct Common<'a> {
-    url: &'a SecretUrl,
+    connection: &'a MqttConnection,
     tls: TlsFiles<'a>,
     qos: u8,
-    username: Option<&'a String>,
-    password: Option<&'a Secret>,
     client_id: Option<&'a String>,
-    keep_alive: HumanDuration,
     key_property: &'a str,
-    version: Version,
 }
 
 impl Common<'_> {
     fn check(&self, problems: &mut Vec<ConfigProblem>) {
-        let url = self.url.url();
+        let MqttConnection {
+            url: shown,
+            username,
+            password,
+            keep_alive,
+            ..
+        } = self.connection;
+        let tls = self.tls;
+        let url = shown.url();
         match url.scheme() {
             "mqtt" => {
-                if let Some(option) = self.tls.first_given() {
+                if let Some(option) = tls.first_given() {
                     problems.push(ConfigProblem::at(
                         &[option],
                         format!(
                             "`{option}` is for TLS: write the URL as `mqtts://` (it is `{}`)",
-                            self.url
+                            shown
                         ),
                     ));
                 }
             }
-            "mqtts" => self.tls.check(problems),
+            "mqtts" => tls.check(problems),
             _ => problems.push(ConfigProblem::at(
                 &["url"],
                 format!(
                     "`{}` is not an MQTT URL; use `mqtt://host:1883` (or `mqtts://host:8883` \
                      for TLS)",
-                    self.url
+                    shown
                 ),
             )),
         }
@@ -290,7 +322,7 @@ impl Common<'_> {
             if url.host_str().is_none_or(str::is_empty) {
                 problems.push(ConfigProblem::at(
                     &["url"],
-                    format!("`{}` names no host; use `mqtt://host:1883`", self.url),
+                    format!("`{}` names no host; use `mqtt://host:1883`", shown),
                 ));
             } else if !matches!(url.path(), "" | "/") || url.query().is_some() {
                 problems.push(ConfigProblem::at(
@@ -298,7 +330,7 @@ impl Common<'_> {
                     format!(
                         "`{}`: an MQTT URL is `mqtt://[user:password@]host:port`, with no path \
                          or query (the topic goes in `topic`)",
-                        self.url
+                        shown
                     ),
                 ));
             }
@@ -313,13 +345,13 @@ impl Common<'_> {
                 ),
             ));
         }
-        if self.username.is_some() && !url.username().is_empty() {
+        if username.is_some() && !url.username().is_empty() {
             problems.push(ConfigProblem::at(
                 &["username"],
                 "the URL carries a user name already; give it in one place",
             ));
         }
-        if self.password.is_some() && url.password().is_some() {
+        if password.is_some() && url.password().is_some() {
             problems.push(ConfigProblem::at(
                 &["password"],
                 "the URL carries a password already; give it in one place",
@@ -330,7 +362,7 @@ impl Common<'_> {
         {
             problems.push(ConfigProblem::at(&["client_id"], e));
         }
-        let keep_alive = self.keep_alive.get();
+        let keep_alive = keep_alive.get();
         if keep_alive.as_secs() < 5 || keep_alive.as_secs() > u64::from(u16::MAX) {
             problems.push(ConfigProblem::at(
                 &["keep_alive"],
@@ -352,7 +384,6 @@ impl Common<'_> {
                 format!("`{}` carries the message id, not its key", SLUICE_ID),
             ));
         }
-        let _ = self.version;
     }
 }
 
@@ -384,15 +415,11 @@ impl SourceBlock for MqttSourceConfig {
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
         Common {
-            url: &self.url,
+            connection: &self.connection,
             tls: self.tls.files(),
             qos: self.qos,
-            username: self.username.as_ref(),
-            password: self.password.as_ref(),
             client_id: self.client_id.as_ref(),
-            keep_alive: self.keep_alive,
             key_property: &self.key_property,
-            version: self.version,
         }
         .check(&mut problems);
         if let Err(e) = check_filter(&self.topic) {
@@ -424,9 +451,9 @@ impl SourceBlock for MqttSourceConfig {
     fn describe(&self) -> String {
         format!(
             "mqtt {} topic `{}` at {} (client `{}`)",
-            self.version.as_str(),
+            self.connection.version.as_str(),
             self.topic,
-            self.url,
+            self.connection.url,
             self.client_id
                 .as_deref()
                 .unwrap_or("sluice-<pipeline>-<source>")
@@ -457,15 +484,11 @@ impl SinkBlock for MqttSinkConfig {
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
         Common {
-            url: &self.url,
+            connection: &self.connection,
             tls: self.tls.files(),
             qos: self.qos,
-            username: self.username.as_ref(),
-            password: self.password.as_ref(),
             client_id: self.client_id.as_ref(),
-            keep_alive: self.keep_alive,
             key_property: &self.key_property,
-            version: self.version,
         }
         .check(&mut problems);
         if let Err(e) = TopicTemplate::parse(&self.topic) {
@@ -483,9 +506,9 @@ impl SinkBlock for MqttSinkConfig {
     fn describe(&self) -> String {
         format!(
             "mqtt {} topic `{}` at {}",
-            self.version.as_str(),
+            self.connection.version.as_str(),
             self.topic,
-            self.url
+            self.connection.url
         )
     }
 }

@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::tls::{self, TlsFiles, TlsOptions};
-use super::{ConfigProblem, SinkBlock, SourceBlock};
+use super::{ConfigProblem, SinkBlock, SourceBlock, describe};
 use crate::config::{HumanDuration, Secret, SecretUrl};
 
 /// A JetStream stream read through a durable pull consumer, or (without
@@ -16,10 +16,12 @@ use crate::config::{HumanDuration, Secret, SecretUrl};
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NatsSourceConfig {
-    /// `nats://[user:password@]host:port` (or `tls://` for TLS). `${VAR}`
-    /// is expanded; the password is never shown. A token goes in `token`,
-    /// not the URL.
-    pub url: SecretUrl,
+    /// `url` and the credentials: see [`NatsConnection`].
+    #[serde(flatten)]
+    pub connection: NatsConnection,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
     /// The subject to read: with `stream`, the consumer's filter (wildcards
     /// allowed, and it must be a subject of the stream); without, the core
     /// subject subscribed to.
@@ -56,6 +58,20 @@ pub struct NatsSourceConfig {
     /// header but NATS's own `Nats-*` controls becomes a header.
     #[serde(default = "default_key_header")]
     pub key_header: String,
+}
+
+/// Where a NATS block, source or sink, connects and how it
+/// authenticates: flattened into the block, so the keys stay beside its
+/// own. The TLS files are the block's [`TlsOptions`], flattened beside it
+/// (serde cannot flatten one struct in another under a block that denies
+/// unknown keys). Read, with them, by [`crate::connect::nats`]'s one
+/// connection builder.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+pub struct NatsConnection {
+    /// `nats://[user:password@]host:port` (or `tls://` for TLS). `${VAR}`
+    /// is expanded; the password is never shown. A token goes in `token`,
+    /// not the URL.
+    pub url: SecretUrl,
     /// A token to authenticate with (instead of a user and password).
     #[serde(default)]
     pub token: Option<Secret>,
@@ -69,9 +85,6 @@ pub struct NatsSourceConfig {
     /// pipeline file.
     #[serde(default)]
     pub creds: Option<PathBuf>,
-    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
-    #[serde(flatten)]
-    pub tls: TlsOptions,
 }
 
 /// Where a new JetStream consumer starts.
@@ -112,9 +125,14 @@ pub fn default_jetstream() -> bool {
 /// NATS.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = |schema: &mut schemars::Schema| describe(schema, "url", SINK_URL))]
 pub struct NatsSinkConfig {
-    /// `nats://[user:password@]host:port` (or `tls://`).
-    pub url: SecretUrl,
+    /// `url` and the credentials: see [`NatsConnection`].
+    #[serde(flatten)]
+    pub connection: NatsConnection,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
     /// The subject to publish to (no wildcards).
     pub subject: String,
     /// Publish through JetStream and wait for the stream's `PubAck`, with
@@ -126,23 +144,10 @@ pub struct NatsSinkConfig {
     /// The header the message's key is written to.
     #[serde(default = "default_key_header")]
     pub key_header: String,
-    /// A token to authenticate with (instead of a user and password).
-    #[serde(default)]
-    pub token: Option<Secret>,
-    /// A user name, with `password` (or give both in the URL).
-    #[serde(default)]
-    pub user: Option<String>,
-    /// The password of `user`.
-    #[serde(default)]
-    pub password: Option<Secret>,
-    /// A `.creds` file (a user JWT and its NKey seed), relative to the
-    /// pipeline file.
-    #[serde(default)]
-    pub creds: Option<PathBuf>,
-    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
-    #[serde(flatten)]
-    pub tls: TlsOptions,
 }
+
+/// The sink's own words for `url` in the JSON Schema.
+const SINK_URL: &str = "`nats://[user:password@]host:port` (or `tls://`).";
 
 /// How a block authenticates, besides `user:password@` in the URL.
 pub(crate) struct Auth<'a> {
@@ -152,18 +157,7 @@ pub(crate) struct Auth<'a> {
     pub(crate) creds: Option<&'a Path>,
 }
 
-impl NatsSourceConfig {
-    pub(crate) fn auth(&self) -> Auth<'_> {
-        Auth {
-            token: self.token.as_ref(),
-            user: self.user.as_deref(),
-            password: self.password.as_ref(),
-            creds: self.creds.as_deref(),
-        }
-    }
-}
-
-impl NatsSinkConfig {
+impl NatsConnection {
     pub(crate) fn auth(&self) -> Auth<'_> {
         Auth {
             token: self.token.as_ref(),
@@ -176,11 +170,11 @@ impl NatsSinkConfig {
 
 /// The problems with the URL, the credentials and the TLS files.
 fn check_connection(
-    url: &SecretUrl,
-    auth: &Auth<'_>,
+    connection: &NatsConnection,
     tls: TlsFiles<'_>,
     problems: &mut Vec<ConfigProblem>,
 ) {
+    let (url, auth) = (&connection.url, connection.auth());
     let parsed = url.url();
     if !matches!(parsed.scheme(), "nats" | "tls") {
         problems.push(ConfigProblem::at(
@@ -322,7 +316,7 @@ pub fn default_durable(pipeline: &str, source: &str) -> String {
 
 impl SourceBlock for NatsSourceConfig {
     fn resolve_paths(&mut self, dir: &std::path::Path) {
-        tls::resolve_ca(&mut self.creds, dir);
+        tls::resolve_ca(&mut self.connection.creds, dir);
         self.tls.resolve_paths(dir);
     }
 
@@ -332,7 +326,7 @@ impl SourceBlock for NatsSourceConfig {
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        check_connection(&self.url, &self.auth(), self.tls.files(), &mut problems);
+        check_connection(&self.connection, self.tls.files(), &mut problems);
         if let Some(why) = subject_problem(&self.subject, true) {
             problems.push(ConfigProblem::at(&["subject"], why));
         }
@@ -406,11 +400,11 @@ impl SourceBlock for NatsSourceConfig {
         match &self.stream {
             Some(stream) => format!(
                 "nats stream `{stream}` subject `{}` at {}",
-                self.subject, self.url
+                self.subject, self.connection.url
             ),
             None => format!(
                 "nats core subject `{}` at {} (at most once)",
-                self.subject, self.url
+                self.subject, self.connection.url
             ),
         }
     }
@@ -426,7 +420,7 @@ impl SourceBlock for NatsSourceConfig {
 
 impl SinkBlock for NatsSinkConfig {
     fn resolve_paths(&mut self, dir: &std::path::Path) {
-        tls::resolve_ca(&mut self.creds, dir);
+        tls::resolve_ca(&mut self.connection.creds, dir);
         self.tls.resolve_paths(dir);
     }
 
@@ -436,7 +430,7 @@ impl SinkBlock for NatsSinkConfig {
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        check_connection(&self.url, &self.auth(), self.tls.files(), &mut problems);
+        check_connection(&self.connection, self.tls.files(), &mut problems);
         if let Some(why) = subject_problem(&self.subject, false) {
             problems.push(ConfigProblem::at(&["subject"], why));
         }
@@ -449,7 +443,7 @@ impl SinkBlock for NatsSinkConfig {
             "nats {} subject `{}` at {}",
             if self.jetstream { "jetstream" } else { "core" },
             self.subject,
-            self.url
+            self.connection.url
         )
     }
 }

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::names::check_sql_identifier;
 use super::postgres_statement::rewrite_statement;
 use super::tls::{TlsFiles, TlsOptions};
-use super::{ConfigProblem, SinkBlock, SourceBlock};
+use super::{ConfigProblem, SinkBlock, SourceBlock, describe};
 use crate::config::{HumanDuration, SecretUrl};
 
 /// A transactional-outbox table that producers insert into, in the same
@@ -18,9 +18,12 @@ use crate::config::{HumanDuration, SecretUrl};
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxConfig {
-    /// `postgres://user[:password]@host:port/db`. `${VAR}` is expanded;
-    /// the password is never shown.
-    pub url: SecretUrl,
+    /// `url` and `statement_timeout`: see [`PostgresConnection`].
+    #[serde(flatten)]
+    pub connection: PostgresConnection,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
     /// The outbox table, optionally schema-qualified: `id bigserial
     /// primary key, payload bytea not null, key text, headers jsonb,
     /// created_at timestamptz not null default now()`.
@@ -35,9 +38,18 @@ pub struct OutboxConfig {
     /// fallback to `LISTEN/NOTIFY`).
     #[serde(default = "default_poll")]
     pub poll: HumanDuration,
-    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
-    #[serde(flatten)]
-    pub tls: TlsOptions,
+}
+
+/// Where a Postgres block, source or sink, connects: flattened into the
+/// block, so the keys stay beside its own. The TLS files are the block's
+/// [`TlsOptions`], flattened beside it (serde cannot flatten one struct
+/// in another under a block that denies unknown keys). Read, with them,
+/// by [`crate::connect::postgres`]'s one connection builder.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+pub struct PostgresConnection {
+    /// `postgres://user[:password]@host:port/db`. `${VAR}` is expanded;
+    /// the password is never shown.
+    pub url: SecretUrl,
     /// How long one statement may run on the server before the server
     /// cancels it (the session's `statement_timeout`), so a statement the
     /// connector gave up on does not hold its locks.
@@ -68,9 +80,14 @@ pub fn default_statement_timeout() -> HumanDuration {
 /// A Postgres table each message becomes a row of.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = |schema: &mut schemars::Schema| describe(schema, "url", SINK_URL))]
 pub struct TableSinkConfig {
-    /// `postgres://user[:password]@host:port/db`.
-    pub url: SecretUrl,
+    /// `url` and `statement_timeout`: see [`PostgresConnection`].
+    #[serde(flatten)]
+    pub connection: PostgresConnection,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
     /// The table, optionally schema-qualified: `id text primary key,
     /// topic text, key text, headers jsonb, payload bytea, published_at
     /// timestamptz`. Rows are inserted with `ON CONFLICT (id) DO
@@ -85,23 +102,21 @@ pub struct TableSinkConfig {
     /// Create `table` if it is missing.
     #[serde(default = "default_create")]
     pub create: bool,
-    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
-    #[serde(flatten)]
-    pub tls: TlsOptions,
-    /// How long one statement may run on the server before the server
-    /// cancels it (the session's `statement_timeout`), so a statement the
-    /// connector gave up on does not hold its locks.
-    #[serde(default = "default_statement_timeout")]
-    pub statement_timeout: HumanDuration,
 }
+
+/// The sink's own words for `url` in the JSON Schema.
+const SINK_URL: &str = "`postgres://user[:password]@host:port/db`.";
 
 /// The problems of the connection options every Postgres block has.
 fn check_connection(
-    url: &SecretUrl,
+    connection: &PostgresConnection,
     files: TlsFiles<'_>,
-    statement_timeout: &HumanDuration,
     problems: &mut Vec<ConfigProblem>,
 ) {
+    let PostgresConnection {
+        url,
+        statement_timeout,
+    } = connection;
     if !matches!(url.scheme().as_str(), "postgres" | "postgresql") {
         problems.push(ConfigProblem::at(
             &["url"],
@@ -188,12 +203,7 @@ impl SourceBlock for OutboxConfig {
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        check_connection(
-            &self.url,
-            self.tls.files(),
-            &self.statement_timeout,
-            &mut problems,
-        );
+        check_connection(&self.connection, self.tls.files(), &mut problems);
         if let Err(e) = check_sql_identifier(&self.outbox, true) {
             problems.push(ConfigProblem::at(&["outbox"], e));
         }
@@ -207,7 +217,10 @@ impl SourceBlock for OutboxConfig {
     }
 
     fn describe(&self) -> String {
-        format!("postgres outbox `{}` at {}", self.outbox, self.url)
+        format!(
+            "postgres outbox `{}` at {}",
+            self.outbox, self.connection.url
+        )
     }
 
     fn redelivery_horizon(&self) -> std::time::Duration {
@@ -231,12 +244,7 @@ impl SinkBlock for TableSinkConfig {
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        check_connection(
-            &self.url,
-            self.tls.files(),
-            &self.statement_timeout,
-            &mut problems,
-        );
+        check_connection(&self.connection, self.tls.files(), &mut problems);
         match (&self.table, &self.statement) {
             (Some(table), None) => {
                 if let Err(e) = check_sql_identifier(table, true) {
@@ -262,8 +270,8 @@ impl SinkBlock for TableSinkConfig {
 
     fn describe(&self) -> String {
         match &self.table {
-            Some(table) => format!("postgres table `{table}` at {}", self.url),
-            None => format!("postgres statement at {}", self.url),
+            Some(table) => format!("postgres table `{table}` at {}", self.connection.url),
+            None => format!("postgres statement at {}", self.connection.url),
         }
     }
 }

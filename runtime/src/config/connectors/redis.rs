@@ -8,16 +8,19 @@ use serde::{Deserialize, Serialize};
 
 use super::names::check_plain_name;
 use super::tls::{TlsFiles, TlsOptions};
-use super::{ConfigProblem, SinkBlock, SourceBlock};
+use super::{ConfigProblem, SinkBlock, SourceBlock, describe};
 use crate::config::{HumanDuration, SecretUrl};
 
 /// A Redis stream read through a consumer group.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSourceConfig {
-    /// `redis://[user:password@]host:port/db` (or `rediss://` for TLS).
-    /// `${VAR}` is expanded; the password is never shown.
-    pub url: SecretUrl,
+    /// `url`: see [`RedisConnection`].
+    #[serde(flatten)]
+    pub connection: RedisConnection,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
     /// The stream key.
     pub stream: String,
     /// The consumer group, created (with the stream) if missing.
@@ -45,9 +48,18 @@ pub struct RedisSourceConfig {
     /// becomes a header.
     #[serde(default = "default_key_field")]
     pub key_field: String,
-    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
-    #[serde(flatten)]
-    pub tls: TlsOptions,
+}
+
+/// Where a Redis block, source or sink, connects, flattened into the
+/// block so the key stays beside its own. The TLS files are the block's
+/// [`TlsOptions`], flattened beside it (serde cannot flatten one struct
+/// in another under a block that denies unknown keys). Read, with them,
+/// by [`crate::connect::redis`]'s one connection builder.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+pub struct RedisConnection {
+    /// `redis://[user:password@]host:port/db` (or `rediss://` for TLS).
+    /// `${VAR}` is expanded; the password is never shown.
+    pub url: SecretUrl,
 }
 
 /// Where a new consumer group starts.
@@ -84,9 +96,14 @@ pub fn default_key_field() -> String {
 /// A Redis stream that messages are appended to.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = |schema: &mut schemars::Schema| describe(schema, "url", SINK_URL))]
 pub struct RedisSinkConfig {
-    /// `redis://[user:password@]host:port/db` (or `rediss://`).
-    pub url: SecretUrl,
+    /// `url`: see [`RedisConnection`].
+    #[serde(flatten)]
+    pub connection: RedisConnection,
+    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
+    #[serde(flatten)]
+    pub tls: TlsOptions,
     /// The stream key.
     pub stream: String,
     /// Trim the stream to about this many entries (`MAXLEN ~`). No trim
@@ -98,10 +115,10 @@ pub struct RedisSinkConfig {
     /// not appended twice.
     #[serde(default = "default_sink_dedup_ttl")]
     pub dedup_ttl: HumanDuration,
-    /// `tls_ca`, `tls_cert`, `tls_key`: see [`TlsOptions`].
-    #[serde(flatten)]
-    pub tls: TlsOptions,
 }
+
+/// The sink's own words for `url` in the JSON Schema.
+const SINK_URL: &str = "`redis://[user:password@]host:port/db` (or `rediss://`).";
 
 /// 24 h.
 pub fn default_sink_dedup_ttl() -> HumanDuration {
@@ -150,7 +167,7 @@ impl SourceBlock for RedisSourceConfig {
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        check_url(&self.url, self.tls.files(), &mut problems);
+        check_url(&self.connection.url, self.tls.files(), &mut problems);
         for (key, value) in [("stream", &self.stream), ("group", &self.group)] {
             if let Err(e) = check_plain_name(value) {
                 problems.push(ConfigProblem::at(&[key], e));
@@ -173,7 +190,7 @@ impl SourceBlock for RedisSourceConfig {
     fn describe(&self) -> String {
         format!(
             "redis stream `{}` (group `{}`) at {}",
-            self.stream, self.group, self.url
+            self.stream, self.group, self.connection.url
         )
     }
 
@@ -197,7 +214,7 @@ impl SinkBlock for RedisSinkConfig {
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        check_url(&self.url, self.tls.files(), &mut problems);
+        check_url(&self.connection.url, self.tls.files(), &mut problems);
         if let Err(e) = check_plain_name(&self.stream) {
             problems.push(ConfigProblem::at(&["stream"], e));
         }
@@ -211,6 +228,6 @@ impl SinkBlock for RedisSinkConfig {
     }
 
     fn describe(&self) -> String {
-        format!("redis stream `{}` at {}", self.stream, self.url)
+        format!("redis stream `{}` at {}", self.stream, self.connection.url)
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigProblem, SinkBlock, SourceBlock};
+use super::{ConfigProblem, SinkBlock, SourceBlock, describe};
 use crate::config::HumanDuration;
 
 /// The most entries one batch call (`SendMessageBatch`,
@@ -47,14 +47,9 @@ pub struct SqsSourceConfig {
     /// A name ending in `.fifo` is a FIFO queue: its `MessageGroupId`
     /// becomes the key.
     pub queue_url: String,
-    /// Another endpoint than AWS's for the region, for an SQS-compatible
-    /// server (`http://localhost:4566`).
-    #[serde(default)]
-    pub endpoint: Option<String>,
-    /// The AWS region. Default: the standard chain's (`AWS_REGION`, the
-    /// profile), else `us-east-1`.
-    #[serde(default)]
-    pub region: Option<String>,
+    /// `endpoint` and `region`: see [`SqsConnection`].
+    #[serde(flatten)]
+    pub connection: SqsConnection,
     /// How long one receive waits for a message (long polling,
     /// `WaitTimeSeconds`; whole seconds, at most 20 s).
     #[serde(default = "default_wait_time")]
@@ -68,6 +63,21 @@ pub struct SqsSourceConfig {
     /// The most messages one receive takes (1 to 10, SQS's limit).
     #[serde(default = "default_source_batch")]
     pub batch: NonZeroU32,
+}
+
+/// Where an SQS block, source or sink, sends its calls (the queue is the
+/// block's own `queue_url`): flattened into the block, so the keys stay
+/// beside its own. The credentials come from the standard AWS chain.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+pub struct SqsConnection {
+    /// Another endpoint than AWS's for the region, for an SQS-compatible
+    /// server (`http://localhost:4566`).
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// The AWS region. Default: the standard chain's (`AWS_REGION`, the
+    /// profile), else `us-east-1`.
+    #[serde(default)]
+    pub region: Option<String>,
 }
 
 /// 20 s, the longest long poll.
@@ -93,18 +103,15 @@ pub fn default_message_group() -> String {
 /// An SQS queue messages are sent to.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = sink_descriptions)]
 pub struct SqsSinkConfig {
     /// The queue's URL. A name ending in `.fifo` is a FIFO queue: the key
     /// becomes the `MessageGroupId` and the Sluice message id the
     /// `MessageDeduplicationId`.
     pub queue_url: String,
-    /// Another endpoint than AWS's for the region, for an SQS-compatible
-    /// server.
-    #[serde(default)]
-    pub endpoint: Option<String>,
-    /// The AWS region. Default: the standard chain's, else `us-east-1`.
-    #[serde(default)]
-    pub region: Option<String>,
+    /// `endpoint` and `region`: see [`SqsConnection`].
+    #[serde(flatten)]
+    pub connection: SqsConnection,
     /// A delay for every message (`DelaySeconds`, whole seconds, at most
     /// 15 min). Standard queues only: FIFO queues refuse a per-message
     /// delay.
@@ -118,6 +125,23 @@ pub struct SqsSinkConfig {
     /// group, so those messages are kept in the order they were sent).
     #[serde(default)]
     pub message_group: Option<String>,
+}
+
+/// The sink's own words, in the JSON Schema, for the fields of
+/// [`SqsConnection`] whose doc comment is the source's.
+fn sink_descriptions(schema: &mut schemars::Schema) {
+    for (field, text) in [
+        (
+            "endpoint",
+            "Another endpoint than AWS's for the region, for an SQS-compatible\nserver.",
+        ),
+        (
+            "region",
+            "The AWS region. Default: the standard chain's, else `us-east-1`.",
+        ),
+    ] {
+        describe(schema, field, text);
+    }
 }
 
 /// Checks the settings every block has.
@@ -218,8 +242,8 @@ impl SourceBlock for SqsSourceConfig {
         let mut problems = Vec::new();
         check_target(
             &self.queue_url,
-            self.endpoint.as_deref(),
-            self.region.as_deref(),
+            self.connection.endpoint.as_deref(),
+            self.connection.region.as_deref(),
             &mut problems,
         );
         check_seconds(
@@ -273,8 +297,8 @@ impl SinkBlock for SqsSinkConfig {
         let mut problems = Vec::new();
         check_target(
             &self.queue_url,
-            self.endpoint.as_deref(),
-            self.region.as_deref(),
+            self.connection.endpoint.as_deref(),
+            self.connection.region.as_deref(),
             &mut problems,
         );
         let fifo = is_fifo(&self.queue_url);

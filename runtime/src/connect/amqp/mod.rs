@@ -25,7 +25,7 @@ use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{Connection, ConnectionProperties};
 
 pub(crate) use crate::config::connectors::amqp::RoutingKey;
-pub use crate::config::connectors::amqp::{AmqpSinkConfig, AmqpSourceConfig};
+pub use crate::config::connectors::amqp::{AmqpConnection, AmqpSinkConfig, AmqpSourceConfig};
 pub use sink::AmqpSink;
 pub use source::AmqpSource;
 
@@ -48,10 +48,16 @@ pub(crate) struct Endpoint {
 }
 
 impl Endpoint {
-    /// The endpoint of `url`, for the connector `name` (the connection's
-    /// name in the broker's management UI). Fails on a URL lapin cannot
-    /// use or TLS files that cannot be read (the message is scrubbed).
-    pub(crate) fn new(url: &SecretUrl, files: TlsFiles<'_>, name: &str) -> Result<Self, String> {
+    /// The endpoint of the block's `url`, for the connector `name` (the
+    /// connection's name in the broker's management UI). Fails on a URL
+    /// lapin cannot use or TLS files that cannot be read (the message is
+    /// scrubbed).
+    pub(crate) fn new(
+        connection: &AmqpConnection,
+        files: TlsFiles<'_>,
+        name: &str,
+    ) -> Result<Self, String> {
+        let url = &connection.url;
         let mut uri: AMQPUri = url
             .expose()
             .parse()

@@ -62,7 +62,7 @@ impl AmqpSink {
     /// The sink of `config`, not connected.
     pub(crate) fn new(config: &AmqpSinkConfig, label: &str) -> Result<Self, String> {
         Ok(AmqpSink {
-            endpoint: Endpoint::new(&config.url, config.tls.files(), label)?,
+            endpoint: Endpoint::new(&config.connection, config.tls.files(), label)?,
             exchange: config.exchange.clone(),
             routing_key: RoutingKey::parse(&config.routing_key)?,
             live: Mutex::new(None),

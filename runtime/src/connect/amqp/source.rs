@@ -86,7 +86,7 @@ impl AmqpSource {
     /// The source of `config`, not connected.
     pub(crate) fn new(config: &AmqpSourceConfig, label: &str) -> Result<Self, String> {
         Ok(AmqpSource {
-            endpoint: Endpoint::new(&config.url, config.tls.files(), label)?,
+            endpoint: Endpoint::new(&config.connection, config.tls.files(), label)?,
             queue: config.queue.clone(),
             prefetch: config.prefetch.get(),
             read_max: usize::try_from(config.batch.get()).unwrap_or(usize::MAX),

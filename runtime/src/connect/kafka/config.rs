@@ -44,7 +44,7 @@ mod tests {
         assert_eq!(c.topic_list(), vec!["in".to_owned()]);
         let many = source("brokers: [a:1, b:2]\ntopics: [x, y]\ngroup: g\nstart: earliest\n");
         assert!(many.check().is_empty());
-        assert_eq!(many.brokers.joined(), "a:1,b:2");
+        assert_eq!(many.connection.brokers.joined(), "a:1,b:2");
         assert_eq!(many.start, StartFrom::Earliest);
     }
 

@@ -26,12 +26,16 @@ pub use crate::config::connectors::kafka::{
 pub use sink::KafkaSink;
 pub use source::KafkaSource;
 
-use crate::config::connectors::kafka::Connection;
+use crate::config::connectors::kafka::KafkaConnection;
+use crate::connect::tls::TlsFiles;
 
 /// The librdkafka settings shared by the consumer and the producer: the
 /// brokers, the client id, TLS and SASL. Fails on a TLS file that cannot
 /// be read (named in the message).
-pub(crate) fn client_config(conn: &Connection<'_>) -> Result<ClientConfig, String> {
+pub(crate) fn client_config(
+    conn: &KafkaConnection,
+    tls: TlsFiles<'_>,
+) -> Result<ClientConfig, String> {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", conn.brokers.joined())
@@ -41,23 +45,23 @@ pub(crate) fn client_config(conn: &Connection<'_>) -> Result<ClientConfig, Strin
         .set("log_level", "4")
         .set("socket.connection.setup.timeout.ms", "5000")
         .set("reconnect.backoff.max.ms", "2000");
-    if let Some(id) = conn.client_id {
+    if let Some(id) = &conn.client_id {
         config.set("client.id", id);
     }
     if matches!(conn.security, Security::Ssl | Security::SaslSsl) {
-        if let Some(ca) = conn.tls.ca {
+        if let Some(ca) = tls.ca {
             crate::connect::tls::read_roots(ca)?;
             config.set("ssl.ca.location", ca.to_string_lossy());
         }
-        if let (Some(cert), Some(key)) = (conn.tls.cert, conn.tls.key) {
-            conn.tls.identity()?;
+        if let (Some(cert), Some(key)) = (tls.cert, tls.key) {
+            tls.identity()?;
             config
                 .set("ssl.certificate.location", cert.to_string_lossy())
                 .set("ssl.key.location", key.to_string_lossy());
         }
         config.set("enable.ssl.certificate.verification", "true");
     }
-    if let Some(sasl) = conn.sasl {
+    if let Some(sasl) = &conn.sasl {
         config
             .set("sasl.mechanism", sasl.mechanism.name())
             .set("sasl.username", &sasl.username)
@@ -125,7 +129,7 @@ mod tests {
             ca = ca.display(),
             key = key.display()
         ));
-        let config = client_config(&sink.connection()).expect("a client config");
+        let config = client_config(&sink.connection, sink.tls.files()).expect("a client config");
         let get = |k: &str| config.get(k).map(str::to_owned);
         assert_eq!(get("bootstrap.servers").as_deref(), Some("b1:9093,b2:9093"));
         assert_eq!(get("security.protocol").as_deref(), Some("sasl_ssl"));
@@ -143,13 +147,13 @@ mod tests {
         assert_eq!(get("sasl.username").as_deref(), Some("app"));
         assert_eq!(get("client.id").as_deref(), Some("edge-1"));
         let said = scrub(
-            sink.sasl.as_ref(),
+            sink.connection.sasl.as_ref(),
             "SASL authentication failed for app/hunter2",
         );
         assert!(!said.contains("hunter2"), "{said}");
         // Plaintext sets no TLS or SASL at all.
         let plain: KafkaSinkConfig = block("brokers: \"b1:9092\"\ntopic: out\n");
-        let config = client_config(&plain.connection()).expect("a client config");
+        let config = client_config(&plain.connection, plain.tls.files()).expect("a client config");
         assert_eq!(config.get("security.protocol"), Some("plaintext"));
         assert_eq!(config.get("ssl.ca.location"), None);
         assert_eq!(config.get("sasl.password"), None);
@@ -164,7 +168,7 @@ mod tests {
             "brokers: \"b1:9093\"\ntopic: out\nsecurity: ssl\ntls_ca: {}\n",
             bad.display()
         ));
-        let Err(err) = client_config(&sink.connection()) else {
+        let Err(err) = client_config(&sink.connection, sink.tls.files()) else {
             panic!("a CA file that is not PEM was taken");
         };
         assert!(err.contains("ca.pem"), "{err}");

@@ -84,7 +84,7 @@ impl KafkaSink {
     /// The sink of `config`: the producer is made (it connects by itself,
     /// when the first message goes).
     pub(crate) fn new(config: &KafkaSinkConfig) -> Result<Self, String> {
-        let mut client = client_config(&config.connection())?;
+        let mut client = client_config(&config.connection, config.tls.files())?;
         client
             .set("enable.idempotence", "true")
             .set("acks", "all")
@@ -99,14 +99,14 @@ impl KafkaSink {
         let diagnosis = Arc::new(Diagnosis::new(
             Role::Producer,
             describe.clone(),
-            config.sasl.clone(),
+            config.connection.sasl.clone(),
         ));
-        let producer = make(&client, config.sasl.as_ref(), &diagnosis)?;
+        let producer = make(&client, config.connection.sasl.as_ref(), &diagnosis)?;
         Ok(KafkaSink {
             config: client,
             producer: RwLock::new(Arc::new(producer)),
             topic: config.topic.clone(),
-            sasl: config.sasl.clone(),
+            sasl: config.connection.sasl.clone(),
             describe,
             diagnosis,
         })

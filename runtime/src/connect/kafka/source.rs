@@ -311,10 +311,10 @@ impl KafkaSource {
             committed: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
             label: ctx.label(),
-            sasl: config.sasl.clone(),
-            diagnosis: Diagnosis::new(Role::Consumer, ctx.label(), config.sasl.clone()),
+            sasl: config.connection.sasl.clone(),
+            diagnosis: Diagnosis::new(Role::Consumer, ctx.label(), config.connection.sasl.clone()),
         });
-        let mut client = client_config(&config.connection())?;
+        let mut client = client_config(&config.connection, config.tls.files())?;
         let session_ms = config.session_timeout.get().as_millis().max(1000);
         let buffer = usize::try_from(config.buffer.get()).unwrap_or(2000);
         client
@@ -363,14 +363,17 @@ impl KafkaSource {
             })
             .map_err(|e| {
                 scrub(
-                    config.sasl.as_ref(),
+                    config.connection.sasl.as_ref(),
                     &format!("cannot make the consumer: {e}"),
                 )
             })?;
         let names: Vec<&str> = topics.iter().map(String::as_str).collect();
-        consumer
-            .subscribe(&names)
-            .map_err(|e| scrub(config.sasl.as_ref(), &format!("cannot subscribe: {e}")))?;
+        consumer.subscribe(&names).map_err(|e| {
+            scrub(
+                config.connection.sasl.as_ref(),
+                &format!("cannot subscribe: {e}"),
+            )
+        })?;
         let consumer = Arc::new(consumer);
         let (tx, rx) = mpsc::channel(buffer);
         let (closed_tx, closed_rx) = std::sync::mpsc::channel();

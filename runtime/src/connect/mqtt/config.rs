@@ -43,7 +43,7 @@ mod tests {
     fn a_source_block_takes_its_defaults() {
         let c = source("url: mqtt://h:1883\ntopic: in/#\n");
         assert!(c.check().is_empty(), "{:?}", c.check());
-        assert_eq!(c.version, Version::V5);
+        assert_eq!(c.connection.version, Version::V5);
         assert_eq!(c.qos, 1);
         assert_eq!(c.read_max(), 100);
         assert_eq!(c.receive_maximum, 1000);
@@ -54,11 +54,15 @@ mod tests {
     #[test]
     fn versions_are_read_as_written() {
         assert_eq!(
-            source("url: mqtt://h\ntopic: a\nversion: 3.1.1\n").version,
+            source("url: mqtt://h\ntopic: a\nversion: 3.1.1\n")
+                .connection
+                .version,
             Version::V311
         );
         assert_eq!(
-            source("url: mqtt://h\ntopic: a\nversion: 5\n").version,
+            source("url: mqtt://h\ntopic: a\nversion: 5\n")
+                .connection
+                .version,
             Version::V5
         );
         assert!(

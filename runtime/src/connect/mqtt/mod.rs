@@ -29,12 +29,13 @@ use bytes::Bytes;
 use rumqttc::v5;
 use rumqttc::v5::mqttbytes::v5 as p5;
 
-pub use crate::config::connectors::mqtt::{MqttSinkConfig, MqttSourceConfig, Version};
+pub use crate::config::connectors::mqtt::{
+    MqttConnection, MqttSinkConfig, MqttSourceConfig, Version,
+};
 pub use sink::MqttSink;
 pub use source::MqttSource;
 
-use crate::connect::tls::TlsFiles;
-use crate::connect::{Secret, SecretUrl, tls};
+use crate::connect::tls::{self, TlsFiles};
 
 pub use crate::config::connectors::mqtt::SLUICE_ID;
 /// The header a source gives each message: the MQTT topic it came on.
@@ -49,14 +50,12 @@ const CONNECT_TIMEOUT_SECS: u64 = 5;
 pub(crate) const RETRY_MIN: Duration = Duration::from_millis(100);
 pub(crate) const RETRY_MAX: Duration = Duration::from_secs(5);
 
-/// How to connect, as both blocks give it.
+/// How to connect: the block's connection, and what a source and a sink
+/// ask of it differently.
 pub(crate) struct Settings {
-    pub(crate) url: SecretUrl,
-    pub(crate) version: Version,
+    /// The URL, version, credentials and keep-alive.
+    pub(crate) connection: MqttConnection,
     pub(crate) client_id: String,
-    pub(crate) username: Option<String>,
-    pub(crate) password: Option<Secret>,
-    pub(crate) keep_alive: Duration,
     /// `Some(expiry)`: a persistent session (clean start off) kept this
     /// long; `None`: a clean session.
     pub(crate) session: Option<Duration>,
@@ -144,11 +143,11 @@ impl Link {
     /// The client and event loop for `settings`, not connected: the first
     /// poll connects. Fails only on TLS files that cannot be used.
     pub(crate) fn new(settings: &Settings, files: TlsFiles<'_>) -> Result<(Client, Link), String> {
-        let url = settings.url.url();
+        let url = settings.connection.url.url();
         let tls = url.scheme() == "mqtts";
         let host = url
             .host_str()
-            .ok_or_else(|| format!("`{}` names no host", settings.url))?
+            .ok_or_else(|| format!("`{}` names no host", settings.connection.url))?
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
@@ -161,8 +160,12 @@ impl Link {
         };
         let (username, password) = credentials(settings);
         // rumqttc's MQTT 5 client refuses (panics on) less than 5 s.
-        let keep_alive = settings.keep_alive.max(Duration::from_secs(5));
-        match settings.version {
+        let keep_alive = settings
+            .connection
+            .keep_alive
+            .get()
+            .max(Duration::from_secs(5));
+        match settings.connection.version {
             Version::V5 => {
                 let mut options = v5::MqttOptions::new(&settings.client_id, host, port);
                 options
@@ -322,17 +325,19 @@ fn queue_error_v4(e: rumqttc::ClientError) -> QueueError {
 /// The user name and password: the block's own, else the URL's
 /// (percent-decoded).
 fn credentials(settings: &Settings) -> (Option<String>, Option<String>) {
-    let url = settings.url.url();
+    let url = settings.connection.url.url();
     let decode = |s: &str| {
         percent_encoding::percent_decode_str(s)
             .decode_utf8_lossy()
             .into_owned()
     };
     let username = settings
+        .connection
         .username
         .clone()
         .or_else(|| (!url.username().is_empty()).then(|| decode(url.username())));
     let password = settings
+        .connection
         .password
         .as_ref()
         .map(|p| p.expose().to_owned())
@@ -358,8 +363,8 @@ fn error_text(e: &(dyn std::error::Error + 'static)) -> String {
 /// Turns `text` into what may be shown: the URL's secrets and the
 /// block's password replaced by `***`.
 pub(crate) fn scrub(settings: &Settings, text: &str) -> String {
-    let mut out = settings.url.scrub(text);
-    if let Some(password) = &settings.password
+    let mut out = settings.connection.url.scrub(text);
+    if let Some(password) = &settings.connection.password
         && password.expose().len() >= 3
     {
         out = out.replace(password.expose(), "***");

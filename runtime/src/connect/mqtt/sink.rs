@@ -113,8 +113,7 @@ impl MqttSink {
         let topic = TopicTemplate::parse(&config.topic)?;
         let inflight = config.inflight.max(1);
         let settings = Settings {
-            url: config.url.clone(),
-            version: config.version,
+            connection: config.connection.clone(),
             client_id: config.client_id.clone().unwrap_or_else(|| {
                 let unique = uuid::Uuid::now_v7().simple().to_string();
                 format!(
@@ -123,9 +122,6 @@ impl MqttSink {
                     &unique[unique.len() - 8..]
                 )
             }),
-            username: config.username.clone(),
-            password: config.password.clone(),
-            keep_alive: config.keep_alive.get(),
             session: None,
             receive_maximum: None,
             inflight,
@@ -134,7 +130,7 @@ impl MqttSink {
         };
         let (client, link) = Link::new(&settings, config.tls.files())?;
         let state = Arc::new(Mutex::new(State::default()));
-        let label = format!("mqtt topic `{}` at {}", config.topic, config.url);
+        let label = format!("mqtt topic `{}` at {}", config.topic, config.connection.url);
         let task = tokio::spawn(drive(link, state.clone(), settings, ctx.label()));
         Ok(MqttSink {
             state,
@@ -143,7 +139,7 @@ impl MqttSink {
             task,
             topic,
             retain: config.retain,
-            version: config.version,
+            version: config.connection.version,
             key_property: config.key_property.clone(),
             label,
         })
@@ -342,7 +338,7 @@ async fn drive(mut link: Link, state: Arc<Mutex<State>>, settings: Settings, lab
             Err(e) => {
                 let why = scrub(
                     &settings,
-                    &format!("mqtt broker at {}: {e}", settings.url.redacted()),
+                    &format!("mqtt broker at {}: {e}", settings.connection.url.redacted()),
                 );
                 {
                     let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);

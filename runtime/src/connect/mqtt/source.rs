@@ -95,21 +95,17 @@ impl MqttSource {
     /// The source of `config`, its event loop started (it connects at
     /// once, and keeps reconnecting).
     pub(crate) fn new(config: &MqttSourceConfig, ctx: &Context) -> Result<Self, String> {
-        let receive_maximum = match config.version {
+        let receive_maximum = match config.connection.version {
             Version::V5 => Some(config.receive_maximum),
             Version::V311 => None,
         };
         let channel = receive_maximum.map_or(V311_CHANNEL, usize::from) + 16;
         let settings = Settings {
-            url: config.url.clone(),
-            version: config.version,
+            connection: config.connection.clone(),
             client_id: config
                 .client_id
                 .clone()
                 .unwrap_or_else(|| default_client_id(&ctx.pipeline, &ctx.name)),
-            username: config.username.clone(),
-            password: config.password.clone(),
-            keep_alive: config.keep_alive.get(),
             session: Some(config.session_expiry.get()),
             receive_maximum,
             inflight: 10,
@@ -291,7 +287,7 @@ async fn drive(
             Err(e) => {
                 let why = scrub(
                     &settings,
-                    &format!("mqtt broker at {}: {e}", settings.url.redacted()),
+                    &format!("mqtt broker at {}: {e}", settings.connection.url.redacted()),
                 );
                 {
                     // Under the lock acks are queued with: none queued for

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use async_nats::connection::State;
 
-pub(crate) use crate::config::connectors::nats::Auth;
+pub(crate) use crate::config::connectors::nats::NatsConnection;
 pub use crate::config::connectors::nats::{
     Deliver, NatsSinkConfig, NatsSourceConfig, default_durable,
 };
@@ -54,15 +54,16 @@ pub(crate) struct Conn {
 const FIRST_CONNECT: Duration = Duration::from_secs(3);
 
 impl Conn {
-    /// A client of `url`, connecting in the background (and reconnecting
-    /// forever). Fails only on settings the client library refuses (a TLS
-    /// or creds file it cannot use); the message is scrubbed.
+    /// A client of the block's `url`, connecting in the background (and
+    /// reconnecting forever). Fails only on settings the client library
+    /// refuses (a TLS or creds file it cannot use); the message is
+    /// scrubbed.
     pub(crate) async fn new(
-        url: &SecretUrl,
-        auth: &Auth<'_>,
+        connection: &NatsConnection,
         files: TlsFiles<'_>,
         name: &str,
     ) -> Result<Conn, String> {
+        let (url, auth) = (&connection.url, connection.auth());
         let parsed = url.url();
         let mut secrets: Vec<String> = Vec::new();
         let mut options = async_nats::ConnectOptions::new()

@@ -57,8 +57,7 @@ impl NatsSink {
     /// The sink of `config`, connecting in the background.
     pub(crate) async fn new(config: &NatsSinkConfig, ctx: &Context) -> Result<Self, String> {
         let conn = Conn::new(
-            &config.url,
-            &config.auth(),
+            &config.connection,
             config.tls.files(),
             &format!("sluice {}", ctx.label()),
         )

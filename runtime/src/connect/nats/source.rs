@@ -100,8 +100,7 @@ impl NatsSource {
     /// The source of `config`, connecting in the background.
     pub(crate) async fn new(config: &NatsSourceConfig, ctx: &Context) -> Result<Self, String> {
         let conn = Conn::new(
-            &config.url,
-            &config.auth(),
+            &config.connection,
             config.tls.files(),
             &format!("sluice {}", ctx.label()),
         )

@@ -9,23 +9,17 @@ use std::num::NonZeroU32;
 use super::connection;
 use super::outbox::OutboxSource;
 use super::table::TableSink;
+use crate::config::SinkBlock;
 pub(crate) use crate::config::connectors::postgres::*;
-use crate::config::{HumanDuration, SecretUrl, SinkBlock};
 use crate::connect::tls::TlsFiles;
 use crate::connect::{BuildError, Context, Sink, SinkConfig, Source, SourceConfig};
 
 #[async_trait]
 impl SourceConfig for OutboxConfig {
     async fn build(&self, ctx: &Context) -> Result<Box<dyn Source>, BuildError> {
-        let settings = settings(
-            &self.url,
-            self.tls.files(),
-            &self.statement_timeout,
-            ctx,
-            "source",
-        )?;
+        let settings = settings(&self.connection, self.tls.files(), ctx, "source")?;
         Ok(Box::new(OutboxSource::new(
-            self.url.clone(),
+            self.connection.url.clone(),
             settings,
             self.outbox.clone(),
             self.create,
@@ -51,15 +45,9 @@ impl SinkConfig for TableSinkConfig {
         if let Some(problem) = problems.first() {
             return Err(BuildError::sink(ctx, problem.message.clone()));
         }
-        let settings = settings(
-            &self.url,
-            self.tls.files(),
-            &self.statement_timeout,
-            ctx,
-            "sink",
-        )?;
+        let settings = settings(&self.connection, self.tls.files(), ctx, "sink")?;
         let sink = TableSink::new(
-            self.url.clone(),
+            self.connection.url.clone(),
             settings,
             self.table.as_deref(),
             self.statement.as_deref(),
@@ -71,14 +59,14 @@ impl SinkConfig for TableSinkConfig {
     }
 }
 
-/// The connection settings of a block, or why they cannot be made.
+/// The connection settings of a block, source or sink, or why they
+/// cannot be made.
 fn settings(
-    url: &SecretUrl,
+    block: &PostgresConnection,
     files: TlsFiles<'_>,
-    statement_timeout: &HumanDuration,
     ctx: &Context,
     connector: &'static str,
 ) -> Result<connection::ConnectSettings, BuildError> {
-    connection::settings(url, files, statement_timeout.get())
+    connection::settings(&block.url, files, block.statement_timeout.get())
         .map_err(|message| BuildError::new(connector, ctx, message))
 }

@@ -20,7 +20,9 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ClientTlsConfig, ErrorKind, RedisError, TlsCertificates};
 
-pub use crate::config::connectors::redis::{RedisSinkConfig, RedisSourceConfig, StartFrom};
+pub use crate::config::connectors::redis::{
+    RedisConnection, RedisSinkConfig, RedisSourceConfig, StartFrom,
+};
 pub use sink::RedisSink;
 pub use source::RedisSource;
 
@@ -37,17 +39,18 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// A connection to `url`, not yet made. `rediss://` speaks TLS,
+    /// A connection to the block's `url`, not yet made. `rediss://` speaks TLS,
     /// trusting the CA certificates in `tls_ca` or else the system's
     /// roots, always checking the server's certificate and name, and
     /// showing `tls_cert` to a server that asks for a client certificate.
     /// Fails only on a URL or TLS file the client library cannot use (the
     /// message is scrubbed).
     pub(crate) fn new(
-        url: &SecretUrl,
+        connection: &RedisConnection,
         files: TlsFiles<'_>,
         response_timeout: Duration,
     ) -> Result<Conn, String> {
+        let url = &connection.url;
         let client = if url.scheme() == "rediss" {
             if url.url().fragment() == Some("insecure") {
                 return Err(format!(

@@ -102,7 +102,7 @@ impl RedisSink {
     /// The sink of `config`, not connected.
     pub(crate) fn new(config: &RedisSinkConfig) -> Result<Self, String> {
         Ok(RedisSink {
-            conn: Conn::new(&config.url, config.tls.files(), RESPONSE_TIMEOUT)?,
+            conn: Conn::new(&config.connection, config.tls.files(), RESPONSE_TIMEOUT)?,
             stream: config.stream.clone(),
             maxlen: config.maxlen.unwrap_or(0),
             ttl_ms: u64::try_from(config.dedup_ttl.get().as_millis())

@@ -62,7 +62,11 @@ pub struct RedisSource {
 impl RedisSource {
     /// The source of `config`, not connected.
     pub(crate) fn new(config: &RedisSourceConfig) -> Result<Self, String> {
-        let conn = Conn::new(&config.url, config.tls.files(), MAX_BLOCK + RESPONSE_GRACE)?;
+        let conn = Conn::new(
+            &config.connection,
+            config.tls.files(),
+            MAX_BLOCK + RESPONSE_GRACE,
+        )?;
         Ok(RedisSource {
             conn,
             stream: config.stream.clone(),

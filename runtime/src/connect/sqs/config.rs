@@ -8,23 +8,27 @@ use super::{SqsSink, SqsSource, Target};
 pub(crate) use crate::config::connectors::sqs::*;
 use crate::connect::{BuildError, Context, Sink, SinkConfig, Source, SourceConfig};
 
-impl SqsSourceConfig {
-    pub(crate) fn target(&self) -> Target {
+impl SqsConnection {
+    /// The queue `queue_url`, called at this endpoint and region: what a
+    /// source's or a sink's client is built from.
+    pub(crate) fn target(&self, queue_url: &str) -> Target {
         Target {
-            queue_url: self.queue_url.clone(),
+            queue_url: queue_url.to_owned(),
             endpoint: self.endpoint.clone(),
             region: self.region.clone(),
         }
     }
 }
 
+impl SqsSourceConfig {
+    pub(crate) fn target(&self) -> Target {
+        self.connection.target(&self.queue_url)
+    }
+}
+
 impl SqsSinkConfig {
     pub(crate) fn target(&self) -> Target {
-        Target {
-            queue_url: self.queue_url.clone(),
-            endpoint: self.endpoint.clone(),
-            region: self.region.clone(),
-        }
+        self.connection.target(&self.queue_url)
     }
 }
 
