@@ -259,8 +259,8 @@ async fn sink_stage(n: usize, url: &str, count: &AtomicUsize, sync: SyncMode) ->
                 Box::new(SinkHandler::new(
                     sink.clone(),
                     ctx.clone(),
-                    stage.timeout.get(),
-                    stage.retry.backoff.max.get(),
+                    stage.delivery.timeout.get(),
+                    stage.delivery.retry.backoff.max.get(),
                 )) as Box<dyn StageHandler>
             })
             .collect(),

@@ -254,7 +254,7 @@ async fn run_stage(url: &str, table: &str, n: usize, noop: Option<Arc<Noop>>) ->
             .postgres
             .as_ref()
             .expect("postgres block")
-            .build_for(&ctx, *stage.concurrency)
+            .build_for(&ctx, *stage.delivery.concurrency)
             .await
             .expect("build"),
     };

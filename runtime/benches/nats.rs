@@ -185,8 +185,8 @@ fn stage(concurrency: u32) -> Stage {
         "name: s\nsubscribe: in\nplugin: identity.wasm\npublish: [out]\nconcurrency: {concurrency}\n"
     );
     let mut stage: Stage = serde_saphyr::from_str(&yaml).expect("stage");
-    stage.ack_wait = HumanDuration::secs(30);
-    stage.max_ack_pending = std::env::var("NATS_BENCH_MAX_ACK_PENDING")
+    stage.delivery.ack_wait = HumanDuration::secs(30);
+    stage.delivery.max_ack_pending = std::env::var("NATS_BENCH_MAX_ACK_PENDING")
         .ok()
         .and_then(|m| m.parse().ok());
     stage
@@ -354,10 +354,12 @@ async fn sluice_stage(
 ) -> f64 {
     let (broker, input, output, dlq) = connect_with_streams(url).await;
     let mut stage = stage.clone();
-    stage.dlq = Some(dlq.clone());
+    stage.delivery.dlq = Some(dlq.clone());
     let setup = StageSetup {
         pipeline: "p".into(),
-        handlers: (0..stage.concurrency.get()).map(|_| handler()).collect(),
+        handlers: (0..stage.delivery.concurrency.get())
+            .map(|_| handler())
+            .collect(),
         stage,
         shutdown_timeout: Duration::from_secs(5),
         plugin_sha256: None,
@@ -491,8 +493,8 @@ async fn state_stage(
         "name: s\nsubscribe: in\nplugin: stateful.wasm\npublish: [out]\nconcurrency: {concurrency}\nconfig: {{{config}: \"1\"}}\n"
     );
     let mut stage: Stage = serde_saphyr::from_str(&yaml).expect("stage");
-    stage.ack_wait = HumanDuration::secs(30);
-    stage.dlq = Some(dlq.clone());
+    stage.delivery.ack_wait = HumanDuration::secs(30);
+    stage.delivery.dlq = Some(dlq.clone());
     // A store of its own per sample, so no sample starts from another's.
     let store: Arc<str> = format!("p/bench{sample}{op}{granted}").into();
     let handlers = (0..concurrency)

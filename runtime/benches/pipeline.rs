@@ -126,7 +126,7 @@ fn main() {
     if wants("dedup") {
         let plain = stage("uppercase", &[]);
         let mut deduplicated = plain.clone();
-        deduplicated.dedup = Some(sluice::config::Dedup {
+        deduplicated.delivery.dedup = Some(sluice::config::Dedup {
             key: sluice::config::DedupKey::Id,
             ttl: HumanDuration::secs(3600),
             payload_hash: true,
@@ -151,7 +151,7 @@ fn main() {
         // to nothing (target: at least 0.95x).
         let plain = stage("uppercase", &[]);
         let mut limited = plain.clone();
-        limited.rate = Some(sluice::config::Rate {
+        limited.delivery.rate = Some(sluice::config::Rate {
             limit: "1000000/s".parse().expect("rate"),
             burst: std::num::NonZeroU32::new(1000).expect("1000"),
             per: None,
@@ -198,7 +198,7 @@ fn main() {
             .expect("upper-batch");
         let single = stage("uppercase", &[]);
         let mut batched = stage("upper-batch", &[]);
-        batched.batch = Some(sluice::config::Batch {
+        batched.delivery.batch = Some(sluice::config::Batch {
             max: std::num::NonZeroU32::new(64).expect("64"),
             wait: HumanDuration::millis(100),
         });
@@ -269,7 +269,7 @@ fn stage(plugin: &str, config: &[(&str, &str)]) -> Stage {
         }
     }
     let mut stage: Stage = serde_saphyr::from_str(&yaml).expect("stage");
-    stage.ack_wait = HumanDuration::secs(30);
+    stage.delivery.ack_wait = HumanDuration::secs(30);
     stage
 }
 
@@ -341,7 +341,7 @@ async fn run_stage_on(
     }
     let setup = StageSetup {
         pipeline: "s".into(),
-        handlers: (0..stage.concurrency.get())
+        handlers: (0..stage.delivery.concurrency.get())
             .map(|_| handler(&broker))
             .collect(),
         stage,
@@ -483,7 +483,7 @@ fn lanes(rt: &tokio::runtime::Runtime, name: &str, priority: &str) {
              plugin: x.wasm\npublish: [out]\nconcurrency: 4\n"
         );
         let mut stage: Stage = serde_saphyr::from_str(&yaml).expect("stage");
-        stage.ack_wait = HumanDuration::secs(30);
+        stage.delivery.ack_wait = HumanDuration::secs(30);
         let metrics = Arc::new(Metrics::new());
         let setup = StageSetup {
             pipeline: "s".into(),
@@ -546,7 +546,7 @@ fn languages(rt: &tokio::runtime::Runtime, host: &PluginHost) {
     let js_batch_stage = stage("upper-batch-js", &[]);
     for concurrency in [1, 4] {
         let mut stage = stage("uppercase", &[]);
-        stage.concurrency = sluice::config::Concurrency::fixed(
+        stage.delivery.concurrency = sluice::config::Concurrency::fixed(
             std::num::NonZeroU32::new(concurrency).expect("non-zero"),
         );
         let settings = stage.worker_settings();
@@ -561,8 +561,8 @@ fn languages(rt: &tokio::runtime::Runtime, host: &PluginHost) {
         // JavaScript's way to throughput: a batch stage, which spreads the
         // fixed cost of a call into the component over a batch.
         let mut batched = js_batch_stage.clone();
-        batched.concurrency = stage.concurrency;
-        batched.batch = Some(sluice::config::Batch {
+        batched.delivery.concurrency = stage.delivery.concurrency;
+        batched.delivery.batch = Some(sluice::config::Batch {
             max: std::num::NonZeroU32::new(64).expect("64"),
             wait: HumanDuration::millis(100),
         });

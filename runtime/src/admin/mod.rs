@@ -193,14 +193,15 @@ impl Catalog {
                     pipeline: pipeline.name.clone(),
                     stage: stage.name.clone(),
                     inputs,
-                    rate: stage.rate.as_ref().map(|rate| match &rate.per {
+                    rate: stage.delivery.rate.as_ref().map(|rate| match &rate.per {
                         Some(per) => format!("{} per {per}", rate.limit),
                         None => rate.limit.to_string(),
                     }),
                     adaptive_max: stage
+                        .delivery
                         .concurrency
                         .adaptive
-                        .then_some(stage.concurrency.max.get()),
+                        .then_some(stage.delivery.concurrency.max.get()),
                     dlq_topic,
                     kind: connector
                         .map_or_else(|| "plugin".to_owned(), |c| format!("sink:{}", c.kind())),

@@ -184,6 +184,33 @@ pub struct Stage {
     /// An emit to any other topic is dead-lettered as `undeclared-topic`.
     #[serde(default)]
     pub publish: Vec<String>,
+    /// The delivery policy: concurrency, leases, retries, dead letters,
+    /// ordering, batches, timeout, rate, ack limit and dedup. Its keys sit
+    /// in the stage's own mapping; a sink has the same ones.
+    #[serde(flatten)]
+    pub delivery: Delivery,
+    /// The memory limit of one plugin instance, summed over its memories.
+    #[serde(default = "default_memory")]
+    pub memory: HumanSize,
+    /// A handler's `retry(after)` holds the whole stage for that long, not
+    /// only its message (as a sink's `429 Retry-After` always does).
+    #[serde(default)]
+    pub hold_on_retry_after: bool,
+    /// Set for a sink: the built-in handler that runs instead of a plugin
+    /// (`plugin` is then empty). Filled in by the loader from `sinks:`.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub sink: Option<Arc<super::SinkDef>>,
+}
+
+/// How messages are delivered to a stage or a sink and what happens when
+/// a call fails: the keys both share, flattened into their mappings. The
+/// docs are a stage's; a sink's schema says them in a sink's words
+/// (`SINK_DELIVERY_DOCS` in `connectors/mod.rs`). It allows any other key:
+/// the stage or sink around it rejects the unknown ones, and `parse.rs`
+/// reads it alone from their whole mapping to place its errors.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize, JsonSchema)]
+pub struct Delivery {
     /// How many messages this stage handles at once, per daemon: a number,
     /// or `{max: 64, adaptive: true}` for a limit that follows the
     /// handler's latency and failures (AIMD) up to `max`.
@@ -214,9 +241,6 @@ pub struct Stage {
     /// batch). A call that takes longer fails as `timeout` and is retried.
     #[serde(default = "default_timeout")]
     pub timeout: HumanDuration,
-    /// The memory limit of one plugin instance, summed over its memories.
-    #[serde(default = "default_memory")]
-    pub memory: HumanSize,
     /// How many messages the handler may be handed per unit of time:
     /// `50/s`, or `{limit: 50/s, burst: 10}`, or `{limit: 5/s, per: key}`
     /// for a bucket per key. On NATS the limit holds for all daemons
@@ -228,10 +252,6 @@ pub struct Stage {
     )]
     #[schemars(with = "super::RateForm")]
     pub rate: Option<super::Rate>,
-    /// A handler's `retry(after)` holds the whole stage for that long, not
-    /// only its message (as a sink's `429 Retry-After` always does).
-    #[serde(default)]
-    pub hold_on_retry_after: bool,
     /// The most messages delivered but not yet acked for this stage, across
     /// all daemons (JetStream's MaxAckPending), and what one daemon holds
     /// at once. When absent: the larger of 2 × concurrency × batch size
@@ -242,11 +262,6 @@ pub struct Stage {
     /// Off when absent.
     #[serde(default)]
     pub dedup: Option<super::Dedup>,
-    /// Set for a sink: the built-in handler that runs instead of a plugin
-    /// (`plugin` is then empty). Filled in by the loader from `sinks:`.
-    #[serde(skip)]
-    #[schemars(skip)]
-    pub sink: Option<Arc<super::SinkDef>>,
 }
 
 /// 1.
@@ -405,7 +420,8 @@ impl Stage {
 
     /// The dead-letter topic of this stage in `pipeline`.
     pub fn dlq_topic(&self, pipeline: &str) -> String {
-        self.dlq
+        self.delivery
+            .dlq
             .clone()
             .unwrap_or_else(|| default_dlq(pipeline, &self.name))
     }
@@ -940,20 +956,20 @@ mod tests {
     fn defaults_are_the_documented_ones() {
         let stage: Stage =
             super::super::parse::from_str_for_tests("name: s\nsubscribe: in\nplugin: p.wasm\n");
-        assert_eq!(stage.concurrency.get(), 1);
-        assert_eq!(stage.ack_wait, HumanDuration::secs(30));
-        assert_eq!(stage.timeout, HumanDuration::secs(30));
+        assert_eq!(stage.delivery.concurrency.get(), 1);
+        assert_eq!(stage.delivery.ack_wait, HumanDuration::secs(30));
+        assert_eq!(stage.delivery.timeout, HumanDuration::secs(30));
         assert_eq!(stage.memory, HumanSize::mib(256));
-        assert_eq!(stage.retry.attempts().get(), 5);
-        assert_eq!(stage.retry.backoff.initial, HumanDuration::secs(1));
-        assert_eq!(stage.retry.backoff.max, HumanDuration::secs(60));
-        assert_eq!(stage.retry.backoff.multiplier, 2.0);
-        assert_eq!(stage.retry.backoff.jitter, 0.2);
+        assert_eq!(stage.delivery.retry.attempts().get(), 5);
+        assert_eq!(stage.delivery.retry.backoff.initial, HumanDuration::secs(1));
+        assert_eq!(stage.delivery.retry.backoff.max, HumanDuration::secs(60));
+        assert_eq!(stage.delivery.retry.backoff.multiplier, 2.0);
+        assert_eq!(stage.delivery.retry.backoff.jitter, 0.2);
         assert_eq!(stage.dlq_topic("p"), "p.s.dlq");
         assert_eq!(stage.subscribe.topic(), "in");
         assert!(stage.publish.is_empty() && stage.config.is_empty());
-        assert!(stage.ordering.is_none() && stage.batch.is_none());
-        assert!(stage.max_ack_pending.is_none());
+        assert!(stage.delivery.ordering.is_none() && stage.delivery.batch.is_none());
+        assert!(stage.delivery.max_ack_pending.is_none());
     }
 
     #[test]

@@ -41,8 +41,8 @@ use serde::Deserialize;
 use serde_saphyr::{Localizer, Location};
 
 use super::interpolate::interpolate_tree;
-use super::model::{Pipeline, Stage};
-use super::tree::{DeError, Kind, Node, Pos, Seg};
+use super::model::{Delivery, Pipeline, Stage};
+use super::tree::{DeError, Kind, Node, Pos, Seg, noting_resolved};
 use super::{SinkDef, SourceDef};
 
 /// The largest pipeline file accepted: 1 MiB.
@@ -148,6 +148,7 @@ pub(crate) fn parse_str(
     if !problems.is_empty() {
         return Err(problems);
     }
+    resolve_delivery_scalars(&mut tree);
     let secrets = super::secrets::read_block(&tree, dir, env)?;
     match super::secrets::with_values(secrets.clone(), || Pipeline::deserialize(&tree)) {
         Ok(mut pipeline) => {
@@ -228,6 +229,19 @@ fn all_serde_problems(tree: &Node, first: DeError) -> Vec<Problem> {
     }
     for problem in &mut problems {
         at_flattened_value(tree, problem);
+        at_delivery_value(tree, problem);
+        with_allowed_keys(tree, problem);
+    }
+    // serde reads a stage's or sink's delivery keys after its other keys
+    // (a flattened part last), so an error among them that came first in
+    // the file could be hidden by a later one: each is added.
+    for (_, item) in stages_and_sinks(tree) {
+        if let Err(e) = Delivery::deserialize(item) {
+            let p = problem(item, e);
+            if !problems.contains(&p) {
+                problems.push(p);
+            }
+        }
     }
     problems.sort_by_key(|(pos, _)| *pos);
     problems
@@ -277,6 +291,98 @@ fn at_flattened_value(tree: &Node, problem: &mut Problem) {
             *problem = found.clone();
             return;
         }
+    }
+}
+
+/// The stages and sinks of a pipeline file: the mappings that flatten
+/// in a [`Delivery`], with the list they sit in.
+fn stages_and_sinks(tree: &Node) -> impl Iterator<Item = (&'static str, &Node)> {
+    ["stages", "sinks"]
+        .into_iter()
+        .filter_map(|list| match field(tree, list).map(|n| &n.kind) {
+            Some(Kind::Seq(items)) => Some(items.iter().map(move |item| (list, item))),
+            _ => None,
+        })
+        .flatten()
+        .filter(|(_, item)| matches!(item.kind, Kind::Map(_)))
+}
+
+/// serde reads the [`Delivery`] keys of a stage or sink through a buffer
+/// of plain values, where an interpolated `${N}` stays a string and fails
+/// a numeric field. Each one's keys are read alone first, and the strings
+/// read there as numbers or booleans are made so in the tree.
+fn resolve_delivery_scalars(tree: &mut Node) {
+    let Kind::Map(entries) = &mut tree.kind else {
+        return;
+    };
+    for (key, list) in entries {
+        if let ("stages" | "sinks", Kind::Seq(items)) = (key.name.as_str(), &mut list.kind) {
+            for item in items {
+                let (_, positions) = noting_resolved(|| Delivery::deserialize(&*item));
+                item.resolve_at(&positions);
+            }
+        }
+    }
+}
+
+/// An error in a stage's or sink's delivery keys falls back to the
+/// mapping's position, as in a connector block's flattened part (see
+/// [`at_flattened_value`]), and its words may differ from those of the
+/// same key read alone (a plain buffered `30` is not the `30` a duration
+/// says has no unit). Such a problem is the [`Delivery`] read as serde
+/// reads it flattened in; it is replaced by the error of the part read
+/// alone from the positioned YAML (ignoring the other keys), where it is.
+fn at_delivery_value(tree: &Node, problem: &mut Problem) {
+    /// A [`Delivery`] read as a stage or a sink reads it.
+    #[derive(Deserialize)]
+    struct Flattened {
+        #[serde(flatten)]
+        _delivery: Delivery,
+    }
+    for (_, item) in stages_and_sinks(tree).filter(|(_, item)| item.pos == problem.0) {
+        if let Err(flattened) = Flattened::deserialize(item)
+            && flattened.message == problem.1
+            && let Err(alone) = Delivery::deserialize(item)
+        {
+            *problem = self::problem(item, alone);
+            return;
+        }
+    }
+}
+
+/// serde finds a stage's or sink's unknown key only after its flattened
+/// [`Delivery`] took its own, and then says only `unknown field `x``
+/// (the tree marks it as a connector block's): the message lists the
+/// keys a stage or a sink allows, as for any other mapping.
+fn with_allowed_keys(tree: &Node, problem: &mut Problem) {
+    for (list, item) in stages_and_sinks(tree) {
+        let Kind::Map(entries) = &item.kind else {
+            continue;
+        };
+        let Some((key, _)) = entries.iter().find(|(key, _)| key.pos == problem.0) else {
+            continue;
+        };
+        if !problem
+            .1
+            .starts_with(&format!("unknown field `{}`;", key.name))
+        {
+            continue;
+        }
+        let schema = match list {
+            "stages" => schemars::schema_for!(Stage),
+            _ => schemars::schema_for!(SinkDef),
+        };
+        let allowed: Vec<String> = schema
+            .get("properties")
+            .and_then(|p| p.as_object())
+            .map(|p| p.keys().map(|k| format!("`{k}`")).collect())
+            .unwrap_or_default();
+        problem.1 = format!(
+            "unknown field `{}`; the fields allowed here are {}",
+            key.name,
+            allowed.join(", ")
+        );
+        return;
     }
 }
 
@@ -575,11 +681,107 @@ mod tests {
     fn interpolated_values_become_numbers_where_numbers_are_wanted() {
         let text = GOOD.replace("plugin: x.wasm", "plugin: x.wasm\n    concurrency: ${N:-4}");
         let doc = parse_str(&text, Path::new("."), &no_env).unwrap_or_else(|e| panic!("{e:?}"));
-        assert_eq!(doc.pipeline.stages[0].concurrency.get(), 4);
+        assert_eq!(doc.pipeline.stages[0].delivery.concurrency.get(), 4);
         let errs = errors(&GOOD.replace("x.wasm", "${PLUGIN_DIR}/x.wasm"));
         assert!(
             errs[0].starts_with("6:13: environment variable `PLUGIN_DIR` is not set"),
             "{errs:?}"
         );
+    }
+
+    const SINK: &str = "name: p\ntopics: [a]\nsinks:\n  - name: out\n    subscribe: a\n    \
+                        redis: {url: \"redis://h:6379\", stream: s}\n";
+
+    #[test]
+    fn an_error_in_a_delivery_key_points_at_its_value() {
+        let stage = |extra: &str| errors(&format!("{GOOD}{extra}"));
+        let errs = stage("    retry: {max_attempts: 0}\n");
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with("8:27: the number 0 is not allowed"),
+            "{errs:?}"
+        );
+        let errs = stage("    concurrency: -1\n");
+        assert!(
+            errs[0].starts_with("8:18: the number -1 is not allowed"),
+            "{errs:?}"
+        );
+        let errs = errors(&format!("{SINK}    batch: {{max: x}}\n"));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with("7:18: expected a whole number"),
+            "{errs:?}"
+        );
+        // One before a stage's own bad key in the file is not hidden by it
+        // (serde reads the delivery keys last).
+        let errs = stage("    ack_wait: forever\n    memory: lots\n");
+        assert_eq!(errs.len(), 2, "{errs:?}");
+        assert!(
+            errs[0].starts_with("8:15: `forever` is not a valid duration"),
+            "{errs:?}"
+        );
+        assert!(
+            errs[1].starts_with("9:13: `lots` is not a valid size"),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_stage_or_sink_key_lists_the_allowed_ones() {
+        let errs = errors(&format!("{GOOD}    concurency: 2\n"));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with(
+                "8:5: unknown field `concurency`; the fields allowed here are `ack_wait`, "
+            ),
+            "{errs:?}"
+        );
+        assert!(
+            errs[0].contains("`concurrency`") && errs[0].contains("`plugin`"),
+            "{errs:?}"
+        );
+        let errs = errors(&format!("{SINK}    retri: {{}}\n"));
+        assert!(
+            errs[0].starts_with(
+                "7:5: unknown field `retri`; the fields allowed here are `ack_wait`, "
+            ),
+            "{errs:?}"
+        );
+        assert!(
+            errs[0].contains("`retry`") && errs[0].contains("`redis`"),
+            "{errs:?}"
+        );
+        assert!(!errs[0].contains("`plugin`"), "{errs:?}");
+    }
+
+    #[test]
+    fn interpolated_delivery_numbers_are_numbers() {
+        let env = |name: &str| (name == "N").then(|| "4".to_owned());
+        let keys = "    concurrency: ${N}\n    max_ack_pending: ${N}\n    retry:\n      \
+                    max_attempts: ${N}\n    batch: {max: \"${N}\", wait: 10ms}\n";
+        let doc = parse_str(&format!("{GOOD}{keys}"), Path::new("."), &env)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let delivery = &doc.pipeline.stages[0].delivery;
+        assert_eq!(delivery.concurrency.get(), 4);
+        assert_eq!(delivery.max_ack_pending, Some(4));
+        assert_eq!(delivery.retry.max_attempts.map(|n| n.get()), Some(4));
+        let doc = parse_str(&format!("{SINK}{keys}"), Path::new("."), &env)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(doc.pipeline.sinks[0].delivery.max_ack_pending, Some(4));
+        assert_eq!(
+            doc.pipeline.sinks[0]
+                .delivery
+                .retry
+                .max_attempts
+                .map(|n| n.get()),
+            Some(4)
+        );
+        // Not a number: the error is at the value.
+        let bad = |name: &str| (name == "N").then(|| "x".to_owned());
+        let text = format!("{GOOD}    max_ack_pending: ${{N}}\n");
+        let Err(problems) = parse_str(&text, Path::new("."), &bad) else {
+            panic!("accepted");
+        };
+        assert_eq!(problems[0].0, Pos { line: 8, col: 22 }, "{problems:?}");
     }
 }

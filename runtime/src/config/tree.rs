@@ -13,6 +13,7 @@
 //! - semantic checks look positions up by path (`stages[2].publish[0]`) with
 //!   [`Node::locate`].
 
+use std::cell::RefCell;
 use std::fmt;
 
 use serde::de::value::StrDeserializer;
@@ -149,7 +150,8 @@ impl DeError {
     /// A struct with a flattened part (a connector block's `TlsOptions`)
     /// finds an unknown key only after reading the whole mapping, and
     /// says just `unknown field `x``: this points at that key, and says
-    /// where the allowed ones are listed.
+    /// where the allowed ones are listed. (A stage's or sink's, which
+    /// flatten in their `Delivery`, get the list itself in `parse.rs`.)
     fn at_unknown_key(mut self, entries: &[(Key, Node)]) -> Self {
         if self.pos.is_some() {
             return self;
@@ -357,13 +359,56 @@ impl<'de> Deserializer<'de> for &Node {
     }
 }
 
+thread_local! {
+    /// While [`noting_resolved`] runs: where an interpolated string was
+    /// read as a number or boolean.
+    static RESOLVED: RefCell<Option<Vec<Pos>>> = const { RefCell::new(None) };
+}
+
+/// Runs `read`, and returns with its result the positions of the
+/// interpolated strings it read as numbers or booleans (for
+/// [`Node::resolve_at`]).
+pub(crate) fn noting_resolved<T>(read: impl FnOnce() -> T) -> (T, Vec<Pos>) {
+    let outer = RESOLVED.replace(Some(Vec::new()));
+    let value = read();
+    let noted = RESOLVED.replace(outer).unwrap_or_default();
+    (value, noted)
+}
+
 impl Node {
     /// A number or boolean is wanted: an interpolated string is resolved
     /// first, so `concurrency: ${WORKERS:-4}` works.
     fn scalar<'de, V: Visitor<'de>>(&self, visitor: V) -> Result<V::Value, DeError> {
         match self.resolved() {
-            Some(node) => node.deserialize_any(visitor),
+            Some(node) => {
+                RESOLVED.with_borrow_mut(|noted| {
+                    if let Some(noted) = noted {
+                        noted.push(self.pos);
+                    }
+                });
+                node.deserialize_any(visitor)
+            }
             None => self.deserialize_any(visitor),
+        }
+    }
+
+    /// Makes the interpolated strings at `positions`, in this node or
+    /// below, the numbers or booleans they were read as. serde reads a
+    /// `flatten`ed part through a buffer of plain values, where such a
+    /// string would stay a string and fail a numeric field; the part is
+    /// read alone first, under [`noting_resolved`], to learn which.
+    pub(crate) fn resolve_at(&mut self, positions: &[Pos]) {
+        if positions.contains(&self.pos)
+            && let Some(node) = self.resolved()
+        {
+            self.kind = node.kind;
+        }
+        match &mut self.kind {
+            Kind::Seq(items) => items.iter_mut().for_each(|n| n.resolve_at(positions)),
+            Kind::Map(entries) => entries
+                .iter_mut()
+                .for_each(|(_, n)| n.resolve_at(positions)),
+            _ => {}
         }
     }
 

@@ -331,13 +331,13 @@ mod tests {
             metrics: metrics.clone(),
             health: Arc::new(Health::new()),
         };
-        let handlers = (0..stage.concurrency.get())
+        let handlers = (0..stage.delivery.concurrency.get())
             .map(|_| {
                 Box::new(SinkHandler::new(
                     target.clone(),
                     ctx.clone(),
-                    stage.timeout.get(),
-                    stage.retry.backoff.max.get(),
+                    stage.delivery.timeout.get(),
+                    stage.delivery.retry.backoff.max.get(),
                 )) as Box<dyn StageHandler>
             })
             .collect();
@@ -475,8 +475,8 @@ mod tests {
         let handler = SinkHandler::new(
             sink.clone(),
             ctx,
-            stage.timeout.get(),
-            stage.retry.backoff.max.get(),
+            stage.delivery.timeout.get(),
+            stage.delivery.retry.backoff.max.get(),
         );
         let engine = Engine::start(
             broker.clone(),

@@ -151,7 +151,7 @@ fn instance_capacity(pipelines: &[Pipeline], host: &HostConfig) -> u32 {
         .iter()
         .flat_map(|p| &p.stages)
         .filter(|s| !s.is_sink())
-        .map(|s| s.concurrency.get())
+        .map(|s| s.delivery.concurrency.get())
         .sum();
     workers
         .saturating_mul(2)
@@ -582,7 +582,12 @@ pub(crate) fn topic_specs(pipelines: &[Pipeline]) -> Vec<TopicSpec> {
     }
     for pipeline in pipelines {
         for stage in &pipeline.stages {
-            let horizon = stage.ack_wait.get().max(stage.retry.backoff.max.get()) * 2;
+            let horizon = stage
+                .delivery
+                .ack_wait
+                .get()
+                .max(stage.delivery.retry.backoff.max.get())
+                * 2;
             for spec in &mut specs {
                 if stage.subscribe.topics.contains(&spec.name) {
                     spec.subscribed = true;

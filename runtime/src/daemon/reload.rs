@@ -285,11 +285,11 @@ impl Live {
                 continue;
             };
             let mut why = Vec::new();
-            if old.concurrency != stage.concurrency {
+            if old.delivery.concurrency != stage.delivery.concurrency {
                 why.push(format!(
                     "concurrency {} -> {}",
-                    old.concurrency.get(),
-                    stage.concurrency.get()
+                    old.delivery.concurrency.get(),
+                    stage.delivery.concurrency.get()
                 ));
             }
             if old.plugin != stage.plugin {
@@ -297,11 +297,12 @@ impl Live {
             } else if self.plugin_shas.get(key) != plan.shas.get(key) {
                 why.push("plugin".to_owned());
             }
-            let settings_changed = config::Stage {
-                concurrency: stage.concurrency,
-                plugin: stage.plugin.clone(),
-                ..(*old).clone()
-            } != **stage;
+            // The old stage with the new concurrency and plugin: any other
+            // difference is a change of settings.
+            let mut old_settings = (*old).clone();
+            old_settings.delivery.concurrency = stage.delivery.concurrency;
+            old_settings.plugin = stage.plugin.clone();
+            let settings_changed = old_settings != **stage;
             if settings_changed {
                 why.push("settings".to_owned());
             }

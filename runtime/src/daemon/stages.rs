@@ -103,7 +103,7 @@ pub(super) async fn stage_setup(
                 stage.name, pipeline.name
             ))
         })?;
-    let handlers: Vec<Box<dyn StageHandler>> = (0..stage.concurrency.get())
+    let handlers: Vec<Box<dyn StageHandler>> = (0..stage.delivery.concurrency.get())
         .map(|_| Box::new(plugin.worker(settings.clone())) as Box<dyn StageHandler>)
         .collect();
     Ok((
@@ -139,16 +139,18 @@ async fn sink_setup(
     for warning in connector.warnings() {
         tracing::warn!(sink = %ctx.label(), field = %warning.path.join("."), "{}", warning.message);
     }
-    let built = connector.build_for(&ctx, *stage.concurrency).await?;
+    let built = connector
+        .build_for(&ctx, *stage.delivery.concurrency)
+        .await?;
     metrics.connector_started(&ctx.label());
     tracing::info!(sink = %ctx.label(), target = %connector.describe(), "sink ready");
-    let handlers: Vec<Box<dyn StageHandler>> = (0..stage.concurrency.get())
+    let handlers: Vec<Box<dyn StageHandler>> = (0..stage.delivery.concurrency.get())
         .map(|_| {
             Box::new(connect::SinkHandler::new(
                 built.clone(),
                 ctx.clone(),
-                stage.timeout.get(),
-                stage.retry.backoff.max.get(),
+                stage.delivery.timeout.get(),
+                stage.delivery.retry.backoff.max.get(),
             )) as Box<dyn StageHandler>
         })
         .collect();

@@ -56,7 +56,7 @@ impl DedupGate {
             key: dedup.key.clone(),
             missing_key: dedup.missing_key,
             payload_hash: dedup.payload_hash,
-            lease: stage.timeout.get() + dedup::LEASE_MARGIN,
+            lease: stage.delivery.timeout.get() + dedup::LEASE_MARGIN,
             ttl: dedup.ttl.get(),
         }
     }

@@ -224,7 +224,7 @@ async fn dedup_store(
     store: Option<&Arc<dyn DedupStore>>,
     setup: &StageSetup,
 ) -> Result<Option<Arc<dyn DedupStore>>, BrokerError> {
-    let Some(dedup) = &setup.stage.dedup else {
+    let Some(dedup) = &setup.stage.delivery.dedup else {
         return Ok(None);
     };
     let store = store.ok_or_else(|| {

@@ -131,9 +131,10 @@ impl Settler {
             pipeline: pipeline.to_owned(),
             stage: stage.name.clone(),
             dlq_topic: stage.dlq_topic(pipeline),
-            max_attempts: stage.retry.attempts().get(),
-            backoff: stage.retry.backoff.clone(),
+            max_attempts: stage.delivery.retry.attempts().get(),
+            backoff: stage.delivery.retry.backoff.clone(),
             schedule: stage
+                .delivery
                 .retry
                 .schedule
                 .iter()

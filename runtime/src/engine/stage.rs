@@ -74,10 +74,11 @@ impl StageSetup {
                 name: input.consumer,
                 topic: input.topic,
                 filter: self.stage.subscribe.filter.clone(),
-                ack_wait: self.stage.ack_wait.get(),
-                max_ack_pending: self.stage.max_ack_pending,
+                ack_wait: self.stage.delivery.ack_wait.get(),
+                max_ack_pending: self.stage.delivery.max_ack_pending,
                 max_deliver: Some(
                     self.stage
+                        .delivery
                         .retry
                         .attempts()
                         .get()
@@ -233,19 +234,19 @@ impl StageRunner {
     ) -> Self {
         let stage = &setup.stage;
         let concurrency = setup.handlers.len().max(1);
-        let batch = stage.batch.as_ref().map(|b| {
+        let batch = stage.delivery.batch.as_ref().map(|b| {
             (
                 usize::try_from(b.max.get()).unwrap_or(usize::MAX),
                 b.wait.get(),
             )
         });
         let per_call = batch.map_or(1, |(max, _)| max);
-        let max_in_flight = match stage.max_ack_pending {
+        let max_in_flight = match stage.delivery.max_ack_pending {
             Some(limit) => usize::try_from(limit).unwrap_or(usize::MAX).max(per_call),
             None => (concurrency * per_call * 2).max(DEFAULT_IN_FLIGHT),
         };
         let mut settler = Settler::new(&setup.pipeline, stage, broker.clone(), metrics.clone());
-        let dedup = match (dedup, &stage.dedup) {
+        let dedup = match (dedup, &stage.delivery.dedup) {
             (Some(store), Some(config)) => {
                 settler = settler.with_dedup(store.clone());
                 Some(DedupGate::new(&setup.pipeline, stage, config, store))
@@ -282,7 +283,7 @@ impl StageRunner {
             concurrency,
             inputs.len(),
             policy(stage),
-            stage.concurrency.adaptive,
+            stage.delivery.concurrency.adaptive,
         );
         let limit_gauge = metrics
             .concurrency_limit
@@ -293,6 +294,7 @@ impl StageRunner {
             .clone();
         limit_gauge.set(i64::try_from(concurrency).unwrap_or(i64::MAX));
         let adaptive = stage
+            .delivery
             .concurrency
             .adaptive
             .then(|| Aimd::new(concurrency, limit_gauge));
@@ -301,7 +303,7 @@ impl StageRunner {
         // So does a stage limited per key: a message waiting for its key's
         // turn must not hold up a worker that others could use.
         let plain = batch.is_none()
-            && stage.ordering.is_none()
+            && stage.delivery.ordering.is_none()
             && dedup.is_none()
             && !several
             && !pace.is_per_key();
@@ -309,12 +311,12 @@ impl StageRunner {
             settler,
             dedup,
             inputs,
-            ack_wait: stage.ack_wait.get(),
+            ack_wait: stage.delivery.ack_wait.get(),
             target: format!("{}/{}", setup.pipeline, stage.name),
             batch,
             shutdown_timeout: setup.shutdown_timeout,
             leases: LeaseKeeper::default(),
-            lanes: Lanes::new(stage.ordering.as_ref().map(|o| o.key.clone())),
+            lanes: Lanes::new(stage.delivery.ordering.as_ref().map(|o| o.key.clone())),
             queue: plain.then(async_channel::unbounded),
             valve,
             halted: watch::Sender::new(false),

@@ -114,7 +114,7 @@ struct Rig {
 const DLQ: &str = "p.s.dlq";
 
 async fn rig(broker: Arc<MemoryBroker>, stage: Stage, handler: &Scripted) -> Rig {
-    let handlers = (0..stage.concurrency.get())
+    let handlers = (0..stage.delivery.concurrency.get())
         .map(|_| Box::new(handler.clone()) as Box<dyn StageHandler>)
         .collect();
     start(broker, stage, handlers).await
@@ -271,7 +271,7 @@ async fn a_retry_schedule_sets_each_wait_and_its_length_the_attempts() {
     let yaml = "name: s\nsubscribe: in\nplugin: scripted.wasm\npublish: [out]\n\
                 retry: {schedule: [1s, 3s]}\n";
     let stage: Stage = serde_saphyr::from_str(yaml).expect("stage YAML");
-    assert_eq!(stage.retry.attempts().get(), 3);
+    assert_eq!(stage.delivery.retry.attempts().get(), 3);
     let rig = rig(memory(), stage, &handler).await;
     rig.publish(&[("a", None, "x")]).await;
     rig.until("the dead letter", |b| !b.messages(DLQ).is_empty())
@@ -287,11 +287,12 @@ async fn a_retry_schedule_sets_each_wait_and_its_length_the_attempts() {
         "name: s\nsubscribe: in\nplugin: p.wasm\nretry: {schedule: [1m, 5m, 30m, 2h, 8h, 3d], max_attempts: 9}\n",
     )
     .expect("stage YAML");
-    assert_eq!(longer.retry.attempts().get(), 9);
+    assert_eq!(longer.delivery.retry.attempts().get(), 9);
     let waits: Vec<_> = (1..=8)
         .map(|a| {
             backoff::scheduled(
                 &longer
+                    .delivery
                     .retry
                     .schedule
                     .iter()

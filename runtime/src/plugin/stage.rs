@@ -42,7 +42,7 @@ impl Stage {
     pub fn worker_settings_with(&self, secrets: &SecretValues) -> WorkerSettings {
         WorkerSettings {
             limits: Limits {
-                timeout: self.timeout.get(),
+                timeout: self.delivery.timeout.get(),
                 memory: usize::try_from(self.memory.bytes()).unwrap_or(usize::MAX),
                 ..Limits::default()
             },
@@ -104,9 +104,9 @@ impl Stage {
                 ))
             })
             .collect::<Result<Vec<_>, String>>()?;
-        let timeout = grant
-            .timeout
-            .map_or(self.timeout.get(), |t| t.get().min(self.timeout.get()));
+        let timeout = grant.timeout.map_or(self.delivery.timeout.get(), |t| {
+            t.get().min(self.delivery.timeout.get())
+        });
         Outbound::new(
             &self.name,
             OutboundPolicy {

@@ -30,10 +30,7 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{
-    Batch, HumanDuration, Ordering, Retry, Stage, Subscribe, default_ack_wait, default_concurrency,
-    default_memory, default_timeout,
-};
+use super::{Batch, Delivery, HumanDuration, Stage, Subscribe, default_memory};
 
 /// A problem in a connector block, at a path of keys below the block
 /// (`["stream"]`), for `file:line:col` reports.
@@ -295,6 +292,7 @@ impl SourceDef {
 /// connector block.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = sink_delivery_docs)]
 pub struct SinkDef {
     /// The sink's name, unique among the pipeline's stages, sinks and
     /// sources: lowercase letters, digits, `_`, `-` and `.`.
@@ -303,45 +301,11 @@ pub struct SinkDef {
     #[serde(deserialize_with = "crate::config::subscribe_short")]
     #[schemars(with = "crate::config::SubscribeForm")]
     pub subscribe: Subscribe,
-    /// How many writes run at once, per daemon.
-    #[serde(default = "default_concurrency")]
-    pub concurrency: super::Concurrency,
-    /// How long a delivered message stays invisible to other consumers
-    /// before it is redelivered (extended while a write runs).
-    #[serde(default = "default_ack_wait")]
-    pub ack_wait: HumanDuration,
-    /// Retries with backoff before a message is dead-lettered. A target
-    /// that is unreachable spends no attempts: the message waits.
-    #[serde(default)]
-    pub retry: Retry,
-    /// The dead-letter topic. Default: `<pipeline>.<sink>.dlq`.
-    #[serde(default)]
-    pub dlq: Option<String>,
-    /// Per-key ordering, as for a stage.
-    #[serde(default)]
-    pub ordering: Option<Ordering>,
-    /// Write in batches (one multi-row insert, one pipeline of commands).
-    #[serde(default)]
-    pub batch: Option<Batch>,
-    /// The longest one write may take (for a batch, the whole batch); a
-    /// write that takes longer fails as `timeout` and is retried.
-    #[serde(default = "default_timeout")]
-    pub timeout: HumanDuration,
-    /// The most messages delivered but not yet acked, across all daemons.
-    #[serde(default)]
-    pub max_ack_pending: Option<u32>,
-    /// How many messages it may write per unit of time, as for a stage:
-    /// `50/s`, `{limit: 50/s, burst: 10}`, `{limit: 5/s, per: key}`.
-    #[serde(
-        default,
-        deserialize_with = "crate::config::rate_short",
-        skip_serializing_if = "Option::is_none"
-    )]
-    #[schemars(with = "crate::config::RateForm")]
-    pub rate: Option<super::Rate>,
-    /// Handler-level idempotency, as for a stage.
-    #[serde(default)]
-    pub dedup: Option<super::Dedup>,
+    /// The delivery policy, as for a stage: its keys sit in the sink's
+    /// own mapping. The schema describes them in a sink's words
+    /// ([`SINK_DELIVERY_DOCS`]).
+    #[serde(flatten)]
+    pub delivery: super::Delivery,
     /// POST each message to an HTTP endpoint (a webhook).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<http::HttpSinkConfig>,
@@ -405,19 +369,17 @@ impl SinkDef {
             timers: false,
             http: None,
             publish: Vec::new(),
-            concurrency: self.concurrency,
-            ack_wait: self.ack_wait,
-            retry: self.retry.clone(),
-            dlq: self.dlq.clone(),
-            ordering: self.ordering.clone(),
-            batch: self.batch.clone().or_else(|| self.default_batch()),
-            timeout: self.timeout,
+            delivery: Delivery {
+                batch: self.delivery.batch.clone().or_else(|| self.default_batch()),
+                max_ack_pending: self
+                    .delivery
+                    .max_ack_pending
+                    .or_else(|| self.default_in_flight()),
+                ..self.delivery.clone()
+            },
             memory: default_memory(),
-            max_ack_pending: self.max_ack_pending.or_else(|| self.default_in_flight()),
-            rate: self.rate.clone(),
             // A target's `429 Retry-After` holds a sink in any case.
             hold_on_retry_after: false,
-            dedup: self.dedup.clone(),
             sink: Some(Arc::new(self.clone())),
         }
     }
@@ -440,8 +402,64 @@ impl SinkDef {
     /// a file to reach `roll.max_records` (and one batch more).
     fn default_in_flight(&self) -> Option<u32> {
         let roll = &self.object_store.as_ref()?.roll;
-        let batch = self.batch.as_ref().map_or(500, |b| u64::from(b.max.get()));
+        let batch = self
+            .delivery
+            .batch
+            .as_ref()
+            .map_or(500, |b| u64::from(b.max.get()));
         Some(u32::try_from(roll.max_records.get().saturating_add(batch)).unwrap_or(u32::MAX))
+    }
+}
+
+/// What the schema says of a sink's delivery keys, in a sink's words
+/// ([`super::Delivery`]'s docs are a stage's): the key and its description.
+const SINK_DELIVERY_DOCS: &[(&str, &str)] = &[
+    ("concurrency", "How many writes run at once, per daemon."),
+    (
+        "ack_wait",
+        "How long a delivered message stays invisible to other consumers\n\
+         before it is redelivered (extended while a write runs).",
+    ),
+    (
+        "retry",
+        "Retries with backoff before a message is dead-lettered. A target\n\
+         that is unreachable spends no attempts: the message waits.",
+    ),
+    (
+        "dlq",
+        "The dead-letter topic. Default: `<pipeline>.<sink>.dlq`.",
+    ),
+    ("ordering", "Per-key ordering, as for a stage."),
+    (
+        "batch",
+        "Write in batches (one multi-row insert, one pipeline of commands).",
+    ),
+    (
+        "timeout",
+        "The longest one write may take (for a batch, the whole batch); a\n\
+         write that takes longer fails as `timeout` and is retried.",
+    ),
+    (
+        "max_ack_pending",
+        "The most messages delivered but not yet acked, across all daemons.",
+    ),
+    (
+        "rate",
+        "How many messages it may write per unit of time, as for a stage:\n\
+         `50/s`, `{limit: 50/s, burst: 10}`, `{limit: 5/s, per: key}`.",
+    ),
+    ("dedup", "Handler-level idempotency, as for a stage."),
+];
+
+/// Puts [`SINK_DELIVERY_DOCS`] into `SinkDef`'s schema.
+fn sink_delivery_docs(schema: &mut schemars::Schema) {
+    let Some(properties) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) else {
+        return;
+    };
+    for (key, doc) in SINK_DELIVERY_DOCS {
+        if let Some(property) = properties.get_mut(*key).and_then(|p| p.as_object_mut()) {
+            property.insert("description".into(), (*doc).into());
+        }
     }
 }
 
@@ -469,6 +487,18 @@ mod tests {
         let mut kinds: Vec<String> = kinds.iter().map(|k| k.to_string()).collect();
         kinds.sort();
         kinds
+    }
+
+    /// A sink's schema describes each delivery key in its own words: a key
+    /// added to `Delivery` needs a line in `SINK_DELIVERY_DOCS`.
+    #[test]
+    fn every_delivery_key_has_a_sink_doc() {
+        let mut documented: Vec<String> = SINK_DELIVERY_DOCS
+            .iter()
+            .map(|(k, _)| k.to_string())
+            .collect();
+        documented.sort();
+        assert_eq!(block_keys::<super::super::Delivery>(&[]), documented);
     }
 
     /// A connector block added to `SourceDef` or `SinkDef` but not to its

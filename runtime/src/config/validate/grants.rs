@@ -33,7 +33,7 @@ pub(super) fn check_state(
             "`max_bytes` must be more than 0 (e.g. `64MiB`)".into(),
         );
     }
-    if stage.batch.is_some() {
+    if stage.delivery.batch.is_some() {
         report(
             &at(&[K("state")]),
             format!(

@@ -258,7 +258,7 @@ impl<'a> Checker<'a> {
             }
         }
 
-        if let Some(dlq) = &stage.dlq {
+        if let Some(dlq) = &stage.delivery.dlq {
             let path = place.at(&[K("dlq")]);
             if !self.declared.contains_key(dlq.as_str()) && !self.implicit_dlqs.contains(dlq) {
                 let declared = self.declared_list();
@@ -289,7 +289,7 @@ impl<'a> Checker<'a> {
     /// `retry:`: a backoff that grows and stays under a year, or a
     /// schedule of waits that is not empty and stays under a year.
     fn stage_retry(&mut self, place: Place, stage: &Stage) {
-        let backoff = &stage.retry.backoff;
+        let backoff = &stage.delivery.retry.backoff;
         if !(backoff.multiplier.is_finite() && backoff.multiplier >= 1.0) {
             self.out.push(
                 &place.at(&[K("retry"), K("backoff"), K("multiplier")]),
@@ -326,7 +326,7 @@ impl<'a> Checker<'a> {
                 ),
             );
         }
-        if let Some(waits) = &stage.retry.schedule {
+        if let Some(waits) = &stage.delivery.retry.schedule {
             if waits.is_empty() {
                 self.out.push(
                     &place.at(&[K("retry"), K("schedule")]),
@@ -344,7 +344,10 @@ impl<'a> Checker<'a> {
 
     /// `ack_wait`, `timeout`, `memory` and `max_ack_pending` in range.
     fn stage_limits(&mut self, place: Place, stage: &Stage) {
-        for (key, value) in [("ack_wait", stage.ack_wait), ("timeout", stage.timeout)] {
+        for (key, value) in [
+            ("ack_wait", stage.delivery.ack_wait),
+            ("timeout", stage.delivery.timeout),
+        ] {
             if value.get().is_zero() {
                 self.out.push(
                     &place.at(&[K(key)]),
@@ -362,7 +365,7 @@ impl<'a> Checker<'a> {
                 ),
             );
         }
-        if stage.max_ack_pending == Some(0) {
+        if stage.delivery.max_ack_pending == Some(0) {
             self.out.push(
                 &place.at(&[K("max_ack_pending")]),
                 "`max_ack_pending` must be at least 1 (leave it out for no limit)".into(),
@@ -372,10 +375,10 @@ impl<'a> Checker<'a> {
 
     /// `dedup:`: a `ttl` that outlives a handler's lease, and no `batch:`.
     fn stage_dedup(&mut self, place: Place, stage: &Stage) {
-        let Some(dedup) = &stage.dedup else {
+        let Some(dedup) = &stage.delivery.dedup else {
             return;
         };
-        let lease = stage.timeout.get() + crate::config::LEASE_MARGIN;
+        let lease = stage.delivery.timeout.get() + crate::config::LEASE_MARGIN;
         if dedup.ttl.get().is_zero() {
             self.out.push(
                 &place.at(&[K("dedup"), K("ttl")]),
@@ -393,7 +396,7 @@ impl<'a> Checker<'a> {
                 ),
             );
         }
-        if stage.batch.is_some() {
+        if stage.delivery.batch.is_some() {
             self.out.push(
                 &place.at(&[K("dedup")]),
                 format!(

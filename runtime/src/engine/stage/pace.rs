@@ -90,6 +90,7 @@ impl Pace {
     ) -> Pace {
         Pace {
             limiter: stage
+                .delivery
                 .rate
                 .as_ref()
                 .map(|rate| Limiter::new(rate, name, shared)),
