@@ -128,6 +128,23 @@ pub const DEFAULT_IN_FLIGHT: usize = 512;
 /// its payload is loaded only under a worker slot.
 pub const IN_FLIGHT_BYTES: usize = 64 << 20;
 
+/// The bytes of messages a stage holds at once: [`IN_FLIGHT_BYTES`]; for
+/// an object-store sink, whose records stay in flight until the file
+/// holding them is uploaded, four times its `roll.max_bytes` when that is
+/// more (up to 4 GiB), so a file can fill to its size limit even from
+/// messages that compress 4:1. The memory that takes is the sink's to
+/// state (docs/connectors/object_store.md).
+fn in_flight_bytes(stage: &Stage) -> usize {
+    let files = stage
+        .sink
+        .as_ref()
+        .and_then(|sink| sink.object_store.as_ref())
+        .map_or(0, |block| block.roll.max_bytes.bytes().saturating_mul(4));
+    usize::try_from(files.min(4 << 30))
+        .unwrap_or(usize::MAX)
+        .max(IN_FLIGHT_BYTES)
+}
+
 /// The most deliveries one fetch asks for (a batch stage: at least one
 /// batch). Each fetch is a broker round trip and, on the embedded broker,
 /// one lease write.
@@ -276,7 +293,7 @@ impl StageRunner {
                     .then(|| metrics.lane_waits(&setup.pipeline, &stage.name, &input.topic)),
                 topic: input.topic,
                 consumer: input.consumer.into(),
-                budget: Budget::new(max_in_flight, IN_FLIGHT_BYTES / lane_count),
+                budget: Budget::new(max_in_flight, in_flight_bytes(stage) / lane_count),
             })
             .collect::<Vec<_>>();
         let valve = Valve::new(

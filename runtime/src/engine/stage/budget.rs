@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+#[cfg(doc)]
 use super::IN_FLIGHT_BYTES;
 use crate::broker::Delivery;
 
@@ -26,9 +27,9 @@ pub(super) struct Budget {
 
 impl Budget {
     /// A budget of `max_in_flight` deliveries and `max_bytes` bytes (at
-    /// most [`IN_FLIGHT_BYTES`]).
+    /// least one byte; [`IN_FLIGHT_BYTES`] but for an object-store sink).
     pub(super) fn new(max_in_flight: usize, max_bytes: usize) -> Budget {
-        let max_bytes = max_bytes.clamp(1, IN_FLIGHT_BYTES);
+        let max_bytes = max_bytes.max(1);
         Budget {
             max_in_flight,
             max_bytes,
