@@ -102,11 +102,17 @@ fn orders(prefix: &str, range: std::ops::Range<usize>) -> Vec<Msg> {
 /// A pipeline: `orders` through the uppercase plugin into `orders.upper`,
 /// and the sink `files` on it with `block` (indented under `object_store:`).
 fn lake(block: &str) -> String {
+    lake_with("", block)
+}
+
+/// [`lake`] with stage knobs (`knobs`, one per line) on the sink.
+fn lake_with(knobs: &str, block: &str) -> String {
     format!(
         "name: lake\ntopics: [orders, orders.upper]\n\
          stages:\n  - name: upper\n    subscribe: orders\n    plugin: {plugin}\n    publish: [orders.upper]\n\
-         sinks:\n  - name: files\n    subscribe: orders.upper\n    object_store:\n{block}",
+         sinks:\n  - name: files\n    subscribe: orders.upper\n{knobs}    object_store:\n{block}",
         plugin = plugin("uppercase"),
+        knobs = sluice_tests::edges::indent(knobs, 4),
         block = sluice_tests::edges::indent(block, 6),
     )
 }
@@ -144,6 +150,19 @@ fn a_parquet_file_rolls_at_max_records_and_sigterm_uploads_the_open_one() {
             && d.metric_sum("sluice_sink_object_records_total") == 200.0
     });
     assert_eq!(Objects::dir(out.path()).counts(), [100, 100]);
+    // The console's figures: one file open, its oldest record waiting.
+    let status = daemon.get("/v1/status");
+    let sink = status
+        .as_array()
+        .and_then(|stages| stages.iter().find(|s| s["stage"] == "files"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(sink["kind"], "sink:object_store", "{status}");
+    assert_eq!(sink["open_files"]["count"], 1, "{sink}");
+    assert!(
+        sink["open_files"]["oldest_seconds"].as_f64().is_some(),
+        "{sink}"
+    );
     let (status, took) = daemon.sigterm();
     assert!(status.success(), "{status:?}\n{}", daemon.log());
     assert!(took < Duration::from_secs(30), "{took:?}");
@@ -175,11 +194,16 @@ fn a_parquet_file_rolls_at_max_records_and_sigterm_uploads_the_open_one() {
 #[test]
 fn a_gzip_jsonl_file_rolls_at_max_bytes_alone() {
     let out = tempfile::tempdir().expect("dir");
-    let yaml = lake(&format!(
-        "store: file://{}\nformat: jsonl\ncompression: gzip\npath: \"{{topic}}/\"\n\
-         roll: {{max_bytes: 2KiB, max_age: 10m}}\n",
-        out.path().display()
-    ));
+    // The size is checked after each batch a file takes: batches of 10
+    // make that about every 10 records, whatever the timing.
+    let yaml = lake_with(
+        "batch: {max: 10, wait: 10ms}",
+        &format!(
+            "store: file://{}\nformat: jsonl\ncompression: gzip\npath: \"{{topic}}/\"\n\
+             roll: {{max_bytes: 2KiB, max_age: 10m}}\n",
+            out.path().display()
+        ),
+    );
     let daemon = Daemon::with_yaml(&yaml).start();
     // Random-looking payloads, so gzip cannot shrink 2 KiB to nothing.
     let messages: Vec<Msg> = (0..400)

@@ -52,6 +52,11 @@ pub struct StageStatus {
     /// For a sink: whether it reaches its target (false during an outage).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub up: Option<bool>,
+    /// For an object-store sink: the files it is filling, and how long
+    /// the oldest record in them has waited, in seconds (its messages are
+    /// acked once their file is uploaded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_files: Option<OpenFiles>,
     /// Paused by the operator (`sluice stage pause`): it fetches nothing.
     #[serde(default)]
     pub paused: bool,
@@ -236,6 +241,8 @@ pub(super) async fn status(
                     .connectors()
                     .is_down(&format!("{}/{}", stage.pipeline, stage.stage))
             }),
+            open_files: (stage.kind == "sink:object_store")
+                .then(|| open_files(state.metrics(), &stage.pipeline, &stage.stage)),
             paused: backlog.consumer.paused,
             delayed: backlog.delayed,
             next_due: backlog
@@ -419,5 +426,31 @@ mod tests {
         let rate = rates.rate(0, t0 + Duration::from_secs(20), 200);
         assert!((rate - 10.0).abs() < 1e-9, "{rate}");
         assert_eq!(rates.rate(7, t0, 1), 0.0);
+    }
+}
+
+/// An object-store sink's open files, in `GET /v1/status`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct OpenFiles {
+    /// Files being filled.
+    pub count: u64,
+    /// How long the oldest record in them has waited, in seconds.
+    pub oldest_seconds: f64,
+}
+
+/// The open-files gauges of sink `pipeline/sink`.
+fn open_files(metrics: &crate::metrics::Metrics, pipeline: &str, sink: &str) -> OpenFiles {
+    let labels = crate::metrics::ConnectorLabels {
+        connector: format!("{pipeline}/{sink}"),
+    };
+    OpenFiles {
+        count: metrics
+            .sink_open_files
+            .get(&labels)
+            .map_or(0, |g| u64::try_from(g.get()).unwrap_or(0)),
+        oldest_seconds: metrics
+            .sink_oldest_unflushed
+            .get(&labels)
+            .map_or(0.0, |g| g.get()),
     }
 }

@@ -469,6 +469,8 @@ function stageNode(pipeline, st, detail) {
         limit === null ? fmtInt(st.in_flight) : `${fmtInt(st.in_flight)} / ${fmtInt(limit)}`
           + (st.concurrency_max ? ` (max ${st.concurrency_max})` : '')),
       st.delayed ? stat('delayed', `stage-delayed-${key}`, st.delayed, fmtInt(st.delayed)) : null,
+      st.open_files ? stat('open files', `stage-open-files-${key}`, st.open_files.count,
+        st.open_files.count ? `${fmtInt(st.open_files.count)} (oldest ${fmtSeconds(st.open_files.oldest_seconds)})` : '0') : null,
       [h('dt', { text: 'DLQ' }), h('dd', {}, dlqLink)],
       detail && detail.state_store ? [h('dt', { text: 'state' }), h('dd', {},
         h('a', { href: `#/state/${pathPart(pipeline)}/${pathPart(st.stage)}`, testid: `stage-state-${key}`, title: `state store ${detail.state_store}`, text: 'keys' }))] : null));

@@ -371,6 +371,32 @@ impl<'a> Checker<'a> {
                 "`max_ack_pending` must be at least 1 (leave it out for no limit)".into(),
             );
         }
+        self.files_fit_in_flight(place, stage);
+    }
+
+    /// An object-store sink's records stay in flight until their file is
+    /// uploaded, so `max_ack_pending` caps the records a file can reach:
+    /// one below `roll.max_records` would leave that limit unreachable
+    /// (files would close only by size or age), which is refused, naming
+    /// both. Left out, it is raised to fit (`SinkDef::to_stage`).
+    fn files_fit_in_flight(&mut self, place: Place, stage: &Stage) {
+        let Some(block) = stage.sink.as_ref().and_then(|s| s.object_store.as_ref()) else {
+            return;
+        };
+        let records = block.roll.max_records.get();
+        if let Some(pending) = stage.delivery.max_ack_pending
+            && u64::from(pending) < records
+        {
+            self.out.push(
+                &place.at(&[K("max_ack_pending")]),
+                format!(
+                    "`max_ack_pending` ({pending}) is below `roll.max_records` ({records}): a \
+                     file's records stay unacked until it is uploaded, so no file could reach \
+                     {records} records; raise `max_ack_pending`, lower `max_records`, or leave \
+                     `max_ack_pending` out (it is then raised to fit)"
+                ),
+            );
+        }
     }
 
     /// `dedup:`: a `ttl` that outlives a handler's lease, and no `batch:`.
