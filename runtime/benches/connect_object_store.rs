@@ -102,6 +102,18 @@ fn main() {
             &raw,
             &sink,
         );
+        // The engine and broker alone: the same stage with a sink that
+        // takes each batch and writes nothing, the ceiling of any sink.
+        let ceiling: Vec<f64> = (0..samples)
+            .map(|_| rt.block_on(run_stage(None, "", &payloads)))
+            .collect();
+        report(
+            &format!(
+                "the same stage with a sink that writes nothing (the engine's ceiling), msgs/s, {n} orders"
+            ),
+            &raw,
+            &ceiling,
+        );
     }
     if cases.contains("s3") {
         let moto = MotoServer::start().expect("moto");
@@ -234,6 +246,24 @@ async fn run_raw(target: Target, payloads: &[Vec<u8>]) -> f64 {
 }
 
 async fn run_sink(store: &str, extra: &str, payloads: &[Vec<u8>]) -> f64 {
+    run_stage(Some(store), extra, payloads).await
+}
+
+/// A sink that takes every batch and writes nothing.
+struct Noop;
+
+#[async_trait::async_trait]
+impl sluice::connect::Sink for Noop {
+    async fn write(&self, _: &sluice::plugin::Message) -> Result<(), sluice::connect::SinkError> {
+        Ok(())
+    }
+}
+
+/// The sink stage on `store` (`None`: with the [`Noop`] sink), timed until
+/// every message is acked.
+async fn run_stage(store: Option<&str>, extra: &str, payloads: &[Vec<u8>]) -> f64 {
+    let noop = store.is_none();
+    let store = store.unwrap_or("file:///tmp");
     let dir = tempfile::tempdir().expect("dir");
     let broker: Arc<dyn Broker> =
         EmbeddedBroker::open(EmbeddedOptions::new(dir.path())).expect("broker");
@@ -274,13 +304,16 @@ async fn run_sink(store: &str, extra: &str, payloads: &[Vec<u8>]) -> f64 {
         metrics: metrics.clone(),
         health: Arc::new(Health::default()),
     };
-    let built = def
-        .object_store
-        .as_ref()
-        .expect("object_store block")
-        .build(&ctx)
-        .await
-        .expect("build");
+    let built: Arc<dyn sluice::connect::Sink> = if noop {
+        Arc::new(Noop)
+    } else {
+        def.object_store
+            .as_ref()
+            .expect("object_store block")
+            .build(&ctx)
+            .await
+            .expect("build")
+    };
     let setup = StageSetup {
         pipeline: "b".into(),
         handlers: (0..CONCURRENCY)
@@ -321,7 +354,7 @@ async fn run_sink(store: &str, extra: &str, payloads: &[Vec<u8>]) -> f64 {
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(0.0);
     assert!(
-        records >= payloads.len() as f64,
+        noop || records >= payloads.len() as f64,
         "the sink wrote {records} of {}",
         payloads.len()
     );
