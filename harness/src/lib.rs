@@ -1,7 +1,9 @@
 //! Build support shared by the tests, the benchmarks and `cargo xtask`: builds
 //! the Wasm plugins in `plugins/` from source and says where they are; and,
 //! in [`nats`], real nats-server processes for end-to-end tests, in
-//! [`moto`], a real S3 API (moto's server), in [`postgres`], a real
+//! [`moto`], a real S3 API (moto's server), in [`azurite`], Azure Blob
+//! Storage (Azurite), in [`fake_gcs`], GCS's JSON API (fake-gcs-server),
+//! in [`postgres`], a real
 //! Postgres server of the test's own, in [`redis`], real redis-servers,
 //! in [`mosquitto`], real MQTT brokers, in [`rabbitmq`], a private
 //! RabbitMQ node, and in [`kafka`], Apache Kafka (one node or a cluster of
@@ -31,6 +33,8 @@ use anyhow::{Context, bail};
 // The Rust target every plugin is compiled for.
 use sluice_author::build::RUST_TARGET as TARGET;
 
+pub mod azurite;
+pub mod fake_gcs;
 pub mod kafka;
 mod lang;
 pub mod mosquitto;

