@@ -354,7 +354,7 @@ async fn sluice_stage(
 ) -> f64 {
     let (broker, input, output, dlq) = connect_with_streams(url).await;
     let mut stage = stage.clone();
-    stage.delivery.dlq = Some(dlq.clone());
+    stage.delivery.dlq = Some(dlq.clone().into());
     let setup = StageSetup {
         pipeline: "p".into(),
         handlers: (0..stage.delivery.concurrency.get())
@@ -494,7 +494,7 @@ async fn state_stage(
     );
     let mut stage: Stage = serde_saphyr::from_str(&yaml).expect("stage");
     stage.delivery.ack_wait = HumanDuration::secs(30);
-    stage.delivery.dlq = Some(dlq.clone());
+    stage.delivery.dlq = Some(dlq.clone().into());
     // A store of its own per sample, so no sample starts from another's.
     let store: Arc<str> = format!("p/bench{sample}{op}{granted}").into();
     let handlers = (0..concurrency)

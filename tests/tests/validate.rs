@@ -431,6 +431,42 @@ fn schema_is_json_with_the_stage_fields() {
     assert_eq!(schema["additionalProperties"], false);
     assert_eq!(stage["ack_wait"]["default"], "30s");
     assert_eq!(stage["memory"]["default"], "256MiB");
+    // Issue 45: `dlq:` is a name or `{topic, archive}`; a topic's
+    // `retention:` a duration or `{max_age, archive}`.
+    let defs = &schema["$defs"];
+    let dlq = stage["dlq"].to_string();
+    assert!(dlq.contains("NameOrDlq"), "{dlq}");
+    assert_eq!(defs["NameOrDlq"]["anyOf"][0]["type"], "string");
+    for field in ["topic", "archive"] {
+        assert!(
+            defs["Dlq"]["properties"].get(field).is_some(),
+            "{}",
+            defs["Dlq"]
+        );
+    }
+    for field in [
+        "store",
+        "endpoint",
+        "region",
+        "allow_http",
+        "path",
+        "compression",
+    ] {
+        assert!(
+            defs["Archive"]["properties"].get(field).is_some(),
+            "{}",
+            defs["Archive"]
+        );
+    }
+    assert_eq!(defs["Archive"]["additionalProperties"], false);
+    let retention = defs["Topic"]["properties"]["retention"].to_string();
+    assert!(retention.contains("DurationOrRetention"), "{retention}");
+    let forms = defs["DurationOrRetention"]["anyOf"].to_string();
+    assert!(
+        forms.contains("Duration") && forms.contains("Retention"),
+        "{forms}"
+    );
+    assert!(defs["Retention"]["properties"].get("max_age").is_some());
 }
 
 #[test]

@@ -206,6 +206,7 @@ impl Catalog {
                     kind: connector
                         .map_or_else(|| "plugin".to_owned(), |c| format!("sink:{}", c.kind())),
                     target: connector.map(|c| c.describe()),
+                    archive: stage.delivery.dlq_archive().cloned().map(Arc::new),
                 });
             }
         }
@@ -270,6 +271,8 @@ struct StageEntry {
     kind: String,
     /// A sink's target, for people (no password).
     target: Option<String>,
+    /// Where `dlq purge` writes what it deletes first (`dlq: {archive}`).
+    archive: Option<Arc<crate::config::Archive>>,
 }
 
 impl AdminState {
@@ -506,6 +509,7 @@ impl AdminState {
             dlq_topic: s.dlq_topic(pipeline),
             kind: "source".into(),
             target: None,
+            archive: None,
         })
     }
 
@@ -537,6 +541,9 @@ impl AdminState {
                 dlq_topic,
                 kind: "plugin".into(),
                 target: None,
+                // Without its pipeline, no archive is known: `dlq purge
+                // --broker nats://` takes `--pipelines` to archive.
+                archive: None,
             }),
             Err(BrokerError::UnknownTopic(_)) => Err(ApiError::NoDlqTopic {
                 stage: format!("{pipeline}/{stage}"),

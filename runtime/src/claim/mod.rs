@@ -113,7 +113,7 @@ pub fn topic_checks(pipelines: &[Pipeline]) -> HashMap<String, ClaimCheck> {
         }
         if let Some(check) = &pipeline.claim_check {
             for stage in &pipeline.stages {
-                if stage.delivery.dlq.is_none() {
+                if stage.delivery.dlq_name().is_none() {
                     out.entry(default_dlq(&pipeline.name, &stage.name))
                         .or_insert_with(|| check.clone());
                 }

@@ -52,8 +52,14 @@ pub(crate) enum Command {
     /// Example: sluice dlq redrive orders/route --rate 50 --dry-run
     ///
     /// Example: sluice dlq redrive orders/route --kind unavailable --since 2026-11-26T09:00:00Z
+    ///
+    /// With --from-archive URL, the entries a purge archived (`dlq: {archive}`) are read from
+    /// the archive by this command, with your credentials, and redriven the same way.
+    ///
+    /// Example: sluice dlq redrive --from-archive s3://lake/dlq/orders/route --dry-run
     Redrive(RedriveArgs),
-    /// Delete dead-lettered messages for good.
+    /// Delete dead-lettered messages for good (with `dlq: {archive}`, written to the archive
+    /// first: a store that does not take them deletes nothing).
     ///
     /// Say how many: --limit N deletes the oldest N, --all deletes every entry of the stage, or
     /// with filters every entry that matches them. --dry-run counts and shows the first ten.
@@ -201,9 +207,11 @@ pub(crate) struct ShowArgs {
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct RedriveArgs {
-    /// The stage, as PIPELINE/STAGE.
-    #[arg(value_name = "PIPELINE/STAGE", value_parser = stage_ref)]
-    stage: StageRef,
+    /// The stage, as PIPELINE/STAGE (optional with --from-archive: then every stage's
+    /// archived entries).
+    #[arg(value_name = "PIPELINE/STAGE", value_parser = stage_ref,
+          required_unless_present = "from_archive")]
+    stage: Option<StageRef>,
     /// Redrive at most N entries (default: all).
     #[arg(long, value_name = "N")]
     limit: Option<u64>,
@@ -218,6 +226,8 @@ pub(crate) struct RedriveArgs {
     json: bool,
     #[command(flatten)]
     filter: FilterArgs,
+    #[command(flatten)]
+    archive: super::archive::ArchiveArgs,
     #[command(flatten)]
     connect: ConnectArgs,
 }
@@ -393,6 +403,14 @@ fn redrive(args: &RedriveArgs) -> Result<(), ClientError> {
             "--rate must be a positive number of messages per second, not {rate}"
         )));
     }
+    if let Some(url) = &args.archive.from_archive {
+        return redrive_archive(args, url);
+    }
+    let Some(stage) = &args.stage else {
+        return Err(ClientError::Usage(
+            "say which stage: PIPELINE/STAGE, or --from-archive URL".into(),
+        ));
+    };
     let client = Client::connect(&args.connect)?;
     let request = RedriveRequest {
         limit: args.limit,
@@ -400,7 +418,7 @@ fn redrive(args: &RedriveArgs) -> Result<(), ClientError> {
         dry_run: args.dry_run,
         filter: args.filter.filter(),
     };
-    let report = client.dlq_redrive(&args.stage.pipeline, &args.stage.stage, &request)?;
+    let report = client.dlq_redrive(&stage.pipeline, &stage.stage, &request)?;
     if args.json {
         return print_json(&report);
     }
@@ -415,7 +433,7 @@ fn redrive(args: &RedriveArgs) -> Result<(), ClientError> {
         "{verb} {} message{} from the DLQ of {}",
         report.redriven,
         plural(report.redriven),
-        args.stage
+        stage
     )
     .map_err(write_error)?;
     if report.dry_run {
@@ -459,6 +477,51 @@ fn redrive(args: &RedriveArgs) -> Result<(), ClientError> {
     Ok(())
 }
 
+/// `redrive --from-archive`: the CLI reads the archive (see
+/// `cli/archive.rs`), the daemon only takes entries, never a URL.
+fn redrive_archive(args: &RedriveArgs, url: &str) -> Result<(), ClientError> {
+    if !args.filter.filter().is_empty() || args.limit.is_some() {
+        return Err(ClientError::Usage(
+            "--from-archive redrives every archived entry (of PIPELINE/STAGE when given); the \
+             filters and --limit are for a DLQ"
+                .into(),
+        ));
+    }
+    let entries = super::archive::read(&args.archive, url)?;
+    let client = Client::connect(&args.connect)?;
+    let only = args
+        .stage
+        .as_ref()
+        .map(|s| (s.pipeline.as_str(), s.stage.as_str()));
+    let report = super::archive::redrive(&client, entries, only, args.rate, args.dry_run)?;
+    if args.json {
+        return print_json(&report);
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{} {} message{} from the archive {url}",
+        if report.dry_run {
+            "would redrive"
+        } else {
+            "redrove"
+        },
+        report.redriven,
+        plural(report.redriven),
+    )
+    .map_err(write_error)?;
+    for id in &report.ids {
+        writeln!(out, "  {id}").map_err(write_error)?;
+    }
+    if !report.skipped.is_empty() {
+        writeln!(out, "skipped (left in the archive):").map_err(write_error)?;
+        for why in &report.skipped {
+            writeln!(out, "  {why}").map_err(write_error)?;
+        }
+    }
+    Ok(())
+}
+
 fn purge(args: &PurgeArgs) -> Result<(), ClientError> {
     let client = Client::connect(&args.connect)?;
     let request = PurgeRequest {
@@ -485,6 +548,9 @@ fn purge(args: &PurgeArgs) -> Result<(), ClientError> {
         args.stage
     )
     .map_err(write_error)?;
+    for object in &report.archived {
+        writeln!(out, "  archived to {object}").map_err(write_error)?;
+    }
     print_sample(&mut out, &report.sample, report.purged)
 }
 

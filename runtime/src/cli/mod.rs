@@ -4,6 +4,7 @@
 //! logging and maps results to exit codes: 0 success, 1 the handler or the
 //! operation failed, 2 the invocation or its inputs are wrong.
 
+mod archive;
 mod args;
 mod cases;
 mod client;

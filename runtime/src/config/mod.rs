@@ -10,6 +10,7 @@
 //!
 //! - `model`: the structs, which are the configuration reference (with
 //!   `dedup`, a stage's `dedup:` block);
+//! - `archive`: an `archive:` block (a DLQ's, a topic retention's);
 //! - `broker`: the `broker:` field, `embedded` or a NATS URL's options;
 //! - `units`: durations (`30s`) and sizes (`64MiB`);
 //! - `parse`: bytes -> positioned tree -> typed model, under limits;
@@ -24,6 +25,7 @@
 //! - `validate`: loading many files and the checks across values;
 //! - `diagnostic`: what is reported.
 
+mod archive;
 mod broker;
 mod claim;
 pub mod connectors;
@@ -41,6 +43,7 @@ mod tree;
 mod units;
 mod validate;
 
+pub use archive::Archive;
 pub use broker::{BadNatsUrl, DEFAULT_DUPLICATE_WINDOW, NatsOptions};
 pub use claim::{
     ClaimCheck, StoreUrl, default_claim_retention, default_claim_threshold, default_max_payload,

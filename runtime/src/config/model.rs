@@ -107,9 +107,13 @@ pub struct Topic {
     #[serde(default)]
     pub high_water_mark: Option<u64>,
     /// Messages older than this are removed even if not every subscriber
-    /// has acked them. Kept until acked by all when absent.
-    #[serde(default)]
-    pub retention: Option<HumanDuration>,
+    /// has acked them. Kept until acked by all when absent. A duration
+    /// (`7d`), or `{max_age: 7d, archive: {store: ...}}` to write what is
+    /// removed to an object store first (the embedded broker only: NATS
+    /// drops by `MaxAge` itself, so there is no archive there).
+    #[serde(default, deserialize_with = "retention_form")]
+    #[schemars(with = "Option<RetentionForm>")]
+    pub retention: Option<Retention>,
     /// This topic's claim check, replacing the pipeline's `claim_check`.
     #[serde(default)]
     pub claim_check: Option<super::ClaimCheck>,
@@ -224,10 +228,14 @@ pub struct Delivery {
     /// Retries with exponential backoff before a message is dead-lettered.
     #[serde(default)]
     pub retry: Retry,
-    /// The dead-letter topic. Default: `<pipeline>.<stage>.dlq`, which
-    /// needs no declaration; any other name must be a declared topic.
-    #[serde(default)]
-    pub dlq: Option<String>,
+    /// The dead-letter topic: a name, or `{topic, archive}`. Default
+    /// topic: `<pipeline>.<stage>.dlq`, which needs no declaration; any
+    /// other name must be a declared topic. With `archive: {store: ...}`,
+    /// `dlq purge` writes every entry it deletes to that object store
+    /// first, in JSON lines, and deletes nothing the store did not take.
+    #[serde(default, deserialize_with = "short_some")]
+    #[schemars(with = "Option<ShortForm<Dlq>>")]
+    pub dlq: Option<Dlq>,
     /// Per-key ordering: messages with the same key are handled one at a
     /// time, in publish order; different keys run in parallel. No ordering
     /// when absent.
@@ -421,9 +429,108 @@ impl Stage {
     /// The dead-letter topic of this stage in `pipeline`.
     pub fn dlq_topic(&self, pipeline: &str) -> String {
         self.delivery
-            .dlq
-            .clone()
-            .unwrap_or_else(|| default_dlq(pipeline, &self.name))
+            .dlq_name()
+            .map_or_else(|| default_dlq(pipeline, &self.name), str::to_owned)
+    }
+}
+
+/// A stage's `dlq:`: a topic name (`dlq: orders.failed`), or
+/// `{topic: orders.failed, archive: {store: s3://...}}`.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Dlq {
+    /// The dead-letter topic. Default: `<pipeline>.<stage>.dlq`.
+    #[serde(default)]
+    pub topic: Option<String>,
+    /// Where `dlq purge` writes the entries it deletes, first: JSON lines
+    /// of the entries as `dlq show` prints them, provenance included, one
+    /// create-only object per purge under
+    /// `<path>/<pipeline>/<stage>/<date>/`. A purge the store does not
+    /// take deletes nothing.
+    #[serde(default)]
+    pub archive: Option<super::Archive>,
+}
+
+impl From<String> for Dlq {
+    fn from(topic: String) -> Self {
+        Dlq {
+            topic: Some(topic),
+            archive: None,
+        }
+    }
+}
+
+impl Delivery {
+    /// The `dlq:` topic as written, if any.
+    pub fn dlq_name(&self) -> Option<&str> {
+        self.dlq.as_ref().and_then(|d| d.topic.as_deref())
+    }
+
+    /// The `dlq:` archive, if any.
+    pub fn dlq_archive(&self) -> Option<&super::Archive> {
+        self.dlq.as_ref().and_then(|d| d.archive.as_ref())
+    }
+}
+
+/// A topic's `retention:`: `7d`, or `{max_age: 7d, archive: {...}}`.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Retention {
+    /// Messages published longer ago than this are removed, acked or not.
+    pub max_age: HumanDuration,
+    /// Where the embedded broker writes what it removes, first: JSON lines
+    /// of the messages (`id`, `key`, `headers`, `published_at`, the
+    /// payload as JSON or base64) under `<path>/<topic>/<date>/`. While
+    /// the store does not take them, nothing is removed.
+    #[serde(default)]
+    pub archive: Option<super::Archive>,
+}
+
+impl From<HumanDuration> for Retention {
+    fn from(max_age: HumanDuration) -> Self {
+        Retention {
+            max_age,
+            archive: None,
+        }
+    }
+}
+
+/// Reads `retention:`: a duration or the full mapping.
+fn retention_form<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Retention>, D::Error> {
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Retention;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a duration (`7d`) or a mapping `{max_age: 7d, archive: {...}}`")
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Retention, E> {
+            v.parse::<HumanDuration>()
+                .map(Retention::from)
+                .map_err(E::custom)
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Retention, E> {
+            HumanDuration::deserialize(de::value::U64Deserializer::<E>::new(v)).map(Retention::from)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Retention, A::Error> {
+            Retention::deserialize(de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_any(V).map(Some)
+}
+
+/// Schema of `retention:`: a duration or [`Retention`]'s mapping.
+#[doc(hidden)]
+pub struct RetentionForm;
+
+impl JsonSchema for RetentionForm {
+    fn schema_name() -> Cow<'static, str> {
+        "DurationOrRetention".into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        let age = generator.subschema_for::<HumanDuration>();
+        let full = generator.subschema_for::<Retention>();
+        json_schema!({ "anyOf": [age, full] })
     }
 }
 
@@ -891,6 +998,14 @@ where
     Short::<T>::deserialize(d).map(|s| s.0)
 }
 
+fn short_some<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + From<String>,
+{
+    short(d).map(Some)
+}
+
 fn short_list<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
 where
     D: Deserializer<'de>,
@@ -970,6 +1085,33 @@ mod tests {
         assert!(stage.publish.is_empty() && stage.config.is_empty());
         assert!(stage.delivery.ordering.is_none() && stage.delivery.batch.is_none());
         assert!(stage.delivery.max_ack_pending.is_none());
+    }
+
+    #[test]
+    fn dlq_and_retention_read_their_short_and_full_forms() {
+        let named: Stage = super::super::parse::from_str_for_tests(
+            "name: s\nsubscribe: in\nplugin: p.wasm\ndlq: failed\n",
+        );
+        assert_eq!(named.dlq_topic("p"), "failed");
+        assert!(named.delivery.dlq_archive().is_none());
+        let full: Stage = super::super::parse::from_str_for_tests(
+            "name: s\nsubscribe: in\nplugin: p.wasm\ndlq: {archive: {store: 'file:///a'}}\n",
+        );
+        assert_eq!(full.dlq_topic("p"), "p.s.dlq");
+        assert_eq!(
+            full.delivery.dlq_archive().map(|a| a.store.as_str()),
+            Some("file:///a")
+        );
+        let short: Topic = super::super::parse::from_str_for_tests("name: t\nretention: 7d\n");
+        let short = short.retention.expect("retention");
+        assert_eq!(short.max_age, HumanDuration::secs(7 * 86_400));
+        assert!(short.archive.is_none());
+        let full: Topic = super::super::parse::from_str_for_tests(
+            "name: t\nretention: {max_age: 1h, archive: {store: 's3://b/p'}}\n",
+        );
+        let full = full.retention.expect("retention");
+        assert_eq!(full.max_age, HumanDuration::secs(3600));
+        assert_eq!(full.archive.map(|a| a.store), Some("s3://b/p".to_owned()));
     }
 
     #[test]

@@ -211,6 +211,17 @@ fn resolve_plugins(pipeline: &mut Pipeline, file: &Path) {
     for sink in &mut pipeline.sinks {
         sink.resolve_paths(dir);
     }
+    let deliveries = pipeline.stages.iter_mut().map(|s| &mut s.delivery);
+    for delivery in deliveries.chain(pipeline.sinks.iter_mut().map(|s| &mut s.delivery)) {
+        if let Some(archive) = delivery.dlq.as_mut().and_then(|d| d.archive.as_mut()) {
+            archive.resolve_paths(dir);
+        }
+    }
+    for topic in &mut pipeline.topics {
+        if let Some(archive) = topic.retention.as_mut().and_then(|r| r.archive.as_mut()) {
+            archive.resolve_paths(dir);
+        }
+    }
 }
 
 fn check_unique_pipelines(docs: &[Document], diagnostics: &mut Diagnostics) {

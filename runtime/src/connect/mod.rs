@@ -27,6 +27,7 @@
 //! [`StageHandler`]: crate::engine::StageHandler
 
 pub mod amqp;
+pub mod archive;
 pub mod health;
 pub mod http;
 pub mod kafka;

@@ -198,7 +198,7 @@ pub async fn run(
     // Sources start once the stages read: their topics' consumers exist,
     // so backpressure counts them from the first read.
     let sources = start_sources(&pipelines, &parts).await?;
-    let sweeper = start_sweeper(claims, &pipelines, &broker);
+    let sweeper = start_sweeper(claims, &pipelines, &broker, &parts);
 
     let pipelines: Arc<[Pipeline]> = pipelines.into();
     let (reload_requests, reloads) = tokio::sync::mpsc::channel(crate::reload::QUEUE);
@@ -350,6 +350,9 @@ async fn start_sources(pipelines: &[Pipeline], parts: &Parts<'_>) -> Result<Sour
 struct Sweeper {
     stop: tokio::sync::watch::Sender<bool>,
     task: Option<tokio::task::JoinHandle<()>>,
+    /// One task per topic with `retention: {max_age, archive}`
+    /// (`connect::archive::retention`), stopped by the same switch.
+    archivers: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// Starts the claim sweeper over the claim-checked topics and the DLQs.
@@ -357,8 +360,10 @@ fn start_sweeper(
     claims: Option<Arc<Claims>>,
     pipelines: &[Pipeline],
     broker: &Arc<dyn Broker>,
+    parts: &Parts<'_>,
 ) -> Sweeper {
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let archivers = start_archivers(pipelines, broker, parts, &stopped);
     let task = claims.map(|claims| {
         let (topics, dlqs) = claim_topics(&claims, pipelines);
         tokio::spawn(crate::claim::sweeper(
@@ -369,7 +374,44 @@ fn start_sweeper(
             stopped,
         ))
     });
-    Sweeper { stop, task }
+    Sweeper {
+        stop,
+        task,
+        archivers,
+    }
+}
+
+/// The retention archivers: one task per topic whose `retention` has an
+/// `archive` (the broker was given no age retention for it, so only this
+/// task removes what is old, once the archive holds it).
+fn start_archivers(
+    pipelines: &[Pipeline],
+    broker: &Arc<dyn Broker>,
+    parts: &Parts<'_>,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    for topic in pipelines.iter().flat_map(|p| &p.topics) {
+        let Some(retention) = &topic.retention else {
+            continue;
+        };
+        let Some(archive) = &retention.archive else {
+            continue;
+        };
+        let job = connect::archive::RetentionArchive {
+            topic: topic.name.clone(),
+            max_age: retention.max_age.get(),
+            archive: archive.clone(),
+        };
+        tasks.push(tokio::spawn(connect::archive::retention(
+            job,
+            broker.clone(),
+            parts.health.clone(),
+            parts.metrics.clone(),
+            stopped.clone(),
+        )));
+    }
+    tasks
 }
 
 /// The admin server's task, its state, and the switch that closes it.
@@ -549,7 +591,15 @@ pub(crate) fn topic_specs(pipelines: &[Pipeline]) -> Vec<TopicSpec> {
     };
     for pipeline in pipelines {
         for topic in &pipeline.topics {
-            add(topic.name.clone(), topic.retention.map(|r| r.get()));
+            // A retention with an archive is the archiver's to apply
+            // (`connect::archive`): the broker must not drop what it has
+            // not written yet.
+            let broker_retention = topic
+                .retention
+                .as_ref()
+                .filter(|r| r.archive.is_none())
+                .map(|r| r.max_age.get());
+            add(topic.name.clone(), broker_retention);
         }
         for stage in &pipeline.stages {
             add(stage.dlq_topic(&pipeline.name), None);

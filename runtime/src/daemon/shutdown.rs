@@ -53,6 +53,16 @@ pub(super) async fn shut_down(
     {
         tracing::warn!("the claim sweeper did not stop by the shutdown deadline; abandoning it");
     }
+    for task in sweeper.archivers {
+        // A pass in hand finishes (its object written, its messages
+        // removed) or is abandoned whole: what it had not removed stays.
+        if tokio::time::timeout_at(bound(FLUSH_GRACE / 4), task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("a retention archiver did not stop by the shutdown deadline");
+        }
+    }
     let _ = admin.stop.send(());
     let admin_result = tokio::time::timeout_at(bound(FLUSH_GRACE / 2), admin.task).await;
     match tokio::time::timeout_at(bound(FLUSH_GRACE), broker.flush()).await {

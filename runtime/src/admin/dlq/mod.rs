@@ -204,6 +204,10 @@ pub struct PurgeReport {
     /// On a dry run, the first [`SAMPLE`] entries it would delete.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sample: Vec<DlqEntry>,
+    /// With `dlq: {archive}`, the objects the purged entries were written
+    /// to (JSON lines, as `dlq show` prints them) before they were deleted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub archived: Vec<String>,
 }
 
 /// The list's query string: `limit`, and the filter's fields by the same
@@ -434,16 +438,7 @@ impl AdminState {
                     stage.stage
                 ))
             })?;
-        let m = &stored.message;
-        let (payload, payload_base64) = payload_fields(&m.payload);
-        Ok(DlqEntryDetail {
-            summary: summary(&stored),
-            topic: stage.dlq_topic.clone(),
-            headers: m.headers.clone(),
-            payload,
-            payload_base64,
-            published_at: m.published_at,
-        })
+        Ok(detail(&stage, &stored))
     }
 
     /// Publishes a stage's DLQ entries back to their source topics, oldest
@@ -620,12 +615,19 @@ impl AdminState {
             dry_run: request.dry_run,
             ..PurgeReport::default()
         };
+        // With an archive, entries are written before they are deleted:
+        // the store is opened first, so one that is refused deletes nothing.
+        let mut archive = match (&stage.archive, request.dry_run) {
+            (Some(archive), false) => Some(Held::open(archive)?),
+            _ => None,
+        };
         let mut scan = Scan::snapshot(&stage, matcher, self).await?;
-        while report.purged < limit {
+        while report.purged + archive.as_ref().map_or(0, Held::len) < limit {
             let Some(page) = scan.page(self).await? else {
                 break;
             };
-            let room = usize::try_from(limit - report.purged).unwrap_or(usize::MAX);
+            let held = archive.as_ref().map_or(0, Held::len);
+            let room = usize::try_from(limit - report.purged - held).unwrap_or(usize::MAX);
             let taken = &page[..room.min(page.len())];
             if taken.is_empty() {
                 continue;
@@ -636,8 +638,22 @@ impl AdminState {
                 report.purged += taken.len() as u64;
                 continue;
             }
-            let seqs: Vec<u64> = taken.iter().map(|s| s.seq).collect();
-            report.purged += self.broker().remove(&stage.dlq_topic, &seqs).await?;
+            match &mut archive {
+                Some(held) => {
+                    held.hold(&stage, taken);
+                    if held.full() {
+                        report.purged += held.flush(self, &stage, report.purged).await?;
+                    }
+                }
+                None => {
+                    let seqs: Vec<u64> = taken.iter().map(|s| s.seq).collect();
+                    report.purged += self.broker().remove(&stage.dlq_topic, &seqs).await?;
+                }
+            }
+        }
+        if let Some(held) = &mut archive {
+            report.purged += held.flush(self, &stage, report.purged).await?;
+            report.archived = std::mem::take(&mut held.objects);
         }
         if report.purged > 0 && !request.dry_run {
             tracing::info!(
@@ -648,6 +664,98 @@ impl AdminState {
             );
         }
         Ok(report)
+    }
+}
+
+/// Entries a purge will delete once its archive holds them: written as
+/// one object per [`ARCHIVE_ENTRIES`] entries or [`ARCHIVE_BYTES`] bytes of
+/// lines (so a large purge neither holds the whole DLQ in memory nor
+/// writes thousands of tiny objects), and removed only after the object
+/// is complete.
+struct Held {
+    writer: crate::connect::archive::ArchiveWriter,
+    lines: Vec<u8>,
+    seqs: Vec<u64>,
+    /// The objects written so far.
+    objects: Vec<String>,
+}
+
+/// Most entries in one archive object.
+const ARCHIVE_ENTRIES: usize = 10_000;
+/// Most bytes of JSON lines in one archive object (before compression).
+const ARCHIVE_BYTES: usize = 32 << 20;
+
+impl Held {
+    fn open(archive: &crate::config::Archive) -> Result<Self, ApiError> {
+        let writer = crate::connect::archive::ArchiveWriter::open(archive).map_err(|e| {
+            ApiError::Unavailable(format!(
+                "{e}; nothing was purged (the DLQ is archived first)"
+            ))
+        })?;
+        Ok(Held {
+            writer,
+            lines: Vec::new(),
+            seqs: Vec::new(),
+            objects: Vec::new(),
+        })
+    }
+
+    fn len(&self) -> u64 {
+        self.seqs.len() as u64
+    }
+
+    fn full(&self) -> bool {
+        self.seqs.len() >= ARCHIVE_ENTRIES || self.lines.len() >= ARCHIVE_BYTES
+    }
+
+    /// Adds entries as `dlq show` prints them, one JSON line each.
+    fn hold(&mut self, stage: &StageEntry, taken: &[Stored]) {
+        for stored in taken {
+            // A struct of strings and numbers: serialising cannot fail.
+            if let Ok(line) = serde_json::to_vec(&detail(stage, stored)) {
+                self.lines.extend(line);
+                self.lines.push(b'\n');
+                self.seqs.push(stored.seq);
+            }
+        }
+    }
+
+    /// Writes what is held as one object, then removes those entries;
+    /// returns how many went. A store that refuses removes nothing and
+    /// says so, with how many earlier objects' entries were purged.
+    async fn flush(
+        &mut self,
+        state: &AdminState,
+        stage: &StageEntry,
+        purged_before: u64,
+    ) -> Result<u64, ApiError> {
+        if self.seqs.is_empty() {
+            return Ok(0);
+        }
+        let parts = [
+            stage.pipeline.as_str(),
+            stage.stage.as_str(),
+            &crate::connect::archive::today(),
+        ];
+        let object = self.writer.write(&parts, &self.lines).await.map_err(|e| {
+            tracing::warn!(
+                "purge of the DLQ of {}/{} stopped: {e}",
+                stage.pipeline,
+                stage.stage
+            );
+            ApiError::Unavailable(format!(
+                "{e}; those entries were not purged (the DLQ is archived first){}",
+                if purged_before > 0 {
+                    format!(", and the {purged_before} before them were archived and purged")
+                } else {
+                    String::new()
+                }
+            ))
+        })?;
+        self.objects.push(object);
+        self.lines.clear();
+        let seqs = std::mem::take(&mut self.seqs);
+        Ok(state.broker().remove(&stage.dlq_topic, &seqs).await?)
     }
 }
 
@@ -755,6 +863,20 @@ fn belongs(entry: &Message, stage: &StageEntry) -> bool {
     match (entry.header(dlq::PIPELINE), entry.header(dlq::STAGE)) {
         (Some(pipeline), Some(name)) => pipeline == stage.pipeline && name == stage.stage,
         _ => true,
+    }
+}
+
+/// An entry in full, as `dlq show` prints it and an archive keeps it.
+fn detail(stage: &StageEntry, stored: &Stored) -> DlqEntryDetail {
+    let m = &stored.message;
+    let (payload, payload_base64) = payload_fields(&m.payload);
+    DlqEntryDetail {
+        summary: summary(stored),
+        topic: stage.dlq_topic.clone(),
+        headers: m.headers.clone(),
+        payload,
+        payload_base64,
+        published_at: m.published_at,
     }
 }
 

@@ -427,7 +427,9 @@ const SINK_DELIVERY_DOCS: &[(&str, &str)] = &[
     ),
     (
         "dlq",
-        "The dead-letter topic. Default: `<pipeline>.<sink>.dlq`.",
+        "The dead-letter topic, or `{topic, archive}`. Default topic:\n\
+         `<pipeline>.<sink>.dlq`. With `archive: {store: ...}`, `dlq purge`\n\
+         writes every entry it deletes to that object store first.",
     ),
     ("ordering", "Per-key ordering, as for a stage."),
     (

@@ -170,6 +170,9 @@ impl<'a> Checker<'a> {
                     ),
                 );
             }
+            if let Some(archive) = topic.retention.as_ref().and_then(|r| r.archive.as_ref()) {
+                self.retention_archive(i, archive);
+            }
             if let Some(first) = self.declared.insert(&topic.name, i) {
                 let line = self.line(&[K("topics"), I(first)]);
                 self.out.push(
@@ -181,6 +184,30 @@ impl<'a> Checker<'a> {
                 );
                 self.declared.insert(&topic.name, first);
             }
+        }
+    }
+
+    /// A topic's `retention.archive`: the block's own problems, and no
+    /// archive on NATS, whose server drops by `MaxAge` itself: nothing
+    /// could write a message before it goes, so the block would promise
+    /// what cannot be kept. Refused rather than warned, since a warning
+    /// scrolls past and the messages would go unarchived.
+    fn retention_archive(&mut self, i: usize, archive: &crate::config::Archive) {
+        use Seg::{Index as I, Key as K};
+        let at = [K("topics"), I(i), K("retention"), K("archive")];
+        if NatsOptions::is_nats_url(&self.p.broker) {
+            self.out.push(
+                &at,
+                "a retention archive needs the embedded broker: on NATS the server drops \
+                 messages by `MaxAge` itself, so nothing can archive them first; use \
+                 `retention: <duration>` here, or archive downstream with an `object_store` sink"
+                    .into(),
+            );
+        }
+        for problem in archive.check() {
+            let mut path = at.to_vec();
+            path.extend(problem.path.iter().map(|k| K(k)));
+            self.out.push(&path, problem.message);
         }
     }
 

@@ -258,9 +258,16 @@ impl<'a> Checker<'a> {
             }
         }
 
-        if let Some(dlq) = &stage.delivery.dlq {
+        if let Some(archive) = stage.delivery.dlq_archive() {
+            for problem in archive.check() {
+                let mut path = place.at(&[K("dlq"), K("archive")]);
+                path.extend(problem.path.iter().map(|k| K(k)));
+                self.out.push(&path, problem.message);
+            }
+        }
+        if let Some(dlq) = stage.delivery.dlq_name() {
             let path = place.at(&[K("dlq")]);
-            if !self.declared.contains_key(dlq.as_str()) && !self.implicit_dlqs.contains(dlq) {
+            if !self.declared.contains_key(dlq) && !self.implicit_dlqs.contains(dlq) {
                 let declared = self.declared_list();
                 self.out.push(
                     &path,
@@ -273,7 +280,7 @@ impl<'a> Checker<'a> {
                     ),
                 );
             }
-            if subscribed.contains(dlq.as_str()) {
+            if subscribed.contains(dlq) {
                 self.out.push(
                     &path,
                     format!(

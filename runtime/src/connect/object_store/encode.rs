@@ -338,7 +338,7 @@ impl Encoder {
 /// One message as a JSON line: `id`, `topic`, `key`, `headers` (an object;
 /// a repeated header keeps its last value), `published_at` (RFC 3339, ms)
 /// and the payload, as `payload` when it is JSON, else `payload_base64`.
-pub(super) fn json_line(message: &Message) -> Vec<u8> {
+pub(crate) fn json_line(message: &Message) -> Vec<u8> {
     let mut object = serde_json::Map::with_capacity(7);
     object.insert("id".into(), Value::String(message.id.clone()));
     object.insert("topic".into(), Value::String(message.topic.clone()));

@@ -8,10 +8,10 @@
 //! `config.rs` builds the sink from its block.
 
 mod config;
-mod encode;
+pub(crate) mod encode;
 mod files;
 pub mod sink;
-mod upload;
+pub(crate) mod upload;
 
 pub use crate::config::connectors::object_store::ObjectStoreSinkConfig;
 pub use sink::ObjectStoreSink;

@@ -30,7 +30,7 @@ const PART_SIZE: usize = 8 << 20;
 
 /// How a put went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Put {
+pub(crate) enum Put {
     /// The object is new.
     Created,
     /// An object of that name was there already (a raw message written
@@ -39,7 +39,7 @@ pub(super) enum Put {
 }
 
 /// A store files are written to.
-pub(super) enum Target {
+pub(crate) enum Target {
     /// A directory on this machine.
     Dir(PathBuf),
     /// A cloud store, its key prefix, and its URL for messages.
@@ -53,7 +53,7 @@ pub(super) enum Target {
 impl Target {
     /// The target of `config`: the directory created, the cloud client
     /// built (nothing contacted).
-    pub(super) fn open(config: &ObjectStoreSinkConfig) -> Result<Self, String> {
+    pub(crate) fn open(config: &ObjectStoreSinkConfig) -> Result<Self, String> {
         let url = config.store_url()?;
         if let StoreUrl::File(dir) = &url {
             std::fs::create_dir_all(dir)
@@ -76,7 +76,7 @@ impl Target {
     }
 
     /// The full URL of object `key`, for logs and dead letters.
-    pub(super) fn url_of(&self, key: &str) -> String {
+    pub(crate) fn url_of(&self, key: &str) -> String {
         match self {
             Target::Dir(dir) => format!("file://{}", dir.join(key).display()),
             Target::Cloud { url, .. } => format!("{url}/{key}"),
@@ -85,7 +85,7 @@ impl Target {
 
     /// Writes `bytes` as object `key` (below the store's prefix), only if
     /// no object has that name.
-    pub(super) async fn put(&self, key: &str, bytes: Vec<u8>) -> Result<Put, SinkError> {
+    pub(crate) async fn put(&self, key: &str, bytes: Vec<u8>) -> Result<Put, SinkError> {
         match self {
             Target::Dir(dir) => {
                 let (dir, owned) = (dir.clone(), key.to_owned());
