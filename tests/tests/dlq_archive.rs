@@ -331,7 +331,8 @@ stages:
         store = store.display(),
         fail = plugin("fail"),
     );
-    let d = Daemon::with_yaml(&yaml).start();
+    let file = sluice_tests::write_pipeline(dir.path(), "keep", &yaml);
+    let d = Daemon::builder(&[&file], &dir.path().join("data")).start();
     let messages: Vec<Msg> = (0..20)
         .map(|i| Msg::new(format!("e-{i}"), format!(r#"{{"n":{i}}}"#)))
         .collect();
@@ -370,4 +371,15 @@ stages:
     d.wait_until("readiness clears", LIMIT, |d| {
         !d.readiness().1.contains("retention-archive:events")
     });
+
+    // The archivers start with the daemon: a reload that changes one is
+    // refused, saying so, rather than applied halfway.
+    std::fs::write(&file, yaml.replace("max_age: 1s", "max_age: 2s")).expect("rewrite");
+    let out = d.cli(&["reload", "--json"], &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("the retention archivers start with the daemon"),
+        "{stdout}\n{stderr}"
+    );
 }

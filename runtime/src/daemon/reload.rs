@@ -387,6 +387,14 @@ impl Live {
                 "this daemon runs a claim check, and the reload adds or removes a dead-letter topic its sweeper must read: restart the daemon to apply it",
             ));
         }
+        if retention_archives(&self.pipelines) != retention_archives(pipelines) {
+            // The retention archivers start with the daemon, and the broker
+            // holds no age limit for their topics: applied halfway, a topic
+            // would keep, or drop unarchived, what it should archive.
+            errors.push(ReloadError::new(
+                "a topic's `retention: {max_age, archive}` was added, changed or removed: the retention archivers start with the daemon, so restart it to apply this",
+            ));
+        }
         if errors.is_empty() {
             Ok(())
         } else {
@@ -644,4 +652,20 @@ async fn reload_on_each(
             tracing::warn!("SIGHUP: reloads are queued up already; this one is skipped");
         }
     }
+}
+
+/// Every topic whose `retention` has an `archive`, with it, in name order.
+fn retention_archives(pipelines: &[Pipeline]) -> Vec<(&str, &config::Retention)> {
+    let mut out: Vec<(&str, &config::Retention)> = pipelines
+        .iter()
+        .flat_map(|p| &p.topics)
+        .filter_map(|t| {
+            t.retention
+                .as_ref()
+                .filter(|r| r.archive.is_some())
+                .map(|r| (t.name.as_str(), r))
+        })
+        .collect();
+    out.sort_by_key(|(name, _)| *name);
+    out
 }
