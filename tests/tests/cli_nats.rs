@@ -390,6 +390,12 @@ async fn dlq_list_show_redrive_and_purge_work_on_nats_without_a_daemon() {
     let out = nats.sluice(&["dlq", "purge", "p/s", "--limit", "1"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "purged 1 entry from the DLQ of p/s");
+    // Without --pipelines no `dlq: {archive}` is known: said, not silent.
+    assert!(
+        stderr(&out).contains("the purged entries are not archived"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(nats.depth("p.s.dlq").await, 1);
     let out = nats.sluice(&["dlq", "purge", "p/s", "--all"]);
     assert!(out.status.success(), "{}", stderr(&out));

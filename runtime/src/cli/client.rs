@@ -75,10 +75,20 @@ pub(crate) struct ConnectArgs {
     #[arg(long, env = "SLUICE_BROKER", value_name = "URL")]
     broker: Option<String>,
     /// With a NATS --broker: pipeline files (or directories) to take topics and stages from,
-    /// as the daemon does; needed for a stage whose `dlq:` names its own topic. Without them
-    /// any topic NATS has a stream for is accepted, and stage P/S's DLQ is topic `P.S.dlq`.
+    /// as the daemon does; needed for a stage whose `dlq:` names its own topic or has an
+    /// `archive:` (which `dlq purge` writes first). Without them any topic NATS has a stream
+    /// for is accepted, and stage P/S's DLQ is topic `P.S.dlq`.
     #[arg(long = "pipelines", value_name = "FILE|DIR")]
     pipelines: Vec<PathBuf>,
+}
+
+impl ConnectArgs {
+    /// Straight to NATS without `--pipelines`: the stages' settings (a
+    /// `dlq:` topic or archive) are not known here.
+    pub(crate) fn nats_without_pipelines(&self) -> bool {
+        let broker = self.broker.as_deref().map(str::trim).unwrap_or_default();
+        !broker.is_empty() && broker != "embedded" && self.pipelines.is_empty()
+    }
 }
 
 /// Why a call to the daemon failed.

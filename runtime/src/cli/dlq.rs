@@ -530,6 +530,15 @@ fn purge(args: &PurgeArgs) -> Result<(), ClientError> {
         dry_run: args.dry_run,
         filter: args.filter.filter(),
     };
+    if args.connect.nats_without_pipelines() && !args.dry_run {
+        // Not an error (a stage without an archive purges as before), but
+        // never silent: an archive this call cannot see is not written.
+        eprintln!(
+            "note: without --pipelines the stage's `dlq: {{archive}}`, if it has one, is not \
+             known here, so the purged entries are not archived; pass the pipeline files to \
+             archive them first"
+        );
+    }
     let report = client.dlq_purge(&args.stage.pipeline, &args.stage.stage, &request)?;
     if args.json {
         return print_json(&report);
