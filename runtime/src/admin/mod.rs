@@ -72,6 +72,7 @@ pub use access::{AccessConfig, Token};
 pub use dlq::{
     DlqEntry, DlqEntryDetail, DlqFilter, DlqList, Matcher, PurgeReport, PurgeRequest,
     REDRIVE_TIME_LIMIT, RedriveReport, RedriveRequest, SAMPLE, SkippedEntry,
+    archive_line as dlq_archive_line,
 };
 pub use error::{ApiError, ErrorBody};
 pub use history::{HistoryPoint, StageHistory};

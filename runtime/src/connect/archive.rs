@@ -8,7 +8,8 @@
 //!   as `dlq show` prints them.
 //! - [`retention`] is the task the daemon starts for each topic with
 //!   `retention: {max_age, archive}`: it reads what is older than
-//!   `max_age`, writes it, and only then removes it. The broker is given
+//!   `max_age`, writes it, and only then removes it. A DLQ topic's lines
+//!   are its entries as `dlq show` prints them, as a purge writes them. The broker is given
 //!   no age retention for such a topic, so it never drops what this task
 //!   has not written. While the store refuses, nothing is removed and the
 //!   topic is reported down in readiness, naming the archive and why.
@@ -18,7 +19,7 @@ use std::time::Duration;
 
 use super::object_store::encode::json_line;
 use super::object_store::upload::{Put, Target};
-use crate::broker::{Broker, BrokerError, now_millis};
+use crate::broker::{Broker, BrokerError, Stored, now_millis};
 use crate::config::Archive;
 use crate::config::connectors::object_store::Compression;
 use crate::metrics::Metrics;
@@ -126,6 +127,9 @@ pub fn retention_name(topic: &str) -> String {
     format!("retention-archive:{topic}")
 }
 
+/// How a stored message becomes one archive line (ending in `\n`).
+pub type LineFn = Arc<dyn Fn(&Stored) -> Vec<u8> + Send + Sync>;
+
 /// What [`retention`] works on.
 pub struct RetentionArchive {
     /// The topic.
@@ -134,6 +138,26 @@ pub struct RetentionArchive {
     pub max_age: Duration,
     /// Where.
     pub archive: Archive,
+    /// The line of each message: [`message_line`], or for a DLQ topic the
+    /// entry as `dlq show` prints it (the daemon passes the admin API's),
+    /// so `dlq redrive --from-archive` reads it as a purge's archive.
+    pub line: LineFn,
+}
+
+/// A message as the object-store sink's JSON line: `id`, `topic`, `key`,
+/// `headers`, `published_at` and the payload as JSON or `payload_base64`.
+pub fn message_line(stored: &Stored) -> Vec<u8> {
+    let m = &stored.message;
+    // The sink's JSON line, which reads the contract's message.
+    json_line(&crate::plugin::Message {
+        id: m.id.clone(),
+        topic: m.topic.clone(),
+        key: m.key.clone(),
+        headers: m.headers.clone(),
+        payload: m.payload.to_vec(),
+        attempt: 0,
+        published_at: m.published_at,
+    })
 }
 
 /// Archives and then removes the messages of one topic older than its
@@ -209,17 +233,7 @@ async fn retention_pass(
     };
     let mut lines = Vec::new();
     for stored in &old {
-        let m = &stored.message;
-        // The sink's JSON line, which reads the contract's message.
-        lines.extend(json_line(&crate::plugin::Message {
-            id: m.id.clone(),
-            topic: m.topic.clone(),
-            key: m.key.clone(),
-            headers: m.headers.clone(),
-            payload: m.payload.to_vec(),
-            attempt: 0,
-            published_at: m.published_at,
-        }));
+        lines.extend((job.line)(stored));
     }
     let object = open
         .write(&[&job.topic, &today()], &lines)

@@ -391,6 +391,15 @@ fn start_archivers(
     stopped: &tokio::sync::watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
+    let dead_letters: std::collections::HashSet<String> = pipelines
+        .iter()
+        .flat_map(|p| {
+            p.stages
+                .iter()
+                .map(|s| s.dlq_topic(&p.name))
+                .chain(p.sources.iter().map(|s| s.dlq_topic(&p.name)))
+        })
+        .collect();
     for topic in pipelines.iter().flat_map(|p| &p.topics) {
         let Some(retention) = &topic.retention else {
             continue;
@@ -398,10 +407,17 @@ fn start_archivers(
         let Some(archive) = &retention.archive else {
             continue;
         };
+        let line: connect::archive::LineFn = if dead_letters.contains(&topic.name) {
+            let name = topic.name.clone();
+            Arc::new(move |stored| admin::dlq_archive_line(&name, stored))
+        } else {
+            Arc::new(connect::archive::message_line)
+        };
         let job = connect::archive::RetentionArchive {
             topic: topic.name.clone(),
             max_age: retention.max_age.get(),
             archive: archive.clone(),
+            line,
         };
         tasks.push(tokio::spawn(connect::archive::retention(
             job,

@@ -711,12 +711,8 @@ impl Held {
     /// Adds entries as `dlq show` prints them, one JSON line each.
     fn hold(&mut self, stage: &StageEntry, taken: &[Stored]) {
         for stored in taken {
-            // A struct of strings and numbers: serialising cannot fail.
-            if let Ok(line) = serde_json::to_vec(&detail(stage, stored)) {
-                self.lines.extend(line);
-                self.lines.push(b'\n');
-                self.seqs.push(stored.seq);
-            }
+            self.lines.extend(archive_line(&stage.dlq_topic, stored));
+            self.seqs.push(stored.seq);
         }
     }
 
@@ -868,16 +864,33 @@ fn belongs(entry: &Message, stage: &StageEntry) -> bool {
 
 /// An entry in full, as `dlq show` prints it and an archive keeps it.
 fn detail(stage: &StageEntry, stored: &Stored) -> DlqEntryDetail {
+    detail_in(&stage.dlq_topic, stored)
+}
+
+/// An entry of DLQ topic `topic` in full.
+fn detail_in(topic: &str, stored: &Stored) -> DlqEntryDetail {
     let m = &stored.message;
     let (payload, payload_base64) = payload_fields(&m.payload);
     DlqEntryDetail {
         summary: summary(stored),
-        topic: stage.dlq_topic.clone(),
+        topic: topic.to_owned(),
         headers: m.headers.clone(),
         payload,
         payload_base64,
         published_at: m.published_at,
     }
+}
+
+/// A dead letter of DLQ topic `topic` as one archive line: the entry as
+/// `dlq show` prints it, then `\n`. The retention archiver of a DLQ topic
+/// writes these (the daemon hands it this), so every archived dead letter
+/// reads the same, whether a purge or retention removed it, and
+/// `dlq redrive --from-archive` takes both.
+pub fn archive_line(topic: &str, stored: &Stored) -> Vec<u8> {
+    // A struct of strings and numbers: serialising cannot fail.
+    let mut line = serde_json::to_vec(&detail_in(topic, stored)).unwrap_or_default();
+    line.push(b'\n');
+    line
 }
 
 fn summary(stored: &Stored) -> DlqEntry {
