@@ -211,6 +211,9 @@ fn a_purged_dlq_is_archived_with_provenance_and_redriven_from_the_archive() {
         &[],
     ));
     assert!(stdout.contains("would redrive 3 messages"), "{stdout}");
+    for id in &rejected {
+        assert!(stdout.contains(&format!("{id}~r1@shop/check")), "{stdout}");
+    }
     assert_eq!(d.depth("shop.check.dlq"), 0);
     let stdout = ok(&d.cli(&["dlq", "redrive", "--from-archive", &url], &[]));
     assert!(stdout.contains("redrove 3 messages"), "{stdout}");

@@ -266,10 +266,19 @@ pub(crate) fn redrive(
     }
     for ((pipeline, stage), entries) in stages {
         if dry_run {
-            report.redriven += entries.len() as u64;
-            report
-                .ids
-                .extend(entries.iter().map(|a| a.entry.summary.id.clone()));
+            for archived in &entries {
+                match would_publish(&archived.entry) {
+                    Some(id) => {
+                        report.redriven += 1;
+                        report.ids.push(id);
+                    }
+                    None => report.skipped.push(format!(
+                        "{} ({}): incomplete DLQ provenance headers: cannot tell where to \
+                         redrive it",
+                        archived.entry.summary.id, archived.object
+                    )),
+                }
+            }
             continue;
         }
         // The stage's DLQ as the daemon knows it now (it may have moved).
@@ -311,6 +320,17 @@ pub(crate) fn redrive(
         }
     }
     Ok(report)
+}
+
+/// The id a redrive of `entry` would publish (what the daemon's redrive
+/// builds, `dlq::redrive_message`), for a dry run; None without full
+/// provenance, which the daemon would skip too.
+fn would_publish(entry: &DlqEntryDetail) -> Option<String> {
+    let mut message =
+        crate::broker::Message::new(entry.summary.id.clone(), entry.topic.clone(), Vec::new());
+    message.headers.clone_from(&entry.headers);
+    let provenance = crate::dlq::Provenance::read(&message)?;
+    Some(crate::dlq::redrive_message(&message, &provenance).id)
 }
 
 /// Puts one archived entry back in its stage's DLQ; returns its seq there.
