@@ -244,6 +244,7 @@ async fn sink_stage(n: usize, url: &str, count: &AtomicUsize, sync: SyncMode) ->
         name: "notify".into(),
         metrics: metrics.clone(),
         health: Arc::new(Health::new()),
+        data_dir: None,
     };
     let sink = def
         .http

@@ -303,6 +303,7 @@ async fn run_stage(store: Option<&str>, extra: &str, payloads: &[Vec<u8>]) -> f6
         name: "lake".into(),
         metrics: metrics.clone(),
         health: Arc::new(Health::default()),
+        data_dir: None,
     };
     let built: Arc<dyn sluice::connect::Sink> = if noop {
         Arc::new(Noop)

@@ -91,6 +91,7 @@ async fn run_direct(url: &str, table: &str, n: usize) -> f64 {
         name: "direct".into(),
         metrics: Arc::new(Metrics::new()),
         health: Arc::new(Health::default()),
+        data_dir: None,
     };
     let slots = std::num::NonZeroU32::new(CONCURRENCY as u32).expect("non-zero");
     let sink = config.build_for(&ctx, slots).await.expect("build");
@@ -247,6 +248,7 @@ async fn run_stage(url: &str, table: &str, n: usize, noop: Option<Arc<Noop>>) ->
         name: "to-table".into(),
         metrics: metrics.clone(),
         health: Arc::new(Health::default()),
+        data_dir: None,
     };
     let built: Arc<dyn sluice::connect::Sink> = match &noop {
         Some(noop) => noop.clone(),

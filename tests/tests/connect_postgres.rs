@@ -737,6 +737,7 @@ fn a_notification_wakes_the_outbox_read() {
             name: "woken".into(),
             metrics: std::sync::Arc::new(sluice::metrics::Metrics::new()),
             health: std::sync::Arc::new(Health::default()),
+            data_dir: None,
         };
         let mut source = config.build(&ctx).await.expect("build");
         // Connects, creates the table and trigger, and listens.
@@ -795,6 +796,7 @@ fn rows_published_before_a_lost_commit_are_not_read_twice() {
             name: "src".into(),
             metrics: std::sync::Arc::new(sluice::metrics::Metrics::new()),
             health: std::sync::Arc::new(Health::default()),
+            data_dir: None,
         };
         let mut source = config.build(&ctx).await.expect("build");
         assert!(source.read(10, Duration::ZERO).await.expect("first read").is_empty());

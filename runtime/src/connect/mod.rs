@@ -87,6 +87,11 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// The daemon's connector health, which readiness reads.
     pub health: Arc<Health>,
+    /// The daemon's data directory, where a connector keeps local state
+    /// (an object-store sink spools the files it builds there). `None`
+    /// outside a daemon (tests, benches): such a connector then uses the
+    /// system's temporary directory, and says so.
+    pub data_dir: Option<std::path::PathBuf>,
 }
 
 impl Context {

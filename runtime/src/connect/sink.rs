@@ -330,6 +330,7 @@ mod tests {
             name: "s".into(),
             metrics: metrics.clone(),
             health: Arc::new(Health::new()),
+            data_dir: None,
         };
         let handlers = (0..stage.delivery.concurrency.get())
             .map(|_| {
@@ -471,6 +472,7 @@ mod tests {
             name: "s".into(),
             metrics: metrics.clone(),
             health: Arc::new(Health::new()),
+            data_dir: None,
         };
         let handler = SinkHandler::new(
             sink.clone(),

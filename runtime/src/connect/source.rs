@@ -715,6 +715,7 @@ mod tests {
                 name: "src".into(),
                 metrics: metrics.clone(),
                 health: health.clone(),
+                data_dir: None,
             },
             source: Box::new(Scripted {
                 log: log.clone(),

@@ -192,6 +192,7 @@ pub async fn run(
         broker: &broker,
         metrics: &metrics,
         health: &health,
+        data_dir: &opts.data_dir,
     };
     let (engine, plugin_shas) =
         start_stages(&pipelines, &parts, claims.clone(), opened.dedup).await?;
@@ -216,6 +217,7 @@ pub async fn run(
         broker: broker.clone(),
         metrics,
         health,
+        data_dir: opts.data_dir.clone(),
         engine,
         sources,
         plugin_shas,
@@ -250,6 +252,8 @@ struct Parts<'a> {
     broker: &'a Arc<dyn Broker>,
     metrics: &'a Arc<Metrics>,
     health: &'a Arc<connect::Health>,
+    /// Where connectors keep local state (`Context::data_dir`).
+    data_dir: &'a std::path::Path,
 }
 
 /// The admin API's TLS configuration, if it has one; refused when the API

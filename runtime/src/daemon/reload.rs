@@ -60,6 +60,8 @@ pub(super) struct Live {
     pub(super) broker: Arc<dyn Broker>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) health: Arc<connect::Health>,
+    /// The daemon's data directory, where connectors keep local state.
+    pub(super) data_dir: PathBuf,
     pub(super) engine: Engine,
     pub(super) sources: Sources,
     /// The sha256 of each running plugin stage's component.
@@ -454,6 +456,7 @@ impl Live {
                 &self.broker,
                 &self.metrics,
                 &self.health,
+                &self.data_dir,
             )
             .await?;
             if let Some(sha) = sha {

@@ -92,6 +92,7 @@ pub(super) async fn setup(
         name: source.name.clone(),
         metrics: metrics.clone(),
         health: health.clone(),
+        data_dir: None,
     };
     let connector = source.connector().ok_or_else(|| {
         DaemonError::Unsupported(format!("source `{}` has no connector block", source.name))

@@ -34,6 +34,7 @@ pub(super) async fn start_stages(
                 parts.broker,
                 parts.metrics,
                 parts.health,
+                parts.data_dir,
             )
             .await?;
             if let Some(sha) = sha {
@@ -62,10 +63,11 @@ pub(super) async fn stage_setup(
     broker: &Arc<dyn Broker>,
     metrics: &Arc<Metrics>,
     health: &Arc<connect::Health>,
+    data_dir: &std::path::Path,
 ) -> Result<(StageSetup, Option<String>), DaemonError> {
     if let Some(sink) = &stage.sink {
         return Ok((
-            sink_setup(pipeline, stage, sink, metrics, health).await?,
+            sink_setup(pipeline, stage, sink, metrics, health, data_dir).await?,
             None,
         ));
     }
@@ -126,12 +128,14 @@ async fn sink_setup(
     sink: &connect::SinkDef,
     metrics: &Arc<Metrics>,
     health: &Arc<connect::Health>,
+    data_dir: &std::path::Path,
 ) -> Result<StageSetup, DaemonError> {
     let ctx = connect::Context {
         pipeline: pipeline.name.clone(),
         name: sink.name.clone(),
         metrics: metrics.clone(),
         health: health.clone(),
+        data_dir: Some(data_dir.to_owned()),
     };
     let connector = sink.connector().ok_or_else(|| {
         DaemonError::Unsupported(format!("sink `{}` has no connector block", sink.name))

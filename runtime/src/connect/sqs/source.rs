@@ -557,6 +557,7 @@ mod tests {
             name: "src".into(),
             metrics: Arc::new(Metrics::new()),
             health: Arc::new(Health::new()),
+            data_dir: None,
         };
         let mut source = SqsSource::with(
             &config,
