@@ -2,6 +2,10 @@
 //! from the block's schema), built as records arrive and finished when
 //! the file rolls; and the check of a message against a Parquet schema,
 //! so a message that does not fit is refused whole, never written half.
+//!
+//! A file is written through to a spool file (`spool.rs`) as it grows:
+//! Parquet's writer keeps only the row group being filled in memory and
+//! writes each finished one out, and a compressor writes what it emits.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -19,11 +23,45 @@ use parquet::file::properties::WriterProperties;
 use serde_json::Value;
 
 use super::config::{Compression, ObjectFormat, ObjectStoreSinkConfig, SchemaField};
+use super::spool::{SpoolFile, Spooled};
+use crate::connect::SinkError;
 use crate::plugin::Message;
 
 /// Rows per Parquet row group: a row group is buffered in memory until it
-/// is full (or the file closes), so this bounds the writer's memory.
+/// is full (or the file closes), so this and [`ROW_GROUP_BYTES`] bound
+/// the writer's memory; the finished ones are on the spool. parquet's own
+/// default (1,048,576 rows, no byte limit) would hold a 256 MB file in
+/// memory whole.
 pub(super) const ROW_GROUP_ROWS: usize = 64 * 1024;
+
+/// A row group's estimated encoded size at which it is written out,
+/// whatever its rows: large records fill one before [`ROW_GROUP_ROWS`].
+pub(super) const ROW_GROUP_BYTES: usize = 64 << 20;
+
+/// Why a file could not be written.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum FileError {
+    /// Writing the spool file failed (a full disk, above all): an outage,
+    /// the records wait.
+    #[error("writing the spool file: {0}")]
+    Spool(String),
+    /// The records could not be encoded (a bug): they count an attempt.
+    #[error("{0}")]
+    Encode(String),
+}
+
+impl FileError {
+    /// The records' outcome.
+    pub(super) fn to_sink_error(&self) -> SinkError {
+        match self {
+            FileError::Spool(_) => SinkError::Unavailable(self.to_string()),
+            FileError::Encode(_) => SinkError::Retry {
+                reason: self.to_string(),
+                after: None,
+            },
+        }
+    }
+}
 
 /// The columns every Parquet file starts with.
 const OWN_COLUMNS: [&str; 3] = ["sluice_id", "sluice_key", "sluice_published_at"];
@@ -225,25 +263,27 @@ fn build_array<'a>(kind: &DataType, values: impl Iterator<Item = &'a Value>) -> 
 
 /// A file being written.
 pub(super) enum Encoder {
-    /// JSON lines into a buffer, through the compressor if any.
+    /// JSON lines into a spool file, through the compressor if any.
     Jsonl(Lines),
-    /// A Parquet writer over a buffer.
-    Parquet(Box<ArrowWriter<Vec<u8>>>, Arc<Columns>),
+    /// A Parquet writer over a spool file.
+    Parquet(Box<ArrowWriter<SpoolFile>>, Arc<Columns>),
 }
 
 /// JSON lines, compressed or not.
 pub(super) enum Lines {
-    Plain(Vec<u8>),
-    Gzip(flate2::write::GzEncoder<Vec<u8>>),
-    Zstd(zstd::stream::write::Encoder<'static, Vec<u8>>),
+    Plain(SpoolFile),
+    Gzip(flate2::write::GzEncoder<SpoolFile>),
+    Zstd(zstd::stream::write::Encoder<'static, SpoolFile>),
 }
 
 impl Encoder {
-    /// An empty file of the block's format (not `raw`, which has none).
+    /// An empty file of the block's format (not `raw`, which has none),
+    /// written to `out`.
     pub(super) fn new(
         config: &ObjectStoreSinkConfig,
         columns: Option<&Arc<Columns>>,
-    ) -> Result<Self, String> {
+        out: SpoolFile,
+    ) -> Result<Self, FileError> {
         match (config.format, columns) {
             (ObjectFormat::Parquet, Some(columns)) => {
                 let compression = match config.compression {
@@ -256,36 +296,42 @@ impl Encoder {
                 let properties = WriterProperties::builder()
                     .set_compression(compression)
                     .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+                    .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
                     .build();
-                let writer =
-                    ArrowWriter::try_new(Vec::new(), columns.schema.clone(), Some(properties))
-                        .map_err(|e| format!("starting a parquet file: {e}"))?;
+                let writer = ArrowWriter::try_new(out, columns.schema.clone(), Some(properties))
+                    .map_err(|e| FileError::Spool(format!("starting a parquet file: {e}")))?;
                 Ok(Encoder::Parquet(Box::new(writer), columns.clone()))
             }
             (ObjectFormat::Jsonl, _) => Ok(Encoder::Jsonl(match config.compression {
                 Some(Compression::Gzip) => Lines::Gzip(flate2::write::GzEncoder::new(
-                    Vec::new(),
+                    out,
                     flate2::Compression::default(),
                 )),
                 Some(Compression::Zstd) => Lines::Zstd(
-                    zstd::stream::write::Encoder::new(Vec::new(), 3)
-                        .map_err(|e| format!("starting a zstd stream: {e}"))?,
+                    zstd::stream::write::Encoder::new(out, 3)
+                        .map_err(|e| FileError::Spool(format!("starting a zstd stream: {e}")))?,
                 ),
-                _ => Lines::Plain(Vec::new()),
+                _ => Lines::Plain(out),
             })),
-            _ => Err("this format writes no files".into()),
+            _ => Err(FileError::Encode("this format writes no files".into())),
         }
     }
 
     /// Appends records. For Parquet, `rows` holds each message's checked
     /// values; for JSON lines it is empty.
-    pub(super) fn append(&mut self, messages: &[(&Message, Row)]) -> Result<(), String> {
+    ///
+    /// # Errors
+    ///
+    /// [`FileError::Spool`] for a failed write (the writer's errors are
+    /// taken as the spool's: the batch was built from checked rows, and
+    /// encoding it cannot fail otherwise).
+    pub(super) fn append(&mut self, messages: &[(&Message, Row)]) -> Result<(), FileError> {
         match self {
             Encoder::Parquet(writer, columns) => {
-                let batch = columns.batch(messages)?;
+                let batch = columns.batch(messages).map_err(FileError::Encode)?;
                 writer
                     .write(&batch)
-                    .map_err(|e| format!("writing parquet: {e}"))
+                    .map_err(|e| FileError::Spool(format!("writing parquet: {e}")))
             }
             Encoder::Jsonl(lines) => {
                 for (message, _) in messages {
@@ -295,7 +341,7 @@ impl Encoder {
                         Lines::Gzip(gz) => gz.write_all(&line),
                         Lines::Zstd(z) => z.write_all(&line),
                     };
-                    written.map_err(|e| format!("compressing: {e}"))?;
+                    written.map_err(|e| FileError::Spool(e.to_string()))?;
                 }
                 // A compressor holds back what it has not emitted yet; a
                 // flush per append (a batch) makes the file's size, which
@@ -305,7 +351,7 @@ impl Encoder {
                     Lines::Gzip(gz) => gz.flush(),
                     Lines::Zstd(z) => z.flush(),
                 };
-                flushed.map_err(|e| format!("compressing: {e}"))
+                flushed.map_err(|e| FileError::Spool(e.to_string()))
             }
         }
     }
@@ -315,23 +361,25 @@ impl Encoder {
     pub(super) fn size(&self) -> u64 {
         let size = match self {
             Encoder::Parquet(writer, _) => writer.bytes_written() + writer.in_progress_size(),
-            Encoder::Jsonl(Lines::Plain(buf)) => buf.len(),
-            Encoder::Jsonl(Lines::Gzip(gz)) => gz.get_ref().len(),
-            Encoder::Jsonl(Lines::Zstd(z)) => z.get_ref().len(),
+            Encoder::Jsonl(Lines::Plain(out)) => return out.written(),
+            Encoder::Jsonl(Lines::Gzip(gz)) => return gz.get_ref().written(),
+            Encoder::Jsonl(Lines::Zstd(z)) => return z.get_ref().written(),
         };
         u64::try_from(size).unwrap_or(u64::MAX)
     }
 
-    /// The whole file.
-    pub(super) fn finish(self) -> Result<Vec<u8>, String> {
-        match self {
+    /// The whole file, on the spool.
+    pub(super) fn finish(self) -> Result<Spooled, FileError> {
+        let spool = |e: std::io::Error| FileError::Spool(e.to_string());
+        let out = match self {
             Encoder::Parquet(writer, _) => writer
                 .into_inner()
-                .map_err(|e| format!("finishing the parquet file: {e}")),
-            Encoder::Jsonl(Lines::Plain(buf)) => Ok(buf),
-            Encoder::Jsonl(Lines::Gzip(gz)) => gz.finish().map_err(|e| format!("gzip: {e}")),
-            Encoder::Jsonl(Lines::Zstd(z)) => z.finish().map_err(|e| format!("zstd: {e}")),
-        }
+                .map_err(|e| FileError::Spool(format!("finishing the parquet file: {e}")))?,
+            Encoder::Jsonl(Lines::Plain(out)) => out,
+            Encoder::Jsonl(Lines::Gzip(gz)) => gz.finish().map_err(spool)?,
+            Encoder::Jsonl(Lines::Zstd(z)) => z.finish().map_err(spool)?,
+        };
+        out.finish().map_err(spool)
     }
 }
 
@@ -440,7 +488,10 @@ mod tests {
             "store: file:///x\nformat: parquet\ncompression: zstd\nschema: {qty: int64}\n",
         )
         .expect("block");
-        let mut encoder = Encoder::new(&config, Some(&c)).expect("encoder");
+        let root = tempfile::tempdir().expect("dir");
+        let (spool, _) = super::super::spool::Spool::open(root.path()).expect("spool");
+        let out = spool.create().expect("spool file");
+        let mut encoder = Encoder::new(&config, Some(&c), out).expect("encoder");
         let (a, b) = (
             message("a", r#"{"qty": 1, "price": 2.5}"#),
             message("b", r#"{"qty": null}"#),
@@ -450,7 +501,8 @@ mod tests {
             (&b, c.row(&b).expect("fits")),
         ];
         encoder.append(&rows).expect("append");
-        let bytes = encoder.finish().expect("finish");
+        let spooled = encoder.finish().expect("finish");
+        let bytes = std::fs::read(&spooled.path).expect("read");
         let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
             bytes::Bytes::from(bytes),
         )

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::encode::{Encoder, Row};
+use super::encode::{Encoder, FileError, Row};
+use super::spool::Spooled;
 use crate::connect::SinkError;
 use crate::plugin::Message;
 
@@ -37,8 +38,8 @@ struct OpenFile {
 pub(super) struct Closed {
     /// Its rendered path (the directory part of its key).
     pub dir: String,
-    /// The whole file, or why it could not be finished.
-    pub bytes: Result<Vec<u8>, String>,
+    /// The whole file on the spool, or why it could not be finished.
+    pub file: Result<Spooled, FileError>,
     /// Its records.
     pub records: u64,
     /// One per record.
@@ -73,9 +74,9 @@ impl Files {
         dir: &str,
         mut rows: Vec<(&Message, Row)>,
         mut waiters: Vec<Waiter>,
-        start: &dyn Fn() -> Result<Encoder, String>,
+        start: &dyn Fn() -> Result<Encoder, FileError>,
         closed: &mut Vec<Closed>,
-    ) -> Result<(), (String, Vec<Waiter>)> {
+    ) -> Result<(), (FileError, Vec<Waiter>)> {
         while !rows.is_empty() {
             if !self.open.contains_key(dir) {
                 if self.open.len() >= self.limits.open_files {
@@ -174,7 +175,7 @@ impl Files {
             }
             closed.push(Closed {
                 dir: dir.to_owned(),
-                bytes: file.encoder.finish(),
+                file: file.encoder.finish(),
                 records: file.records,
                 waiters: file.waiters,
             });

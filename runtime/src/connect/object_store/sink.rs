@@ -11,7 +11,12 @@
 //!
 //! An upload that fails is an outage: its records are held (no attempt
 //! spent) and written again into a new file. One that takes longer than
-//! `stall` marks the sink down (readiness names it) until it ends.
+//! `stall` marks the sink down (readiness names it) until it ends. So is
+//! a spool file that cannot be written (a full disk).
+//!
+//! Files are built on the spool (`spool.rs`), under the daemon's data
+//! directory; at start, a spool left by a sink that is gone is cleared
+//! and the multipart uploads its journal names are aborted.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,8 +27,11 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 
 use super::config::{ObjectFormat, ObjectStoreSinkConfig, PathPart, parse_path};
-use super::encode::{Columns, Encoder, Row};
+use super::encode::{Columns, Encoder, FileError, Row};
 use super::files::{Closed, Files, Limits, Waiter};
+use super::journal::Journal;
+use super::multipart::Multipart;
+use super::spool::{Spool, Stale};
 use super::upload::{Put, Target};
 use crate::connect::{Accepted, Context, Sink, SinkError};
 use crate::plugin::Message;
@@ -38,6 +46,10 @@ struct Inner {
     path: Vec<PathPart>,
     columns: Option<Arc<Columns>>,
     target: Target,
+    /// Where files are built.
+    spool: Spool,
+    /// A cloud store's multipart side, journaled in the spool.
+    multipart: Option<Multipart>,
     files: Mutex<Files>,
     /// Set once shutdown began: every file is closed at once.
     closing: AtomicBool,
@@ -52,7 +64,8 @@ impl ObjectStoreSink {
     ///
     /// # Errors
     ///
-    /// A store that cannot be opened, a path or schema that does not parse.
+    /// A store that cannot be opened, a path or schema that does not
+    /// parse, a spool directory that cannot be made.
     pub fn new(config: &ObjectStoreSinkConfig, ctx: &Context) -> Result<Self, String> {
         let columns = match config.format {
             ObjectFormat::Parquet => Some(Arc::new(Columns::new(&config.schema)?)),
@@ -64,10 +77,19 @@ impl ObjectStoreSink {
             age: config.roll.max_age.get(),
             open_files: usize::try_from(config.max_open_files.get()).unwrap_or(usize::MAX),
         };
+        let target = Target::open(config)?;
+        let (spool, stale) = open_spool(ctx)?;
+        let journal = Journal::open(spool.dir())
+            .map_err(|e| format!("the spool's journal {}: {e}", spool.dir().display()))?;
+        let url = config.store_url()?.to_string();
+        let typed = super::multipart::open(config)?;
+        clear_stale(stale, typed.clone(), &url);
         let inner = Arc::new(Inner {
             path: parse_path(&config.path)?,
             columns,
-            target: Target::open(config)?,
+            target,
+            spool,
+            multipart: typed.map(|store| Multipart::new(store, Arc::new(journal), url)),
             files: Mutex::new(Files::new(limits)),
             closing: AtomicBool::new(false),
             label: ctx.label(),
@@ -78,6 +100,73 @@ impl ObjectStoreSink {
             tokio::spawn(roll_on_age(Arc::downgrade(&inner), limits.age));
         }
         Ok(ObjectStoreSink { inner })
+    }
+}
+
+/// The sink's spool directory, under the daemon's data directory (the
+/// system's temporary directory outside a daemon), with the stale
+/// instance directories found there.
+fn open_spool(ctx: &Context) -> Result<(Spool, Vec<Stale>), String> {
+    let base = ctx.data_dir.clone().unwrap_or_else(|| {
+        let temp = std::env::temp_dir();
+        tracing::info!(sink = %ctx.label(), dir = %temp.display(), "no data directory: spooling files under the temporary directory");
+        temp.join("sluice-spool")
+    });
+    let root = base
+        .join("spool")
+        .join("object_store")
+        .join(segment(&ctx.pipeline))
+        .join(segment(&ctx.name));
+    Spool::open(&root).map_err(|e| format!("the spool directory {}: {e}", root.display()))
+}
+
+/// Clears what sinks that are gone left on the spool: their spool files
+/// are gone already (`Spool::open`); the multipart uploads their journals
+/// name are aborted in the background (retried while the store is down),
+/// then their directories removed. What cannot be aborted from here is
+/// logged and left.
+fn clear_stale(
+    stale: Vec<Stale>,
+    store: Option<Arc<dyn object_store::multipart::MultipartStore>>,
+    url: &str,
+) {
+    for dir in stale {
+        let journal = match Journal::open(&dir.dir) {
+            Ok(journal) => journal,
+            Err(e) => {
+                tracing::error!(dir = %dir.dir.display(), error = %e, "a stale spool's journal cannot be read; left in place (its uploads, if any, need aborting by hand)");
+                continue;
+            }
+        };
+        let entries = journal.entries();
+        if entries.is_empty() {
+            remove_stale(dir);
+            continue;
+        }
+        let Some(store) = store.clone() else {
+            for entry in entries {
+                tracing::error!(store = %entry.store, object = %entry.path, upload = %entry.id, "a multipart upload cut by a crash is on a store this sink no longer writes to: abort it by hand");
+            }
+            continue;
+        };
+        tracing::info!(dir = %dir.dir.display(), uploads = entries.len(), "aborting the multipart uploads a crash cut");
+        tokio::spawn(super::multipart::abort_journaled(
+            store,
+            Arc::new(journal),
+            url.to_owned(),
+            move |kept| {
+                if !kept {
+                    remove_stale(dir);
+                }
+            },
+        ));
+    }
+}
+
+fn remove_stale(dir: Stale) {
+    let path = dir.dir.clone();
+    if let Err(e) = dir.remove() {
+        tracing::warn!(dir = %path.display(), error = %e, "a stale spool directory could not be removed");
     }
 }
 
@@ -194,8 +283,8 @@ impl Inner {
     }
 
     async fn upload(&self, file: Closed) {
-        let result = match file.bytes {
-            Ok(bytes) => {
+        let result = match file.file {
+            Ok(spooled) => {
                 let name = format!(
                     "{}part-{}.{}",
                     file.dir,
@@ -203,22 +292,32 @@ impl Inner {
                     self.config.extension()
                 );
                 tracing::debug!(object = %self.target.url_of(&name), records = file.records, "uploading a file");
-                let size = bytes.len();
-                let put = self.watched(&name, self.target.put(&name, bytes)).await;
+                let size = usize::try_from(spooled.size).unwrap_or(usize::MAX);
+                let put = self
+                    .target
+                    .put_file(&name, spooled, self.multipart.as_ref());
+                let put = self.watched(&name, put).await;
                 if put.is_ok() {
                     self.count(size, file.records);
                 }
                 put.map(|_| ())
             }
-            // A bug: the records count an attempt and are retried.
-            Err(why) => Err(SinkError::Retry {
-                reason: format!("the file could not be finished: {why}"),
-                after: None,
-            }),
+            Err(why) => Err(self.file_failed(&why)),
         };
         for waiter in file.waiters {
             let _ = waiter.send(result.clone());
         }
+    }
+
+    /// The records' outcome when their file could not be written: an
+    /// outage (readiness names it) for the spool's failures, an attempt
+    /// for an encoding bug.
+    fn file_failed(&self, why: &FileError) -> SinkError {
+        if let FileError::Spool(_) = why {
+            let said = format!("the spool under {}: {why}", self.spool.dir().display());
+            self.ctx.health.down(&self.ctx.metrics, &self.label, &said);
+        }
+        why.to_sink_error()
     }
 
     /// `put`, with the sink marked down while it is stalled past `stall`
@@ -334,7 +433,13 @@ impl Sink for ObjectStoreSink {
                 .or_default()
                 .push((i, message, row));
         }
-        let start = || Encoder::new(&inner.config, inner.columns.as_ref());
+        let start = || {
+            let out = inner
+                .spool
+                .create()
+                .map_err(|e| FileError::Spool(e.to_string()))?;
+            Encoder::new(&inner.config, inner.columns.as_ref(), out)
+        };
         let mut closed = Vec::new();
         {
             let mut files = inner.lock_files();
@@ -350,11 +455,9 @@ impl Sink for ObjectStoreSink {
                 }
                 let failed = files.append(&dir, rows, waiters, &start, &mut closed);
                 if let Err((why, waiters)) = failed {
+                    let outcome = inner.file_failed(&why);
                     for waiter in waiters {
-                        let _ = waiter.send(Err(SinkError::Retry {
-                            reason: format!("writing the file failed: {why}"),
-                            after: None,
-                        }));
+                        let _ = waiter.send(Err(outcome.clone()));
                     }
                 }
                 for (i, receiver) in places {

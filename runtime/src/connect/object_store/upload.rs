@@ -9,6 +9,13 @@
 //!   place (which fails if the name is taken) and its directory fsynced:
 //!   a complete object or none, even across a power cut.
 //!
+//! The sink's files come spooled on local disk ([`Target::put_file`]): a
+//! directory hard-links the spool file into place (no copy, when the two
+//! share a filesystem), and a cloud store above [`MULTIPART_ABOVE`] gets
+//! it in parts read from the spool (`multipart.rs`, journaled), so a file
+//! is never whole in memory. [`Target::put`] takes bytes in memory (one
+//! raw message, an archive), as before.
+//!
 //! Every failure is an outage ([`SinkError::Unavailable`]): the records
 //! wait, their attempts untouched, and are written again into a new file.
 
@@ -19,6 +26,8 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
 
 use super::config::ObjectStoreSinkConfig;
+use super::multipart::Multipart;
+use super::spool::Spooled;
 use crate::config::StoreUrl;
 use crate::connect::SinkError;
 
@@ -26,7 +35,7 @@ use crate::connect::SinkError;
 pub(super) const MULTIPART_ABOVE: usize = 16 << 20;
 
 /// The size of each part of a multipart upload.
-const PART_SIZE: usize = 8 << 20;
+const PART_SIZE: usize = super::multipart::PART_SIZE;
 
 /// How a put went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,12 +103,8 @@ impl Target {
                     .map_err(|e| SinkError::Unavailable(format!("the write task failed: {e}")))?
                     .map_err(|e| SinkError::Unavailable(format!("{}: {e}", self.url_of(key))))
             }
-            Target::Cloud { store, prefix, .. } => {
-                let path = if prefix.is_empty() {
-                    Path::from(key)
-                } else {
-                    Path::from(format!("{prefix}/{key}"))
-                };
+            Target::Cloud { store, .. } => {
+                let path = self.path_of(key);
                 let failed = |e: object_store::Error| {
                     SinkError::Unavailable(format!("{}: {e}", self.url_of(key)))
                 };
@@ -129,19 +134,61 @@ impl Target {
             }
         }
     }
+
+    /// The store path of object `key` (below the store's prefix).
+    fn path_of(&self, key: &str) -> Path {
+        match self {
+            Target::Cloud { prefix, .. } if !prefix.is_empty() => {
+                Path::from(format!("{prefix}/{key}"))
+            }
+            _ => Path::from(key),
+        }
+    }
+
+    /// Writes the spooled `file` as object `key`, only if no object has
+    /// that name: hard-linked into a directory, put whole to a cloud store
+    /// up to [`MULTIPART_ABOVE`] and in parts through `multipart` above.
+    pub(super) async fn put_file(
+        &self,
+        key: &str,
+        file: Spooled,
+        multipart: Option<&Multipart>,
+    ) -> Result<Put, SinkError> {
+        match (self, multipart) {
+            (Target::Dir(dir), _) => {
+                let (dir, owned) = (dir.clone(), key.to_owned());
+                tokio::task::spawn_blocking(move || durable_link(&dir, &owned, &file))
+                    .await
+                    .map_err(|e| SinkError::Unavailable(format!("the write task failed: {e}")))?
+                    .map_err(|e| SinkError::Unavailable(format!("{}: {e}", self.url_of(key))))
+            }
+            (Target::Cloud { .. }, Some(multipart)) if file.size > MULTIPART_ABOVE as u64 => {
+                let path = self.path_of(key);
+                multipart
+                    .upload(&path, &file, &self.url_of(key))
+                    .await
+                    .map(|()| Put::Created)
+            }
+            (Target::Cloud { .. }, _) => {
+                let bytes = tokio::fs::read(&file.path)
+                    .await
+                    .map_err(|e| SinkError::Unavailable(format!("reading the spool file: {e}")))?;
+                drop(file);
+                self.put(key, bytes).await
+            }
+        }
+    }
 }
 
-/// Writes `<dir>/<key>` only if it is not there: a staged file,
-/// fdatasynced, hard-linked into place (refused if the name is taken),
-/// the stage removed and the directory fsynced.
-fn durable_create(dir: &FsPath, key: &str, bytes: &[u8]) -> std::io::Result<Put> {
-    use std::io::Write;
+/// The parent directory of `<dir>/<key>`, created (and its new entries
+/// fsynced, up to the store's root) if it is not there, and the target.
+fn prepare(dir: &FsPath, key: &str) -> std::io::Result<(PathBuf, PathBuf)> {
     let target = dir.join(key);
-    let parent = target.parent().unwrap_or(dir);
+    let parent = target.parent().unwrap_or(dir).to_owned();
     if !parent.is_dir() {
-        std::fs::create_dir_all(parent)?;
+        std::fs::create_dir_all(&parent)?;
         // The new directories' entries, up to the store's root.
-        let mut at = parent;
+        let mut at = parent.as_path();
         while at.starts_with(dir) {
             sync_dir(at)?;
             match at.parent() {
@@ -150,6 +197,44 @@ fn durable_create(dir: &FsPath, key: &str, bytes: &[u8]) -> std::io::Result<Put>
             }
         }
     }
+    Ok((parent, target))
+}
+
+/// Writes `<dir>/<key>` only if it is not there: a staged file,
+/// fdatasynced, hard-linked into place (refused if the name is taken),
+/// the stage removed and the directory fsynced.
+fn durable_create(dir: &FsPath, key: &str, bytes: &[u8]) -> std::io::Result<Put> {
+    let (parent, target) = prepare(dir, key)?;
+    staged_create(&parent, &target, |file| {
+        use std::io::Write;
+        file.write_all(bytes)
+    })
+}
+
+/// As [`durable_create`], from a spool file: fdatasynced and hard-linked
+/// into place itself, or copied to a staged file when the spool is on
+/// another filesystem than the directory.
+fn durable_link(dir: &FsPath, key: &str, spooled: &Spooled) -> std::io::Result<Put> {
+    let (parent, target) = prepare(dir, key)?;
+    spooled.file.sync_data()?;
+    match link_into_place(&spooled.path, &target, &parent) {
+        Err(e) if e.kind() == std::io::ErrorKind::CrossesDevices => {
+            staged_create(&parent, &target, |file| {
+                let mut from = std::fs::File::open(&spooled.path)?;
+                std::io::copy(&mut from, file).map(|_| ())
+            })
+        }
+        done => done,
+    }
+}
+
+/// A staged file beside `target`, filled by `fill`, fdatasynced, then
+/// linked into place; the stage is removed either way.
+fn staged_create(
+    parent: &FsPath,
+    target: &FsPath,
+    fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> std::io::Result<Put> {
     let name = target
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -157,22 +242,25 @@ fn durable_create(dir: &FsPath, key: &str, bytes: &[u8]) -> std::io::Result<Put>
     let staged = parent.join(format!(".{name}.{}.tmp", uuid::Uuid::now_v7()));
     let result = (|| {
         let mut file = std::fs::File::create(&staged)?;
-        file.write_all(bytes)?;
+        fill(&mut file)?;
         file.sync_data()?;
         drop(file);
-        let put = match std::fs::hard_link(&staged, &target) {
-            Ok(()) => Put::Created,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Put::AlreadyThere,
-            Err(e) => return Err(e),
-        };
-        std::fs::remove_file(&staged)?;
-        sync_dir(parent)?;
-        Ok(put)
+        link_into_place(&staged, target, parent)
     })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&staged);
-    }
+    let _ = std::fs::remove_file(&staged);
     result
+}
+
+/// Hard-links `from` as `target` (refused if the name is taken) and
+/// fsyncs the directory.
+fn link_into_place(from: &FsPath, target: &FsPath, parent: &FsPath) -> std::io::Result<Put> {
+    let put = match std::fs::hard_link(from, target) {
+        Ok(()) => Put::Created,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Put::AlreadyThere,
+        Err(e) => return Err(e),
+    };
+    sync_dir(parent)?;
+    Ok(put)
 }
 
 fn sync_dir(dir: &FsPath) -> std::io::Result<()> {
