@@ -357,27 +357,138 @@ fn s3_lake(moto: &MotoServer, stall: &str) -> String {
     ))
 }
 
+/// `n` orders as [`orders`], with a `note`: of `NOTE` random letters for
+/// those below `big` (so that Parquet cannot shrink them much and a file
+/// passes the sink's multipart threshold in a few thousand records), of a
+/// few for the rest.
+fn big_orders(prefix: &str, range: std::ops::Range<usize>, big: usize) -> Vec<Msg> {
+    const NOTE: usize = 2000;
+    let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
+    range
+        .map(|i| {
+            let note: String = (0..if i < big { NOTE } else { 8 })
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    char::from(b'a' + (seed % 26) as u8)
+                })
+                .collect();
+            Msg::new(
+                format!("{prefix}{i}"),
+                json!({"order_id": format!("o{i}"), "qty": i, "note": note}).to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The multipart uploads journaled in the spool of the sink `lake/files`
+/// under the data directory `data`, of every instance.
+fn journaled_uploads(data: &Path) -> usize {
+    let root = data.join("spool/object_store/lake/files");
+    let Ok(dirs) = std::fs::read_dir(&root) else {
+        return 0;
+    };
+    dirs.flatten()
+        .filter_map(|d| std::fs::read(d.path().join("multipart.json")).ok())
+        .filter_map(|bytes| serde_json::from_slice::<Vec<Value>>(&bytes).ok())
+        .map(|entries| entries.len())
+        .sum()
+}
+
+/// The spool instance directories of the sink `lake/files` (one per sink
+/// that ran and was not cleared yet).
+fn spool_instances(data: &Path) -> usize {
+    std::fs::read_dir(data.join("spool/object_store/lake/files"))
+        .map(|dirs| dirs.flatten().filter(|d| d.path().is_dir()).count())
+        .unwrap_or(0)
+}
+
+/// Kills the daemon while a multipart upload is in progress: once the
+/// sink's journal names one, moto is paused (so the upload cannot finish)
+/// and, if the journal still names it, the daemon is killed; moto then
+/// resumes, with the upload left in progress for the next start to abort.
+fn kill_during_a_multipart_upload(
+    daemon: &mut sluice_tests::Daemon,
+    moto: &MotoServer,
+    data: &Path,
+) {
+    loop {
+        daemon.wait_until("a multipart upload journaled", LONG, |_| {
+            journaled_uploads(data) > 0
+        });
+        moto.pause().expect("SIGSTOP moto");
+        if journaled_uploads(data) > 0 {
+            daemon.kill9();
+            moto.resume().expect("SIGCONT moto");
+            return;
+        }
+        // It completed in between: catch the next one.
+        moto.resume().expect("SIGCONT moto");
+    }
+}
+
 #[test]
 fn twenty_thousand_messages_to_s3_in_parquet_survive_two_kill_9s() {
     let moto = MotoServer::start().expect("moto");
     moto.create_bucket("lake").expect("bucket");
-    let yaml = s3_lake(&moto, "10s");
-    let mut daemon = Daemon::with_yaml(&yaml).envs(moto.env()).start();
+    // The first 9,500 orders carry ~2 KB each: the file they fill rolls at
+    // 18 MiB (~9,000 of them), above the sink's 16 MiB multipart
+    // threshold, so it goes up in parts. The rest are small, in files of
+    // 10,000 records (or 20 s, the tail).
+    // A short ack_wait, so that what a killed run held is redelivered soon
+    // (the sink extends the leases of records waiting in its files).
+    let yaml = lake_with(
+        "ack_wait: 10s\n",
+        &format!(
+            "store: s3://lake/events\nendpoint: {}\nallow_http: true\nregion: us-east-1\n\
+         format: parquet\npath: \"orders/dt={{date}}/hour={{hour}}/\"\n\
+         roll: {{max_records: 10000, max_bytes: 18MiB, max_age: 20s}}\n\
+         schema: {{ORDER_ID: string, QTY: int64, NOTE: string}}\n",
+            moto.endpoint()
+        ),
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    let file = sluice_tests::write_pipeline(dir.path(), "pipeline", &yaml);
+    let data = dir.path().join("data");
+    let mut daemon = sluice_tests::Daemon::builder(&[&file], &data)
+        .envs(moto.env())
+        .start();
     const N: usize = 20_000;
-    daemon.publish("orders", &orders("k", 0..N));
-    for _ in 0..2 {
-        // Kill once this run has put some files up and more are open.
-        daemon.wait_until("objects before the kill", LONG, |d| {
-            d.metric_sum("sluice_sink_objects_total") >= 4.0
-        });
-        daemon.kill9();
-        daemon.restart();
-    }
-    daemon.wait_until("every order in some object", LONG, |_| {
-        std::thread::sleep(Duration::from_secs(2));
-        by_order(&Objects::s3(&moto, "lake").rows()).len() == N
+    let started = Instant::now();
+    let phase = |what: &str| eprintln!("{:>6.1?} {what}", started.elapsed());
+    daemon.publish("orders", &big_orders("k", 0..N, 9_500));
+    phase("published");
+    // The first kill cuts a multipart upload.
+    kill_during_a_multipart_upload(&mut daemon, &moto, &data);
+    assert!(
+        Objects::s3(&moto, "lake").uploads >= 1,
+        "the kill left a multipart upload in progress"
+    );
+    phase("killed during a multipart upload");
+    daemon.restart();
+    // The second once the new run has put a file up.
+    daemon.wait_until("an object after the restart", LONG, |d| {
+        d.metric_sum("sluice_sink_objects_total") >= 1.0
     });
-    let found = Objects::s3(&moto, "lake");
+    daemon.kill9();
+    phase("killed again");
+    daemon.restart();
+    // Every order in some object, and the cut upload aborted at start
+    // (moto lists no upload in progress).
+    let mut found = None;
+    daemon.wait_until("every order in, no upload in progress", LONG, |_| {
+        let objects = Objects::s3(&moto, "lake");
+        let done = objects.uploads == 0 && by_order(&objects.rows()).len() == N;
+        found = Some(objects);
+        done
+    });
+    phase("every order in, no upload in progress");
+    daemon.wait_until("the stale spools cleared", LONG, |_| {
+        spool_instances(&data) == 1
+    });
+    phase("the stale spools cleared");
+    let found = found.expect("read");
     let rows = found.rows();
     let orders = by_order(&rows);
     let want: BTreeSet<String> = (0..N).map(|i| format!("O{i}")).collect();
@@ -390,7 +501,6 @@ fn twenty_thousand_messages_to_s3_in_parquet_survive_two_kill_9s() {
     for (order, ids) in &orders {
         assert_eq!(ids.len(), 1, "{order} arrived under several ids: {ids:?}");
     }
-    assert_eq!(found.uploads, 0, "no multipart upload left in progress");
     for object in &found.objects {
         let key = object["key"].as_str().expect("key");
         assert!(key.starts_with("events/orders/dt="), "{key}");
