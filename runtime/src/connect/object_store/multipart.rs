@@ -24,9 +24,10 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesOrdered;
+use object_store::gcp::GoogleConfigKey;
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
-use object_store::{MultipartId, PutPayload};
+use object_store::{ClientConfigKey, MultipartId, PutPayload};
 use tokio::io::AsyncReadExt as _;
 
 use super::config::ObjectStoreSinkConfig;
@@ -49,8 +50,10 @@ pub(super) struct Multipart {
     url: String,
 }
 
-/// The typed client of a cloud store, built as `open_cloud` builds it;
-/// `None` for a directory.
+/// The typed client of a cloud store, built as
+/// `crate::object_stores::open_cloud` builds it (the same builders, from
+/// the environment, the block's fields on top and only when set; keep the
+/// two in step); `None` for a directory.
 ///
 /// # Errors
 ///
@@ -59,47 +62,56 @@ pub(super) fn open(
     config: &ObjectStoreSinkConfig,
 ) -> Result<Option<Arc<dyn MultipartStore>>, String> {
     let url = config.store_url()?;
-    let (region, endpoint, allow_http) = (
-        config.region.as_deref(),
-        config.endpoint.as_deref(),
-        config.allow_http,
-    );
-    let built: Result<Arc<dyn MultipartStore>, object_store::Error> = match &url {
+    let endpoint = config.endpoint.as_deref();
+    let built: Result<Arc<dyn MultipartStore>, String> = match &url {
         StoreUrl::S3 { bucket, .. } => {
             let mut builder =
                 object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
-            if let Some(region) = region {
+            if let Some(region) = config.region.as_deref() {
                 builder = builder.with_region(region);
             }
             if let Some(endpoint) = endpoint {
                 builder = builder.with_endpoint(endpoint);
             }
+            if config.allow_http {
+                builder = builder.with_allow_http(true);
+            }
             builder
-                .with_allow_http(allow_http)
                 .build()
                 .map(|s| Arc::new(s) as _)
+                .map_err(|e| e.to_string())
         }
         StoreUrl::Gcs { bucket, .. } => {
             let mut builder =
                 object_store::gcp::GoogleCloudStorageBuilder::from_env().with_bucket_name(bucket);
             if let Some(endpoint) = endpoint {
-                builder = builder.with_url(endpoint);
+                builder =
+                    builder.with_config(GoogleConfigKey::BaseUrl, endpoint.trim_end_matches('/'));
+            }
+            if config.allow_http {
+                builder = builder
+                    .with_config(GoogleConfigKey::Client(ClientConfigKey::AllowHttp), "true");
             }
             builder
-                .with_client_options(object_store::ClientOptions::new().with_allow_http(allow_http))
                 .build()
                 .map(|s| Arc::new(s) as _)
+                .map_err(|e| e.to_string())
         }
         StoreUrl::Azure { container, .. } => {
+            // `open_cloud` has refused an endpoint in emulator mode already
+            // (the sink's `Target::open` runs first).
             let mut builder = object_store::azure::MicrosoftAzureBuilder::from_env()
                 .with_container_name(container);
             if let Some(endpoint) = endpoint {
-                builder = builder.with_endpoint(endpoint.to_owned());
+                builder = builder.with_endpoint(endpoint.trim_end_matches('/').to_owned());
+            }
+            if config.allow_http {
+                builder = builder.with_allow_http(true);
             }
             builder
-                .with_allow_http(allow_http)
                 .build()
                 .map(|s| Arc::new(s) as _)
+                .map_err(|e| e.to_string())
         }
         StoreUrl::File(_) | StoreUrl::Memory(_) => return Ok(None),
     };
