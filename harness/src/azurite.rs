@@ -15,17 +15,16 @@
 //! # anyhow::Ok(())
 //! ```
 
-use crate::process::free_port;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::process::Command;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, Mac};
+
+use crate::served::{self, Served};
 
 /// The Azurite release `cargo xtask setup` installs.
 pub const AZURITE_VERSION: &str = "3.37.0";
@@ -37,12 +36,6 @@ pub const ACCOUNT_KEY: &str =
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
 /// The REST API version requests are signed for.
 const API_VERSION: &str = "2021-10-04";
-
-/// How long the server may take to answer its first request (Node.js
-/// starts in about a second; a loaded CI machine is slower).
-const START_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long one request may take.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where `cargo xtask setup` installs Azurite:
 /// `$HOME/.cache/sluice/azurite-<AZURITE_VERSION>`, outside the clone, so
@@ -83,10 +76,7 @@ pub fn binary() -> anyhow::Result<PathBuf> {
 
 /// A running Azurite blob service.
 pub struct AzuriteServer {
-    port: u16,
-    child: Option<Child>,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
+    served: Served,
 }
 
 impl AzuriteServer {
@@ -101,76 +91,28 @@ impl AzuriteServer {
     /// server does not answer within a minute (the error quotes its log).
     pub fn start() -> anyhow::Result<AzuriteServer> {
         let bin = binary()?;
-        let mut last_error = None;
-        // A port found free can be taken before Azurite binds it: retry.
-        for _ in 0..5 {
-            let dir = tempfile::Builder::new()
-                .prefix("sluice-azurite-")
-                .tempdir()
-                .context("creating a temporary directory for Azurite")?;
-            let port = free_port()?;
-            let log = dir.path().join("azurite.log");
-            let out = std::fs::File::create(&log).context("creating Azurite's log")?;
-            let err = out.try_clone().context("cloning Azurite's log handle")?;
-            let data = dir.path().join("data");
-            let child = Command::new(&bin)
-                .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
-                .arg("--location")
-                .arg(&data)
-                .args(["--skipApiVersionCheck", "--loose"])
-                .stdin(Stdio::null())
-                .stdout(out)
-                .stderr(err)
-                .spawn()
-                .with_context(|| {
-                    format!(
-                        "running {} (is Node.js installed? `cargo xtask setup`)",
-                        bin.display()
-                    )
-                })?;
-            let mut server = AzuriteServer {
-                port,
-                child: Some(child),
-                log,
-                _dir: dir,
-            };
-            match server.wait_ready() {
-                Ok(()) => return Ok(server),
-                Err(e) => last_error = Some(e),
-            }
-        }
-        Err(last_error.unwrap_or_else(|| anyhow::anyhow!("Azurite did not start")))
-    }
-
-    fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Some(child) = &mut self.child
-                && let Some(status) = child.try_wait()?
-            {
-                bail!("Azurite exited with {status}; log:\n{}", self.log());
-            }
+        let served = Served::start(
+            "azurite",
+            "is Node.js installed? `cargo xtask setup`",
+            |port, dir| {
+                let mut command = Command::new(&bin);
+                command
+                    .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
+                    .arg("--location")
+                    .arg(dir.join("data"))
+                    .args(["--skipApiVersionCheck", "--loose"]);
+                command
+            },
             // Any answer will do: the service is up once it answers.
-            if self
-                .request("GET", &format!("/{ACCOUNT}?comp=list"), &[], &[])
-                .is_ok()
-            {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "Azurite did not answer within {START_TIMEOUT:?}; log:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            |port| signed_request(port, "GET", &format!("/{ACCOUNT}?comp=list"), &[], &[]).is_ok(),
+        )?;
+        Ok(AzuriteServer { served })
     }
 
     /// `http://127.0.0.1:<port>`: the blob service, what
     /// `AZURITE_BLOB_STORAGE_URL` takes.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://127.0.0.1:{}", self.served.port())
     }
 
     /// `http://127.0.0.1:<port>/devstoreaccount1`: the account URL, what a
@@ -228,64 +170,17 @@ impl AzuriteServer {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> anyhow::Result<(u16, Vec<u8>)> {
-        let date = http_date(SystemTime::now());
-        let mut ms: Vec<(String, String)> = vec![
-            ("x-ms-date".into(), date),
-            ("x-ms-version".into(), API_VERSION.into()),
-        ];
-        ms.extend(
-            headers
-                .iter()
-                .map(|(k, v)| (k.to_ascii_lowercase(), (*v).to_owned())),
-        );
-        ms.sort();
-        let authorization = format!(
-            "SharedKey {ACCOUNT}:{}",
-            shared_key_signature(method, path, body.len(), &ms)?
-        );
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
-        let mut stream = TcpStream::connect_timeout(&addr, REQUEST_TIMEOUT)
-            .with_context(|| format!("{method} {path}: connecting to Azurite"))?;
-        stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-        stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
-        let mut head = format!(
-            "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: {}\r\n\
-             Authorization: {authorization}\r\nConnection: close\r\n",
-            body.len()
-        );
-        for (name, value) in &ms {
-            head.push_str(&format!("{name}: {value}\r\n"));
-        }
-        head.push_str("\r\n");
-        stream.write_all(head.as_bytes())?;
-        stream.write_all(body)?;
-        let mut reader = BufReader::new(stream);
-        let mut status_line = String::new();
-        reader.read_line(&mut status_line)?;
-        let status = status_line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .with_context(|| format!("{method} {path}: no status line in {status_line:?}"))?;
-        loop {
-            let mut line = String::new();
-            if reader.read_line(&mut line)? == 0 || line == "\r\n" {
-                break;
-            }
-        }
-        let mut out = Vec::new();
-        reader.read_to_end(&mut out)?;
-        Ok((status, out))
+        signed_request(self.served.port(), method, path, headers, body)
     }
 
     /// The server's output so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.served.log()
     }
 
     /// The process id while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.served.pid()
     }
 
     /// Pauses the server (SIGSTOP; the launcher is the Node.js process
@@ -296,7 +191,7 @@ impl AzuriteServer {
     ///
     /// The server is not running, or the signal could not be sent.
     pub fn pause(&self) -> anyhow::Result<()> {
-        self.signal(rustix::process::Signal::STOP)
+        self.served.pause()
     }
 
     /// Resumes a [`pause`](Self::pause)d server (SIGCONT).
@@ -305,24 +200,35 @@ impl AzuriteServer {
     ///
     /// The server is not running, or the signal could not be sent.
     pub fn resume(&self) -> anyhow::Result<()> {
-        self.signal(rustix::process::Signal::CONT)
-    }
-
-    fn signal(&self, signal: rustix::process::Signal) -> anyhow::Result<()> {
-        let child = self.child.as_ref().context("Azurite is not running")?;
-        let pid = rustix::process::Pid::from_child(child);
-        rustix::process::kill_process(pid, signal)
-            .with_context(|| format!("sending {signal:?} to Azurite"))
+        self.served.resume()
     }
 }
 
-impl Drop for AzuriteServer {
-    /// Kills the server (also when a test panicked).
-    fn drop(&mut self) {
-        if let Some(child) = self.child.take() {
-            crate::process::kill(child);
-        }
-    }
+/// [`AzuriteServer::request`] to the server on `port`.
+fn signed_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> anyhow::Result<(u16, Vec<u8>)> {
+    let date = http_date(SystemTime::now());
+    let mut ms: Vec<(String, String)> = vec![
+        ("x-ms-date".into(), date),
+        ("x-ms-version".into(), API_VERSION.into()),
+    ];
+    ms.extend(
+        headers
+            .iter()
+            .map(|(k, v)| (k.to_ascii_lowercase(), (*v).to_owned())),
+    );
+    ms.sort();
+    let authorization = format!(
+        "SharedKey {ACCOUNT}:{}",
+        shared_key_signature(method, path, body.len(), &ms)?
+    );
+    ms.push(("authorization".into(), authorization));
+    served::request(port, method, path, &ms, body)
 }
 
 /// The Shared Key signature of a request (the blob service's string to
@@ -393,6 +299,7 @@ fn http_date(t: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn dates_are_rfc_1123() {

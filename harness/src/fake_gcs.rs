@@ -22,22 +22,16 @@
 //! # anyhow::Ok(())
 //! ```
 
-use crate::process::free_port;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use anyhow::{Context, bail};
 
+use crate::served::{self, Served};
+
 /// The fake-gcs-server release `cargo xtask setup` installs.
 pub const FAKE_GCS_VERSION: &str = "1.56.1";
-
-/// How long the server may take to answer its first request.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long one request may take.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where `cargo xtask setup` installs the server:
 /// `$HOME/.cache/sluice/fake-gcs-server-<FAKE_GCS_VERSION>`, outside the
@@ -79,90 +73,50 @@ pub fn binary() -> anyhow::Result<PathBuf> {
 
 /// A running fake-gcs-server.
 pub struct FakeGcsServer {
-    port: u16,
+    served: Served,
     gateway: gateway::Gateway,
-    child: Option<Child>,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
 }
 
 impl FakeGcsServer {
-    /// Starts the server over plain HTTP with its memory backend on a free
-    /// loopback port, its public host (the host that selects its
-    /// path-style `/<bucket>/<object>` routes) and the URL it returns for
-    /// resumable uploads both that address, and waits until it answers;
-    /// and the XML API gateway in front of it ([`xml_endpoint`](Self::xml_endpoint)).
+    /// Starts fake-gcs-server (memory backend, plain HTTP) on a free
+    /// loopback port, and the XML API gateway in front of it, and waits
+    /// until the server answers.
     ///
     /// # Errors
     ///
     /// The server is missing (run `cargo xtask setup`), or it does not
-    /// answer within 30 s (the error quotes its log).
+    /// answer within a minute (the error quotes its log).
     pub fn start() -> anyhow::Result<FakeGcsServer> {
         let bin = binary()?;
-        let mut last_error = None;
-        for _ in 0..5 {
-            let dir = tempfile::Builder::new()
-                .prefix("sluice-fake-gcs-")
-                .tempdir()
-                .context("creating a temporary directory for fake-gcs-server")?;
-            let port = free_port()?;
-            let log = dir.path().join("fake-gcs.log");
-            let out = std::fs::File::create(&log).context("creating fake-gcs-server's log")?;
-            let err = out
-                .try_clone()
-                .context("cloning fake-gcs-server's log handle")?;
-            let host = format!("127.0.0.1:{port}");
-            let child = Command::new(&bin)
-                .args(["-scheme", "http", "-host", "127.0.0.1"])
-                .args(["-port", &port.to_string(), "-backend", "memory"])
-                .args(["-public-host", &host])
-                .args(["-external-url", &format!("http://{host}")])
-                .args(["-log-level", "warn"])
-                .stdin(Stdio::null())
-                .stdout(out)
-                .stderr(err)
-                .spawn()
-                .with_context(|| format!("running {}", bin.display()))?;
-            let gateway = gateway::Gateway::start(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))?;
-            let mut server = FakeGcsServer {
-                port,
-                gateway,
-                child: Some(child),
-                log,
-                _dir: dir,
-            };
-            match server.wait_ready() {
-                Ok(()) => return Ok(server),
-                Err(e) => last_error = Some(e),
-            }
-        }
-        Err(last_error.unwrap_or_else(|| anyhow::anyhow!("fake-gcs-server did not start")))
-    }
-
-    fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Some(child) = &mut self.child
-                && let Some(status) = child.try_wait()?
-            {
-                bail!("fake-gcs-server exited with {status}; log:\n{}", self.log());
-            }
-            if let Ok((200, _)) = self.request("GET", "/_internal/healthcheck", None, &[]) {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "fake-gcs-server did not answer within {START_TIMEOUT:?}; log:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let served = Served::start(
+            "fake-gcs-server",
+            "`cargo xtask setup` installs it",
+            |port, _dir| {
+                let host = format!("127.0.0.1:{port}");
+                let mut command = Command::new(&bin);
+                command
+                    .args(["-scheme", "http", "-host", "127.0.0.1"])
+                    .args(["-port", &port.to_string(), "-backend", "memory"])
+                    .args(["-public-host", &host])
+                    .args(["-external-url", &format!("http://{host}")])
+                    .args(["-log-level", "warn"]);
+                command
+            },
+            |port| {
+                matches!(
+                    served::request(port, "GET", "/_internal/healthcheck", &[], &[]),
+                    Ok((200, _))
+                )
+            },
+        )?;
+        let gateway =
+            gateway::Gateway::start(SocketAddr::from((Ipv4Addr::LOCALHOST, served.port())))?;
+        Ok(FakeGcsServer { served, gateway })
     }
 
     /// `http://127.0.0.1:<port>`: a sink's `endpoint:` (GCS's base URL).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://127.0.0.1:{}", self.served.port())
     }
 
     /// A service-account key as the object_store crate's own CI gives it
@@ -247,47 +201,21 @@ impl FakeGcsServer {
         content_type: Option<&str>,
         body: &[u8],
     ) -> anyhow::Result<(u16, Vec<u8>)> {
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
-        let mut stream = TcpStream::connect_timeout(&addr, REQUEST_TIMEOUT)
-            .with_context(|| format!("{method} {path}: connecting to fake-gcs-server"))?;
-        stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-        stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
-        let content_type = content_type
-            .map(|t| format!("Content-Type: {t}\r\n"))
-            .unwrap_or_default();
-        write!(
-            stream,
-            "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{content_type}Content-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        )?;
-        stream.write_all(body)?;
-        let mut reader = BufReader::new(stream);
-        let mut status_line = String::new();
-        reader.read_line(&mut status_line)?;
-        let status = status_line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .with_context(|| format!("{method} {path}: no status line in {status_line:?}"))?;
-        loop {
-            let mut line = String::new();
-            if reader.read_line(&mut line)? == 0 || line == "\r\n" {
-                break;
-            }
-        }
-        let mut out = Vec::new();
-        reader.read_to_end(&mut out)?;
-        Ok((status, out))
+        let headers: Vec<(String, String)> = content_type
+            .map(|t| ("Content-Type".to_owned(), t.to_owned()))
+            .into_iter()
+            .collect();
+        served::request(self.served.port(), method, path, &headers, body)
     }
 
     /// The server's output so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.served.log()
     }
 
     /// The process id while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.served.pid()
     }
 
     /// Pauses the server (SIGSTOP): it keeps what it holds (in memory)
@@ -297,7 +225,7 @@ impl FakeGcsServer {
     ///
     /// The server is not running, or the signal could not be sent.
     pub fn pause(&self) -> anyhow::Result<()> {
-        self.signal(rustix::process::Signal::STOP)
+        self.served.pause()
     }
 
     /// Resumes a [`pause`](Self::pause)d server (SIGCONT).
@@ -306,26 +234,7 @@ impl FakeGcsServer {
     ///
     /// The server is not running, or the signal could not be sent.
     pub fn resume(&self) -> anyhow::Result<()> {
-        self.signal(rustix::process::Signal::CONT)
-    }
-
-    fn signal(&self, signal: rustix::process::Signal) -> anyhow::Result<()> {
-        let child = self
-            .child
-            .as_ref()
-            .context("fake-gcs-server is not running")?;
-        let pid = rustix::process::Pid::from_child(child);
-        rustix::process::kill_process(pid, signal)
-            .with_context(|| format!("sending {signal:?} to fake-gcs-server"))
-    }
-}
-
-impl Drop for FakeGcsServer {
-    /// Kills the server (also when a test panicked).
-    fn drop(&mut self) {
-        if let Some(child) = self.child.take() {
-            crate::process::kill(child);
-        }
+        self.served.resume()
     }
 }
 

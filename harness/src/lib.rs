@@ -44,6 +44,7 @@ pub mod postgres;
 pub mod process;
 pub mod rabbitmq;
 pub mod redis;
+pub mod served;
 pub mod skip;
 
 pub use lang::{LANG_PLUGINS, build_lang_plugin, build_lang_plugins};

@@ -8,19 +8,11 @@
 //! # anyhow::Ok(())
 //! ```
 
-use crate::process::free_port;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 
-/// How long the server may take to answer its first request.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long one request may take.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+use crate::served::{self, Served};
 
 /// Runs `moto.server` after one change that keeps its behaviour and drops
 /// a quadratic cost. moto 5's SQS `receive_message` checks each message's
@@ -55,10 +47,7 @@ pub const REGION: &str = "us-east-1";
 
 /// A running moto S3 server.
 pub struct MotoServer {
-    port: u16,
-    child: Option<Child>,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
+    served: Served,
 }
 
 impl MotoServer {
@@ -70,63 +59,22 @@ impl MotoServer {
     /// python3 or moto is missing (run `cargo xtask setup`), or the server
     /// does not answer within a minute (the error quotes its log).
     pub fn start() -> anyhow::Result<MotoServer> {
-        let mut last_error = None;
-        for _ in 0..5 {
-            let dir = tempfile::Builder::new()
-                .prefix("sluice-moto-")
-                .tempdir()
-                .context("creating a temporary directory for moto")?;
-            let port = free_port()?;
-            let log = dir.path().join("moto.log");
-            let out = std::fs::File::create(&log).context("creating moto's log")?;
-            let err = out.try_clone().context("cloning moto's log handle")?;
-            let child = Command::new("python3")
-                .args(["-c", LAUNCHER, "-H", "127.0.0.1", "-p", &port.to_string()])
-                .stdin(Stdio::null())
-                .stdout(out)
-                .stderr(err)
-                .spawn()
-                .context(
-                    "running python3 for moto's server (is moto[server] installed? `cargo xtask setup`)",
-                )?;
-            let mut server = MotoServer {
-                port,
-                child: Some(child),
-                log,
-                _dir: dir,
-            };
-            match server.wait_ready() {
-                Ok(()) => return Ok(server),
-                Err(e) => last_error = Some(e),
-            }
-        }
-        Err(last_error.unwrap_or_else(|| anyhow::anyhow!("moto did not start")))
-    }
-
-    fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Some(child) = &mut self.child
-                && let Some(status) = child.try_wait()?
-            {
-                bail!("moto exited with {status}; log:\n{}", self.log());
-            }
-            if let Ok((200, _)) = self.request("GET", "/", &[]) {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "moto did not answer within {START_TIMEOUT:?}; log:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let served = Served::start(
+            "moto",
+            "is moto[server] installed? `cargo xtask setup`",
+            |port, _dir| {
+                let mut command = Command::new("python3");
+                command.args(["-c", LAUNCHER, "-H", "127.0.0.1", "-p", &port.to_string()]);
+                command
+            },
+            |port| matches!(served::request(port, "GET", "/", &[], &[]), Ok((200, _))),
+        )?;
+        Ok(MotoServer { served })
     }
 
     /// `http://127.0.0.1:<port>`: the `endpoint` to configure.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://127.0.0.1:{}", self.served.port())
     }
 
     /// Environment variables that point an AWS client at this server.
@@ -162,44 +110,17 @@ impl MotoServer {
     ///
     /// The connection failed or the response is malformed.
     pub fn request(&self, method: &str, path: &str, body: &[u8]) -> anyhow::Result<(u16, Vec<u8>)> {
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
-        let mut stream = TcpStream::connect_timeout(&addr, REQUEST_TIMEOUT)
-            .with_context(|| format!("{method} {path}: connecting to moto"))?;
-        stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-        stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
-        write!(
-            stream,
-            "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        )?;
-        stream.write_all(body)?;
-        let mut reader = BufReader::new(stream);
-        let mut status_line = String::new();
-        reader.read_line(&mut status_line)?;
-        let status = status_line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .with_context(|| format!("{method} {path}: no status line in {status_line:?}"))?;
-        loop {
-            let mut line = String::new();
-            if reader.read_line(&mut line)? == 0 || line == "\r\n" {
-                break;
-            }
-        }
-        let mut out = Vec::new();
-        reader.read_to_end(&mut out)?;
-        Ok((status, out))
+        served::request(self.served.port(), method, path, &[], body)
     }
 
     /// The server's output so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.served.log()
     }
 
     /// The process id while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.served.pid()
     }
 
     /// Pauses the server (SIGSTOP): it keeps everything it holds (moto
@@ -210,7 +131,7 @@ impl MotoServer {
     ///
     /// The server is not running, or the signal could not be sent.
     pub fn pause(&self) -> anyhow::Result<()> {
-        self.signal(rustix::process::Signal::STOP)
+        self.served.pause()
     }
 
     /// Resumes a [`pause`](Self::pause)d server (SIGCONT).
@@ -219,22 +140,6 @@ impl MotoServer {
     ///
     /// The server is not running, or the signal could not be sent.
     pub fn resume(&self) -> anyhow::Result<()> {
-        self.signal(rustix::process::Signal::CONT)
-    }
-
-    fn signal(&self, signal: rustix::process::Signal) -> anyhow::Result<()> {
-        let child = self.child.as_ref().context("moto is not running")?;
-        let pid = rustix::process::Pid::from_child(child);
-        rustix::process::kill_process(pid, signal)
-            .with_context(|| format!("sending {signal:?} to moto"))
-    }
-}
-
-impl Drop for MotoServer {
-    /// Kills the server (also when a test panicked).
-    fn drop(&mut self) {
-        if let Some(child) = self.child.take() {
-            crate::process::kill(child);
-        }
+        self.served.resume()
     }
 }
