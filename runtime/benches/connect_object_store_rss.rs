@@ -58,7 +58,7 @@ fn main() {
     println!("| measure | value |");
     println!("|---|---:|");
     println!(
-        "| files rolled (max_bytes 256 MiB), bytes written | {files}, {:.0} MiB |",
+        "| files rolled at max_bytes 256 MiB (then the open one flushed), bytes in the store | {files}, {:.0} MiB |",
         mib(written)
     );
     println!("| messages (~2 KB orders), time | {messages}, {seconds:.1} s |");
