@@ -315,3 +315,78 @@ pub(super) async fn abort_journaled(
     }
     done(kept);
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use object_store::ObjectStoreExt as _;
+    use object_store::memory::InMemory;
+
+    use super::*;
+    use crate::connect::object_store::spool::Spool;
+
+    #[tokio::test]
+    async fn a_file_goes_up_in_parts_from_the_spool_and_leaves_no_journal_entry() {
+        let root = tempfile::tempdir().expect("dir");
+        let (spool, _) = Spool::open(root.path()).expect("spool");
+        let mut out = spool.create().expect("spool file");
+        let bytes: Vec<u8> = (0..(PART_SIZE * 2 + 12_345))
+            .map(|i| (i % 251) as u8)
+            .collect();
+        out.write_all(&bytes).expect("write");
+        let file = out.finish().expect("finish");
+        let store = Arc::new(InMemory::new());
+        let journal = Arc::new(Journal::open(spool.dir()).expect("journal"));
+        let multipart = Multipart::new(store.clone(), journal.clone(), "s3://b".into());
+        let path = Path::from("p/x.parquet");
+        multipart
+            .upload(&path, &file, "s3://b/p/x.parquet")
+            .await
+            .expect("upload");
+        let got = store
+            .get(&path)
+            .await
+            .expect("get")
+            .bytes()
+            .await
+            .expect("bytes");
+        assert_eq!(got.as_ref(), bytes.as_slice(), "three parts, in order");
+        assert!(journal.entries().is_empty(), "completed: not journaled");
+    }
+
+    #[tokio::test]
+    async fn a_journaled_upload_of_a_stale_spool_is_aborted_and_forgotten() {
+        let root = tempfile::tempdir().expect("dir");
+        let store = Arc::new(InMemory::new());
+        let path = Path::from("p/cut.parquet");
+        let id = store.create_multipart(&path).await.expect("create");
+        let journal = Arc::new(Journal::open(root.path()).expect("journal"));
+        let entry = |id: &str, store: &str| Entry {
+            store: store.into(),
+            path: path.to_string(),
+            id: id.into(),
+        };
+        journal.add(entry(&id, "s3://b")).expect("add");
+        // One on another store: kept, and said.
+        journal.add(entry("9", "s3://other")).expect("add");
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        abort_journaled(
+            store.clone(),
+            journal.clone(),
+            "s3://b".into(),
+            move |kept| {
+                let _ = sender.send(kept);
+            },
+        )
+        .await;
+        assert!(receiver.await.expect("done"), "the other store's is kept");
+        assert_eq!(journal.entries(), [entry("9", "s3://other")]);
+        // The aborted upload is gone from the store.
+        let again = store
+            .put_part(&path, &id, 0, PutPayload::from_static(b"x"))
+            .await;
+        assert!(again.is_err(), "aborted: {again:?}");
+        assert!(store.head(&path).await.is_err(), "nothing was completed");
+    }
+}
