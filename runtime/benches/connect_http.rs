@@ -98,8 +98,14 @@ fn main() {
         .expect("the fetcher plugin (cargo xtask plugins)");
     let cases = std::env::var("SLUICE_BENCH_CASES").unwrap_or_default();
     let run = |case: &str| cases.is_empty() || cases.split(',').any(|c| c.trim() == case);
-    let (mut raw, mut sink, mut sink_os, mut noop, mut handler) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut raw, mut sink, mut sink_os, mut noop, mut handler, mut handler_os) = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
     for _ in 0..samples {
         if run("raw") {
             raw.push(rt.block_on(raw_loop(n, &url, &count)));
@@ -114,7 +120,10 @@ fn main() {
             noop.push(rt.block_on(noop_stage(n)));
         }
         if run("handler") {
-            handler.push(rt.block_on(handler_stage(n, addr, &count, &fetcher)));
+            handler.push(rt.block_on(handler_stage(n, addr, &count, &fetcher, SyncMode::Always)));
+        }
+        if run("handler-os") {
+            handler_os.push(rt.block_on(handler_stage(n, addr, &count, &fetcher, SyncMode::Os)));
         }
     }
     for (name, samples) in [
@@ -123,6 +132,7 @@ fn main() {
         ("sink-os", &sink_os),
         ("noop", &noop),
         ("handler", &handler),
+        ("handler-os", &handler_os),
     ] {
         if !samples.is_empty() {
             let each: Vec<String> = samples.iter().map(|s| format!("{s:.0}")).collect();
@@ -289,6 +299,7 @@ async fn handler_stage(
     addr: SocketAddr,
     count: &AtomicUsize,
     fetcher: &sluice::plugin::Plugin,
+    sync: SyncMode,
 ) -> f64 {
     let dir = tempfile::tempdir().expect("dir");
     let body = format!(
@@ -297,7 +308,7 @@ async fn handler_stage(
     );
     let broker = backlog(
         dir.path(),
-        SyncMode::Always,
+        sync,
         &["in", "out", "bench.call.dlq"],
         n,
         Bytes::from(body),
