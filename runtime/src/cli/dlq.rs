@@ -530,16 +530,18 @@ fn purge(args: &PurgeArgs) -> Result<(), ClientError> {
         dry_run: args.dry_run,
         filter: args.filter.filter(),
     };
-    if args.connect.nats_without_pipelines() && !args.dry_run {
+    let report = client.dlq_purge(&args.stage.pipeline, &args.stage.stage, &request)?;
+    if args.connect.nats_without_pipelines() && !report.dry_run && report.purged > 0 {
         // Not an error (a stage without an archive purges as before), but
         // never silent: an archive this call cannot see is not written.
+        // Said once the stage is known to exist, after an unknown stage's
+        // error would have been the only line.
         eprintln!(
             "note: without --pipelines the stage's `dlq: {{archive}}`, if it has one, is not \
              known here, so the purged entries are not archived; pass the pipeline files to \
              archive them first"
         );
     }
-    let report = client.dlq_purge(&args.stage.pipeline, &args.stage.stage, &request)?;
     if args.json {
         return print_json(&report);
     }
